@@ -1,0 +1,76 @@
+"""Explicit per-process thread counts for BLAS and numba.
+
+On a small shared machine, more ranks x threads than cores collapses throughput (OpenBLAS
+threads busy-wait), so every process sets its thread count on purpose instead of inheriting
+"all cores". Child processes get it through the environment before numpy loads
+(:func:`thread_env`); a running process changes it with :func:`set_threads`.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+# Environment variables read by the BLAS libraries numpy may be linked against, by OpenMP
+# runtimes and by numba, at import time.
+THREAD_ENV_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMBA_NUM_THREADS",
+)
+
+_blas_limiter = None  # keeps the threadpoolctl limit alive for the life of the process
+
+
+def available_cores() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """Environment entries that pin a child process to ``threads`` threads."""
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    return {name: str(threads) for name in THREAD_ENV_VARS}
+
+
+def set_threads(threads: int) -> None:
+    """Use ``threads`` threads in BLAS and numba from now on, in this process."""
+    global _blas_limiter
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    from threadpoolctl import threadpool_limits
+
+    _blas_limiter = threadpool_limits(limits=threads)
+    try:
+        import numba
+    except ImportError:
+        return
+    # numba's pool is sized once, at first use, from NUMBA_NUM_THREADS (default: all cores);
+    # asking for more than it holds is an error, so oversubscription stops at the pool size.
+    pool = numba.config.NUMBA_NUM_THREADS
+    if threads > pool:
+        warnings.warn(
+            f"numba's thread pool holds {pool} threads; using {pool}, not {threads} "
+            "(set NUMBA_NUM_THREADS before the process starts to allow more)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    numba.set_num_threads(min(threads, pool))
+
+
+def oversubscription(ranks_per_node: int, threads: int, cores: int | None = None) -> str | None:
+    """A one-line warning when ranks x threads exceeds the cores, else None."""
+    cores = available_cores() if cores is None else cores
+    if ranks_per_node * threads <= cores:
+        return None
+    return (
+        f"{ranks_per_node} ranks x {threads} threads = {ranks_per_node * threads} threads on "
+        f"{cores} cores: oversubscribed, expect throughput to collapse (BLAS threads busy-wait)"
+    )
