@@ -1,0 +1,556 @@
+"""Records: JSON Lines files of raw measurements and training timings, with machine metadata.
+
+Format (schema ``pdlsim.records``, version 1). Line 1 is the header::
+
+    {"type": "header", "schema": "pdlsim.records", "schema_version": 1,
+     "created_utc": "2025-01-31T12:00:00.000000Z", "machine": {...}, "run": {...}}
+
+``machine`` comes from :func:`microbench.machine.machine_metadata`; ``run`` describes the run
+(command, settings) in any shape. Every later line is one record: a JSON object with a non-empty
+string ``"type"`` ("measurement", "train_step", ...) and whatever fields it has, nested objects
+included. A "measurement" record, as :meth:`Measurement.to_record` writes it, holds ``benchmark``,
+``name``, ``params``, ``unit``, ``samples`` (every raw value), ``warmup_discarded``,
+``stop_reason`` and a ``summary``; the writer forces no shape on other types.
+
+Decisions:
+
+- Non-finite floats. JSON has no NaN or infinity. By default the writer refuses them with a
+  ValueError naming the field (a NaN timing is a bug to see, not to store). A writer made with
+  ``nonfinite="null"`` stores them as null instead, which loads as missing (NaN in a numeric
+  DataFrame column); use it for values that may legitimately diverge, such as a training loss.
+  The reader also accepts the ``NaN``/``Infinity`` tokens that other JSON writers emit.
+- Crash safety. A record is one ``write`` of one line, flushed at once (``fsync`` on close only,
+  as it costs milliseconds). A process killed mid-write leaves at most a truncated last line,
+  which :func:`read_records` skips with a warning; anything wrong elsewhere is an error.
+- One writer per file. MPI ranks write their own files into one run directory
+  (``rank0000.jsonl``, ...) and :func:`load_dataframe` reads the directory as one frame.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import threading
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from .machine import utc_now
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SCHEMA = "pdlsim.records"
+SCHEMA_VERSION = 1
+
+__all__ = [
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "MedianCI",
+    "Measurement",
+    "RecordWriter",
+    "RecordsError",
+    "TruncatedRecordWarning",
+    "load_dataframe",
+    "median_ci_ranks",
+    "read_records",
+]
+
+
+class RecordsError(ValueError):
+    """A records file that cannot be read: one line saying ``file:line: problem``."""
+
+    def __init__(self, path: str | os.PathLike[str], line: int, problem: str) -> None:
+        self.path, self.line, self.problem = str(path), line, problem
+        super().__init__(f"{path}:{line}: {problem}")
+
+
+class TruncatedRecordWarning(UserWarning):
+    """The last line of a records file was cut off (a process killed mid-write) and skipped."""
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+def _jsonable(value: Any, where: str, nonfinite: str) -> Any:
+    """``value`` as plain JSON types: numpy scalars and arrays converted, non-finite checked."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        if nonfinite == "null":
+            return None
+        raise ValueError(
+            f"non-finite value {value!r} at {where or 'record'}: JSON has no NaN or infinity "
+            "(make the RecordWriter with nonfinite='null' to store it as null)"
+        )
+    if isinstance(value, np.generic):
+        if isinstance(value, np.bool_):
+            return bool(value)
+        if isinstance(value, np.integer):
+            return int(value)
+        if isinstance(value, np.floating):
+            return _jsonable(float(value), where, nonfinite)
+    elif isinstance(value, np.ndarray):
+        if value.dtype.kind in "biu" or (value.dtype.kind == "f" and np.isfinite(value).all()):
+            return value.tolist()
+        return _jsonable(value.tolist(), where, nonfinite)
+    elif isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if isinstance(key, (bool, np.bool_)) or not isinstance(key, (str, int, np.integer)):
+                raise TypeError(f"{where or 'record'}: key {key!r} is not a string")
+            key = key if isinstance(key, str) else str(int(key))
+            out[key] = _jsonable(item, f"{where}.{key}" if where else key, nonfinite)
+        return out
+    elif isinstance(value, (list, tuple)):
+        return [_jsonable(item, f"{where}[{i}]", nonfinite) for i, item in enumerate(value)]
+    elif isinstance(value, os.PathLike):
+        return str(value)
+    raise TypeError(f"{where or 'record'}: cannot store a {type(value).__name__} in a record")
+
+
+def _encode(record: Mapping[str, Any], nonfinite: str) -> str:
+    plain = _jsonable(record, "", nonfinite)
+    return json.dumps(plain, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
+class RecordWriter:
+    """Append records to a JSON Lines file, one flushed line each; see the module docstring.
+
+    ``RecordWriter(path, machine, run)`` creates ``path`` (and its parent directories) and
+    writes the header; it refuses an existing file unless ``append=True``, which checks the
+    existing header and keeps it (then ``machine`` and ``run`` are not written). A cut-off last
+    line left by a killed writer is removed before appending. Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        machine: Mapping[str, Any],
+        run: Mapping[str, Any] | None = None,
+        *,
+        append: bool = False,
+        nonfinite: Literal["raise", "null"] = "raise",
+    ) -> None:
+        if nonfinite not in ("raise", "null"):
+            raise ValueError(f"nonfinite must be 'raise' or 'null', got {nonfinite!r}")
+        self.path = Path(path)
+        self.nonfinite = nonfinite
+        self._lock = threading.Lock()
+        header = {
+            "type": "header",
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "created_utc": utc_now(),
+            "machine": dict(machine),
+            "run": dict(run or {}),
+        }
+        line = _encode(header, nonfinite)  # before touching the disk: a bad header leaves no file
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if append and self.path.exists() and self.path.stat().st_size > 0:
+            self.header = self._open_for_append(machine)
+            return
+        try:
+            self._file = open(self.path, "w" if append else "x", encoding="utf-8", buffering=1)
+        except FileExistsError:
+            raise FileExistsError(
+                f"{self.path} exists; refusing to overwrite it (pass append=True to add to it)"
+            ) from None
+        self.header = json.loads(line)
+        self._write_line(line)
+
+    def _open_for_append(self, machine: Mapping[str, Any]) -> dict[str, Any]:
+        with open(self.path, encoding="utf-8", errors="replace") as f:
+            header = _parse_header(self.path, f.readline())
+        _repair_tail(self.path)
+        old_host, new_host = header["machine"].get("hostname"), machine.get("hostname")
+        if old_host and new_host and old_host != new_host:
+            warnings.warn(
+                f"{self.path}: appending records from host {new_host!r} to a file whose header "
+                f"describes host {old_host!r}",
+                stacklevel=3,
+            )
+        self._file = open(self.path, "a", encoding="utf-8", buffering=1)
+        return header
+
+    def _write_line(self, line: str) -> None:
+        with self._lock:
+            if self._file.closed:
+                raise ValueError(f"{self.path}: the writer is closed")
+            self._file.write(line + "\n")
+            self._file.flush()
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Append one record (a mapping with a string ``"type"``) and flush it to the OS."""
+        if not isinstance(record, Mapping):
+            raise TypeError(f"a record is a dict, got {type(record).__name__}")
+        kind = record.get("type")
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"a record needs a non-empty string 'type', got {kind!r}")
+        if kind == "header":
+            raise ValueError("type 'header' is reserved for the first line of a file")
+        self._write_line(_encode(record, self.nonfinite))
+
+    def close(self) -> None:
+        """Flush, fsync and close; calling it again does nothing."""
+        with self._lock:
+            if self._file.closed:
+                return
+            self._file.flush()
+            try:
+                os.fsync(self._file.fileno())
+            finally:
+                self._file.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _repair_tail(path: Path) -> None:
+    """Terminate an unterminated last line: keep it if it is whole JSON, else cut it off."""
+    with open(path, "rb+") as f:
+        end = f.seek(0, os.SEEK_END)
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return
+        start, pos = 0, end
+        while pos > 0:  # search backwards for the last newline
+            step = min(1 << 16, pos)
+            pos -= step
+            f.seek(pos)
+            newline = f.read(step).rfind(b"\n")
+            if newline >= 0:
+                start = pos + newline + 1
+                break
+        f.seek(start)
+        try:
+            json.loads(f.read())
+            f.seek(end)
+            f.write(b"\n")
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError
+            f.truncate(start)
+            warnings.warn(
+                f"{path}: removed a truncated last line (byte {start}) before appending",
+                TruncatedRecordWarning,
+                stacklevel=4,
+            )
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def _parse_header(path: Path, text: str) -> dict[str, Any]:
+    if not text.strip():
+        raise RecordsError(path, 1, f"empty line where the {SCHEMA} header should be")
+    try:
+        header = json.loads(text)
+    except json.JSONDecodeError:
+        raise RecordsError(path, 1, f"no {SCHEMA} header (line 1 is not JSON)") from None
+    if not isinstance(header, dict) or header.get("type") != "header":
+        raise RecordsError(path, 1, f"no {SCHEMA} header (line 1 is not a header object)")
+    if header.get("schema") != SCHEMA:
+        raise RecordsError(
+            path, 1, f"foreign header: schema {header.get('schema')!r}, not {SCHEMA!r}"
+        )
+    version = header.get("schema_version")
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise RecordsError(
+            path, 1, f"unknown schema_version {version!r} (this reader knows {SCHEMA_VERSION})"
+        )
+    for key in ("machine", "run"):
+        if not isinstance(header.get(key), dict):
+            raise RecordsError(path, 1, f"header field {key!r} must be an object")
+    return header
+
+
+def read_records(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Read one records file: ``(header, records)``, records in file order.
+
+    A last line that is not valid JSON (a writer killed mid-line) is skipped with a
+    :class:`TruncatedRecordWarning`; any other bad line, a missing or foreign header and an
+    unknown schema version raise :class:`RecordsError`. Blank lines are ignored.
+    """
+    path = Path(path)
+    header: dict[str, Any] | None = None
+    records: list[dict[str, Any]] = []
+    pending: tuple[int, str] | None = None  # a bad line: fatal unless nothing follows it
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, text in enumerate(f, start=1):
+            if lineno == 1:
+                header = _parse_header(path, text)
+                continue
+            if not text.strip():
+                continue
+            if pending is not None:
+                raise RecordsError(path, *pending)
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as e:
+                pending = (lineno, f"corrupt line: invalid JSON ({e.msg}, column {e.colno})")
+                continue
+            if not isinstance(record, dict) or not isinstance(record.get("type"), str):
+                raise RecordsError(path, lineno, "record is not a JSON object with a string 'type'")
+            if record["type"] == "header":
+                raise RecordsError(path, lineno, "a second header (were files concatenated?)")
+            records.append(record)
+    if header is None:
+        raise RecordsError(path, 1, f"empty file: no {SCHEMA} header")
+    if pending is not None:
+        warnings.warn(
+            f"{path}:{pending[0]}: skipped a truncated last line (a writer killed mid-write?)",
+            TruncatedRecordWarning,
+            stacklevel=2,
+        )
+    return header, records
+
+
+def _natural_key(path: Path) -> list[Any]:
+    """Sort key that puts rank2.jsonl before rank10.jsonl."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+
+def load_dataframe(path_or_dir: str | os.PathLike[str], type: str | None = None) -> pd.DataFrame:
+    """Load one records file, or every ``*.jsonl`` in a directory, into one DataFrame.
+
+    One row per record (only those of ``type`` when given), nested fields flattened with dots
+    (``params.nbytes``), raw ``samples`` kept as list cells, plus a ``source`` column (the file
+    name) and the header's machine metadata as ``machine.*`` columns. ``source`` and
+    ``machine.*`` are the loader's: a record's own fields of those names are replaced. Files
+    are read in natural order (rank2 before rank10).
+    """
+    import pandas as pd  # here, not at the top: the benchmarks themselves do not need pandas
+
+    path = Path(path_or_dir)
+    if path.is_dir():
+        files = sorted(path.glob("*.jsonl"), key=_natural_key)
+        if not files:
+            raise FileNotFoundError(f"{path}: no *.jsonl records files in this directory")
+    elif path.exists():
+        files = [path]
+    else:
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    frames = []
+    for file in files:
+        header, records = read_records(file)
+        if type is not None:
+            records = [r for r in records if r["type"] == type]
+        if not records:
+            continue
+        frame = pd.json_normalize(records, sep=".")
+        machine = pd.json_normalize([header["machine"]], sep=".").add_prefix("machine.")
+        machine = machine.iloc[[0] * len(frame)].reset_index(drop=True)
+        frame = frame.drop(columns=[c for c in frame.columns if c in machine or c == "source"])
+        frame.insert(len(frame.columns), "source", file.name)
+        frames.append(pd.concat([frame, machine], axis=1))
+    if not frames:
+        return pd.DataFrame(columns=["type", "source"])
+    return pd.concat(frames, ignore_index=True, sort=False)
+
+
+# ---------------------------------------------------------------------------- measurements
+
+_EXACT_MAX_N = 20_000  # exact integer binomial sums up to here, log-space floats beyond
+
+
+@lru_cache(maxsize=4096)
+def median_ci_ranks(n: int, confidence: float = 0.95) -> tuple[int, int, float, bool]:
+    """Ranks ``(j, k, achieved, enough)`` of the distribution-free confidence interval of a median.
+
+    With ``n`` independent samples from a continuous distribution, the number B of samples
+    below the true median is Binomial(n, 1/2), so the order statistics (1-based ranks) satisfy
+    ``P(X_(j) < median < X_(k)) = P(j <= B <= k-1)``. ``j`` is the largest rank with
+    ``P(B <= j-1) <= (1-confidence)/2`` and ``k = n + 1 - j`` (Le Boudec, "Performance Evaluation
+    of Computer and Communication Systems", Thm 2.1; Hoefler & Belli, SC'15). ``achieved`` is
+    the interval's exact coverage, at least ``confidence`` when ``enough``. When no such ``j``
+    exists (n < 6 at 95%), the result is ``(1, n, achieved, False)``: the full sample range,
+    whose coverage is below what was asked.
+    """
+    if n < 1:
+        raise ValueError(f"need at least one sample, got n={n}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence}")
+    half_alpha = (1.0 - confidence) / 2.0
+    if n <= _EXACT_MAX_N:
+        total, term, below, j = 2**n, 1, 0, 0  # term = C(n, i); below = 2^n P(B <= j-1)
+        for i in range(n // 2 + 1):
+            if (below + term) / total > half_alpha:
+                break
+            below, j = below + term, i + 1
+            term = term * (n - i) // (i + 1)
+        tail = below / total
+    else:
+        i = np.arange(1, n // 2 + 1)
+        log_comb = np.concatenate([[0.0], np.cumsum(np.log(n - i + 1.0) - np.log(i))])
+        cdf = np.cumsum(np.exp(log_comb - n * math.log(2.0)))
+        j = int(np.searchsorted(cdf, half_alpha, side="right"))
+        tail = float(cdf[j - 1]) if j else 0.0
+    if j == 0:
+        return 1, n, 1.0 - 2.0 * 0.5**n if n > 1 else 0.0, False
+    return j, n + 1 - j, 1.0 - 2.0 * tail, True
+
+
+class MedianCI(tuple):
+    """``(low, high)`` of a median's confidence interval, unpacking like a pair.
+
+    Also carries ``confidence`` (asked), ``achieved`` (exact coverage of this interval) and
+    ``too_few_samples``: True when n is too small for the confidence asked, in which case
+    ``(low, high)`` is the full sample range and covers the median with only ``achieved``.
+    """
+
+    low: float
+    high: float
+    confidence: float
+    achieved: float
+    too_few_samples: bool
+
+    def __new__(
+        cls, low: float, high: float, confidence: float, achieved: float, too_few: bool
+    ) -> MedianCI:
+        self = super().__new__(cls, (low, high))
+        self.low, self.high = low, high
+        self.confidence, self.achieved, self.too_few_samples = confidence, achieved, too_few
+        return self
+
+    def __getnewargs__(self) -> tuple[float, float, float, float, bool]:  # for copy and pickle
+        return self.low, self.high, self.confidence, self.achieved, self.too_few_samples
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Measurement:
+    """Raw samples of one measured quantity; statistics computed on demand (as in Extra-P).
+
+    ``samples`` becomes a read-only 1-D float64 array; it must be non-empty and finite.
+    """
+
+    samples: np.ndarray
+    benchmark: str | None = None
+    name: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    unit: str = "s"
+    warmup_discarded: int = 0
+    stop_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        samples = np.array(self.samples, dtype=np.float64)
+        if samples.ndim != 1 or samples.size == 0:
+            raise ValueError(f"samples must be a non-empty 1-D sequence, got shape {samples.shape}")
+        if not np.isfinite(samples).all():
+            raise ValueError("samples must be finite (a NaN or infinite sample is a failed run)")
+        samples.flags.writeable = False
+        object.__setattr__(self, "samples", samples)
+
+    @property
+    def n(self) -> int:
+        return int(self.samples.size)
+
+    @cached_property
+    def sorted_samples(self) -> np.ndarray:
+        return np.sort(self.samples)
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.samples))
+
+    @property
+    def mean(self) -> float:
+        return float(self.samples.mean())
+
+    @property
+    def minimum(self) -> float:
+        return float(self.sorted_samples[0])
+
+    @property
+    def maximum(self) -> float:
+        return float(self.sorted_samples[-1])
+
+    @property
+    def std(self) -> float:
+        """Sample standard deviation (ddof=1); NaN for a single sample."""
+        return float(self.samples.std(ddof=1)) if self.n > 1 else math.nan
+
+    def median_ci(self, confidence: float = 0.95) -> MedianCI:
+        """Distribution-free confidence interval of the median; see :func:`median_ci_ranks`."""
+        j, k, achieved, enough = median_ci_ranks(self.n, confidence)
+        s = self.sorted_samples
+        return MedianCI(float(s[j - 1]), float(s[k - 1]), confidence, achieved, not enough)
+
+    def relative_ci_width(self, confidence: float = 0.95) -> float:
+        """(high - low) / |median|: the stopping criterion; inf while n is too small."""
+        ci = self.median_ci(confidence)
+        width = ci.high - ci.low
+        if ci.too_few_samples or (width > 0 and self.median == 0):
+            return math.inf
+        return width / abs(self.median) if width > 0 else 0.0
+
+    def summary(self, confidence: float = 0.95) -> dict[str, Any]:
+        """The figures a reader wants without recomputing them (std is None for n=1)."""
+        ci = self.median_ci(confidence)
+        return {
+            "n": self.n,
+            "median": self.median,
+            "median_ci_low": ci.low,
+            "median_ci_high": ci.high,
+            "confidence": confidence,
+            "median_ci_too_few_samples": ci.too_few_samples,
+            "mean": self.mean,
+            "min": self.minimum,
+            "max": self.maximum,
+            "std": self.std if self.n > 1 else None,
+        }
+
+    def to_record(self, **extra: Any) -> dict[str, Any]:
+        """A "measurement" record; ``extra`` adds fields (rank, threads...) but replaces none."""
+        record = {
+            "type": "measurement",
+            "benchmark": self.benchmark,
+            "name": self.name,
+            "params": dict(self.params),
+            "unit": self.unit,
+            "samples": self.samples.tolist(),
+            "warmup_discarded": self.warmup_discarded,
+            "stop_reason": self.stop_reason,
+            "summary": self.summary(),
+        }
+        clash = sorted(record.keys() & extra.keys())
+        if clash:
+            raise ValueError(f"extra fields would replace measurement fields: {clash}")
+        return {**record, **extra}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Measurement:
+        """Rebuild from a "measurement" record; a stored ``summary`` is ignored (recomputed)."""
+        if record.get("type", "measurement") != "measurement":
+            raise ValueError(f"not a measurement record: type {record.get('type')!r}")
+        if "samples" not in record:
+            raise ValueError("a measurement record needs 'samples'")
+        return cls(
+            samples=record["samples"],
+            benchmark=record.get("benchmark"),
+            name=record.get("name"),
+            params=dict(record.get("params") or {}),
+            unit=record.get("unit", "s"),
+            warmup_discarded=int(record.get("warmup_discarded", 0)),
+            stop_reason=record.get("stop_reason"),
+        )
+
+    def __repr__(self) -> str:
+        label = "/".join(str(x) for x in (self.benchmark, self.name) if x is not None)
+        return f"Measurement({label or '?'}, n={self.n}, median={self.median:.6g} {self.unit})"

@@ -1,0 +1,335 @@
+"""Records format: round trips, crash tolerance, errors, DataFrame loading, the median CI."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import binom
+
+from microbench.records import (
+    SCHEMA,
+    Measurement,
+    RecordsError,
+    RecordWriter,
+    TruncatedRecordWarning,
+    load_dataframe,
+    median_ci_ranks,
+    read_records,
+)
+
+MACHINE = {"hostname": "node01", "cpu_model": "Test CPU", "logical_cores": 8, "gpus": []}
+RUN = {"command": "pdlsim bench", "settings": {"threads": 2}}
+
+
+def write_file(path: Path, records: list[dict], machine: dict = MACHINE) -> None:
+    with RecordWriter(path, machine, RUN) as writer:
+        for record in records:
+            writer.write(record)
+
+
+def measurement(name: str = "allreduce", nbytes: int = 1024) -> dict:
+    return {
+        "type": "measurement",
+        "benchmark": "collectives",
+        "name": name,
+        "params": {"nbytes": nbytes, "ranks": 2},
+        "unit": "s",
+        "samples": [1.0e-5, 1.2e-5, 1.1e-5],
+        "warmup_discarded": 2,
+        "stop_reason": "ci_narrow",
+    }
+
+
+def test_round_trip_of_header_and_records_of_several_types(tmp_path):
+    path = tmp_path / "sub" / "dir" / "rank0.jsonl"  # parent directories are created
+    step = {"type": "train_step", "step": 3, "phase_s": {"forward": 0.01, "allreduce": 0.002}}
+    epoch = {"type": "train_epoch", "epoch": 0, "loss": 2.3, "note": "naïve ünïcode"}
+    write_file(path, [measurement(), step, epoch])
+
+    header, records = read_records(path)
+    assert header["schema"] == SCHEMA and header["schema_version"] == 1
+    assert header["machine"] == MACHINE and header["run"] == RUN
+    assert header["created_utc"].endswith("Z")
+    assert records == [measurement(), step, epoch]
+    assert len(path.read_text(encoding="utf-8").splitlines()) == 4
+
+
+def test_dataframe_flattens_fields_adds_source_machine_and_filters_by_type(tmp_path):
+    path = tmp_path / "run.jsonl"
+    write_file(path, [measurement("allreduce"), {"type": "train_step", "step": 1}, measurement()])
+
+    frame = load_dataframe(path)
+    assert len(frame) == 3
+    assert {"params.nbytes", "params.ranks", "step", "source"} <= set(frame.columns)
+    assert {"machine.hostname", "machine.cpu_model", "machine.gpus"} <= set(frame.columns)
+    assert (frame["machine.hostname"] == "node01").all()
+    assert (frame["source"] == "run.jsonl").all()
+
+    only = load_dataframe(path, type="measurement")
+    assert list(only["type"]) == ["measurement", "measurement"]
+    assert only["samples"].iloc[0] == [1.0e-5, 1.2e-5, 1.1e-5]  # raw samples stay list cells
+    assert only["machine.gpus"].iloc[1] == []
+    assert load_dataframe(path, type="nothing").empty
+
+
+def test_a_run_directory_with_two_rank_files_loads_into_one_frame(tmp_path):
+    for rank in (10, 2):
+        machine = {**MACHINE, "mpi": {"rank": rank, "ranks": 2}}
+        write_file(tmp_path / f"rank{rank}.jsonl", [measurement(), measurement()], machine)
+    (tmp_path / "notes.txt").write_text("not a records file")
+
+    frame = load_dataframe(tmp_path)
+    assert len(frame) == 4
+    assert list(frame["source"]) == ["rank2.jsonl"] * 2 + ["rank10.jsonl"] * 2  # natural order
+    assert list(frame["machine.mpi.rank"]) == [2, 2, 10, 10]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no \\*.jsonl"):
+        load_dataframe(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load_dataframe(tmp_path / "missing")
+
+
+def test_numpy_values_become_plain_json(tmp_path):
+    path = tmp_path / "np.jsonl"
+    record = {
+        "type": "measurement",
+        "samples": np.array([1.5, 2.5]),
+        "counts": np.arange(3, dtype=np.int32),
+        "n": np.int64(7),
+        "x": np.float32(0.5),
+        "ok": np.bool_(True),
+        "shape": (2, np.uint8(3)),
+        "params": {np.int64(4): "four", "path": tmp_path},
+    }
+    write_file(path, [record])
+    _, (back,) = read_records(path)
+    assert back["samples"] == [1.5, 2.5] and back["counts"] == [0, 1, 2]
+    assert back["n"] == 7 and back["x"] == 0.5 and back["ok"] is True
+    assert back["shape"] == [2, 3]
+    assert back["params"] == {"4": "four", "path": str(tmp_path)}
+    with RecordWriter(tmp_path / "bad.jsonl", MACHINE) as writer:
+        with pytest.raises(TypeError, match="complex"):
+            writer.write({"type": "x", "z": np.complex128(1j)})
+
+
+def test_non_finite_values_are_refused_by_default_and_null_on_request(tmp_path):
+    path = tmp_path / "nan.jsonl"
+    with RecordWriter(path, MACHINE) as writer:
+        with pytest.raises(ValueError, match=r"samples\[1\]"):
+            writer.write({"type": "measurement", "samples": [1.0, math.nan]})
+        with pytest.raises(ValueError, match="params.t"):
+            writer.write({"type": "measurement", "params": {"t": np.float64(np.inf)}})
+        with pytest.raises(ValueError, match="samples"):
+            writer.write({"type": "measurement", "samples": np.array([1.0, -np.inf])})
+    assert read_records(path)[1] == []  # nothing half-written
+
+    with RecordWriter(tmp_path / "null.jsonl", MACHINE, nonfinite="null") as writer:
+        writer.write({"type": "train_epoch", "loss": 2.5})
+        writer.write({"type": "train_epoch", "loss": math.nan, "samples": np.array([1.0, np.inf])})
+    _, (_, back) = read_records(tmp_path / "null.jsonl")
+    assert back == {"type": "train_epoch", "loss": None, "samples": [1.0, None]}
+    loss = load_dataframe(tmp_path / "null.jsonl")["loss"]
+    assert loss.dtype == np.float64 and np.isnan(loss.iloc[1])
+
+
+def test_records_need_a_string_type(tmp_path):
+    with RecordWriter(tmp_path / "t.jsonl", MACHINE) as writer:
+        for bad in ({"value": 1}, {"type": 3}, {"type": "header"}):
+            with pytest.raises(ValueError):
+                writer.write(bad)
+    with pytest.raises(ValueError, match="closed"):
+        writer.write({"type": "x"})
+
+
+def test_truncated_last_line_is_skipped_with_one_warning(tmp_path):
+    path = tmp_path / "killed.jsonl"
+    write_file(path, [measurement("a"), measurement("b")])
+    full = json.dumps(measurement("c"))
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(full[: len(full) // 2])  # the writer was killed mid-line
+
+    with pytest.warns(TruncatedRecordWarning, match=r"killed\.jsonl:4") as caught:
+        header, records = read_records(path)
+    assert len(caught) == 1
+    assert [r["name"] for r in records] == ["a", "b"]
+    with pytest.warns(TruncatedRecordWarning):
+        assert len(load_dataframe(path)) == 2
+
+
+V2_HEADER = {"type": "header", "schema": SCHEMA, "schema_version": 2, "machine": {}, "run": {}}
+
+
+@pytest.mark.parametrize(
+    ("first_line", "problem"),
+    [
+        ('{"type": "header", "schema": "someone.else", "schema_version": 1}', "foreign"),
+        (json.dumps(V2_HEADER), "unknown schema_version 2"),
+        ('{"type": "measurement", "samples": [1]}', "no pdlsim.records header"),
+        ("hello", "not JSON"),
+    ],
+)
+def test_bad_headers_raise_naming_file_and_line(tmp_path, first_line, problem):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(first_line + '\n{"type": "x"}\n')
+    with pytest.raises(RecordsError, match=problem) as caught:
+        read_records(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:1: ") and "\n" not in message
+    assert caught.value.line == 1 and caught.value.path == str(path)
+
+
+def test_corrupt_middle_line_and_empty_file_raise(tmp_path):
+    path = tmp_path / "corrupt.jsonl"
+    write_file(path, [measurement("a")])
+    with open(path, "a") as f:
+        f.write('{"type": "measurement", "sampl\n' + json.dumps(measurement("b")) + "\n")
+    with pytest.raises(RecordsError, match=r"corrupt\.jsonl:3: corrupt line"):
+        read_records(path)
+
+    path.write_text(path.read_text().splitlines()[0] + "\n[1, 2]\n")
+    with pytest.raises(RecordsError, match=r":2: record is not a JSON object"):
+        read_records(path)
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(RecordsError, match=r"empty\.jsonl:1: empty file"):
+        read_records(empty)
+
+
+def test_overwrite_is_refused_and_append_keeps_one_header(tmp_path):
+    path = tmp_path / "a.jsonl"
+    write_file(path, [measurement("a")])
+    with pytest.raises(FileExistsError, match="append=True"):
+        RecordWriter(path, MACHINE)
+
+    with RecordWriter(path, {**MACHINE, "cpu_model": "other"}, append=True) as writer:
+        assert writer.header["machine"] == MACHINE  # the existing header is kept
+        writer.write(measurement("b"))
+    header, records = read_records(path)
+    assert header["machine"] == MACHINE
+    assert [r["name"] for r in records] == ["a", "b"]
+    assert sum('"header"' in line for line in path.read_text().splitlines()) == 1
+
+    with RecordWriter(tmp_path / "new.jsonl", MACHINE, append=True) as writer:  # append creates
+        writer.write(measurement())
+    assert len(read_records(tmp_path / "new.jsonl")[1]) == 1
+
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text('{"type": "header", "schema": "other"}\n')
+    with pytest.raises(RecordsError, match="foreign"):
+        RecordWriter(foreign, MACHINE, append=True)
+
+
+def test_append_after_a_killed_writer_removes_the_cut_off_line(tmp_path):
+    path = tmp_path / "a.jsonl"
+    write_file(path, [measurement("a")])
+    with open(path, "a") as f:
+        f.write('{"type": "measurement", "na')
+    with pytest.warns(TruncatedRecordWarning):
+        writer = RecordWriter(path, MACHINE, append=True)
+    with writer:
+        writer.write(measurement("b"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [r["name"] for r in read_records(path)[1]] == ["a", "b"]
+
+
+def test_each_record_is_on_disk_before_close(tmp_path):
+    path = tmp_path / "live.jsonl"
+    writer = RecordWriter(path, MACHINE)
+    writer.write(measurement("a"))
+    assert [r["name"] for r in read_records(path)[1]] == ["a"]  # flushed, not yet closed
+    writer.close()
+    writer.close()
+    assert writer.closed
+
+
+# ---------------------------------------------------------------------------- Measurement
+
+
+def test_measurement_statistics_and_record_round_trip(tmp_path):
+    m = Measurement([3.0, 1.0, 2.0, 5.0], benchmark="kernels", name="gemm", params={"n": 64})
+    assert (m.n, m.median, m.mean, m.minimum, m.maximum) == (4, 2.5, 2.75, 1.0, 5.0)
+    assert m.std == pytest.approx(np.std([3, 1, 2, 5], ddof=1))
+    assert not m.samples.flags.writeable
+    assert math.isnan(Measurement([1.0]).std)
+
+    record = m.to_record(rank=0)
+    assert record["type"] == "measurement" and record["rank"] == 0
+    assert record["summary"]["median"] == 2.5 and record["summary"]["median_ci_too_few_samples"]
+    write_file(tmp_path / "m.jsonl", [record])
+    back = Measurement.from_record(read_records(tmp_path / "m.jsonl")[1][0])
+    assert np.array_equal(back.samples, m.samples)
+    assert (back.benchmark, back.name, back.params, back.unit) == (
+        "kernels",
+        "gemm",
+        {"n": 64},
+        "s",
+    )
+    with pytest.raises(ValueError, match="replace"):
+        m.to_record(samples=[])
+    for bad in ([], [1.0, math.nan], [[1.0, 2.0]]):
+        with pytest.raises(ValueError):
+            Measurement(bad)
+    with pytest.raises(ValueError):
+        Measurement.from_record({"type": "train_step", "samples": [1.0]})
+
+
+def test_median_ci_ranks_match_hand_computed_values():
+    # n=10: P(B <= 1) = 11/1024 <= 0.025 < P(B <= 2) = 56/1024, so j=2, k=9.
+    assert median_ci_ranks(10, 0.95) == (2, 9, 1 - 22 / 1024, True)
+    # n=6: P(B <= 0) = 1/64, so (X_(1), X_(6)) covers with 62/64.
+    assert median_ci_ranks(6, 0.95) == (1, 6, 62 / 64, True)
+    # n=5: even the full range covers only 1 - 2/32 < 0.95.
+    assert median_ci_ranks(5, 0.95) == (1, 5, 1 - 2 / 32, False)
+    assert median_ci_ranks(2, 0.5) == (1, 2, 0.5, True)  # exact at a dyadic boundary
+
+    samples = np.arange(10.0, 0.0, -1.0)  # 10, 9, ..., 1
+    ci = Measurement(samples).median_ci()
+    low, high = ci
+    assert (low, high) == (2.0, 9.0) and not ci.too_few_samples and ci.achieved > 0.95
+    small = Measurement([4.0, 1.0, 3.0]).median_ci()
+    assert tuple(small) == (1.0, 4.0) and small.too_few_samples
+    assert Measurement([4.0, 1.0, 3.0]).relative_ci_width() == math.inf
+    assert Measurement(samples).relative_ci_width() == pytest.approx(7 / 5.5)
+    assert pickle.loads(pickle.dumps(ci)).achieved == ci.achieved
+
+
+@pytest.mark.parametrize("n", [6, 7, 20, 50, 101, 1000, 20_000, 20_001, 100_000])
+@pytest.mark.parametrize("confidence", [0.9, 0.95, 0.99])
+def test_median_ci_ranks_agree_with_scipy(n, confidence):
+    cdf = binom.cdf(np.arange(n // 2 + 1), n, 0.5)
+    j_ref = int((cdf <= (1 - confidence) / 2).sum())
+    j, k, achieved, enough = median_ci_ranks(n, confidence)
+    if j_ref == 0:
+        assert (j, k, enough) == (1, n, False)
+    else:
+        assert (j, k, enough) == (j_ref, n + 1 - j_ref, True)
+        assert achieved == pytest.approx(1 - 2 * cdf[j_ref - 1], rel=1e-9)
+        assert achieved >= confidence
+
+
+@pytest.mark.parametrize(
+    ("draw", "true_median"),
+    [
+        (lambda rng, size: rng.normal(3.0, 2.0, size), 3.0),
+        (lambda rng, size: rng.lognormal(0.5, 1.0, size), math.exp(0.5)),
+        (lambda rng, size: rng.exponential(2.0, size), 2.0 * math.log(2.0)),
+    ],
+    ids=["normal", "lognormal", "exponential"],
+)
+@pytest.mark.parametrize("n", [20, 50])
+def test_median_ci_covers_the_true_median_at_the_promised_rate(draw, true_median, n):
+    rng = np.random.default_rng(20240531 + n)
+    repetitions = 600
+    hits = 0
+    for sample in draw(rng, (repetitions, n)):
+        low, high = Measurement(sample).median_ci(0.95)
+        hits += low <= true_median <= high
+    assert 0.93 <= hits / repetitions <= 0.99
