@@ -1,0 +1,64 @@
+"""``python -m microbench COMMAND``: run a microbenchmark, serially or under ``mpiexec -n N``.
+
+Subcommands live in :mod:`microbench.commands`, one module each with ``add_parser`` and ``run``;
+adding one is adding its name to :data:`COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+
+from .cli import BenchmarkError, Parser, UsageError, current_rank
+
+COMMANDS = ("collectives",)
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="python -m microbench",
+        description="Measure this machine for pdlsim: each command writes JSON Lines records "
+        "(every raw sample, with the machine's metadata) into a run directory.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        module = importlib.import_module(f"microbench.commands.{name}")
+        module.add_parser(subparsers).set_defaults(run=module.run)
+    return parser
+
+
+def _abort_mpi(status: int) -> None:
+    """Take every rank down: one rank leaving alone would leave the others in a collective."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        if mpi.COMM_WORLD.Get_size() > 1:
+            mpi.COMM_WORLD.Abort(status)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    prog = f"python -m microbench {args.command}"
+    try:
+        return int(args.run(args))
+    except UsageError as e:
+        if current_rank() == 0:
+            print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except BenchmarkError as e:
+        if current_rank() == 0:
+            print(f"{prog}: failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        if current_rank() == 0:
+            print(f"{prog}: interrupted; the records of finished points are kept", file=sys.stderr)
+        _abort_mpi(130)
+        return 130
+    except Exception:
+        traceback.print_exc()
+        _abort_mpi(1)
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Command-line plumbing shared by the ``python -m microbench`` subcommands.
+
+Every subcommand may run under ``mpiexec -n N``, so a user error must come out once, not N
+times, and every rank must leave with the same status (a rank that stays behind blocks the
+others in their next collective). Two kinds of error, two paths:
+
+- Argument syntax (argparse, sizes, numbers) is decided identically on every rank from the same
+  argv, before MPI is initialised: :class:`Parser` prints one line on the launcher's rank 0 and
+  every rank exits 2. The rank comes from the launcher's environment, as MPI is not up yet.
+- Checks that need the file system (an output directory that is a file) are made on rank 0
+  only, after MPI is up, and broadcast (:func:`agree_on_usage`), so every rank raises the same
+  :class:`UsageError`; ``microbench.__main__`` turns it into one line on rank 0 and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .sampling import SamplingPolicy
+
+__all__ = [
+    "BenchmarkError",
+    "Parser",
+    "UsageError",
+    "add_sampling_arguments",
+    "add_thread_level_argument",
+    "agree_on_usage",
+    "current_rank",
+    "launcher_rank",
+    "out_dir_problem",
+    "policy_from_args",
+    "positive_float",
+    "start_mpi",
+    "thread_level_name",
+]
+
+# Where launchers put a process's rank before MPI_Init (MPICH/Hydra, Open MPI, PMIx, Slurm).
+_RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+class UsageError(Exception):
+    """A user mistake found after parsing: one line on rank 0, exit status 2 on every rank."""
+
+
+class BenchmarkError(RuntimeError):
+    """A failure raised identically on every rank (a collective check, say): one line on rank 0,
+    exit status 1, no traceback."""
+
+
+def current_rank() -> int:
+    """The rank in COMM_WORLD once MPI is up, else :func:`launcher_rank`; never starts MPI."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    try:
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            return int(mpi.COMM_WORLD.Get_rank())
+    except Exception:
+        pass
+    return launcher_rank()
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher set it in the environment; 0 outside a launcher."""
+    for name in _RANK_ENV_VARS:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on rank 0 (exit 2) and whose help is printed
+    by rank 0 only."""
+
+    def error(self, message: str) -> NoReturn:
+        if launcher_rank() == 0:
+            sys.stderr.write(f"{self.prog}: error: {' '.join(message.split())}\n")
+        sys.exit(2)
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if launcher_rank() == 0:
+            super()._print_message(message, file)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def add_sampling_arguments(
+    parser: argparse.ArgumentParser, full: SamplingPolicy, quick: SamplingPolicy
+) -> None:
+    """``--quick``, ``--target`` and ``--time-cap``, with the policies' values in the help."""
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer sizes and samples, for a smoke test or a first look (seconds, not minutes)",
+    )
+    parser.add_argument(
+        "--target",
+        type=positive_float,
+        metavar="REL",
+        help="stop sampling a point when the full width of the median's 95%% confidence "
+        f"interval is at most REL x median (default {full.target_rel_ci})",
+    )
+    parser.add_argument(
+        "--time-cap",
+        type=positive_float,
+        metavar="SECONDS",
+        help="stop sampling a point after this long, warm-up included (default "
+        f"{full.time_cap_s:g} s, --quick {quick.time_cap_s:g} s); the minimum sample count "
+        f"({full.min_samples}, --quick {quick.min_samples}) is always taken",
+    )
+
+
+def policy_from_args(
+    args: argparse.Namespace, full: SamplingPolicy, quick: SamplingPolicy
+) -> SamplingPolicy:
+    """The policy ``--quick``, ``--target`` and ``--time-cap`` ask for."""
+    policy = quick if args.quick else full
+    if args.target is not None:
+        policy = replace(policy, target_rel_ci=args.target)
+    if args.time_cap is not None:
+        policy = replace(policy, time_cap_s=args.time_cap)
+    return policy
+
+
+THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")
+
+
+def add_thread_level_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--thread-level",
+        choices=THREAD_LEVELS,
+        default="multiple",
+        help="MPI thread support to ask for (default multiple: mpi4py's default, which pdlsim's "
+        "training runs with; it changes MPICH's costs, so measure at the level you train at)",
+    )
+
+
+def start_mpi(thread_level: str) -> Any:
+    """Initialise MPI at ``thread_level`` (unless already up) and return ``mpi4py.MPI``."""
+    import mpi4py
+
+    if "mpi4py.MPI" not in sys.modules:
+        mpi4py.rc.thread_level = thread_level
+    from mpi4py import MPI
+
+    return MPI
+
+
+def thread_level_name(mpi: Any) -> str:
+    """The thread level MPI provides (it may differ from the one asked for)."""
+    provided = mpi.Query_thread()
+    for name in THREAD_LEVELS:
+        if provided == getattr(mpi, f"THREAD_{name.upper()}"):
+            return name
+    return str(provided)
+
+
+def out_dir_problem(out: Path, file_name: str, append: bool) -> str | None:
+    """Why ``out/file_name`` cannot be written as a new records file (None when it can)."""
+    for parent in (out, *out.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                return f"--out {out}: {parent} is a file, not a directory"
+            if not os.access(parent, os.W_OK | os.X_OK):
+                return f"--out {out}: {parent} is not writable"
+            break
+    target = out / file_name
+    if target.exists() and not append:
+        return f"{target} exists; pass --append to add to it, or choose another --out"
+    if target.exists() and not target.is_file():
+        return f"{target} exists and is not a file"
+    return None
+
+
+def agree_on_usage(comm: Any, problem: str | None) -> None:
+    """Broadcast rank 0's ``problem`` (others pass anything) and raise it on every rank."""
+    problem = comm.bcast(problem, root=0)
+    if problem is not None:
+        raise UsageError(problem)
