@@ -1,0 +1,80 @@
+"""Compute kernels of the layers a workload is made of, as plain functions on arrays and ints.
+
+The real network (``pdlsim.nn``) runs these, and the compute microbenchmarks time these same
+calls at each layer's shape, so every layer's forward and backward is one call on its own.
+
+Two implementations with the same method names, signatures and results (to float rounding):
+
+* :class:`NumbaKernels` for numpy arrays: numba (``prange``) for the memory-bound loops,
+  numpy's BLAS for the GEMMs. Thread counts come from :func:`microbench.threads.set_threads`.
+* :class:`ArrayKernels` written against an array module ``xp`` (numpy or cupy), for GPU arrays.
+
+Layouts (chosen so that each layer is one big GEMM whose operands BLAS reads contiguously):
+
+* Activations of 2-D layers are channels-last: ``(batch, height, width, channels)``. One
+  convolution is then ``cols @ W`` with ``cols`` the im2col matrix of shape
+  ``(batch * out_h * out_w, k * k * c_in)`` (columns ordered kernel row, kernel column, input
+  channel) and the result, ``(batch * out_h * out_w, filters)``, already the channels-last
+  output: no transpose anywhere.
+* Convolution weights are ``(k, k, c_in, filters)``, dense weights ``(in, out)``; both are the
+  right-hand GEMM operand as stored. Biases are ``(filters,)`` / ``(out,)``.
+* The max-pool ``argmax`` (int32, the output's shape) holds the winning tap ``di * size + dj``
+  of each window; ties go to the first tap.
+
+The methods, per layer kind (outputs are written into arrays the caller allocates and reuses;
+``dx=None`` skips an input gradient, ``b=None``/``db=None`` a bias):
+
+* dense: ``dense_forward(x, w, b, out)``, ``dense_backward(x, w, dout, dw, db, dx)``
+* conv2d: ``conv2d_forward(x, w, b, stride, padding, cols, out)``,
+  ``conv2d_backward(dout, cols, w, stride, padding, dw, db, dcols, dx)``; ``cols`` and
+  ``dcols`` are ``(batch * out_h * out_w, k * k * c_in)`` workspaces
+* relu: ``relu_forward(x, out)``, ``relu_backward(dout, y, dx)`` (``y`` the forward output)
+* maxpool2d: ``maxpool2d_forward(x, size, stride, out, argmax)``,
+  ``maxpool2d_backward(dout, argmax, size, stride, dx)``
+* loss: ``softmax_cross_entropy(logits, labels, dlogits) -> (mean loss, correct)``, with
+  ``dlogits = (softmax - onehot) / batch``
+* helpers the network fuses with: ``bias_activation(x, b, relu, out)`` (bias, then relu),
+  ``channel_sum(x, out)`` (a bias gradient), ``nchw_to_nhwc(x, out)``, and
+  ``sgd_update(params, grads, velocity, lr, momentum, scratch)``
+
+Elementwise outputs (relu, bias_activation, relu_backward) may alias their input: in place is
+their fast path. ``pdlsim.nn`` runs a dense or conv2d layer and the relu and max-pool right after
+it as one group (bias and relu after the pool, on the smaller tensor); a per-layer timing of
+these kernels should time such a group the same way.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+
+from microbench.kernels.array import ArrayKernels
+from microbench.kernels.cpu import NumbaKernels
+from microbench.kernels.shapes import conv_output_hw, pool_output_hw
+
+BACKENDS = ("auto", "numba", "array")
+
+Kernels = NumbaKernels | ArrayKernels
+
+
+def kernels_for(xp: ModuleType = np, backend: str = "auto") -> Kernels:
+    """The kernel set for arrays of module ``xp``: numba for numpy unless ``backend="array"``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if backend == "numba" and xp is not np:
+        raise ValueError("the numba kernels run on numpy arrays only; use backend 'array'")
+    if backend == "array" or xp is not np:
+        return ArrayKernels(xp)
+    return NumbaKernels()
+
+
+__all__ = [
+    "BACKENDS",
+    "ArrayKernels",
+    "Kernels",
+    "NumbaKernels",
+    "conv_output_hw",
+    "kernels_for",
+    "pool_output_hw",
+]

@@ -1,0 +1,192 @@
+"""Kernels written against an array module ``xp`` (numpy or cupy), for GPU arrays.
+
+Only operations that numpy and cupy both provide are used: slicing with steps, ``matmul`` and
+``sum`` with ``out=``, ``maximum``, ``where``, ``exp``, ``log``, ``argmax``, boolean-mask
+assignment. The loops run over kernel taps (k*k iterations of whole-batch slice copies), never
+over elements, so on a GPU each iteration is one device kernel.
+
+Same signatures, layouts and results (to rounding) as :class:`microbench.kernels.cpu.NumbaKernels`.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from microbench.kernels.shapes import conv_output_hw, pool_output_hw, window_range
+
+
+def _tap_slices(
+    out_size: int, in_size: int, stride: int, offset: int
+) -> tuple[slice, slice] | None:
+    """(output slice, input slice) of one kernel tap along one axis, or None if it never fits."""
+    lo, hi = window_range(out_size, in_size, stride, offset)
+    if hi <= lo:
+        return None
+    first = lo * stride + offset
+    return slice(lo, hi), slice(first, (hi - 1) * stride + offset + 1, stride)
+
+
+class ArrayKernels:
+    """The kernel set for arrays of module ``xp`` (see :mod:`microbench.kernels` for layouts)."""
+
+    name = "array"
+
+    def __init__(self, xp: ModuleType = np) -> None:
+        self.xp = xp
+
+    # dense ---------------------------------------------------------------------------------
+
+    def dense_forward(self, x: Any, w: Any, b: Any, out: Any) -> None:
+        self.xp.matmul(x, w, out=out)
+        if b is not None:
+            self.xp.add(out, b, out=out)
+
+    def dense_backward(self, x: Any, w: Any, dout: Any, dw: Any, db: Any, dx: Any) -> None:
+        xp = self.xp
+        xp.matmul(x.T, dout, out=dw)
+        if db is not None:
+            xp.sum(dout, axis=0, out=db)
+        if dx is not None:
+            xp.matmul(dout, w.T, out=dx)
+
+    # conv2d --------------------------------------------------------------------------------
+
+    def conv2d_forward(
+        self, x: Any, w: Any, b: Any, stride: int, padding: int, cols: Any, out: Any
+    ) -> None:
+        n, h, wd, c = x.shape
+        k, f = w.shape[0], w.shape[3]
+        out_h, out_w = conv_output_hw(h, wd, k, stride, padding)
+        cols6 = cols.reshape(n, out_h, out_w, k, k, c)
+        if padding:
+            cols.fill(0)
+        for kh in range(k):
+            rows = _tap_slices(out_h, h, stride, kh - padding)
+            for kw in range(k):
+                columns = _tap_slices(out_w, wd, stride, kw - padding)
+                if rows is None or columns is None:
+                    continue
+                cols6[:, rows[0], columns[0], kh, kw, :] = x[:, rows[1], columns[1], :]
+        out2d = out.reshape(n * out_h * out_w, f)
+        self.xp.matmul(cols, w.reshape(k * k * c, f), out=out2d)
+        if b is not None:
+            self.xp.add(out2d, b, out=out2d)
+
+    def conv2d_backward(
+        self,
+        dout: Any,
+        cols: Any,
+        w: Any,
+        stride: int,
+        padding: int,
+        dw: Any,
+        db: Any,
+        dcols: Any,
+        dx: Any,
+    ) -> None:
+        xp = self.xp
+        n, out_h, out_w, f = dout.shape
+        k, c = w.shape[0], w.shape[2]
+        dout2d = dout.reshape(n * out_h * out_w, f)
+        xp.matmul(cols.T, dout2d, out=dw.reshape(k * k * c, f))
+        if db is not None:
+            xp.sum(dout2d, axis=0, out=db)
+        if dx is None:
+            return
+        xp.matmul(dout2d, w.reshape(k * k * c, f).T, out=dcols)
+        dcols6 = dcols.reshape(n, out_h, out_w, k, k, c)
+        h, wd = dx.shape[1], dx.shape[2]
+        dx.fill(0)
+        for kh in range(k):
+            rows = _tap_slices(out_h, h, stride, kh - padding)
+            for kw in range(k):
+                columns = _tap_slices(out_w, wd, stride, kw - padding)
+                if rows is None or columns is None:
+                    continue
+                # For one tap, distinct outputs land on distinct inputs: += is a plain add.
+                dx[:, rows[1], columns[1], :] += dcols6[:, rows[0], columns[0], kh, kw, :]
+
+    # elementwise and reductions ------------------------------------------------------------
+
+    def bias_activation(self, x: Any, b: Any, relu: bool, out: Any) -> None:
+        self.xp.add(x, b, out=out)
+        if relu:
+            self.xp.maximum(out, 0, out=out)
+
+    def channel_sum(self, x: Any, out: Any) -> None:
+        self.xp.sum(x.reshape(-1, x.shape[-1]), axis=0, out=out)
+
+    def relu_forward(self, x: Any, out: Any) -> None:
+        self.xp.maximum(x, 0, out=out)
+
+    def relu_backward(self, dout: Any, y: Any, dx: Any) -> None:
+        self.xp.multiply(dout, y > 0, out=dx)
+
+    # maxpool2d -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _pool_slices(out: Any, stride: int, di: int, dj: int) -> tuple[slice, slice, slice, slice]:
+        out_h, out_w = out.shape[1], out.shape[2]
+        return (
+            slice(None),
+            slice(di, di + stride * (out_h - 1) + 1, stride),
+            slice(dj, dj + stride * (out_w - 1) + 1, stride),
+            slice(None),
+        )
+
+    def maxpool2d_forward(self, x: Any, size: int, stride: int, out: Any, argmax: Any) -> None:
+        pool_output_hw(x.shape[1], x.shape[2], size, stride)  # validates the window fits
+        for di in range(size):
+            for dj in range(size):
+                window = x[self._pool_slices(out, stride, di, dj)]
+                if di == 0 and dj == 0:
+                    out[...] = window
+                    argmax.fill(0)
+                    continue
+                better = window > out  # strict: ties keep the first tap, as the numba kernel
+                argmax[better] = di * size + dj
+                self.xp.maximum(out, window, out=out)
+
+    def maxpool2d_backward(self, dout: Any, argmax: Any, size: int, stride: int, dx: Any) -> None:
+        xp = self.xp
+        zero = dout.dtype.type(0)
+        dx.fill(0)
+        for di in range(size):
+            for dj in range(size):
+                dx[self._pool_slices(dout, stride, di, dj)] += xp.where(
+                    argmax == di * size + dj, dout, zero
+                )
+
+    # layout, loss, update ------------------------------------------------------------------
+
+    def nchw_to_nhwc(self, x: Any, out: Any) -> None:
+        out[...] = x.transpose(0, 2, 3, 1)
+
+    def softmax_cross_entropy(self, logits: Any, labels: Any, dlogits: Any) -> tuple[float, int]:
+        xp = self.xp
+        batch = logits.shape[0]
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        e = xp.exp(shifted)
+        total = e.sum(axis=1, keepdims=True)
+        rows = xp.arange(batch)
+        loss = xp.log(total[:, 0].astype(xp.float64)) - shifted[rows, labels].astype(xp.float64)
+        correct = (xp.argmax(logits, axis=1) == labels).sum()
+        xp.divide(e, total, out=dlogits)
+        dlogits[rows, labels] -= 1
+        dlogits *= 1.0 / batch
+        return float(loss.mean()), int(correct)
+
+    def sgd_update(
+        self, params: Any, grads: Any, velocity: Any, lr: float, momentum: float, scratch: Any
+    ) -> None:
+        xp = self.xp
+        direction = grads
+        if momentum:
+            xp.multiply(velocity, momentum, out=velocity)
+            xp.add(velocity, grads, out=velocity)
+            direction = velocity
+        xp.multiply(direction, lr, out=scratch)
+        xp.subtract(params, scratch, out=params)

@@ -1,0 +1,188 @@
+"""CPU kernel set: numba loops (:mod:`microbench.kernels.loops`) and numpy's BLAS for GEMMs.
+
+Thread pools. A training step alternates GEMMs (OpenBLAS's pthreads) with numba loops (numba's
+pool); with as many threads as cores, a pool that busy-waits while idle steals the cores the
+other one needs. So importing this module makes numba use the GNU OpenMP layer with
+``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep; by default they spin for milliseconds after
+each loop, which turned a 2-thread MLP step from 1 ms into 30 ms). OpenMP reads that when it
+loads, at numba's first parallel loop; if something else (torch, say) loaded it before, with
+its default policy, numba's workqueue layer (whose threads sleep) is used instead. An explicit
+``NUMBA_THREADING_LAYER``, ``NUMBA_THREADING_LAYER_PRIORITY`` or ``OMP_WAIT_POLICY`` wins.
+
+OpenBLAS spins too, about 0.1 s after each GEMM, and that can only be changed before numpy
+loads it: start processes with ``OPENBLAS_THREAD_TIMEOUT=4`` so that its idle threads sleep at
+once. Otherwise, at 2 threads on 2 cores, the numba loops between GEMMs barely gain from the
+second thread (see ``benchmarks/train_vs_torch.py --openblas-timeout``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numba
+import numpy as np
+
+from microbench.kernels import loops
+from microbench.kernels.shapes import conv_output_hw, pool_output_hw
+
+
+def _openmp_loaded() -> bool:
+    """Whether a GNU OpenMP runtime is already in this process (Linux; False elsewhere)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return any("libgomp" in line for line in maps)
+    except OSError:
+        return False
+
+
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    numba.config.THREADING_LAYER = "default"  # the first available of the priority list
+    if "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
+        passive = "OMP_WAIT_POLICY" in os.environ or not _openmp_loaded()
+        first = ["omp", "workqueue"] if passive else ["workqueue", "omp"]
+        numba.config.THREADING_LAYER_PRIORITY = [*first, "tbb"]
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# Below this many elements an elementwise loop runs serially: a parallel launch costs more.
+PARALLEL_MIN_ELEMENTS = 1 << 15
+# The input gradient of a convolution goes through dcols in chunks of samples this many bytes
+# at most, so that col2im reads what the GEMM just wrote from cache (one core's L2 holds it),
+# not from memory: 1.5-2x faster than one whole-batch GEMM and col2im.
+COL2IM_CHUNK_BYTES = 5 << 18
+
+
+def _loop(name: str, size: int = PARALLEL_MIN_ELEMENTS):
+    """The parallel loop ``name`` of :mod:`~microbench.kernels.loops`, or its serial version
+    for one thread or fewer than ``PARALLEL_MIN_ELEMENTS`` elements."""
+    parallel = size >= PARALLEL_MIN_ELEMENTS and numba.get_num_threads() > 1
+    return getattr(loops, name if parallel else name + "_serial")
+
+
+def _matrix(a: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """A (rows, cols) view of a C-contiguous array; never a silent copy, which would lose writes."""
+    if not a.flags.c_contiguous:
+        raise ValueError("kernel arrays must be C-contiguous")
+    return a.reshape(rows, cols)
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return _matrix(a, 1, a.size)[0]
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """``a`` as (everything but the last axis, last axis)."""
+    return _matrix(a, a.size // a.shape[-1], a.shape[-1])
+
+
+class NumbaKernels:
+    """The kernel set for numpy arrays on the CPU (see :mod:`microbench.kernels` for layouts)."""
+
+    name = "numba"
+    xp = np
+
+    # dense ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def dense_forward(x, w, b, out) -> None:
+        np.matmul(x, w, out=out)
+        if b is not None:
+            NumbaKernels.bias_activation(out, b, False, out)
+
+    @staticmethod
+    def dense_backward(x, w, dout, dw, db, dx) -> None:
+        np.matmul(x.T, dout, out=dw)
+        if db is not None:
+            NumbaKernels.channel_sum(dout, db)
+        if dx is not None:
+            np.matmul(dout, w.T, out=dx)
+
+    # conv2d --------------------------------------------------------------------------------
+
+    @staticmethod
+    def conv2d_forward(x, w, b, stride: int, padding: int, cols, out) -> None:
+        n, h, wd, c = x.shape
+        k, f = w.shape[0], w.shape[3]
+        out_h, out_w = conv_output_hw(h, wd, k, stride, padding)
+        _loop("im2col")(x, k, stride, padding, out_h, out_w, cols)
+        np.matmul(cols, _matrix(w, k * k * c, f), out=_rows(out))
+        if b is not None:
+            NumbaKernels.bias_activation(out, b, False, out)
+
+    @staticmethod
+    def conv2d_backward(dout, cols, w, stride: int, padding: int, dw, db, dcols, dx) -> None:
+        n, out_h, out_w, f = dout.shape
+        k, c = w.shape[0], w.shape[2]
+        dout2d = _rows(dout)
+        np.matmul(cols.T, dout2d, out=_matrix(dw, k * k * c, f))
+        if db is not None:
+            NumbaKernels.channel_sum(dout, db)
+        if dx is None:
+            return
+        w_t = _matrix(w, k * k * c, f).T
+        rows = out_h * out_w  # per sample
+        step = max(1, COL2IM_CHUNK_BYTES // (rows * k * k * c * dcols.itemsize))
+        col2im = _loop("col2im")
+        for first in range(0, n, step):
+            last = min(n, first + step)
+            chunk = dcols[: (last - first) * rows]
+            np.matmul(dout2d[first * rows : last * rows], w_t, out=chunk)
+            col2im(chunk, k, stride, padding, out_h, out_w, dx[first:last])
+
+    # elementwise and reductions ------------------------------------------------------------
+
+    @staticmethod
+    def bias_activation(x, b, relu: bool, out) -> None:
+        """``out = x + b`` (``b`` along the last axis), then ``max(out, 0)`` if ``relu``."""
+        if out is not x:
+            np.copyto(out, x)
+        _loop("bias_act", out.size)(_rows(out), b, relu)
+
+    @staticmethod
+    def channel_sum(x, out) -> None:
+        """``out`` = the sum of ``x`` over every axis but the last (a bias gradient)."""
+        _loop("column_sum", x.size)(_rows(x), out)
+
+    @staticmethod
+    def relu_forward(x, out) -> None:
+        if out is not x:
+            np.copyto(out, x)
+        _loop("relu", out.size)(_flat(out))
+
+    @staticmethod
+    def relu_backward(dout, y, dx) -> None:
+        if dx is not dout:
+            np.copyto(dx, dout)
+        _loop("relu_mask", dx.size)(_flat(dx), _flat(y))
+
+    # maxpool2d -----------------------------------------------------------------------------
+
+    @staticmethod
+    def maxpool2d_forward(x, size: int, stride: int, out, argmax) -> None:
+        pool_output_hw(x.shape[1], x.shape[2], size, stride)  # validates the window fits
+        _loop("maxpool")(x, size, stride, out, argmax)
+
+    @staticmethod
+    def maxpool2d_backward(dout, argmax, size: int, stride: int, dx) -> None:
+        if stride == size:
+            _loop("maxpool_backward_tiled")(dout, argmax, size, dx)
+        else:
+            _loop("maxpool_backward")(dout, argmax, size, stride, dx)
+
+    # layout, loss, update ------------------------------------------------------------------
+
+    @staticmethod
+    def nchw_to_nhwc(x, out) -> None:
+        _loop("nchw_to_nhwc")(x, out)
+
+    @staticmethod
+    def softmax_cross_entropy(logits, labels, dlogits) -> tuple[float, int]:
+        loss, correct = loops.softmax_xent(logits, labels, dlogits)
+        return float(loss), int(correct)
+
+    @staticmethod
+    def sgd_update(params, grads, velocity, lr: float, momentum: float, scratch) -> None:
+        """``v = momentum * v + g; p -= lr * v`` in one pass (float32 arithmetic throughout);
+        ``velocity`` is unused (may be None) when ``momentum`` is 0; ``scratch`` is unused."""
+        p, g = _flat(params), _flat(grads)
+        v = g if velocity is None else _flat(velocity)
+        _loop("sgd", p.size)(p, g, v, np.float32(lr), np.float32(momentum))
