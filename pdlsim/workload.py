@@ -284,8 +284,7 @@ def _parse_layer(index: int, raw: Any, source: str) -> Layer:
     kind = raw.get("kind")
     if kind not in _LAYER_KEYS:
         raise WorkloadError(
-            f"{source}: layer {index}: unknown kind {kind!r}; "
-            f"known kinds: {', '.join(LAYER_KINDS)}"
+            f"{source}: layer {index}: unknown kind {kind!r}; known kinds: {', '.join(LAYER_KINDS)}"
         )
     name = raw.get("name", f"{kind}{index}")
     if not isinstance(name, str) or not name:

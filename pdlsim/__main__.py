@@ -1,0 +1,7 @@
+"""``python -m pdlsim`` is the same as the ``pdlsim`` command."""
+
+import sys
+
+from pdlsim.cli import main
+
+sys.exit(main())

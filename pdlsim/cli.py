@@ -1,0 +1,113 @@
+"""The ``pdlsim`` command line: a thin layer over functions that tests call directly.
+
+Every user error is one line on stderr and exit status 2; nothing here prints a traceback for
+bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from microbench.threads import quiet_idle_blas_threads
+from pdlsim import __version__
+from pdlsim.errors import UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (with a pointer to --help), exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="pdlsim",
+        description=(
+            "Predict how data-parallel and hybrid (MPI + threads + GPU) training scales: "
+            "describe workloads and run real training to measure."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"pdlsim {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    workload = commands.add_parser(
+        "workload", help="inspect workload descriptions (presets or JSON files)"
+    )
+    workload_commands = workload.add_subparsers(
+        dest="workload_command", metavar="ACTION", parser_class=_Parser
+    )
+    workload_commands.required = True
+    show = workload_commands.add_parser(
+        "show", help="print the per-layer table: output shape, parameters, FLOPs, bytes"
+    )
+    show.add_argument("workload", metavar="NAME|PATH", help="a preset (mlp, cnn) or a JSON file")
+    show.add_argument("--json", action="store_true", help="print the table as JSON")
+    show.set_defaults(handler=_cmd_workload_show)
+
+    from pdlsim.train.cli import add_train_parser
+
+    add_train_parser(commands)
+    return parser
+
+
+def _cmd_workload_show(args: argparse.Namespace) -> int:
+    from pdlsim.workload import load_workload
+    from pdlsim.workload_table import workload_table
+
+    workload = load_workload(args.workload)
+    table = workload_table(workload)
+    if args.json:
+        print(json.dumps({"workload": workload.to_dict(), "layers": table}, indent=2))
+        return 0
+    print(
+        f"workload {workload.name}: input {list(workload.input_shape)}, "
+        f"{workload.num_classes} classes, {workload.param_count:,} parameters, "
+        f"{workload.gradient_bytes:,} gradient bytes to allreduce per step"
+    )
+    from pdlsim.workload_table import format_table
+
+    print(format_table(table))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    quiet_idle_blas_threads()  # before anything imports numpy
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except UserError as exc:
+        print(f"pdlsim: error: {exc}", file=sys.stderr)
+        return exc.exit_status
+    except KeyboardInterrupt:
+        print("pdlsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

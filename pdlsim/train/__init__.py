@@ -1,0 +1,1 @@
+"""PROVE: real training runs (serial, threads, MPI, hybrid, GPU) with per-phase timers."""

@@ -1,0 +1,265 @@
+"""``pdlsim train``: one real training run in one execution mode, with per-phase timers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from microbench.fileio import atomic_write_text
+from microbench.threads import oversubscription, set_threads
+from pdlsim.errors import UserError
+from pdlsim.train.config import DEVICES, TrainConfig
+from pdlsim.train.launch import Stopped, launch_ranks, under_mpi_launcher
+
+if TYPE_CHECKING:
+    from pdlsim.train.loop import TrainResult
+
+
+def add_train_parser(commands: Any) -> None:
+    from pdlsim.cli import non_negative_float, positive_int
+
+    p = commands.add_parser(
+        "train",
+        help="run real training (serial, threads, MPI, hybrid, GPU) with per-phase timers",
+        description=(
+            "Train a workload for real and time every phase of every step. --batch is the "
+            "per-rank batch B; with P ranks the global batch is P x B and one step consumes "
+            "P x B samples. The learning rate is not scaled with P unless --scale-lr is given. "
+            "With --procs > 1 this command starts mpiexec itself; it also runs as one rank "
+            "of a job you start with your own mpiexec or srun."
+        ),
+    )
+    p.add_argument("--model", default="mlp", metavar="NAME|PATH", help="workload (default: mlp)")
+    p.add_argument(
+        "--procs",
+        type=positive_int,
+        default=None,
+        help="MPI ranks (default: the size of the MPI job this runs in, else 1)",
+    )
+    p.add_argument("--threads", type=positive_int, default=1, help="BLAS/numba threads per rank")
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="cpu (default) or gpu (CuPy)")
+    p.add_argument("--epochs", type=positive_int, default=1)
+    p.add_argument("--batch", type=positive_int, default=32, help="per-rank batch B (default 32)")
+    p.add_argument("--lr", type=non_negative_float, default=0.05, help="learning rate")
+    p.add_argument("--momentum", type=non_negative_float, default=0.0, help="SGD momentum")
+    p.add_argument("--scale-lr", action="store_true", help="linear scaling rule: lr x P")
+    p.add_argument("--seed", type=int, default=0, help="initialisation, data and order seed")
+    p.add_argument(
+        "--data",
+        default="synthetic",
+        metavar="SPEC",
+        help="synthetic (default), mnist:DIR (IDX files) or cifar10:DIR (binary batches)",
+    )
+    p.add_argument("--samples", type=positive_int, default=None, help="training samples to use")
+    p.add_argument("--test-samples", type=positive_int, default=1024, help="held-out samples")
+    p.add_argument("--max-steps", type=positive_int, default=None, help="steps per epoch cap")
+    p.add_argument("--init", choices=("he", "xavier"), default="he", help="weight init")
+    p.add_argument("--pinned", action="store_true", help="GPU: copy batches from pinned memory")
+    p.add_argument("--out", type=Path, default=None, help="run directory for the records")
+    p.set_defaults(handler=run_train_command)
+
+
+def config_from_args(args: argparse.Namespace, procs: int) -> TrainConfig:
+    if args.momentum >= 1.0:
+        raise UserError(f"--momentum must be below 1, got {args.momentum}")
+    if args.lr == 0:
+        raise UserError("--lr must be above 0")
+    return TrainConfig(
+        model=args.model,
+        procs=procs,
+        threads=args.threads,
+        device=args.device,
+        epochs=args.epochs,
+        batch_per_rank=args.batch,
+        lr=args.lr,
+        momentum=args.momentum,
+        scale_lr=args.scale_lr,
+        seed=args.seed,
+        data=args.data,
+        samples=args.samples,
+        test_samples=args.test_samples,
+        max_steps_per_epoch=args.max_steps,
+        pinned=args.pinned,
+        init=args.init,
+    )
+
+
+def config_to_args(config: TrainConfig, out: Path) -> list[str]:
+    """The command-line arguments that make a rank run ``config`` into ``out``."""
+    args = ["train", "--model", config.model, "--procs", str(config.procs)]
+    args += ["--threads", str(config.threads), "--device", config.device]
+    args += ["--epochs", str(config.epochs), "--batch", str(config.batch_per_rank)]
+    args += ["--lr", repr(config.lr), "--momentum", repr(config.momentum)]
+    args += ["--seed", str(config.seed), "--data", config.data, "--init", config.init]
+    args += ["--test-samples", str(config.test_samples), "--out", str(out)]
+    if config.samples is not None:
+        args += ["--samples", str(config.samples)]
+    if config.max_steps_per_epoch is not None:
+        args += ["--max-steps", str(config.max_steps_per_epoch)]
+    args += ["--scale-lr"] * config.scale_lr + ["--pinned"] * config.pinned
+    return args
+
+
+def default_run_dir(config: TrainConfig) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    name = f"{Path(config.model).stem}-{config.mode.replace('+', '-')}"
+    return Path("runs") / "train" / f"{name}-p{config.procs}t{config.threads}-{stamp}"
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse a run directory that is a file or already holds records: never overwrite."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--out {run_dir} is a file; give a directory for the run's records")
+    if run_dir.is_dir() and any(run_dir.glob("*.jsonl")):
+        raise UserError(
+            f"--out {run_dir} already holds records; choose a new directory (nothing is "
+            "overwritten)"
+        )
+
+
+def run_train_command(args: argparse.Namespace) -> int:
+    if under_mpi_launcher():
+        return _run_as_rank(args)
+    config = config_from_args(args, procs=args.procs or 1)
+    run_dir = args.out or default_run_dir(config)
+    check_run_dir(run_dir)
+    _validate(config)
+    warning = oversubscription(config.procs, config.threads)
+    if warning:
+        print(f"pdlsim: warning: {warning}", file=sys.stderr)
+    if config.procs == 1:
+        return _run_local(config, run_dir)
+    try:
+        status = launch_ranks(config_to_args(config, run_dir), config.procs, config.threads)
+    except KeyboardInterrupt:
+        print(
+            f"pdlsim: interrupted; all ranks stopped; records so far are in {run_dir}",
+            file=sys.stderr,
+        )
+        return 130
+    except Stopped as stopped:
+        print(
+            f"pdlsim: stopped by {stopped}; all ranks stopped; records so far are in {run_dir}",
+            file=sys.stderr,
+        )
+        return 128 + stopped.signum
+    if status != 0:
+        print(
+            f"pdlsim: error: training stopped: mpiexec exited with status {status} (a rank "
+            f"failed or was killed); the records written so far are in {run_dir}",
+            file=sys.stderr,
+        )
+        return 2 if status == 2 else 1
+    return 0
+
+
+def _validate(config: TrainConfig) -> None:
+    """Catch bad input once, in the launching process, before any rank starts."""
+    from pdlsim.train.device import gpu_device
+    from pdlsim.train.loop import prepare_data, steps_per_epoch
+    from pdlsim.workload import load_workload
+
+    if config.device == "gpu":
+        gpu_device()
+    workload = load_workload(config.model)
+    train_set, _ = prepare_data(config, workload)
+    steps_per_epoch(config, len(train_set))
+
+
+def _run_local(config: TrainConfig, run_dir: Path) -> int:
+    from pdlsim.train.comm import LocalComm
+    from pdlsim.train.device import cpu_device, gpu_device
+    from pdlsim.train.loop import train
+
+    set_threads(config.threads)
+    device = gpu_device() if config.device == "gpu" else cpu_device()
+    print(_banner(config, run_dir))
+    try:
+        result = train(config, LocalComm(), device, run_dir)
+    except KeyboardInterrupt:
+        print(f"pdlsim: interrupted; records so far are in {run_dir}", file=sys.stderr)
+        return 130
+    _finish(result)
+    return 0
+
+
+def _run_as_rank(args: argparse.Namespace) -> int:
+    """One rank of an MPI job, started by our launcher or by the user's mpiexec/srun."""
+    from pdlsim.train.comm import MPIComm
+    from pdlsim.train.device import cpu_device, gpu_device
+    from pdlsim.train.loop import train
+
+    comm = MPIComm()
+    try:
+        if args.procs is not None and args.procs != comm.size:
+            raise UserError(
+                f"--procs {args.procs} but this MPI job has {comm.size} ranks; "
+                "drop --procs or make them agree"
+            )
+        config = config_from_args(args, procs=comm.size)
+        run_dir = None
+        if comm.rank == 0:
+            run_dir = args.out or default_run_dir(config)
+            check_run_dir(run_dir)
+        run_dir = comm.mpi_comm.bcast(run_dir)
+        set_threads(config.threads)
+        device = gpu_device(comm.local_rank()) if config.device == "gpu" else cpu_device()
+        if comm.rank == 0:
+            print(_banner(config, run_dir), flush=True)
+        result = train(config, comm, device, run_dir, log=lambda line: print(line, flush=True))
+    except UserError as exc:
+        print(f"pdlsim: error (rank {comm.rank}): {exc}", file=sys.stderr, flush=True)
+        comm.abort(2)
+        return 2
+    except KeyboardInterrupt:
+        if comm.rank == 0:
+            print(f"pdlsim: interrupted; records so far are in {args.out}", file=sys.stderr)
+        return 130
+    if comm.rank == 0:
+        _finish(result)
+    return 0
+
+
+def _banner(config: TrainConfig, run_dir: Path) -> str:
+    lr = f"lr {config.effective_lr:g}" + (
+        f" (scaled x{config.procs})" if config.scale_lr else " (not scaled)"
+    )
+    return (
+        f"pdlsim train: {config.model}, mode {config.mode} ({config.procs} rank(s) x "
+        f"{config.threads} thread(s), {config.device}), batch {config.batch_per_rank} per rank = "
+        f"global batch {config.global_batch}, {lr}, momentum {config.momentum:g}, "
+        f"data {config.data}; records in {run_dir}"
+    )
+
+
+def format_summary(result: TrainResult) -> str:
+    from pdlsim.train.loop import PHASES
+
+    last = result.epochs[-1]
+    mean_epoch_s = sum(e.time_s for e in result.epochs) / len(result.epochs)
+    step_s = sum(last.phase_mean_s.values())
+    lines = [
+        f"time per epoch {mean_epoch_s:.3f} s, {last.samples_per_s:,.0f} samples/s, "
+        f"{1e3 * step_s:.2f} ms per step (last epoch, mean over ranks)",
+        f"{'phase':<10}{'ms/step':>10}{'share':>9}",
+    ]
+    for name in PHASES:
+        seconds = last.phase_mean_s[name]
+        share = 100 * seconds / step_s if step_s > 0 else 0.0
+        lines.append(f"{name:<10}{1e3 * seconds:>10.3f}{share:>8.1f}%")
+    return "\n".join(lines)
+
+
+def _finish(result: TrainResult) -> None:
+    print(format_summary(result))
+    summary = {
+        "config": result.config.to_dict(),
+        "epochs": [asdict(e) for e in result.epochs],
+        "run_dir": str(result.run_dir),
+    }
+    atomic_write_text(result.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")

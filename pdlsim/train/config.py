@@ -1,0 +1,55 @@
+"""What a training run is asked to do, and the execution mode that follows from it.
+
+Batch semantics (also in the README): ``batch_per_rank`` is B, the mini-batch each rank
+computes; the global batch is P x B, and one optimizer step consumes P x B samples. The learning
+rate stays as given unless ``scale_lr`` asks for the linear scaling rule (lr x P).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+DEVICES = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = "mlp"
+    procs: int = 1
+    threads: int = 1
+    device: str = "cpu"
+    epochs: int = 1
+    batch_per_rank: int = 32
+    lr: float = 0.05
+    momentum: float = 0.0
+    scale_lr: bool = False
+    seed: int = 0
+    data: str = "synthetic"
+    samples: int | None = None  # training samples to use (synthetic default: 8,192)
+    test_samples: int = 1024
+    max_steps_per_epoch: int | None = None
+    pinned: bool = False  # GPU: stage each mini-batch through page-locked host memory
+    init: str = "he"
+
+    @property
+    def global_batch(self) -> int:
+        return self.procs * self.batch_per_rank
+
+    @property
+    def effective_lr(self) -> float:
+        return self.lr * self.procs if self.scale_lr else self.lr
+
+    @property
+    def mode(self) -> str:
+        """serial, threads, mpi, hybrid, gpu or mpi+gpu."""
+        if self.device == "gpu":
+            return "gpu" if self.procs == 1 else "mpi+gpu"
+        if self.procs == 1:
+            return "serial" if self.threads == 1 else "threads"
+        return "mpi" if self.threads == 1 else "hybrid"
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc.update(mode=self.mode, global_batch=self.global_batch, effective_lr=self.effective_lr)
+        return doc

@@ -1,0 +1,108 @@
+"""Starting ranks with ``mpiexec``, and noticing when somebody else already did.
+
+``pdlsim train --procs P`` re-runs itself as P ranks under the ``mpiexec`` that the ``mpich``
+wheel installs next to the Python interpreter. Ranks run under ``python -m mpi4py`` so that an
+unhandled exception on one rank aborts them all instead of leaving the others waiting in a
+collective. Thread counts go to every rank through the environment, before numpy loads.
+
+Stopping: Ctrl-C is forwarded to the ranks; ranks that do not finish within a grace period
+(a rank blocked in a collective cannot run Python signal handlers) are terminated, then killed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from microbench.threads import thread_env
+from pdlsim.errors import UserError
+
+# Set by MPI launchers in every process they start: MPICH/Hydra (PMI), Open MPI, PMIx, Slurm.
+_LAUNCHER_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "SLURM_STEP_NUM_TASKS")
+STOP_GRACE_S = 3.0
+
+
+class Stopped(Exception):
+    """The launching process got SIGTERM or SIGHUP; the ranks have been stopped."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
+def under_mpi_launcher() -> bool:
+    """True when this process was started by mpiexec/mpirun/srun as one of several ranks."""
+    return any(name in os.environ for name in _LAUNCHER_VARS)
+
+
+def find_mpiexec() -> str:
+    """The mpiexec that belongs to this Python (the mpich wheel's), else the one on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise UserError(
+            "no mpiexec found: install the MPI wheel (pip install mpich) or load your MPI "
+            "module, or run with --procs 1"
+        )
+    return found
+
+
+def launch_ranks(child_args: Sequence[str], procs: int, threads: int) -> int:
+    """Run ``python -m pdlsim CHILD_ARGS`` as ``procs`` ranks; return mpiexec's exit status."""
+    command = [
+        find_mpiexec(),
+        "-n",
+        str(procs),
+        sys.executable,
+        "-m",
+        "mpi4py",
+        "-m",
+        "pdlsim",
+        *child_args,
+    ]
+    env = {**os.environ, **thread_env(threads)}
+    # A session of its own: a terminal's Ctrl-C reaches only us, and we decide how to stop
+    # mpiexec, which forwards signals to the ranks (Hydra puts each rank in its own session,
+    # and ranks end when their mpiexec is gone).
+    process = subprocess.Popen(command, env=env, start_new_session=True)
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        stop_process_group(process, first_signal=signal.SIGINT)
+        raise
+    except Stopped as stopped:
+        stop_process_group(process, first_signal=stopped.signum)
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def stop_process_group(process: subprocess.Popen, first_signal: int = signal.SIGINT) -> None:
+    """Ask the group to stop, then insist: first_signal, SIGTERM, SIGKILL, a grace period apart."""
+    for sig in (first_signal, signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # ranks that outlived their mpiexec
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

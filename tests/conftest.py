@@ -1,0 +1,37 @@
+"""Shared helpers: running ``pdlsim`` as a user would, always with a timeout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+MPI_TIMEOUT_S = 120
+
+
+def run_pdlsim(
+    *args: str, timeout: float = MPI_TIMEOUT_S, cwd: Path | None = None, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m pdlsim ARGS`` in a subprocess; a hang fails the test instead of the suite."""
+    return subprocess.run(
+        [sys.executable, "-m", "pdlsim", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def mpiexec() -> str:
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else "mpiexec"
+
+
+@pytest.fixture
+def pdlsim_cli():
+    return run_pdlsim

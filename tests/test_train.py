@@ -1,0 +1,254 @@
+"""Real training runs: every execution mode computes the same thing, and records it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from microbench.records import load_dataframe, read_records
+from pdlsim.train.comm import LocalComm
+from pdlsim.train.config import TrainConfig
+from pdlsim.train.device import cpu_device
+from pdlsim.train.loop import PHASES, train
+from tests.conftest import MPI_TIMEOUT_S, mpiexec, run_pdlsim
+
+SMALL = {
+    "mlp": ["--samples", "512", "--test-samples", "64", "--max-steps", "6"],
+    "cnn": ["--samples", "128", "--test-samples", "32", "--max-steps", "3"],
+}
+
+
+def _loss_curve(run_dir: Path) -> np.ndarray:
+    """The global loss per step: the mean over ranks of each rank's local mean loss."""
+    steps = load_dataframe(run_dir, type="train_step")
+    return steps.groupby("global_step")["loss"].mean().sort_index().to_numpy()
+
+
+def _train(tmp_path: Path, name: str, model: str, procs: int, threads: int, batch: int) -> Path:
+    out = tmp_path / name
+    result = run_pdlsim(
+        "train",
+        "--model",
+        model,
+        "--procs",
+        str(procs),
+        "--threads",
+        str(threads),
+        "--batch",
+        str(batch),
+        "--epochs",
+        "2",
+        "--momentum",
+        "0.9",
+        "--out",
+        str(out),
+        *SMALL[model],
+    )
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_serial_threads_mpi_and_hybrid_give_the_same_loss_curve(tmp_path, model):
+    """Synchronous data parallelism is the same computation: global batch 16 every time."""
+    runs = {
+        "serial": _train(tmp_path, "serial", model, procs=1, threads=1, batch=16),
+        "threads": _train(tmp_path, "threads", model, procs=1, threads=2, batch=16),
+        "mpi": _train(tmp_path, "mpi", model, procs=2, threads=1, batch=8),
+        "hybrid": _train(tmp_path, "hybrid", model, procs=2, threads=2, batch=8),
+    }
+    curves = {mode: _loss_curve(run_dir) for mode, run_dir in runs.items()}
+    reference = curves["serial"]
+    assert len(reference) == 2 * int(SMALL[model][-1])
+    assert reference[-1] < reference[0]  # it learns
+    for mode, curve in curves.items():
+        np.testing.assert_allclose(curve, reference, rtol=2e-4, err_msg=mode)
+    # ... and the two MPI ranks really saw different halves of each global batch.
+    mpi_steps = load_dataframe(runs["mpi"], type="train_step")
+    by_rank = mpi_steps.pivot(index="global_step", columns="rank", values="loss")
+    assert not np.allclose(by_rank[0], by_rank[1])
+
+
+def test_records_hold_every_phase_epoch_summaries_and_machine_metadata(tmp_path):
+    out = _train(tmp_path, "run", "mlp", procs=2, threads=1, batch=8)
+    header, records = read_records(out / "rank1.jsonl")
+    assert header["run"]["mode"] == "mpi"
+    assert header["run"]["global_batch"] == 16
+    assert header["machine"]["mpi"]["ranks"] == 2
+    steps = [r for r in records if r["type"] == "train_step"]
+    assert len(steps) == 12 and all(r["rank"] == 1 for r in steps)
+    assert set(steps[0]["phases_s"]) == set(PHASES)
+    for record in steps:
+        assert all(v >= 0 for v in record["phases_s"].values())
+        assert sum(record["phases_s"].values()) == pytest.approx(record["step_s"], rel=1e-6)
+        assert record["phases_s"]["allreduce"] > 0
+    epochs = [r for r in records if r["type"] == "train_epoch"]
+    assert [e["epoch"] for e in epochs] == [0, 1]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["mode"] == "mpi" and len(summary["epochs"]) == 2
+    frame = load_dataframe(out, type="train_step")
+    assert set(frame["rank"]) == {0, 1}
+    assert "phases_s.allreduce" in frame.columns
+
+
+def test_the_printed_summary_states_batch_semantics_and_phase_shares(tmp_path):
+    result = run_pdlsim(
+        "train", "--procs", "2", "--batch", "8", "--out", str(tmp_path / "r"), *SMALL["mlp"]
+    )
+    assert result.returncode == 0, result.stderr
+    assert "batch 8 per rank = global batch 16" in result.stdout
+    assert "lr 0.05 (not scaled)" in result.stdout
+    assert "samples/s" in result.stdout
+    for phase in PHASES:
+        assert phase in result.stdout
+
+
+def test_in_process_training_learns_the_synthetic_task(tmp_path):
+    config = TrainConfig(model="mlp", batch_per_rank=32, epochs=3, lr=0.05, samples=2048)
+    result = train(config, LocalComm(), cpu_device(), tmp_path / "run", log=lambda line: None)
+    accuracies = [e.test_accuracy for e in result.epochs]
+    assert accuracies[-1] > 0.5  # ten classes: chance is 0.1
+    assert result.epochs[-1].loss < result.epochs[0].loss
+
+
+def test_a_job_started_by_the_users_own_mpiexec(tmp_path):
+    out = tmp_path / "own"
+    command = [mpiexec(), "-n", "2", sys.executable, "-m", "pdlsim", "train", "--out", str(out)]
+    result = subprocess.run(
+        command + SMALL["mlp"], capture_output=True, text=True, timeout=MPI_TIMEOUT_S
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.glob("*.jsonl")) == ["rank0.jsonl", "rank1.jsonl"]
+    mismatch = subprocess.run(
+        [mpiexec(), "-n", "2", sys.executable, "-m", "pdlsim", "train", "--procs", "3"],
+        capture_output=True,
+        text=True,
+        timeout=MPI_TIMEOUT_S,
+    )
+    assert mismatch.returncode != 0
+    assert "--procs 3 but this MPI job has 2 ranks" in mismatch.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "nope"], "no workload preset or file named 'nope'"),
+        (["--data", "imagenet:/x"], "imagenet"),
+        (["--data", "mnist:/does/not/exist"], "/does/not/exist"),
+        (["--batch", "4096", "--samples", "100"], "exceeds the 100 training samples"),
+        (["--momentum", "1.5"], "--momentum must be below 1"),
+        (["--batch", "0"], "expected a positive integer"),
+        (["--procs", "two"], "expected a positive integer, got 'two'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_status_2(args, message):
+    result = run_pdlsim("train", *args, timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_gpu_mode_without_a_gpu_says_so_and_exits_2(tmp_path):
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            pytest.skip("a GPU is present: the no-GPU message does not apply")
+    except Exception:
+        pass
+    result = run_pdlsim("train", "--device", "gpu", "--out", str(tmp_path / "g"), timeout=60)
+    assert result.returncode == 2
+    assert "--device gpu" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "g").exists()
+
+
+def test_existing_records_are_never_overwritten(tmp_path):
+    out = _train(tmp_path, "first", "mlp", procs=1, threads=1, batch=16)
+    before = (out / "rank0.jsonl").read_bytes()
+    again = run_pdlsim("train", "--out", str(out), *SMALL["mlp"])
+    assert again.returncode == 2 and "already holds records" in again.stderr
+    assert (out / "rank0.jsonl").read_bytes() == before
+    a_file = tmp_path / "file"
+    a_file.write_text("keep me")
+    result = run_pdlsim("train", "--out", str(a_file))
+    assert result.returncode == 2 and "is a file" in result.stderr
+    assert a_file.read_text() == "keep me"
+
+
+def _start_long_run(out: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pdlsim", "train", "--procs", "2", "--epochs", "1000"]
+        + ["--samples", "512", "--test-samples", "32", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_steps(path: Path, count: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and len(path.read_text().splitlines()) > count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{path} never got {count} records")
+
+
+def test_a_killed_rank_stops_every_rank_and_keeps_the_records(tmp_path):
+    out = tmp_path / "killed"
+    process = _start_long_run(out)
+    try:
+        _wait_for_steps(out / "rank1.jsonl", 5)
+        header, _ = read_records(out / "rank1.jsonl")
+        os.kill(header["run"]["pid"], signal.SIGKILL)
+        started = time.monotonic()
+        _, stderr = process.communicate(timeout=30)
+        assert time.monotonic() - started < 15
+    finally:
+        process.kill()
+    assert process.returncode not in (0, None)
+    assert "training stopped" in stderr and str(out) in stderr
+    frame = load_dataframe(out, type="train_step")
+    assert len(frame[frame["rank"] == 0]) >= 5
+
+
+def _alive(pid: int) -> bool:
+    """Running, that is: a zombie waiting for a parent that never reaps it has ended."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize(
+    ("sig", "status", "message"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "stopped by SIGTERM")],
+)
+def test_ctrl_c_or_sigterm_stops_all_ranks_within_seconds(tmp_path, sig, status, message):
+    out = tmp_path / "interrupted"
+    process = _start_long_run(out)
+    try:
+        _wait_for_steps(out / "rank0.jsonl", 5)
+        _wait_for_steps(out / "rank1.jsonl", 5)
+        rank_pids = [read_records(out / f"rank{r}.jsonl")[0]["run"]["pid"] for r in (0, 1)]
+        process.send_signal(sig)
+        started = time.monotonic()
+        _, stderr = process.communicate(timeout=30)
+        assert time.monotonic() - started < 15
+    finally:
+        process.kill()
+    assert process.returncode == status
+    assert message in stderr and str(out) in stderr
+    time.sleep(1)
+    assert not any(_alive(pid) for pid in rank_pids), "a rank outlived the run"
+    assert len(load_dataframe(out, type="train_step")) >= 10
