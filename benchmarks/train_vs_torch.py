@@ -82,14 +82,14 @@ def make_step(side: str, model: str, threads: int, args: argparse.Namespace) -> 
     import numpy as np
 
     from microbench.threads import set_threads
-    from pdlsim.workload import load_workload
+    from microbench.workload import load_workload
 
     workload = load_workload(model)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch, *workload.input_shape), dtype=np.float32)
     y = rng.integers(0, workload.num_classes, args.batch, dtype=np.int64)
     if side == "ours":
-        from pdlsim.nn import SGD, Network
+        from microbench.nn import SGD, Network
 
         set_threads(threads)
         net, opt = Network(workload, seed=0), SGD(args.lr, args.momentum)

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .errors import UserError
 from .sampling import SamplingPolicy
 
 __all__ = [
@@ -43,7 +44,7 @@ __all__ = [
 _RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
 
-class UsageError(Exception):
+class UsageError(UserError):
     """A user mistake found after parsing: one line on rank 0, exit status 2 on every rank."""
 
 

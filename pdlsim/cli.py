@@ -11,9 +11,9 @@ import json
 import sys
 from collections.abc import Sequence
 
+from microbench.errors import UserError
 from microbench.threads import quiet_idle_blas_threads
 from pdlsim import __version__
-from pdlsim.errors import UserError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_workload_show(args: argparse.Namespace) -> int:
-    from pdlsim.workload import load_workload
+    from microbench.workload import load_workload
     from pdlsim.workload_table import workload_table
 
     workload = load_workload(args.workload)

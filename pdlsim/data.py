@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pdlsim.errors import UserError
-from pdlsim.workload import Workload
+from microbench.errors import UserError
+from microbench.workload import Workload
 
 DEFAULT_SYNTHETIC_SAMPLES = 10_000
 

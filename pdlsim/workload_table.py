@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdlsim.workload import Workload
+from microbench.workload import Workload
 
 
 def workload_table(workload: Workload) -> list[dict[str, Any]]:

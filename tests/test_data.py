@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from microbench.errors import UserError
+from microbench.workload import Workload, load_workload
 from pdlsim.data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -20,8 +22,6 @@ from pdlsim.data import (
     load_mnist,
     synthetic,
 )
-from pdlsim.errors import UserError
-from pdlsim.workload import Workload, load_workload
 
 MLP = load_workload("mlp")
 CNN = load_workload("cnn")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pdlsim.nn import SGD, Network, init_params
-from pdlsim.workload import Workload, load_workload
+from microbench.nn import SGD, Network, init_params
+from microbench.workload import Workload, load_workload
 
 TINY_DENSE = {
     "name": "tiny-dense",

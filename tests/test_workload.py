@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from pdlsim.workload import (
+from microbench.workload import (
     PRESETS,
     Workload,
     WorkloadError,

@@ -1,6 +1,6 @@
 """Compute kernels of the layers a workload is made of, as plain functions on arrays and ints.
 
-The real network (``pdlsim.nn``) runs these, and the compute microbenchmarks time these same
+The real network (:mod:`microbench.nn`) runs these, and the compute microbenchmarks time these same
 calls at each layer's shape, so every layer's forward and backward is one call on its own.
 
 Two implementations with the same method names, signatures and results (to float rounding):
@@ -38,9 +38,9 @@ The methods, per layer kind (outputs are written into arrays the caller allocate
   ``sgd_update(params, grads, velocity, lr, momentum, scratch)``
 
 Elementwise outputs (relu, bias_activation, relu_backward) may alias their input: in place is
-their fast path. ``pdlsim.nn`` runs a dense or conv2d layer and the relu and max-pool right after
-it as one group (bias and relu after the pool, on the smaller tensor); a per-layer timing of
-these kernels should time such a group the same way.
+their fast path. :mod:`microbench.nn` runs a dense or conv2d layer and the relu and max-pool
+right after it as one group (bias and relu after the pool, on the smaller tensor); a per-layer
+timing of these kernels should time such a group the same way.
 """
 
 from __future__ import annotations

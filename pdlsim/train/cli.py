@@ -10,9 +10,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from microbench.errors import UserError
 from microbench.fileio import atomic_write_text
 from microbench.threads import oversubscription, set_threads
-from pdlsim.errors import UserError
 from pdlsim.train.config import DEVICES, TrainConfig
 from pdlsim.train.launch import Stopped, launch_ranks, under_mpi_launcher
 
@@ -160,9 +160,9 @@ def run_train_command(args: argparse.Namespace) -> int:
 
 def _validate(config: TrainConfig) -> None:
     """Catch bad input once, in the launching process, before any rank starts."""
+    from microbench.workload import load_workload
     from pdlsim.train.device import gpu_device
     from pdlsim.train.loop import prepare_data, steps_per_epoch
-    from pdlsim.workload import load_workload
 
     if config.device == "gpu":
         gpu_device()

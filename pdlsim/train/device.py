@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from pdlsim.errors import UserError
+from microbench.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from microbench.errors import UserError
 from microbench.threads import thread_env
-from pdlsim.errors import UserError
 
 # Set by MPI launchers in every process they start: MPICH/Hydra (PMI), Open MPI, PMIx, Slurm.
 _LAUNCHER_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "SLURM_STEP_NUM_TASKS")

@@ -23,15 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from microbench.errors import UserError
 from microbench.machine import machine_metadata
+from microbench.nn import SGD, Network
 from microbench.records import RecordWriter
 from microbench.threads import available_cores, oversubscription
+from microbench.workload import Workload, load_workload
 from pdlsim.data import Dataset, load_dataset
-from pdlsim.errors import UserError
-from pdlsim.nn import SGD, Network
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.device import Device, pinned_empty
-from pdlsim.workload import Workload, load_workload
 
 PHASES = ("data", "h2d", "forward", "backward", "wait", "allreduce", "update")
 SYNTHETIC_TRAIN_SAMPLES = 8192

@@ -23,8 +23,8 @@ from typing import Any
 import numpy
 
 from microbench.kernels import kernels_for
-from pdlsim.nn.layers import Buffers, Op, build_ops
-from pdlsim.workload import LayerInfo, Workload
+from microbench.nn.layers import Buffers, Op, build_ops
+from microbench.workload import LayerInfo, Workload
 
 INITS = ("he", "xavier", "glorot")
 

@@ -1,4 +1,4 @@
-"""The operations :class:`pdlsim.nn.Network` runs: one per layer, or one for a fused group.
+"""The operations :class:`microbench.nn.Network` runs: one per layer, or one for a fused group.
 
 Fusion: a dense or conv2d layer absorbs the relu and max-pool right after it, so that no pass
 over the big pre-activation tensor is spent on the bias or the relu:
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from microbench.kernels import Kernels, conv_output_hw, pool_output_hw
-from pdlsim.workload import LayerInfo
+from microbench.workload import LayerInfo
 
 Buffers = dict[str, Any]
 

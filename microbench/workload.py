@@ -1,9 +1,12 @@
-"""One workload description for both the real network and the simulator.
+"""One workload description for the compute benchmarks, the real network and the simulator.
 
 A workload is a named list of layers with shapes. From it come, per layer, the output shape,
 the parameter count, forward and backward FLOPs per sample, activation and gradient bytes; and
-in total the gradient bytes that data parallelism must allreduce. ``pdlsim.nn`` builds the real
-numpy/numba network from the same description.
+in total the gradient bytes that data parallelism must allreduce. :mod:`microbench.nn` builds
+the real numpy/numba network from the same description.
+
+It lives in microbench because the compute benchmarks time each layer at the shapes a workload
+runs, and microbench must work on a cluster without pdlsim; pdlsim imports it from here.
 
 Conventions (documented in the README):
 
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdlsim.errors import UserError
+from microbench.errors import UserError
 
 BYTES_PER_VALUE = 4  # float32 everywhere
 
