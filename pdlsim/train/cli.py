@@ -45,7 +45,9 @@ def add_train_parser(commands: Any) -> None:
     p.add_argument("--device", choices=DEVICES, default="cpu", help="cpu (default) or gpu (CuPy)")
     p.add_argument("--epochs", type=positive_int, default=1)
     p.add_argument("--batch", type=positive_int, default=32, help="per-rank batch B (default 32)")
-    p.add_argument("--lr", type=non_negative_float, default=0.05, help="learning rate")
+    p.add_argument(
+        "--lr", type=non_negative_float, default=0.02, help="learning rate (default 0.02)"
+    )
     p.add_argument("--momentum", type=non_negative_float, default=0.0, help="SGD momentum")
     p.add_argument("--scale-lr", action="store_true", help="linear scaling rule: lr x P")
     p.add_argument("--seed", type=int, default=0, help="initialisation, data and order seed")

@@ -21,7 +21,7 @@ class TrainConfig:
     device: str = "cpu"
     epochs: int = 1
     batch_per_rank: int = 32
-    lr: float = 0.05
+    lr: float = 0.02
     momentum: float = 0.0
     scale_lr: bool = False
     seed: int = 0

@@ -17,6 +17,7 @@ class Device:
     xp: Any  # the array module: numpy or cupy
     name: str
     synchronize: Callable[[], None]  # waits for queued device work, so timers see it
+    kernel_backend: str = "auto"  # microbench.kernels backend; "array" runs the GPU kernels
 
     def to_device(self, host: np.ndarray, staging: np.ndarray | None = None) -> Any:
         """Copy a host array to the device (through ``staging``, page-locked, if given)."""

@@ -98,7 +98,9 @@ def train(
     rank, size, batch = comm.rank, comm.size, config.batch_per_rank
     xp, sync = device.xp, device.synchronize
 
-    net = Network(workload, seed=config.seed, init=config.init, xp=xp)
+    net = Network(
+        workload, seed=config.seed, init=config.init, xp=xp, backend=device.kernel_backend
+    )
     opt = SGD(config.effective_lr, config.momentum, xp=xp)
     x_host = np.empty((batch, *workload.input_shape), dtype=np.float32)
     y_host = np.empty(batch, dtype=train_set.y.dtype)

@@ -1,0 +1,65 @@
+"""The command line as a user meets it: help, the workload table, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pdlsim.cli import build_parser, main
+from tests.conftest import run_pdlsim
+
+
+def _subcommands() -> list[str]:
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    return sorted(action.choices)
+
+
+def test_help_lists_every_subcommand_and_each_has_its_own_help():
+    result = run_pdlsim("--help", timeout=60)
+    assert result.returncode == 0
+    for name in _subcommands():
+        assert name in result.stdout
+        sub = run_pdlsim(name, "--help", timeout=60)
+        assert sub.returncode == 0 and "usage: pdlsim " + name in sub.stdout
+
+
+def test_python_dash_m_and_the_console_script_are_the_same_program(capsys):
+    assert main(["workload", "show", "mlp", "--json"]) == 0
+    in_process = capsys.readouterr().out
+    assert run_pdlsim("workload", "show", "mlp", "--json", timeout=60).stdout == in_process
+
+
+def test_workload_show_prints_the_layer_table():
+    result = run_pdlsim("workload", "show", "cnn", timeout=60)
+    assert result.returncode == 0
+    assert "1,070,794 parameters" in result.stdout
+    assert "1,048,832" in result.stdout  # the 4096 -> 256 dense layer
+    rows = json.loads(run_pdlsim("workload", "show", "cnn", "--json", timeout=60).stdout)
+    assert rows["layers"][-1]["params"] == 1_070_794
+    assert [r["output_shape"] for r in rows["layers"][:3]] == [[32, 32, 32]] * 2 + [[32, 16, 16]]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["workload", "show", "nope.json"], "no workload preset or file named 'nope.json'"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["workload"], "the following arguments are required"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_status_2(args, message):
+    result = run_pdlsim(*args, timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_building_the_parser_does_not_load_numpy():
+    """OpenBLAS reads its settings when numpy loads: main() must set them first."""
+    code = "import sys, pdlsim.cli; pdlsim.cli.build_parser(); print('numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
