@@ -319,16 +319,17 @@ def read_records(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dic
 
 
 def _natural_key(path: Path) -> list[Any]:
-    """Sort key that puts rank2.jsonl before rank10.jsonl."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+    """Sort key that puts rank2.jsonl before rank10.jsonl (and ranks2/ before ranks10/)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.as_posix())]
 
 
 def load_dataframe(path_or_dir: str | os.PathLike[str], type: str | None = None) -> pd.DataFrame:
-    """Load one records file, or every ``*.jsonl`` in a directory, into one DataFrame.
+    """Load one records file, or every ``*.jsonl`` under a directory, into one DataFrame.
 
     One row per record (only those of ``type`` when given), nested fields flattened with dots
-    (``params.nbytes``), raw ``samples`` kept as list cells, plus a ``source`` column (the file
-    name) and the header's machine metadata as ``machine.*`` columns. ``source`` and
+    (``params.nbytes``), raw ``samples`` kept as list cells, plus a ``source`` column (the file's
+    path relative to the directory, e.g. ``ranks2/collectives.jsonl``) and the header's machine
+    metadata as ``machine.*`` columns. ``source`` and
     ``machine.*`` are the loader's: a record's own fields of those names are replaced. Files
     are read in natural order (rank2 before rank10).
     """
@@ -336,11 +337,12 @@ def load_dataframe(path_or_dir: str | os.PathLike[str], type: str | None = None)
 
     path = Path(path_or_dir)
     if path.is_dir():
-        files = sorted(path.glob("*.jsonl"), key=_natural_key)
+        root = path
+        files = sorted(path.rglob("*.jsonl"), key=_natural_key)
         if not files:
-            raise FileNotFoundError(f"{path}: no *.jsonl records files in this directory")
+            raise FileNotFoundError(f"{path}: no *.jsonl records files under this directory")
     elif path.exists():
-        files = [path]
+        root, files = path.parent, [path]
     else:
         raise FileNotFoundError(f"{path}: no such file or directory")
     frames = []
@@ -354,7 +356,7 @@ def load_dataframe(path_or_dir: str | os.PathLike[str], type: str | None = None)
         machine = pd.json_normalize([header["machine"]], sep=".").add_prefix("machine.")
         machine = machine.iloc[[0] * len(frame)].reset_index(drop=True)
         frame = frame.drop(columns=[c for c in frame.columns if c in machine or c == "source"])
-        frame.insert(len(frame.columns), "source", file.name)
+        frame.insert(len(frame.columns), "source", file.relative_to(root).as_posix())
         frames.append(pd.concat([frame, machine], axis=1))
     if not frames:
         return pd.DataFrame(columns=["type", "source"])

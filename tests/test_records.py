@@ -91,6 +91,21 @@ def test_a_run_directory_with_two_rank_files_loads_into_one_frame(tmp_path):
         load_dataframe(tmp_path / "missing")
 
 
+def test_a_run_directory_loads_its_subdirectories_each_file_with_its_own_header(tmp_path):
+    """pdlsim bench keeps one directory per process count: each header is true for its points."""
+    for ranks in (10, 2):
+        machine = {**MACHINE, "mpi": {"ranks": ranks}}
+        write_file(tmp_path / f"ranks{ranks}" / "collectives.jsonl", [measurement()], machine)
+    write_file(tmp_path / "compute.jsonl", [measurement("gemm")])
+    frame = load_dataframe(tmp_path)
+    assert list(frame["source"]) == [
+        "compute.jsonl",
+        "ranks2/collectives.jsonl",
+        "ranks10/collectives.jsonl",
+    ]
+    assert list(frame["machine.mpi.ranks"].iloc[1:]) == [2, 10]
+
+
 def test_numpy_values_become_plain_json(tmp_path):
     path = tmp_path / "np.jsonl"
     record = {
