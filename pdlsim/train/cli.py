@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from microbench.errors import UserError
 from microbench.fileio import atomic_write_text
 from microbench.threads import oversubscription, set_threads
+from pdlsim.launch import Stopped, launch_ranks, under_mpi_launcher
 from pdlsim.train.config import DEVICES, TrainConfig
-from pdlsim.train.launch import Stopped, launch_ranks, under_mpi_launcher
 
 if TYPE_CHECKING:
     from pdlsim.train.loop import TrainResult

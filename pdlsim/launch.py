@@ -1,4 +1,4 @@
-"""Starting ranks with ``mpiexec``, and noticing when somebody else already did.
+"""Starting processes under ``mpiexec`` (training ranks, MPI microbenchmarks) and stopping them.
 
 ``pdlsim train --procs P`` re-runs itself as P ranks under the ``mpiexec`` that the ``mpich``
 wheel installs next to the Python interpreter. Ranks run under ``python -m mpi4py`` so that an
@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from microbench.errors import UserError
 from microbench.threads import thread_env
@@ -58,24 +59,26 @@ def find_mpiexec() -> str:
     return found
 
 
+def mpiexec_command(procs: int, python_args: Sequence[str]) -> list[str]:
+    """``mpiexec -n PROCS python PYTHON_ARGS`` with this interpreter and its mpiexec."""
+    return [find_mpiexec(), "-n", str(procs), sys.executable, *python_args]
+
+
 def launch_ranks(child_args: Sequence[str], procs: int, threads: int) -> int:
     """Run ``python -m pdlsim CHILD_ARGS`` as ``procs`` ranks; return mpiexec's exit status."""
-    command = [
-        find_mpiexec(),
-        "-n",
-        str(procs),
-        sys.executable,
-        "-m",
-        "mpi4py",
-        "-m",
-        "pdlsim",
-        *child_args,
-    ]
-    env = {**os.environ, **thread_env(threads)}
-    # A session of its own: a terminal's Ctrl-C reaches only us, and we decide how to stop
-    # mpiexec, which forwards signals to the ranks (Hydra puts each rank in its own session,
-    # and ranks end when their mpiexec is gone).
-    process = subprocess.Popen(command, env=env, start_new_session=True)
+    command = mpiexec_command(procs, ["-m", "mpi4py", "-m", "pdlsim", *child_args])
+    return run_supervised(command, env={**os.environ, **thread_env(threads)})
+
+
+def run_supervised(command: Sequence[str], env: dict[str, str], **popen: Any) -> int:
+    """Run ``command`` to its end and return its exit status; stop it whole if we are stopped.
+
+    It gets a session of its own, so a terminal's Ctrl-C reaches only us and we decide how to
+    stop it: for mpiexec, the signal is forwarded to the ranks (Hydra puts each rank in a
+    session of its own, and ranks end when their mpiexec is gone). KeyboardInterrupt and
+    :class:`Stopped` are raised again once it has stopped.
+    """
+    process = subprocess.Popen(command, env=env, start_new_session=True, **popen)
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         return process.wait()
