@@ -1,0 +1,275 @@
+"""What is simulated: a cluster, a training scenario, and the per-step plan both engines play.
+
+:func:`build_plan` asks the cost model, once, everything a step needs: per-layer forward and
+backward times, the gradient buckets and the time of each bucket's collective (and its steps),
+the update and the host-to-device copy. The simulator and the closed form both start from this
+plan, so they cannot disagree on inputs, only on how they combine them.
+
+The model of one data-parallel step (per rank):
+
+* GPU ranks copy their mini-batch (inputs, float32, and int64 labels) to the device: before the
+  forward pass, or prefetched (issued on a copy engine when the previous step's forward starts,
+  so that it hides behind that step's work).
+* Forward layer by layer; backward layer by layer in reverse, stopping at the first layer with
+  parameters (nothing upstream needs a gradient, as in the real network).
+* Gradients are grouped into buckets in backward order, PyTorch DDP style: a layer's gradient
+  joins the open bucket, which closes once it holds ``bucket_bytes`` or more. A bucket's
+  allreduce may start once its last gradient is ready on every rank (overlap on) or once
+  backward has finished (overlap off).
+* Interference: an allreduce launched while backward still has work left hides only
+  ``overlap_efficiency`` of itself behind it; the rest, (1 - efficiency) x min(allreduce,
+  remaining backward), is charged to the rank's compute right after the launch (IMB-NBC's
+  overlap definition, the one the interference benchmark measures).
+* The update (SGD, per step, not jittered) runs once the last bucket's allreduce is done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from microbench.workload import Workload
+
+from . import collectives
+from .collectives import TimedStep
+from .cost import DEVICES, CostModel, Device, Placement
+
+__all__ = [
+    "DDP_BUCKET_BYTES",
+    "LABEL_BYTES_PER_SAMPLE",
+    "Bucket",
+    "Cluster",
+    "ConfigError",
+    "Scenario",
+    "StepPlan",
+    "build_plan",
+    "interference_s",
+]
+
+DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's bucket_cap_mb default
+LABEL_BYTES_PER_SAMPLE = 8  # int64 class index
+
+
+class ConfigError(ValueError):
+    """A cluster or scenario that makes no sense (one line, says what and why)."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` x ``ranks_per_node`` ranks (one per GPU, or MPI processes), each running
+    ``threads_per_rank`` threads on a ``device`` of kind ``"cpu"`` or ``"gpu"``."""
+
+    nodes: int
+    ranks_per_node: int = 1
+    threads_per_rank: int = 1
+    device: Device = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ConfigError(f"a cluster needs at least 1 node, got {self.nodes}")
+        if self.ranks_per_node < 1:
+            raise ConfigError(
+                f"need at least 1 rank (GPU or process) per node, got {self.ranks_per_node}"
+            )
+        if self.threads_per_rank < 1:
+            raise ConfigError(f"need at least 1 thread per rank, got {self.threads_per_rank}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"device must be 'cpu' or 'gpu', got {self.device!r}")
+
+    @classmethod
+    def gpus(cls, nodes: int, gpus_per_node: int) -> Cluster:
+        return cls(nodes, gpus_per_node, 1, "gpu")
+
+    @classmethod
+    def cpus(cls, nodes: int, procs_per_node: int = 1, threads: int = 1) -> Cluster:
+        return cls(nodes, procs_per_node, threads, "cpu")
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def mode(self) -> str:
+        """The execution mode in the words of the reports: serial, threads, MPI, hybrid, GPU."""
+        if self.device == "gpu":
+            return "gpu" if self.ranks == 1 else "mpi+gpu"
+        if self.ranks == 1:
+            return "serial" if self.threads_per_rank == 1 else "threads"
+        return "mpi" if self.threads_per_rank == 1 else "hybrid"
+
+    def placement(self, algorithm: str | None = None) -> Placement:
+        return Placement(self.nodes, self.ranks_per_node, algorithm)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """How the workload is trained: batch per rank, buckets, overlap, copies, how long, jitter.
+
+    ``comm_streams``: how many bucket allreduces may be in flight at once. 1 (default) is one
+    communication stream, as PyTorch DDP on NCCL: buckets run one after another, and the
+    closed form is exact. More is nonblocking collectives progressing together (an
+    ``MPI_Iallreduce`` per bucket): their steps then queue on shared links, which only the
+    simulator models. ``warmup_iterations`` are simulated first and left out of the averages
+    (the first step has no previous step to prefetch behind)."""
+
+    workload: Workload
+    batch_per_rank: int
+    bucket_bytes: int = DDP_BUCKET_BYTES
+    overlap: bool = False
+    prefetch: bool = False
+    pinned: bool = True
+    iterations: int = 100
+    warmup_iterations: int = 1
+    seed: int = 0
+    jitter: bool = True
+    algorithm: str | None = None
+    comm_streams: int = 1
+
+    def __post_init__(self) -> None:
+        if self.batch_per_rank < 1:
+            raise ConfigError(f"batch per rank must be >= 1, got {self.batch_per_rank}")
+        if self.bucket_bytes < 1:
+            raise ConfigError(f"bucket size must be >= 1 byte, got {self.bucket_bytes}")
+        if self.iterations < 1:
+            raise ConfigError(f"iterations must be >= 1, got {self.iterations}")
+        if self.warmup_iterations < 0:
+            raise ConfigError(f"warm-up iterations must be >= 0, got {self.warmup_iterations}")
+        if self.comm_streams < 1:
+            raise ConfigError(f"comm_streams must be >= 1, got {self.comm_streams}")
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup_iterations + self.iterations
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Gradients allreduced together; ``closes_after`` is the backward position (0 = the last
+    layer) after which its last gradient is ready."""
+
+    index: int
+    layers: tuple[str, ...]
+    nbytes: int
+    closes_after: int
+    algorithm: str
+    collective_s: float
+    schedule: tuple[TimedStep, ...]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Everything one step costs, asked of the cost model once (see :func:`build_plan`)."""
+
+    forward: tuple[tuple[str, float], ...]  # (layer, seconds), forward order
+    backward: tuple[tuple[str, float], ...]  # (layer, seconds), backward order
+    closes: tuple[int | None, ...]  # per backward position: bucket closed after it, or None
+    remaining_backward_s: tuple[float, ...]  # per bucket: backward work left after it closes
+    buckets: tuple[Bucket, ...]
+    update_s: float
+    h2d_s: float  # 0 on CPU ranks
+    ranks: int
+    overlap: bool
+    overlap_efficiency: float
+
+    @property
+    def communicates(self) -> bool:
+        return self.ranks > 1 and bool(self.buckets)
+
+    @property
+    def forward_s(self) -> float:
+        return sum(t for _, t in self.forward)
+
+    @property
+    def backward_s(self) -> float:
+        return sum(t for _, t in self.backward)
+
+
+def build_plan(cluster: Cluster, scenario: Scenario, cost: CostModel) -> StepPlan:
+    """Per-layer times, buckets with their collectives, the update and the copy of one step."""
+    layers = scenario.workload.layers
+    batch, threads, device = scenario.batch_per_rank, cluster.threads_per_rank, cluster.device
+    params = [i for i, info in enumerate(layers) if info.param_count > 0]
+    if not params:
+        raise ConfigError(f"workload '{scenario.workload.name}' has no layer with parameters")
+    forward = tuple(
+        (info.name, cost.compute_time(info, "forward", batch, threads, device)) for info in layers
+    )
+    order = list(range(len(layers) - 1, params[0] - 1, -1))
+    backward = tuple(
+        (layers[i].name, cost.compute_time(layers[i], "backward", batch, threads, device))
+        for i in order
+    )
+    update_s = 0.0
+    for i in params:
+        update_s += cost.compute_time(layers[i], "update", batch, threads, device)
+
+    placement = cluster.placement(scenario.algorithm)
+    groups: list[tuple[list[str], int, int]] = []  # (layers, bytes, closes_after)
+    open_layers: list[str] = []
+    open_bytes = 0
+    for position, i in enumerate(order):
+        if layers[i].param_count == 0:
+            continue
+        open_layers.append(layers[i].name)
+        open_bytes += layers[i].gradient_bytes
+        if open_bytes >= scenario.bucket_bytes or i == params[0]:
+            groups.append((open_layers, open_bytes, position))
+            open_layers, open_bytes = [], 0
+
+    buckets = []
+    for index, (names, nbytes, position) in enumerate(groups):
+        schedule = cost.collective_schedule("allreduce", nbytes, cluster.ranks, placement)
+        algorithm = "none"  # one rank: nothing to reduce
+        if cluster.ranks > 1:
+            algorithm, _ = collectives.schedule(
+                "allreduce",
+                float(nbytes),
+                cluster.nodes,
+                cluster.ranks_per_node,
+                scenario.algorithm,
+            )
+        buckets.append(
+            Bucket(
+                index=index,
+                layers=tuple(names),
+                nbytes=nbytes,
+                closes_after=position,
+                algorithm=algorithm,
+                collective_s=cost.collective_time("allreduce", nbytes, cluster.ranks, placement),
+                schedule=schedule,
+            )
+        )
+    closes: list[int | None] = [None] * len(order)
+    for bucket in buckets:
+        closes[bucket.closes_after] = bucket.index
+    remaining = tuple(sum(t for _, t in backward[bucket.closes_after + 1 :]) for bucket in buckets)
+    h2d_s = 0.0
+    if device == "gpu":
+        per_sample = layers[0].input_bytes_per_sample + LABEL_BYTES_PER_SAMPLE
+        h2d_s = cost.transfer_time("h2d", batch * per_sample, scenario.pinned)
+    efficiency = float(cost.overlap_efficiency)
+    if not 0.0 <= efficiency <= 1.0:
+        raise ConfigError(
+            f"the cost model's overlap_efficiency must be in [0, 1], got {efficiency}"
+        )
+    return StepPlan(
+        forward=forward,
+        backward=backward,
+        closes=tuple(closes),
+        remaining_backward_s=remaining,
+        buckets=tuple(buckets),
+        update_s=update_s,
+        h2d_s=h2d_s,
+        ranks=cluster.ranks,
+        overlap=scenario.overlap,
+        overlap_efficiency=efficiency,
+    )
+
+
+def interference_s(plan: StepPlan, bucket: int, factor: float) -> float:
+    """Compute time an allreduce launched during backward costs the launching rank."""
+    if not plan.overlap or not plan.communicates:
+        return 0.0
+    hidden_at_most = min(
+        plan.buckets[bucket].collective_s, factor * plan.remaining_backward_s[bucket]
+    )
+    return (1.0 - plan.overlap_efficiency) * hidden_at_most
