@@ -1,0 +1,306 @@
+"""Jitter: the distribution of one step's compute time, and what the slowest of P ranks costs.
+
+A synchronous data-parallel step waits for the slowest rank, so a step costs E[max of P draws]
+of the per-rank compute time, not its typical value. Times are taken relative to their rank's
+median (a rank that is systematically slower is a straggler, not jitter), pooled, and kept two
+ways: the empirical distribution (sorted atoms, thinned to at most :data:`MAX_ATOMS`) and a
+parametric family (lognormal, gamma or normal, fitted by maximum likelihood and chosen by AIC
+or by the Kolmogorov-Smirnov statistic).
+
+``expected_max_factor(P)`` is E[max of P iid draws] in units of the median step:
+
+* empirical, exact for the atoms: sum_i x_(i) ((i/n)^P - ((i-1)/n)^P), used while the top
+  1/P of the distribution still holds :data:`MIN_TAIL_SAMPLES` samples (P <= n / 20);
+* beyond, the fitted family: the integral of P x F(x)^(P-1) f(x) dx, computed as
+  the integral over v in (0, 1) of Q(v^(1/P)) (substitute u = F(x), v = u^P), which keeps the
+  integrand smooth however large P is, by tanh-sinh quadrature (vectorised over P); shifted by
+  its difference from the empirical value at the switch so that the curve is continuous.
+
+``sync_fraction(P) = expected_max_factor(P) - expected_max_factor(1)``: T_sync as a fraction of
+the median step. It is checked against the measured per-step maximum over ranks when the
+records have one.
+
+``to_dict()`` (``models.jitter``): ``family``, ``criterion``, ``params`` (the family's, with
+``intervals``), ``candidates`` (each family's params, AIC, KS statistic and p-value),
+``median_s``, ``n_samples``, ``empirical_max_ranks``, ``quantile_summary``, ``quantiles`` (the
+atoms), ``sync_table`` (ranks 1..1024 and their sync fraction, for reading), ``checks``,
+``quality``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from microbench.errors import UserError
+
+from .stats import Interval, fit_quality
+
+__all__ = ["FAMILIES", "JitterModel"]
+
+# name -> (scipy distribution, fixed arguments for fit, parameter names as stored)
+FAMILIES: dict[str, tuple[Any, dict[str, float], tuple[str, ...]]] = {
+    "lognormal": (stats.lognorm, {"floc": 0.0}, ("sigma", "scale")),
+    "gamma": (stats.gamma, {"floc": 0.0}, ("shape", "scale")),
+    "normal": (stats.norm, {}, ("loc", "scale")),
+}
+MAX_ATOMS = 2000
+MIN_TAIL_SAMPLES = 20
+QUANTILE_PROBS = (0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
+SYNC_TABLE_RANKS = tuple(2**k for k in range(11))
+_CONFIG_KEYS = ("params.model", "params.batch", "params.threads", "params.ranks")
+
+
+def _frozen(family: str, params: dict[str, float]) -> Any:
+    dist, fixed, _ = FAMILIES[family]
+    if family == "normal":
+        return dist(loc=params["loc"], scale=params["scale"])
+    return dist(params[FAMILIES[family][2][0]], loc=fixed["floc"], scale=params["scale"])
+
+
+def _mle(family: str, x: np.ndarray) -> dict[str, float]:
+    dist, fixed, names = FAMILIES[family]
+    fitted = dist.fit(x, **fixed)
+    if family == "normal":
+        return {"loc": float(fitted[0]), "scale": float(fitted[1])}
+    return {names[0]: float(fitted[0]), "scale": float(fitted[2])}
+
+
+def _empirical_max(atoms: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """E[max of P draws] from equally weighted sorted atoms, exact, for each P in ``ranks``."""
+    n = atoms.size
+    grid = np.arange(n + 1) / n
+    weights = np.diff(grid[np.newaxis, :] ** ranks[:, np.newaxis], axis=1)
+    return weights @ atoms
+
+
+def _tanh_sinh_nodes(step: float = 1 / 16, half_width: float = 3.5) -> tuple[np.ndarray, ...]:
+    """log v and weights of tanh-sinh quadrature on v in (0, 1) (Takahasi & Mori): exact to
+    ~1e-12 for the integrands here, endpoint singularities included, with v's logarithm kept
+    accurate next to 1 (v = 1 / (1 + exp(-2u)), u = pi/2 sinh t)."""
+    t = np.arange(-half_width, half_width + step / 2, step)
+    u = np.pi / 2 * np.sinh(t)
+    decay = np.exp(-2 * np.abs(u))
+    weights = step * np.pi * np.cosh(t) * decay / (1 + decay) ** 2
+    return -np.log1p(np.exp(-2 * u)), weights
+
+
+_LOG_V, _WEIGHTS = _tanh_sinh_nodes()
+
+
+def _family_max(family: str, params: dict[str, float], ranks: np.ndarray) -> np.ndarray:
+    """E[max of P draws] = the integral of P x F(x)^(P-1) f(x) dx; with u = F(x) and v = u^P
+    it is the integral over v in (0, 1) of Q(v^(1/P)), smooth however large P is."""
+    frozen = _frozen(family, params)
+    log_u = _LOG_V[np.newaxis, :] / np.asarray(ranks, dtype=float)[:, np.newaxis]
+    upper = -np.expm1(log_u)  # 1 - u, accurate where u is next to 1
+    low = frozen.ppf(np.exp(np.minimum(log_u, 0.0)))
+    x = np.where(upper < 0.5, frozen.isf(np.clip(upper, 0.0, 0.5)), low)
+    return x @ _WEIGHTS
+
+
+class JitterModel:
+    """Per-step compute time relative to the median; ``fit(df)`` on "jitter" records."""
+
+    def __init__(
+        self,
+        families: Sequence[str] = tuple(FAMILIES),
+        criterion: str = "aic",
+        n_boot: int = 200,
+        confidence: float = 0.95,
+        seed: int = 0,
+    ) -> None:
+        unknown = [f for f in families if f not in FAMILIES]
+        if unknown or not families:
+            raise ValueError(f"families must be among {list(FAMILIES)}, got {list(families)}")
+        if criterion not in ("aic", "ks"):
+            raise ValueError(f"criterion must be 'aic' or 'ks', got {criterion!r}")
+        self.families, self.criterion = tuple(families), criterion
+        self.n_boot, self.confidence, self.seed = n_boot, confidence, seed
+
+    # ------------------------------------------------------------------------ fitting
+
+    def fit(self, df: pd.DataFrame) -> JitterModel:
+        """Fit from a records DataFrame: per-rank "jitter" records, max-over-ranks for checks."""
+        rows = df[(df["type"] == "measurement") & (df["benchmark"] == "jitter")]
+        if rows.empty:
+            raise UserError("no jitter records to fit the jitter model from (run the jitter bench)")
+        statistic = rows.get("params.statistic", pd.Series("per_rank", index=rows.index))
+        per_rank = rows[statistic.fillna("per_rank") == "per_rank"]
+        maxima = rows[statistic == "max_over_ranks"]
+        if per_rank.empty:
+            raise UserError("jitter records hold no per-rank samples to fit a distribution to")
+        self.fit_samples([np.asarray(s, dtype=float) for s in per_rank["samples"]])
+        # Check E[max over the measured ranks] against the measured per-step maximum, per run
+        # configuration (key columns as text, so that missing values group too).
+        keys = [c for c in _CONFIG_KEYS if c in rows]
+        runs = (
+            {key: group for key, group in per_rank.groupby([per_rank[k].astype(str) for k in keys])}
+            if keys
+            else {}
+        )
+        for key, group in maxima.groupby([maxima[k].astype(str) for k in keys]) if keys else []:
+            ranks = int(group.iloc[0].get("params.ranks", 1))
+            if ranks < 2 or key not in runs:
+                continue
+            median = float(np.median(np.concatenate(list(runs[key]["samples"]))))
+            measured = float(np.mean(np.concatenate(list(group["samples"])))) / median
+            self.checks_.append(self._check(ranks, measured))
+        return self
+
+    def fit_samples(self, per_rank: Sequence[Sequence[float]]) -> JitterModel:
+        """Fit from raw step times, one sequence per rank (or per run), in seconds."""
+        relative = [np.asarray(s, float) / np.median(s) for s in per_rank if len(s) > 0]
+        if not relative:
+            raise UserError("no jitter samples to fit")
+        x = np.sort(np.concatenate(relative))
+        if x.size < 8 or not np.all(np.isfinite(x)) or x[0] <= 0:
+            raise UserError(f"need at least 8 positive finite jitter samples, got {x.size}")
+        self.median_s_ = float(np.median(np.concatenate([np.asarray(s, float) for s in per_rank])))
+        self.n_samples_ = int(x.size)
+        idx = np.round(np.linspace(0, x.size - 1, min(x.size, MAX_ATOMS))).astype(int)
+        self.atoms_ = x[idx]
+        self.empirical_max_ranks_ = max(1, x.size // MIN_TAIL_SAMPLES)
+        self.candidates_ = {}
+        for family in self.families:
+            params = _mle(family, x)
+            frozen = _frozen(family, params)
+            loglik = float(np.sum(frozen.logpdf(x)))
+            ks = stats.kstest(x, frozen.cdf)
+            self.candidates_[family] = {
+                "params": params,
+                "aic": 2 * len(params) - 2 * loglik if math.isfinite(loglik) else None,
+                "ks_statistic": float(ks.statistic),
+                "ks_pvalue": float(ks.pvalue),
+            }
+        score = "aic" if self.criterion == "aic" else "ks_statistic"
+        scored = {f: c[score] for f, c in self.candidates_.items() if c[score] is not None}
+        self.family_ = min(scored, key=scored.get)
+        self.params_ = dict(self.candidates_[self.family_]["params"])
+        self.intervals_ = self._bootstrap(x)
+        probs = np.asarray(QUANTILE_PROBS)
+        fitted_q = _frozen(self.family_, self.params_).ppf(probs)
+        self.quality_ = fit_quality(np.quantile(x, probs), fitted_q).to_dict()
+        self.checks_ = []
+        return self
+
+    def _bootstrap(self, x: np.ndarray) -> dict[str, Interval]:
+        """Percentile bootstrap of the chosen family's parameters (widened to hold the value)."""
+        names = FAMILIES[self.family_][2]
+        if self.n_boot < 2:
+            return {}
+        result = stats.bootstrap(
+            (x,),
+            lambda s: np.array([_mle(self.family_, s)[k] for k in names]),
+            n_resamples=self.n_boot,
+            confidence_level=self.confidence,
+            method="percentile",
+            vectorized=False,
+            random_state=np.random.default_rng(self.seed),
+        )
+        low, high = (np.atleast_1d(bound) for bound in result.confidence_interval)
+        return {
+            k: Interval(float(lo), float(hi), self.confidence).including(self.params_[k])
+            for k, lo, hi in zip(names, low, high, strict=True)
+        }
+
+    def _check(self, ranks: int, measured_factor: float) -> dict[str, float]:
+        predicted = float(self.expected_max_factor(ranks))
+        return {
+            "ranks": ranks,
+            "measured_factor": measured_factor,
+            "predicted_factor": predicted,
+            "rel_error": abs(predicted - measured_factor) / measured_factor,
+        }
+
+    # ------------------------------------------------------------------------ predicting
+
+    def expected_max_factor(self, ranks: int | Sequence[int] | np.ndarray) -> float | np.ndarray:
+        """E[max of ``ranks`` iid draws] over the median step (1.0 means no cost)."""
+        p = np.atleast_1d(np.asarray(ranks))
+        if p.size and (np.any(p < 1) or np.any(p != np.floor(p))):
+            raise ValueError(f"ranks must be integers >= 1, got {ranks!r}")
+        p = p.astype(np.int64)
+        p0 = self.empirical_max_ranks_
+        out = np.empty(p.shape, dtype=float)
+        small = p <= p0
+        if small.any():
+            out[small] = _empirical_max(self.atoms_, p[small])
+        if (~small).any():
+            shift = float(_empirical_max(self.atoms_, np.array([p0]))[0])
+            shift -= float(_family_max(self.family_, self.params_, np.array([p0]))[0])
+            out[~small] = _family_max(self.family_, self.params_, p[~small]) + shift
+        return float(out[0]) if np.ndim(ranks) == 0 else out
+
+    def sync_fraction(self, ranks: int | Sequence[int] | np.ndarray) -> float | np.ndarray:
+        """E[max of P] - E[one draw], over the median step: T_sync(P) / median step time."""
+        return self.expected_max_factor(ranks) - float(self.expected_max_factor(1))
+
+    def sample(
+        self, rng: np.random.Generator, size: int | tuple[int, ...], source: str = "fitted"
+    ) -> np.ndarray:
+        """Draws of step time over the median: from the fitted family, or resampled atoms."""
+        if source == "empirical":
+            return rng.choice(self.atoms_, size=size, replace=True)
+        if source != "fitted":
+            raise ValueError(f"source must be 'fitted' or 'empirical', got {source!r}")
+        return _frozen(self.family_, self.params_).rvs(size=size, random_state=rng)
+
+    # ------------------------------------------------------------------------ serialising
+
+    def quality_dict(self) -> dict[str, Any]:
+        """Fit quality: quantile agreement of the chosen family, and the max-over-ranks check."""
+        worst = max((c["rel_error"] for c in self.checks_), default=None)
+        return {**self.quality_, "max_over_ranks_rel_error": worst}
+
+    def to_dict(self) -> dict[str, Any]:
+        ranks = np.asarray(SYNC_TABLE_RANKS)
+        return {
+            "family": self.family_,
+            "criterion": self.criterion,
+            "params": {
+                **self.params_,
+                "intervals": {k: v.to_dict() for k, v in self.intervals_.items()},
+            },
+            "candidates": self.candidates_,
+            "median_s": self.median_s_,
+            "n_samples": self.n_samples_,
+            "empirical_max_ranks": self.empirical_max_ranks_,
+            "quantile_summary": dict(
+                zip(
+                    [f"p{round(q * 100)}" for q in QUANTILE_PROBS],
+                    np.quantile(self.atoms_, QUANTILE_PROBS).tolist(),
+                    strict=True,
+                )
+            ),
+            "quantiles": self.atoms_.tolist(),
+            "sync_table": {"ranks": ranks.tolist(), "fraction": self.sync_fraction(ranks).tolist()},
+            "checks": self.checks_,
+            "quality": self.quality_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> JitterModel:
+        model = cls(
+            families=tuple(doc["candidates"]) or (doc["family"],), criterion=doc["criterion"]
+        )
+        model.family_ = doc["family"]
+        params = dict(doc["params"])
+        intervals = params.pop("intervals", {}) or {}
+        model.intervals_ = {k: Interval.from_dict(v) for k, v in intervals.items()}
+        model.params_ = {k: float(v) for k, v in params.items()}
+        model.candidates_ = doc["candidates"]
+        model.median_s_ = float(doc["median_s"])
+        model.n_samples_ = int(doc["n_samples"])
+        model.empirical_max_ranks_ = int(doc["empirical_max_ranks"])
+        model.atoms_ = np.asarray(doc["quantiles"], dtype=float)
+        model.checks_ = list(doc.get("checks") or [])
+        quality = dict(doc.get("quality") or {})
+        quality.pop("max_over_ranks_rel_error", None)
+        model.quality_ = quality
+        return model

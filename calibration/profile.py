@@ -1,0 +1,273 @@
+"""The profile: one versioned JSON document with every fitted model, which the simulator reads.
+
+Format (schema ``pdlsim.profile``, version 1)::
+
+    {"schema": "pdlsim.profile", "schema_version": 1, "created_utc": "...Z",
+     "pdlsim_version": "0.1.0", "machine": {...records' machine metadata...},
+     "sources": [{"path", "benchmark", "records", "sha256"}],
+     "models": {"collectives": {...}, "compute": {...}, "transfer": {...} | null,
+                "jitter": {...}, "overlap": {...}},
+     "fit_quality": {"<model>": {...}}}
+
+Each model section is its model's ``to_dict()``; :meth:`Profile.model` turns it back into the
+fitted object through the name registry :data:`MODELERS` (names resolved lazily, so this module
+imports no modeler and no modeler needs to import it). Loading checks the whole document
+(:mod:`calibration.profile_checks`) and fails with a :class:`ProfileError` of one line naming
+the file, the field and the problem. Saving is atomic (temporary file and rename).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from microbench.fileio import atomic_write_text
+from microbench.machine import utc_now
+from microbench.records import RecordsError, read_records
+
+from .profile_checks import REQUIRED_MODEL_KEYS, ProfileError, check_models, check_tree
+
+__all__ = [
+    "MODELERS",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "SUPPORTED_SCHEMA_VERSIONS",
+    "Profile",
+    "ProfileError",
+    "Source",
+    "load_profile",
+    "packaged_profile_names",
+    "read_sources",
+]
+
+SCHEMA = "pdlsim.profile"
+SCHEMA_VERSION = 1
+SUPPORTED_SCHEMA_VERSIONS = (1,)
+MODEL_NAMES = tuple(REQUIRED_MODEL_KEYS)
+
+# Extra-P style name registry: model section -> "module:Class" with from_dict (and fit).
+MODELERS: dict[str, str] = {
+    "collectives": "calibration.communication:CollectiveModels",
+    "compute": "calibration.compute:ComputeModel",
+    "transfer": "calibration.transfer:TransferModel",
+    "jitter": "calibration.jitter:JitterModel",
+    "overlap": "calibration.overlap:OverlapModel",
+}
+
+
+def modeler(name: str) -> type:
+    """The modeler class registered under ``name`` (imported on first use)."""
+    if name not in MODELERS:
+        raise KeyError(f"no modeler named {name!r}; known: {', '.join(MODELERS)}")
+    module, _, cls = MODELERS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def _pdlsim_version() -> str | None:
+    try:
+        return version("pdlsim")
+    except PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class Source:
+    """One records file a profile was fitted from; ``sha256`` pins its exact content."""
+
+    path: str
+    benchmark: str
+    records: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "benchmark": self.benchmark,
+            "records": self.records,
+            "sha256": self.sha256,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Source:
+        return cls(str(doc["path"]), str(doc["benchmark"]), int(doc["records"]), str(doc["sha256"]))
+
+
+def read_sources(
+    paths: Iterable[str | os.PathLike[str]],
+) -> tuple[dict[str, Any], tuple[Source, ...]]:
+    """``(machine, sources)`` of records files (or directories of ``*.jsonl``).
+
+    ``machine`` is the first file's header metadata (rank 0's, in natural order); ``benchmark``
+    names the benchmarks a file holds, comma-separated when it holds several.
+    """
+    files: list[Path] = []
+    for item in paths:
+        path = Path(item)
+        files.extend(sorted(path.glob("*.jsonl")) if path.is_dir() else [path])
+    machine: dict[str, Any] = {}
+    sources = []
+    for path in files:
+        try:
+            header, records = read_records(path)
+        except (OSError, RecordsError) as exc:
+            raise ProfileError(str(path), "", f"cannot read records ({exc})") from None
+        machine = machine or dict(header["machine"])
+        names = sorted({str(r.get("benchmark")) for r in records if r.get("benchmark")})
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        sources.append(Source(str(path), ",".join(names), len(records), digest))
+    return machine, tuple(sources)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A loaded or freshly fitted profile; ``models`` holds each model's ``to_dict()``."""
+
+    machine: dict[str, Any]
+    models: dict[str, dict[str, Any] | None]
+    fit_quality: dict[str, Any] = field(default_factory=dict)
+    sources: tuple[Source, ...] = ()
+    created_utc: str = field(default_factory=utc_now)
+    pdlsim_version: str | None = field(default_factory=_pdlsim_version)
+    schema_version: int = SCHEMA_VERSION
+
+    @classmethod
+    def from_models(
+        cls,
+        models: Mapping[str, Any],
+        machine: Mapping[str, Any] | None = None,
+        sources: Iterable[Source] = (),
+        fit_quality: Mapping[str, Any] | None = None,
+    ) -> Profile:
+        """A profile from fitted model objects (anything with ``to_dict``), dicts or None.
+
+        Fit quality not given explicitly is taken from each model's ``quality_dict()`` when it
+        has one. The result is checked as a loaded profile would be.
+        """
+        sections: dict[str, dict[str, Any] | None] = {}
+        quality = dict(fit_quality or {})
+        for name, model in models.items():
+            sections[name] = model.to_dict() if hasattr(model, "to_dict") else model
+            if name not in quality and hasattr(model, "quality_dict"):
+                quality[name] = model.quality_dict()
+        profile = cls(dict(machine or {}), sections, quality, tuple(sources))
+        return cls.from_dict(json.loads(json.dumps(profile.to_dict())), "new profile")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "schema_version": self.schema_version,
+            "created_utc": self.created_utc,
+            "pdlsim_version": self.pdlsim_version,
+            "machine": self.machine,
+            "sources": [s.to_dict() for s in self.sources],
+            "models": self.models,
+            "fit_quality": self.fit_quality,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Any, source: str = "profile") -> Profile:
+        """Check ``doc`` and build the profile; :class:`ProfileError` names the bad field."""
+        _check_document(source, doc)
+        return cls(
+            machine=doc["machine"],
+            models=doc["models"],
+            fit_quality=doc.get("fit_quality") or {},
+            sources=tuple(Source.from_dict(s) for s in doc.get("sources") or ()),
+            created_utc=doc["created_utc"],
+            pdlsim_version=doc.get("pdlsim_version"),
+            schema_version=doc["schema_version"],
+        )
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write atomically as indented JSON (checked first, so nothing invalid is written)."""
+        doc = self.to_dict()
+        text = json.dumps(doc, indent=1, allow_nan=False)
+        _check_document(str(path), json.loads(text))
+        atomic_write_text(path, text + "\n")
+        return Path(path)
+
+    def model(self, name: str) -> Any:
+        """The fitted model object of section ``name`` (None for a null section)."""
+        section = self.models.get(name)
+        return None if section is None else modeler(name).from_dict(section)
+
+
+def _check_document(source: str, doc: Any) -> None:
+    if not isinstance(doc, Mapping):
+        raise ProfileError(source, "", f"a profile is a JSON object, got {type(doc).__name__}")
+    if doc.get("schema") != SCHEMA:
+        raise ProfileError(source, "schema", f"expected {SCHEMA!r}, got {doc.get('schema')!r}")
+    ver = doc.get("schema_version")
+    if type(ver) is not int or ver not in SUPPORTED_SCHEMA_VERSIONS:
+        known = ", ".join(str(v) for v in SUPPORTED_SCHEMA_VERSIONS)
+        raise ProfileError(
+            source, "schema_version", f"unknown version {ver!r} (this pdlsim reads {known})"
+        )
+    for key, kind in (("created_utc", str), ("machine", Mapping), ("models", Mapping)):
+        if key not in doc:
+            raise ProfileError(source, key, "missing field")
+        if not isinstance(doc[key], kind):
+            raise ProfileError(source, key, f"has the wrong type {type(doc[key]).__name__}")
+    sources = doc.get("sources") or []
+    if not isinstance(sources, list):
+        raise ProfileError(source, "sources", "must be a list")
+    for i, item in enumerate(sources):
+        keys = ("path", "benchmark", "records", "sha256")
+        if not isinstance(item, Mapping) or any(k not in item for k in keys):
+            raise ProfileError(source, f"sources[{i}]", f"needs {', '.join(keys)}")
+    check_tree(source, doc["machine"], "machine")
+    check_models(source, doc["models"])
+    quality = doc.get("fit_quality") or {}
+    if not isinstance(quality, Mapping):
+        raise ProfileError(source, "fit_quality", "must be an object")
+    check_tree(source, quality, "fit_quality")
+
+
+def _profiles_dir() -> Any:
+    return resources.files("calibration") / "profiles"
+
+
+def packaged_profile_names() -> list[str]:
+    """Names of the reference profiles shipped in the package (``calibration/profiles``)."""
+    folder = _profiles_dir()
+    if not folder.is_dir():
+        return []
+    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
+    """A profile by path, or by the name of a packaged reference profile."""
+    key = str(name_or_path)
+    path = Path(key)
+    if not path.exists() and os.sep not in key and not key.endswith(".json"):
+        if key in packaged_profile_names():
+            text = (_profiles_dir() / f"{key}.json").read_text(encoding="utf-8")
+            return _parse(f"profile '{key}'", text)
+        names = ", ".join(packaged_profile_names()) or "none are installed"
+        raise ProfileError(key, "", f"no such profile file or packaged profile (packaged: {names})")
+    if not path.is_file():
+        problem = "is a directory, not a file" if path.is_dir() else "no such file"
+        raise ProfileError(key, "", problem)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(key, "", f"cannot read it ({exc})") from None
+    return _parse(key, text)
+
+
+def _parse(source: str, text: str) -> Profile:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(
+            source, "", f"not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    return Profile.from_dict(doc, source)

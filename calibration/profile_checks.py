@@ -1,0 +1,169 @@
+"""Checks that a profile document makes sense, each failure one line naming the field.
+
+A profile is written by pdlsim but may be edited, copied between machines or truncated, and the
+simulator must never run on nonsense. The checks are generic, so that a model section written
+by any modeler is covered without this module importing it:
+
+* every number is finite (JSON has no NaN, but Python's reader accepts ``NaN`` and ``Infinity``);
+* units in names carry the rules: names ending in ``_bytes_per_s`` or ``flops_per_s`` are
+  throughputs and must be > 0; other names ending in ``_s`` or ``_s_per_byte`` are times and
+  must be >= 0 (a negative latency is a failed fit, not a fast network);
+* an interval must contain its value, in each of the shapes the modelers write: a sibling
+  ``"<name>_interval"`` or ``"<stem>_ci"`` (``alpha_ci`` belongs to ``alpha_s``), an
+  ``"intervals": {"<name>": ...}`` mapping next to the values, or one ``{"value", "low",
+  "high"}`` object; an interval is ``{"low", "high", ...}`` or ``[low, high]``;
+* each model section has the keys its consumer reads (:data:`REQUIRED_MODEL_KEYS`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from microbench.errors import UserError
+
+__all__ = ["REQUIRED_MODEL_KEYS", "ProfileError", "check_models", "check_tree"]
+
+# The keys each model section must hold (what the simulator reads); None: the section may be
+# null (transfer, on a machine without a GPU).
+REQUIRED_MODEL_KEYS: dict[str, tuple[str, ...]] = {
+    "collectives": ("collectives",),  # calibration.communication.CollectiveModels
+    "compute": ("devices", "table"),
+    "transfer": ("directions",),
+    "jitter": ("family", "params", "quantiles"),
+    "overlap": ("methods",),
+}
+NULLABLE_MODELS = frozenset({"transfer"})
+_REL_TOL = 1e-9  # intervals are compared with this slack for float rounding
+
+
+class ProfileError(UserError):
+    """A profile that cannot be used: ``<file>: <field path>: <problem>``, one line."""
+
+    def __init__(self, source: str, field: str, problem: str) -> None:
+        self.source, self.field, self.problem = source, field, problem
+        where = f"{source}: {field}" if field else source
+        super().__init__(f"{where}: {problem}".replace("\n", " "))
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else str(key)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_unit(source: str, field: str, name: str, value: float) -> None:
+    """The sign rule that the unit suffix of ``name`` implies."""
+    if name.endswith("_bytes_per_s") or name.endswith("flops_per_s"):
+        if value <= 0:
+            raise ProfileError(source, field, f"a throughput must be > 0, got {value!r}")
+    elif name.endswith("_s") or name.endswith("_s_per_byte"):
+        if value < 0:
+            raise ProfileError(source, field, f"a time must be >= 0, got {value!r}")
+
+
+def _interval_bounds(source: str, field: str, interval: Any) -> tuple[float, float]:
+    if isinstance(interval, Mapping) and "low" in interval and "high" in interval:
+        low, high = interval["low"], interval["high"]
+    elif isinstance(interval, (list, tuple)) and len(interval) == 2:
+        low, high = interval
+    else:
+        raise ProfileError(source, field, "an interval must be {low, high} or [low, high]")
+    if not (_is_number(low) and _is_number(high)):
+        raise ProfileError(source, field, "interval bounds must be numbers")
+    if low > high:
+        raise ProfileError(source, field, f"interval low {low!r} is above high {high!r}")
+    return float(low), float(high)
+
+
+def _check_contains(source: str, field: str, value: Any, interval: Any) -> None:
+    low, high = _interval_bounds(source, field, interval)
+    if not _is_number(value):
+        return
+    slack = _REL_TOL * max(abs(low), abs(high), abs(value))
+    if not low - slack <= value <= high + slack:
+        raise ProfileError(
+            source, field, f"interval [{low!r}, {high!r}] does not contain its value {value!r}"
+        )
+
+
+def _value_of(node: Mapping[str, Any], stem: str) -> str | None:
+    """The key an interval named after ``stem`` belongs to: ``stem`` itself, or the one numeric
+    key that is ``stem`` with a unit (``alpha_ci`` -> ``alpha_s``)."""
+    if stem in node:
+        return stem
+    found = [k for k, v in node.items() if k.startswith(stem + "_") and _is_number(v)]
+    return found[0] if len(found) == 1 else None
+
+
+def _check_intervals(source: str, path: str, node: Mapping[str, Any]) -> None:
+    if {"value", "low", "high"} <= node.keys():
+        _check_contains(source, path, node["value"], node)
+    for key, item in node.items():
+        if not isinstance(key, str) or item is None:
+            continue
+        for suffix in ("_interval", "_ci"):
+            if key.endswith(suffix):
+                name = _value_of(node, key[: -len(suffix)])
+                if name is not None:
+                    _check_contains(source, _join(path, key), node[name], item)
+                else:
+                    _interval_bounds(source, _join(path, key), item)
+    intervals = node.get("intervals")
+    if isinstance(intervals, Mapping):
+        for name, item in intervals.items():
+            field = _join(_join(path, "intervals"), name)
+            if item is None:
+                continue
+            if name in node:
+                _check_contains(source, field, node[name], item)
+            else:
+                _interval_bounds(source, field, item)
+
+
+def check_tree(source: str, node: Any, path: str = "", name: str = "") -> None:
+    """Walk ``node``: numbers finite and signed as their names say, intervals contain values.
+
+    ``name`` is the key the node sits under (list items inherit their list's name, so that
+    ``"time_s": [..]`` checks every element as a time).
+    """
+    if _is_number(node):
+        if not math.isfinite(node):
+            raise ProfileError(source, path, f"{node!r} is not a finite number")
+        _check_unit(source, path, name, node)
+    elif isinstance(node, Mapping):
+        for key, item in node.items():
+            if not isinstance(key, str):
+                raise ProfileError(source, path, f"key {key!r} is not a string")
+            check_tree(source, item, _join(path, key), key)
+        _check_intervals(source, path, node)
+    elif isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            check_tree(source, item, _join(path, i), name)
+    elif node is not None and not isinstance(node, str):
+        raise ProfileError(source, path, f"unexpected value of type {type(node).__name__}")
+
+
+def check_models(source: str, models: Any) -> None:
+    """Every model present, as an object with its required keys (transfer may be null)."""
+    if not isinstance(models, Mapping):
+        raise ProfileError(source, "models", "must be an object with one entry per model")
+    for model, keys in REQUIRED_MODEL_KEYS.items():
+        field = _join("models", model)
+        if model not in models:
+            raise ProfileError(source, field, "missing model")
+        section = models[model]
+        if section is None and model in NULLABLE_MODELS:
+            continue
+        if not isinstance(section, Mapping):
+            allowed = "an object or null" if model in NULLABLE_MODELS else "an object"
+            raise ProfileError(source, field, f"must be {allowed}, got {type(section).__name__}")
+        for key in keys:
+            if key not in section:
+                raise ProfileError(source, _join(field, key), "missing field")
+    check_tree(source, models, "models")

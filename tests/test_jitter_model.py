@@ -1,0 +1,122 @@
+"""JitterModel: the step-time distribution, and E[max of P ranks] against Monte Carlo."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from calibration.jitter import JitterModel
+from microbench.errors import UserError
+from microbench.measurement import Measurement
+from microbench.records import RecordWriter, load_dataframe
+
+SIGMA = 0.1
+
+
+def write_jitter(path, table: np.ndarray, model: str = "mlp"):
+    """Records as microbench.jitter writes them: one per rank, then the max over ranks."""
+    ranks = table.shape[0]
+    params = {"model": model, "batch": 32, "threads": 1, "ranks": ranks, "ranks_per_node": ranks}
+    rows = [(r, "per_rank", table[r]) for r in range(ranks)] + [
+        (None, "max_over_ranks", table.max(axis=0))
+    ]
+    with RecordWriter(path / "jitter.jsonl", {"hostname": "test"}) as writer:
+        for rank, statistic, samples in rows:
+            p = {**params, "rank": rank, "statistic": statistic}
+            writer.write(Measurement(samples, "jitter", "step_compute", p).to_record())
+        writer.write(Measurement([7e-8] * 10, "timer", "overhead", {"clock": "x"}).to_record())
+    return load_dataframe(path)
+
+
+def lognormal_table(seed: int, ranks: int = 4, n: int = 1000) -> np.ndarray:
+    """Step times of ``ranks`` ranks; each rank has its own median (stragglers are not jitter)."""
+    rng = np.random.default_rng(seed)
+    medians = 0.01 * (1.0 + 0.05 * np.arange(ranks))[:, None]
+    return medians * rng.lognormal(0.0, SIGMA, (ranks, n))
+
+
+def monte_carlo_max(ranks: int, reps: int, seed: int) -> float:
+    rng = np.random.default_rng(seed)
+    total, left = 0.0, reps
+    while left:
+        chunk = min(left, max(1, 2_000_000 // ranks))
+        total += rng.lognormal(0.0, SIGMA, (chunk, ranks)).max(axis=1).sum()
+        left -= chunk
+    return total / reps
+
+
+def test_recovers_lognormal_sigma_and_chooses_the_family(tmp_path):
+    model = JitterModel(n_boot=50).fit(write_jitter(tmp_path, lognormal_table(0)))
+    assert model.family_ == "lognormal"
+    assert model.params_["sigma"] == pytest.approx(SIGMA, rel=0.05)
+    assert model.params_["scale"] == pytest.approx(1.0, rel=0.01)  # relative to the median
+    assert model.candidates_["lognormal"]["aic"] < model.candidates_["normal"]["aic"]
+    assert model.quality_dict()["median_rel_error"] < 0.01
+
+
+def test_sigma_interval_contains_the_truth_in_most_seeds(tmp_path):
+    hits = 0
+    for seed in range(5):
+        (tmp_path / str(seed)).mkdir()
+        df = write_jitter(tmp_path / str(seed), lognormal_table(seed, ranks=2, n=400))
+        model = JitterModel(families=("lognormal",), n_boot=100, seed=seed).fit(df)
+        interval = model.intervals_["sigma"]
+        hits += interval.low <= SIGMA <= interval.high
+    assert hits >= 3
+
+
+def test_gamma_data_choose_gamma():
+    rng = np.random.default_rng(1)
+    model = JitterModel(n_boot=0).fit_samples([rng.gamma(3.0, 1.0, 4000)])
+    assert model.family_ == "gamma"
+    assert model.params_["shape"] == pytest.approx(3.0, rel=0.1)
+
+
+def test_expected_max_matches_monte_carlo_for_2_to_1024_ranks(tmp_path):
+    model = JitterModel(n_boot=0).fit(write_jitter(tmp_path, lognormal_table(2, ranks=4, n=2000)))
+    ranks = [2, 3, 8, 16, 64, 100, 256, 512, 1024]
+    factors = model.expected_max_factor(ranks)
+    for p, factor in zip(ranks, factors, strict=True):
+        expected = monte_carlo_max(p, reps=20_000 if p < 256 else 4_000, seed=p)
+        assert factor == pytest.approx(expected, rel=0.02), p
+    assert np.all(np.diff(factors) > 0)
+    # The sync fraction: the wait beyond the mean draw, 0 for one rank.
+    assert model.sync_fraction(1) == pytest.approx(0.0, abs=1e-12)
+    mean = np.exp(SIGMA**2 / 2)
+    expected_sync = monte_carlo_max(64, 20_000, seed=7) - mean
+    assert model.sync_fraction(64) == pytest.approx(expected_sync, rel=0.1)
+
+
+def test_checks_against_the_measured_max_over_ranks(tmp_path):
+    model = JitterModel(n_boot=0).fit(write_jitter(tmp_path, lognormal_table(3, ranks=4)))
+    (check,) = model.checks_
+    assert check["ranks"] == 4
+    assert check["rel_error"] < 0.05
+    assert model.quality_dict()["max_over_ranks_rel_error"] == check["rel_error"]
+
+
+def test_sample_draws_relative_step_times(tmp_path):
+    model = JitterModel(n_boot=0).fit(write_jitter(tmp_path, lognormal_table(4)))
+    rng = np.random.default_rng(0)
+    draws = model.sample(rng, 20_000)
+    assert np.median(draws) == pytest.approx(1.0, rel=0.01)
+    assert np.std(np.log(draws)) == pytest.approx(SIGMA, rel=0.05)
+    assert set(model.sample(rng, 100, source="empirical")) <= set(model.atoms_)
+
+
+def test_round_trip_through_json(tmp_path):
+    model = JitterModel(n_boot=20).fit(write_jitter(tmp_path, lognormal_table(5, ranks=2)))
+    doc = json.loads(json.dumps(model.to_dict()))
+    again = JitterModel.from_dict(doc)
+    assert again.to_dict() == doc
+    ranks = [1, 2, 7, 100, 5000]
+    np.testing.assert_allclose(again.expected_max_factor(ranks), model.expected_max_factor(ranks))
+
+
+def test_no_records_is_a_user_error(tmp_path):
+    with RecordWriter(tmp_path / "x.jsonl", {"hostname": "test"}) as writer:
+        writer.write(Measurement([1.0, 2.0], "compute", "op", {}).to_record())
+    with pytest.raises(UserError, match="no jitter records"):
+        JitterModel().fit(load_dataframe(tmp_path))
