@@ -132,15 +132,7 @@ class Network:
 
     def _run(self, x: Any, space: list[Buffers]) -> Any:
         """The logits of ``x`` (batch first), keeping in ``space`` what backward needs."""
-        x = self.xp.ascontiguousarray(x, dtype=self.xp.float32)
-        if x.shape[1:] != self.workload.input_shape:
-            raise ValueError(
-                f"input of shape {x.shape} does not match the workload's per-sample input "
-                f"{self.workload.input_shape}"
-            )
-        if self._nhwc:
-            self.kernels.nchw_to_nhwc(x, space[-1]["input"])
-            x = space[-1]["input"]
+        x = self.first_op_input(x, space)
         for op, buf in zip(self._ops, space, strict=False):
             x = op.forward(x, buf)
         return x
@@ -183,6 +175,33 @@ class Network:
                 chunk, self._workspace(False, chunk.shape[0])
             )
         return out
+
+    # Accessors for the compute benchmark, which times each op on its own buffers. -----------
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        """The ops :meth:`forward` runs, in order (a dense or conv2d absorbs the relu and
+        max-pool after it; the loss is not an op)."""
+        return tuple(self._ops)
+
+    def workspace(self, batch: int) -> list[Buffers]:
+        """The training buffers that :meth:`forward` and :meth:`backward` use at ``batch``:
+        one dict per op, in op order, then the loss's (``dlogits``, and ``input``)."""
+        return self._workspace(True, batch)
+
+    def first_op_input(self, x: Any, space: list[Buffers]) -> Any:
+        """``x`` as the first op takes it: float32, contiguous, and transposed to channels-last
+        into ``space`` when the network runs channels-last (what :meth:`forward` does first)."""
+        x = self.xp.ascontiguousarray(x, dtype=self.xp.float32)
+        if x.shape[1:] != self.workload.input_shape:
+            raise ValueError(
+                f"input of shape {x.shape} does not match the workload's per-sample input "
+                f"{self.workload.input_shape}"
+            )
+        if self._nhwc:
+            self.kernels.nchw_to_nhwc(x, space[-1]["input"])
+            x = space[-1]["input"]
+        return x
 
     def layer_params(self) -> list[tuple[str, Any, Any]]:
         """(layer name, weight view, bias view) of each parametric layer, in layer order."""

@@ -1,0 +1,176 @@
+"""``python -m microbench jitter``: one training step's compute time on every rank at once, a
+fixed number of times; records to ``DIR/jitter.jsonl`` (rank 0), a summary at the end."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..cli import agree_on_usage, out_dir_problem, start_mpi, thread_level_name
+from ..jitter import (
+    FULL_SAMPLES,
+    FULL_WARMUP,
+    QUICK_SAMPLES,
+    QUICK_WARMUP,
+    JitterSummary,
+    format_summary,
+    gather_samples,
+    jitter_records,
+    make_training_step,
+    sample_steps,
+)
+from ..workload import Workload, WorkloadError, load_workload, preset_names
+
+RECORDS_FILE = "jitter.jsonl"
+TIMER_SAMPLES = 10_000
+
+
+def _workload(text: str) -> Workload:
+    try:
+        return load_workload(text)
+    except WorkloadError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "jitter",
+        help="distribution of one training step's compute time on every rank at once",
+        description="Time one identical training step (forward, backward, SGD update on a "
+        "fixed batch, no communication) on every rank simultaneously, a fixed number of "
+        "times after a warm-up; record each rank's raw samples and the per-sample maximum over "
+        "ranks, which is what a synchronous data-parallel step pays. Run it under mpiexec -n N.",
+    )
+    parser.add_argument(
+        "--model",
+        type=_workload,
+        default="mlp",
+        metavar="MODEL",
+        help=f"workload preset ({', '.join(preset_names())}) or a workload JSON file (default mlp)",
+    )
+    parser.add_argument("--batch", type=_count(1), default=32, help="samples per step (32)")
+    parser.add_argument(
+        "--threads", type=_count(1), default=1, help="BLAS and numba threads per rank (1)"
+    )
+    parser.add_argument(
+        "--samples",
+        type=_count(1),
+        metavar="N",
+        help=f"timed steps per rank (default {FULL_SAMPLES}, --quick {QUICK_SAMPLES})",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=_count(1),
+        metavar="N",
+        help=f"untimed steps first (default {FULL_WARMUP}, --quick {QUICK_WARMUP})",
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer samples, for a first look")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help=f"run directory for {RECORDS_FILE} (default runs/bench/<UTC date-time>)",
+    )
+    parser.add_argument(
+        "--append", action="store_true", help=f"add to an existing DIR/{RECORDS_FILE}"
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    mpi = start_mpi("multiple")
+
+    from ..machine import machine_metadata
+    from ..records import RecordWriter
+    from ..sampling import timer_overhead
+    from ..threads import available_cores, oversubscription, set_threads
+
+    comm = mpi.COMM_WORLD
+    ranks, root = comm.Get_size(), comm.Get_rank() == 0
+    workload: Workload = args.model  # argparse converts the default too
+    samples = args.samples or (QUICK_SAMPLES if args.quick else FULL_SAMPLES)
+    warmup = args.warmup or (QUICK_WARMUP if args.quick else FULL_WARMUP)
+    out = args.out or Path("runs", "bench", time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+    out = comm.bcast(out, root=0)
+    agree_on_usage(comm, out_dir_problem(out, RECORDS_FILE, args.append) if root else None)
+
+    set_threads(args.threads)
+    machine = machine_metadata(comm=comm, threads=args.threads)  # collective
+    per_node = (machine.get("mpi") or {}).get("ranks_per_node") or ranks
+    problems = comm.allgather(oversubscription(per_node, args.threads))
+    warning = next((p for p in problems if p is not None), None)
+    hosts = comm.gather(socket.gethostname(), root=0)
+    params = {
+        "model": workload.name,
+        "batch": args.batch,
+        "threads": args.threads,
+        "ranks": ranks,
+        "ranks_per_node": per_node,
+    }
+    settings = {
+        **params,
+        "workload": workload.to_dict(),
+        "samples": samples,
+        "warmup": warmup,
+        "clock": "perf_counter",
+        "cores": available_cores(),
+        "oversubscribed": warning is not None,
+        "oversubscription_warning": warning,
+        "mpi_thread_level": thread_level_name(mpi),
+        "quick": args.quick,
+    }
+    writer = None
+    if root:
+        run_info = {"command": "microbench jitter", "argv": sys.argv[1:], "settings": settings}
+        writer = RecordWriter(out / RECORDS_FILE, machine, run_info, append=args.append)
+        print(
+            f"jitter: {workload.name} batch {args.batch}, {ranks} rank(s) ({per_node} per node) "
+            f"x {args.threads} thread(s), {warmup} warm-up + {samples} samples; "
+            f"records: {writer.path}",
+            flush=True,
+        )
+        if warning is not None:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+    try:
+        step = make_training_step(workload, args.batch)
+        table = gather_samples(sample_steps(step, samples, warmup, comm), comm)
+        if writer is not None:
+            extra = {"clock": "perf_counter", "oversubscribed": warning is not None}
+            for record in jitter_records(table, params, warmup, hosts, **extra):
+                writer.write(record)
+            overhead = timer_overhead(time.perf_counter, TIMER_SAMPLES)
+            writer.write(overhead.to_record(rank=0, host=hosts[0], ranks=ranks))
+            summary = JitterSummary.from_samples(table)
+            writer.write(
+                {
+                    "type": "summary",
+                    "benchmark": "jitter",
+                    "name": "step_compute",
+                    "params": params,
+                    **summary.to_dict(),
+                    "timer_overhead_median_s": overhead.median,
+                }
+            )
+            print(format_summary(summary, workload.name, args.batch, args.threads))
+            print(f"timer overhead: {overhead.median * 1e9:.0f} ns per sample (median)")
+    finally:
+        if writer is not None:
+            writer.close()
+    return 0

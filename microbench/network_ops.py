@@ -1,0 +1,237 @@
+"""The real network's ops, one at a time, on the buffers a training step uses.
+
+A training step (``pdlsim train``) is ``Network.forward`` (each op's forward, then the loss),
+``Network.backward`` (each op's backward, last op first, down to the first parametric layer)
+and ``SGD.step``. :func:`network_points` builds the same :class:`~microbench.nn.Network` and
+optimizer, runs one whole step untimed (numba compiles every kernel variant the thread count
+uses here, never in a sample), then hands out one :class:`Point` per op and phase that repeats
+exactly that call (``op.forward(x, buf)``, ``op.backward(dy, buf)``) on the inputs the step
+produced, plus the loss, the update and the whole step. Repeating a call is harmless: forwards
+and backwards overwrite their outputs (in-place relus and masks are idempotent), the update's
+parameter drift is undone after it is measured.
+
+An op repeated alone finds its weights and buffers in cache, which inside a step the other ops
+have evicted, so the per-op medians add up to less than the measured step (about 0.8x for the
+MLP and the CNN at small batches on a 2-core machine with 2 MiB of L2 per core). The "step"
+point is there so that calibration can see and correct that gap.
+
+Figures stored with each point (per op: the workload's layers the op runs, a dense or conv2d
+with the relu and max-pool fused into it):
+
+* ``flops``: the workload's FLOPs of those layers for that phase, times the batch. The loss is
+  its forward and backward (one kernel computes both); the update is 2 FLOPs per parameter
+  (4 with momentum); the step is everything the step computes.
+* ``bytes``: an estimate of the compulsory memory traffic, as if each layer of the op ran alone
+  and touched every operand once: forward reads the input activations and the parameters and
+  writes the output activations; backward reads the output gradient and the input (or, for
+  relu and max-pool, the kept output or arg-max) and writes the parameter gradients, plus the
+  input gradient and a read of the weights where the layer needs an input gradient. Flatten is
+  a view (0 bytes). The im2col matrix, fusion savings and cache reuse are not counted: the
+  figure orders ops by memory intensity, it does not predict traffic. The loss reads the
+  logits and labels and writes their gradient; the update reads parameters and gradients
+  (and the velocity) and writes parameters (and velocity).
+* The first op's forward also transposes the input to channels-last when the network runs
+  so (the step does it before the first op): its time is in that op's forward, and the
+  transpose's bytes (input read and written) are in its ``bytes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from microbench.compute import Point
+from microbench.nn import SGD, Network
+from microbench.workload import BYTES_PER_VALUE, LayerInfo, Workload
+
+__all__ = ["OpGroup", "layer_bytes", "network_points", "op_groups", "update_cost"]
+
+LABEL_BYTES = 8  # int64 labels, as Network.forward converts them
+
+
+@dataclass(frozen=True)
+class OpGroup:
+    """The workload layers one op of the network runs, lead layer first."""
+
+    layers: tuple[LayerInfo, ...]
+
+    @property
+    def name(self) -> str:
+        return "+".join(info.name for info in self.layers)
+
+    @property
+    def kind(self) -> str:
+        return self.layers[0].kind
+
+    def cost(self, phase: str, batch: int) -> tuple[int, int]:
+        """``(flops, bytes)`` of this op's ``phase`` ("forward" or "backward") at ``batch``."""
+        per_sample = (
+            "forward_flops_per_sample" if phase == "forward" else "backward_flops_per_sample"
+        )
+        flops = sum(getattr(info, per_sample) for info in self.layers) * batch
+        return flops, sum(layer_bytes(info, phase, batch) for info in self.layers)
+
+
+def op_groups(workload: Workload, ops: tuple[Any, ...]) -> list[OpGroup]:
+    """The layers of each op: from its lead layer up to the next op's (the loss excluded)."""
+    starts = [op.info.index for op in ops] + [len(workload.layers) - 1]
+    return [OpGroup(tuple(workload.layers[a:b])) for a, b in zip(starts, starts[1:], strict=False)]
+
+
+def layer_bytes(info: LayerInfo, phase: str, batch: int) -> int:
+    """The byte estimate of one layer's ``phase`` at ``batch`` (see the module docstring)."""
+    if info.kind == "flatten":
+        return 0
+    x, y = info.input_bytes_per_sample * batch, info.activation_bytes_per_sample * batch
+    params = info.param_count * BYTES_PER_VALUE
+    if phase == "forward":
+        return x + y + params
+    if phase != "backward":
+        raise ValueError(f"phase must be 'forward' or 'backward', got {phase!r}")
+    total = y + x + params  # read dy and x (or the kept output), write the parameter gradients
+    if info.needs_input_grad:
+        total += x + params  # write dx, read the weights it needs
+    return total
+
+
+def update_cost(param_count: int, momentum: float) -> tuple[int, int]:
+    """``(flops, bytes)`` of one SGD update: ``p -= lr * g``, or with momentum
+    ``v = m * v + g; p -= lr * v``."""
+    if momentum:
+        return 4 * param_count, 5 * BYTES_PER_VALUE * param_count
+    return 2 * param_count, 3 * BYTES_PER_VALUE * param_count
+
+
+def network_points(
+    net: Network,
+    opt: SGD,
+    batch: int,
+    base_params: dict[str, Any],
+    synchronize: Callable[[], None],
+    seed: int = 0,
+) -> list[Point]:
+    """Points for every op's forward and backward, the loss, the update and the step of
+    ``net`` at ``batch``, in the order a step runs them (see the module docstring).
+
+    ``base_params`` go into every point's params (model, threads, device...). ``synchronize``
+    waits for the device (a no-op on the CPU). Runs one step untimed first.
+    """
+    workload, xp = net.workload, net.xp
+    rng = np.random.default_rng(seed)
+    x = xp.asarray(rng.standard_normal((batch, *workload.input_shape), dtype=np.float32))
+    y = xp.asarray(rng.integers(0, workload.num_classes, batch))
+    labels = y.astype(xp.int64, copy=False)
+    saved = net.params.copy()
+
+    def restore() -> None:
+        net.params[...] = saved
+        synchronize()
+
+    # One whole step, untimed: allocates the workspace, compiles every kernel variant.
+    net.forward(x, y)
+    net.backward()
+    opt.step(net.params, net.grads)
+    restore()
+
+    ops, space = net.ops, net.workspace(batch)
+    groups = op_groups(workload, ops)
+    loss_info = workload.layers[-1]
+    transposes = space[-1].get("input") is not None
+
+    def point(
+        group_name: str,
+        layers: list[str],
+        kind: str,
+        phase: str,
+        cost: tuple[int, int],
+        fn: Callable[[], object],
+        cleanup: Callable[[], None] | None = None,
+    ) -> Point:
+        flops, nbytes = cost
+        params = {
+            **base_params,
+            "op": group_name,
+            "layers": layers,
+            "kind": kind,
+            "phase": phase,
+            "batch": batch,
+            "flops": int(flops),
+            "bytes": int(nbytes),
+        }
+        return Point("op", params, fn, cleanup)
+
+    # Forward: each op's input as the step hands it over.
+    inputs, h = [], None
+    for i, (op, buf) in enumerate(zip(ops, space, strict=False)):
+        h = net.first_op_input(x, space) if i == 0 else h
+        inputs.append(h)
+        h = op.forward(h, buf)
+    logits, dlogits = h, space[-1]["dlogits"]
+    net.kernels.softmax_cross_entropy(logits, labels, dlogits)
+    # Backward: each op's incoming gradient, down to the op that needs no input gradient.
+    grads_in: list[Any] = []
+    g = dlogits
+    for op, buf in zip(reversed(ops), reversed(space[:-1]), strict=True):
+        grads_in.append(g)
+        g = op.backward(g, buf)
+        if g is None:
+            break
+    synchronize()
+
+    points = []
+    for i, (op, buf, group) in enumerate(zip(ops, space, groups, strict=False)):
+        names = [info.name for info in group.layers]
+        flops, nbytes = group.cost("forward", batch)
+        fn: Callable[[], object] = partial(op.forward, inputs[i], buf)
+        if i == 0:  # what the step runs before the first op belongs to its forward
+            fn = partial(_first_forward, net, op, x, space)
+            nbytes += 2 * x.size * BYTES_PER_VALUE if transposes else 0
+        points.append(point(group.name, names, group.kind, "forward", (flops, nbytes), fn))
+
+    classes = workload.num_classes
+    loss_cost = (
+        (loss_info.forward_flops_per_sample + loss_info.backward_flops_per_sample) * batch,
+        2 * batch * classes * BYTES_PER_VALUE + batch * LABEL_BYTES,
+    )
+    loss_fn = partial(net.kernels.softmax_cross_entropy, logits, labels, dlogits)
+    points.append(
+        point(loss_info.name, [loss_info.name], loss_info.kind, "loss", loss_cost, loss_fn)
+    )
+
+    backward_flops = backward_bytes = 0
+    for j, dy in enumerate(grads_in):
+        i = len(ops) - 1 - j
+        op, buf, group = ops[i], space[i], groups[i]
+        cost = group.cost("backward", batch)
+        backward_flops, backward_bytes = backward_flops + cost[0], backward_bytes + cost[1]
+        names = [info.name for info in group.layers]
+        points.append(
+            point(group.name, names, group.kind, "backward", cost, partial(op.backward, dy, buf))
+        )
+
+    parametric = [info.name for info in workload.parametric_layers]
+    update = update_cost(net.param_count, opt.momentum)
+    update_fn = partial(opt.step, net.params, net.grads)
+    points.append(point("update", parametric, "sgd", "update", update, update_fn, restore))
+
+    def step() -> None:
+        net.forward(x, y)
+        net.backward()
+        opt.step(net.params, net.grads)
+
+    forward = [p.params for p in points if p.params["phase"] == "forward"]
+    step_cost = (
+        sum(p["flops"] for p in forward) + loss_cost[0] + backward_flops + update[0],
+        sum(p["bytes"] for p in forward) + loss_cost[1] + backward_bytes + update[1],
+    )
+    everything = [info.name for info in workload.layers]
+    points.append(point("step", everything, "step", "step", step_cost, step, restore))
+    return points
+
+
+def _first_forward(net: Network, op: Any, x: Any, space: list[dict[str, Any]]) -> Any:
+    return op.forward(net.first_op_input(x, space), space[0])
