@@ -111,7 +111,7 @@ def read_sources(
     files: list[Path] = []
     for item in paths:
         path = Path(item)
-        files.extend(sorted(path.glob("*.jsonl")) if path.is_dir() else [path])
+        files.extend(sorted(path.rglob("*.jsonl")) if path.is_dir() else [path])
     machine: dict[str, Any] = {}
     sources = []
     for path in files:

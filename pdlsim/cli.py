@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from microbench.errors import UserError
 from microbench.threads import quiet_idle_blas_threads
@@ -69,10 +70,92 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="print the table as JSON")
     show.set_defaults(handler=_cmd_workload_show)
 
+    bench = commands.add_parser(
+        "bench",
+        help="run the microbenchmarks (compute, collectives, copies, jitter, interference)",
+        description=(
+            "Measure this machine: compute kernels at the workload's layer shapes and thread "
+            "counts, GEMM and triad references, MPI collectives at each process count "
+            "(mpiexec is started for you), host<->device copies where a GPU exists, step "
+            "jitter and allreduce/compute interference. Records (every raw sample, with the "
+            "machine's metadata) go to one run directory."
+        ),
+    )
+    bench.add_argument("--quick", action="store_true", help="a short run (under a minute)")
+    bench.add_argument(
+        "--procs", type=int_list, default=(1, 2), metavar="P,...", help="process counts (1,2)"
+    )
+    bench.add_argument(
+        "--threads",
+        type=int_list,
+        default=None,
+        metavar="T,...",
+        help="compute thread counts (default 1 up to the cores)",
+    )
+    bench.add_argument("--model", default="mlp", metavar="NAME|PATH", help="workload (mlp)")
+    bench.add_argument("--batch", type=positive_int, default=32, help="per-rank batch (32)")
+    bench.add_argument("--out", type=Path, default=None, metavar="DIR", help="run directory")
+    bench.set_defaults(handler=run_bench_command)
+
+    from pdlsim.calibrate import add_calibrate_parser
     from pdlsim.train.cli import add_train_parser
 
+    add_calibrate_parser(commands)
     add_train_parser(commands)
     return parser
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4): positive, ascending, no repeats."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of positive integers like 1,2,4, got '{text}'"
+        ) from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"every value must be at least 1, got '{text}'")
+    if list(values) != sorted(set(values)):
+        raise argparse.ArgumentTypeError(f"list values in ascending order, once each: '{text}'")
+    return values
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    import time
+
+    from microbench.threads import available_cores
+    from microbench.workload import load_workload
+    from pdlsim.bench import BenchPlan, run_bench
+    from pdlsim.bench_summary import format_bench_summary
+    from pdlsim.launch import Stopped
+
+    load_workload(args.model)  # a bad name or file fails here, once, before any stage starts
+    threads = args.threads or tuple(range(1, available_cores() + 1))
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    out = args.out or Path("runs") / "bench" / stamp
+    plan = BenchPlan(
+        out=out,
+        model=args.model,
+        procs=args.procs,
+        threads=threads,
+        batch=args.batch,
+        quick=args.quick,
+    )
+    try:
+        result = run_bench(plan)
+    except KeyboardInterrupt:
+        print(f"pdlsim: interrupted; finished points are kept in {out}", file=sys.stderr)
+        return 130
+    except Stopped as stopped:
+        print(f"pdlsim: stopped by {stopped}; finished points are kept in {out}", file=sys.stderr)
+        return 128 + stopped.signum
+    print(format_bench_summary(out))
+    print(f"records: {out}")
+    if not result.ok:
+        failed = ", ".join(s.name for s in result.stages if s.status != "ok")
+        print(f"pdlsim: error: stage(s) failed: {failed}; see {out}/logs", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _cmd_workload_show(args: argparse.Namespace) -> int:

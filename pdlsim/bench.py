@@ -1,0 +1,233 @@
+"""``pdlsim bench``: the whole microbenchmark suite, one ``python -m microbench`` run per stage.
+
+Each stage is the command a user would run on a cluster by hand (``mpiexec -n P python -m
+microbench collectives ...``), so what ``pdlsim bench`` measures here is what a batch job
+measures there. Records go to one run directory, one subdirectory per process count
+(``ranks1/compute.jsonl``, ``ranks2/collectives.jsonl`` ...), so that every file's header
+(ranks, ranks per node, threads) is true for the points in it; ``load_dataframe(run_dir)``
+reads them all. Each stage's own output goes to ``logs/<stage>.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from microbench.errors import UserError
+from microbench.fileio import atomic_write_text
+from microbench.threads import available_cores, oversubscription, thread_env
+from pdlsim.launch import mpiexec_command, run_supervised
+
+PLAN_FILE = "bench.json"
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    out: Path
+    model: str = "mlp"
+    procs: tuple[int, ...] = (1, 2)
+    threads: tuple[int, ...] = (1, 2)
+    batch: int = 32
+    quick: bool = False
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # also the log file's name
+    label: str  # what the progress line says
+    command: tuple[str, ...]
+    ranks: int
+    threads: int
+
+
+@dataclass
+class StageResult:
+    name: str
+    label: str
+    status: str  # "ok", "failed (exit N)"
+    time_s: float
+    log: str
+
+
+@dataclass
+class BenchResult:
+    plan: BenchPlan
+    stages: list[StageResult] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(stage.status == "ok" for stage in self.stages)
+
+
+def _microbench(*args: str) -> list[str]:
+    return ["-m", "microbench", *args]
+
+
+def plan_stages(plan: BenchPlan) -> list[Stage]:
+    """The stages, in the order they run: compute and copies on one process, then per P."""
+    quick = ["--quick"] if plan.quick else []
+    threads = ",".join(map(str, plan.threads))
+    ranks1 = str(plan.out / "ranks1")
+    stages = [
+        Stage(
+            "compute",
+            f"compute kernels of {plan.model} at {threads} thread(s)",
+            (
+                sys.executable,
+                *_microbench("compute", "--model", plan.model, "--threads", threads),
+                *("--batch", str(plan.batch), "--out", ranks1, *quick),
+            ),
+            ranks=1,
+            threads=max(plan.threads),
+        ),
+        Stage(
+            "copies",
+            "host<->device copies",
+            (sys.executable, *_microbench("copies", "--out", ranks1, *quick)),
+            ranks=1,
+            threads=1,
+        ),
+    ]
+    jitter_threads = min(plan.threads)
+    for procs in plan.procs:
+        out = str(plan.out / f"ranks{procs}")
+        stages.append(
+            Stage(
+                f"collectives-p{procs}",
+                f"MPI collectives at {procs} rank(s)",
+                tuple(mpiexec_command(procs, _microbench("collectives", "--out", out, *quick))),
+                ranks=procs,
+                threads=1,
+            )
+        )
+        stages.append(
+            Stage(
+                f"jitter-p{procs}",
+                f"step jitter of {plan.model} at {procs} rank(s) x {jitter_threads} thread(s)",
+                tuple(
+                    mpiexec_command(
+                        procs,
+                        _microbench(
+                            "jitter",
+                            *("--model", plan.model, "--batch", str(plan.batch)),
+                            *("--threads", str(jitter_threads), "--out", out, *quick),
+                        ),
+                    )
+                ),
+                ranks=procs,
+                threads=jitter_threads,
+            )
+        )
+    overlap_procs = max(plan.procs)
+    if overlap_procs >= 2:
+        out = str(plan.out / f"ranks{overlap_procs}")
+        stages.append(
+            Stage(
+                f"interference-p{overlap_procs}",
+                f"allreduce/compute interference at {overlap_procs} ranks",
+                tuple(
+                    mpiexec_command(
+                        overlap_procs, _microbench("interference", "--out", out, *quick)
+                    )
+                ),
+                ranks=overlap_procs,
+                threads=1,
+            )
+        )
+    return stages
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse an output that is a file or a directory that already holds records."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a directory for the benchmark records")
+    if out.is_dir() and any(out.rglob("*.jsonl")):
+        raise UserError(
+            f"--out {out} already holds records; choose a new directory (nothing is overwritten)"
+        )
+
+
+def oversubscription_warnings(stages: list[Stage], cores: int) -> list[str]:
+    """One line per distinct ranks x threads configuration that exceeds the cores."""
+    warnings: list[str] = []
+    for stage in stages:
+        warning = oversubscription(stage.ranks, stage.threads, cores)
+        if warning and warning not in warnings:
+            warnings.append(warning)
+    return warnings
+
+
+def run_bench(plan: BenchPlan, progress: TextIO = sys.stderr) -> BenchResult:
+    """Run every stage, logging each; a failed stage is reported and the rest still run."""
+    check_out_dir(plan.out)
+    stages = plan_stages(plan)
+    result = BenchResult(plan=plan, warnings=oversubscription_warnings(stages, available_cores()))
+    for warning in result.warnings:
+        print(f"pdlsim: warning: {warning}", file=progress)
+    logs = plan.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    _save(result, stages)
+    for number, stage in enumerate(stages, start=1):
+        _progress_line(progress, number, len(stages), stage.label, None)
+        log = logs / f"{stage.name}.log"
+        started = time.perf_counter()
+        env = {**os.environ, **thread_env(stage.threads)}
+        with log.open("w") as handle:
+            status = run_supervised(stage.command, env=env, stdout=handle, stderr=handle)
+        elapsed = time.perf_counter() - started
+        outcome = "ok" if status == 0 else f"failed (exit {status})"
+        result.stages.append(StageResult(stage.name, stage.label, outcome, elapsed, str(log)))
+        _progress_line(progress, number, len(stages), stage.label, (outcome, elapsed))
+        if status != 0:
+            tail = log.read_text().strip().splitlines()[-3:]
+            for line in tail:
+                print(f"    {line}", file=progress)
+        _save(result, stages)
+    return result
+
+
+def _progress_line(
+    out: TextIO, number: int, total: int, label: str, done: tuple[str, float] | None
+) -> None:
+    width = 20
+    filled = width * (number - (done is None)) // total
+    bar = "#" * filled + "." * (width - filled)
+    if done is None:
+        text = f"[{bar}] {number}/{total} {label} ..."
+        end = "" if out.isatty() else "\n"
+        print(f"\r{text}" if out.isatty() else text, end=end, file=out, flush=True)
+        return
+    outcome, elapsed = done
+    text = f"[{bar}] {number}/{total} {label}: {outcome}, {elapsed:.1f} s"
+    print(f"\r{text}" if out.isatty() else text, file=out, flush=True)
+
+
+def _save(result: BenchResult, stages: list[Stage]) -> None:
+    """The plan and each finished stage's outcome, rewritten atomically after every stage."""
+    plan = asdict(result.plan)
+    plan["out"] = str(result.plan.out)
+    doc = {
+        "command": "pdlsim bench",
+        "argv": sys.argv[1:],
+        "plan": plan,
+        "cores": available_cores(),
+        "warnings": result.warnings,
+        "stages": [
+            {
+                "name": s.name,
+                "label": s.label,
+                "command": list(s.command),
+                "ranks": s.ranks,
+                "threads": s.threads,
+            }
+            for s in stages
+        ],
+        "results": [asdict(r) for r in result.stages],
+    }
+    atomic_write_text(result.plan.out / PLAN_FILE, json.dumps(doc, indent=2) + "\n")

@@ -1,0 +1,88 @@
+"""pdlsim bench: every stage runs, records land per process count, bad input is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from microbench.records import load_dataframe
+from pdlsim.bench import BenchPlan, oversubscription_warnings, plan_stages
+from tests.conftest import run_pdlsim
+
+
+def test_quick_bench_runs_every_stage_and_keeps_every_record(quick_bench_run):
+    out, result = quick_bench_run
+    assert result.returncode == 0, result.stderr + result.stdout
+    plan = json.loads((out / "bench.json").read_text())
+    assert [r["status"] for r in plan["results"]] == ["ok"] * len(plan["stages"])
+    frame = load_dataframe(out, type="measurement")
+    sources = set(frame["source"])
+    assert {
+        "ranks1/compute.jsonl",
+        "ranks1/collectives.jsonl",
+        "ranks2/collectives.jsonl",
+    } <= sources
+    assert {"ranks2/jitter.jsonl", "ranks2/interference.jsonl"} <= sources
+    allreduce = frame[(frame["benchmark"] == "collectives") & (frame["params.op"] == "allreduce")]
+    assert set(allreduce["params.ranks"]) == {1, 2}
+    assert all(len(samples) >= 1 for samples in frame["samples"])
+    assert "allreduce" in result.stdout and "GFLOP/s" in result.stdout and "GB/s" in result.stdout
+    assert (out / "logs" / "collectives-p2.log").exists()
+
+
+def test_the_plan_runs_compute_once_and_mpi_stages_per_process_count(tmp_path):
+    stages = plan_stages(BenchPlan(out=tmp_path, procs=(1, 2, 4), threads=(1, 2)))
+    names = [s.name for s in stages]
+    assert names[:2] == ["compute", "copies"]
+    assert [n for n in names if n.startswith("collectives")] == [
+        "collectives-p1",
+        "collectives-p2",
+        "collectives-p4",
+    ]
+    assert names[-1] == "interference-p4"
+    assert "--quick" not in stages[0].command
+
+
+def test_oversubscribed_configurations_warn_once_each(tmp_path):
+    stages = plan_stages(BenchPlan(out=tmp_path, procs=(1, 2, 4), threads=(2,)))
+    warnings = oversubscription_warnings(stages, cores=2)
+    assert warnings == [
+        "2 ranks x 2 threads = 4 threads on 2 cores: oversubscribed, expect throughput to "
+        "collapse (BLAS threads busy-wait)",
+        "4 ranks x 1 threads = 4 threads on 2 cores: oversubscribed, expect throughput to "
+        "collapse (BLAS threads busy-wait)",
+        "4 ranks x 2 threads = 8 threads on 2 cores: oversubscribed, expect throughput to "
+        "collapse (BLAS threads busy-wait)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--procs", "1,x"], "expected a comma-separated list of positive integers"),
+        (["--procs", "2,1"], "ascending order"),
+        (["--threads", "0"], "at least 1"),
+        (["--model", "nope"], "no workload preset or file named 'nope'"),
+        (["--batch", "-1"], "expected a positive integer"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_status_2(args, message):
+    result = run_pdlsim("bench", "--quick", *args, timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_an_output_that_is_a_file_or_holds_records_is_refused_untouched(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("keep")
+    result = run_pdlsim("bench", "--quick", "--out", str(a_file), timeout=60)
+    assert result.returncode == 2 and "is a file" in result.stderr
+    assert a_file.read_text() == "keep"
+    used = tmp_path / "used" / "ranks1"
+    used.mkdir(parents=True)
+    (used / "compute.jsonl").write_text("old records\n")
+    result = run_pdlsim("bench", "--quick", "--out", str(tmp_path / "used"), timeout=60)
+    assert result.returncode == 2 and "already holds records" in result.stderr
+    assert (used / "compute.jsonl").read_text() == "old records\n"

@@ -1,0 +1,69 @@
+"""pdlsim calibrate: records in, a loadable profile, its report, plots and Extra-P file out."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from calibration.profile import load_profile
+from calibration.report import format_report
+from tests.conftest import run_pdlsim
+
+
+def test_calibrate_from_a_bench_run_writes_a_profile_report_plots_and_extrap(
+    quick_bench_run, tmp_path
+):
+    run_dir, bench = quick_bench_run
+    assert bench.returncode == 0, bench.stderr
+    profile_path = tmp_path / "out" / "profile.json"
+    result = run_pdlsim(
+        "calibrate",
+        "--from",
+        str(run_dir),
+        "--out",
+        str(profile_path),
+        "--bootstrap",
+        "20",
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    profile = load_profile(profile_path)
+    doc = profile.to_dict()
+    assert doc["schema"] == "pdlsim.profile" and doc["schema_version"] == 1
+    assert {"collectives", "compute", "jitter"} <= {k for k, v in doc["models"].items() if v}
+    assert doc["models"]["transfer"] is None  # no GPU here: no copies were measured
+    assert "collectives.allreduce" in result.stdout and "95% interval" in result.stdout
+    assert format_report(doc) in result.stdout
+    for name in ("collectives.png", "compute.png", "jitter.png"):
+        assert (tmp_path / "out" / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = (tmp_path / "out" / "extrap.jsonl").read_text().splitlines()
+    assert lines and all("params" in json.loads(line) for line in lines[1:3])
+
+
+def test_a_failed_fit_leaves_an_existing_profile_untouched(quick_bench_run, tmp_path):
+    run_dir, _ = quick_bench_run
+    partial = tmp_path / "partial"
+    shutil.copytree(run_dir / "ranks2", partial / "ranks2")  # collectives, jitter: no compute
+    profile_path = tmp_path / "profile.json"
+    profile_path.write_text("the old profile")
+    result = run_pdlsim("calibrate", "--from", str(partial), "--out", str(profile_path))
+    assert result.returncode == 2
+    assert "no compute records" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert profile_path.read_text() == "the old profile"
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda tmp: tmp / "missing", "no such directory"),
+        (lambda tmp: tmp, "no *.jsonl records"),
+    ],
+)
+def test_unreadable_record_directories_are_one_line_errors(tmp_path, make, message):
+    result = run_pdlsim("calibrate", "--from", str(make(tmp_path)), timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
