@@ -31,7 +31,7 @@ from typing import Any
 
 from microbench.fileio import atomic_write_text
 from microbench.machine import utc_now
-from microbench.records import RecordsError, read_records
+from microbench.records import RecordsError, is_records_file, read_records
 
 from .profile_checks import REQUIRED_MODEL_KEYS, ProfileError, check_models, check_tree
 
@@ -111,7 +111,8 @@ def read_sources(
     files: list[Path] = []
     for item in paths:
         path = Path(item)
-        files.extend(sorted(path.rglob("*.jsonl")) if path.is_dir() else [path])
+        found = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
+        files.extend(f for f in found if not path.is_dir() or is_records_file(f))
     machine: dict[str, Any] = {}
     sources = []
     for path in files:

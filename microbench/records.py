@@ -323,6 +323,21 @@ def _natural_key(path: Path) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.as_posix())]
 
 
+def is_records_file(path: Path) -> bool:
+    """Whether a file found in a directory is a records file; other JSON Lines files (an
+    Extra-P export, say) are skipped with a warning instead of failing the whole load."""
+    with path.open("rb") as handle:
+        first = handle.readline()
+    try:
+        header = json.loads(first)
+    except ValueError:
+        header = None
+    if isinstance(header, dict) and header.get("schema") == SCHEMA:
+        return True
+    warnings.warn(f"{path}: not a {SCHEMA} file, skipped", stacklevel=3)
+    return False
+
+
 def load_dataframe(path_or_dir: str | os.PathLike[str], type: str | None = None) -> pd.DataFrame:
     """Load one records file, or every ``*.jsonl`` under a directory, into one DataFrame.
 
@@ -338,7 +353,7 @@ def load_dataframe(path_or_dir: str | os.PathLike[str], type: str | None = None)
     path = Path(path_or_dir)
     if path.is_dir():
         root = path
-        files = sorted(path.rglob("*.jsonl"), key=_natural_key)
+        files = [f for f in sorted(path.rglob("*.jsonl"), key=_natural_key) if is_records_file(f)]
         if not files:
             raise FileNotFoundError(f"{path}: no *.jsonl records files under this directory")
     elif path.exists():

@@ -29,7 +29,7 @@ PLAN_FILE = "bench.json"
 @dataclass(frozen=True)
 class BenchPlan:
     out: Path
-    model: str = "mlp"
+    model: str = "mlp,cnn"  # comma-separated workloads
     procs: tuple[int, ...] = (1, 2)
     threads: tuple[int, ...] = (1, 2)
     batch: int = 32
@@ -73,6 +73,7 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
     """The stages, in the order they run: compute and copies on one process, then per P."""
     quick = ["--quick"] if plan.quick else []
     threads = ",".join(map(str, plan.threads))
+    step_model = plan.model.split(",")[0]  # compute measures every model; jitter the first
     ranks1 = str(plan.out / "ranks1")
     stages = [
         Stage(
@@ -109,13 +110,13 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
         stages.append(
             Stage(
                 f"jitter-p{procs}",
-                f"step jitter of {plan.model} at {procs} rank(s) x {jitter_threads} thread(s)",
+                f"step jitter of {step_model} at {procs} rank(s) x {jitter_threads} thread(s)",
                 tuple(
                     mpiexec_command(
                         procs,
                         _microbench(
                             "jitter",
-                            *("--model", plan.model, "--batch", str(plan.batch)),
+                            *("--model", step_model, "--batch", str(plan.batch)),
                             *("--threads", str(jitter_threads), "--out", out, *quick),
                         ),
                     )

@@ -39,7 +39,7 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--procs", type=int_list, default=(1, 2), metavar="P,...", help="for bench")
     p.add_argument("--threads", type=int_list, default=None, metavar="T,...", help="for bench")
-    p.add_argument("--model", default="mlp", metavar="NAME|PATH", help="for bench (mlp)")
+    p.add_argument("--model", default="mlp,cnn", metavar="NAME|PATH,...", help="for bench")
     p.add_argument("--batch", type=positive_int, default=32, help="for bench (32)")
     p.add_argument("--bootstrap", type=positive_int, default=None, help="bootstrap rounds")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
@@ -73,16 +73,16 @@ def _fit_and_write(run_dir: Path, profile_path: Path, args: argparse.Namespace) 
 
     n_boot = args.bootstrap or (50 if args.quick else 200)
     print(f"fitting the records in {run_dir} ({n_boot} bootstrap rounds) ...", flush=True)
-    profile, models = fit_profile(run_dir, n_boot=n_boot, seed=args.seed)
-    profile.save(profile_path)
-    print(format_report(profile.to_dict()))
-    frame = load_measurements(run_dir)
     extrap = profile_path.parent / "extrap.jsonl"
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught:  # shown as notes, not tracebacks
         warnings.simplefilter("always")
+        profile, models = fit_profile(run_dir, n_boot=n_boot, seed=args.seed)
+        profile.save(profile_path)
+        frame = load_measurements(run_dir)
         lines = export_extrap(frame[frame["benchmark"] == "collectives"], extrap)
-    for warning in caught:
-        print(f"pdlsim: note: {warning.message}")
+    print(format_report(profile.to_dict()))
+    for note in dict.fromkeys(str(w.message) for w in caught):
+        print(f"pdlsim: note: {note}")
     from pdlsim.plots import plot_calibration
 
     plots = plot_calibration(models, frame, profile_path.parent / "plots")

@@ -67,3 +67,15 @@ def test_unreadable_record_directories_are_one_line_errors(tmp_path, make, messa
     assert result.returncode == 2
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_calibrating_the_same_run_twice_reads_only_records(quick_bench_run, tmp_path):
+    """The profile, plots and Extra-P file land in the run directory by default; a second
+    calibration of that directory must skip them, not choke on them."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(quick_bench_run[0], run_dir)
+    for _ in range(2):
+        result = run_pdlsim("calibrate", "--from", str(run_dir), "--bootstrap", "10", timeout=300)
+        assert result.returncode == 0, result.stderr
+    assert (run_dir / "profile.json").exists() and (run_dir / "extrap.jsonl").exists()
+    assert "extrap.jsonl: not a pdlsim.records file, skipped" in result.stdout
