@@ -359,7 +359,8 @@ def summarize(records: Iterable[Mapping[str, Any]]) -> list[CollectiveSummary]:
         values.sort()
         small, (large, large_total, large_time) = values[0], values[-1]
         bandwidth = bus = None
-        if op != "barrier" and large_time > 0:
+        moves_data = op != "barrier" and not (op == "bcast" and ranks == 1)  # 1-rank bcast: no-op
+        if moves_data and large_time > 0:
             bandwidth = large_total / large_time
             bus = bandwidth * _BUS_FACTOR[op](ranks) if ranks > 1 else None
         summaries.append(
@@ -377,8 +378,8 @@ def format_summary(summaries: Iterable[CollectiveSummary]) -> str:
         latency = f"{format_time(s.latency_s)} @ {format_bytes(s.smallest_bytes)}"
         at_large = f"{format_time(s.largest_time_s)} @ {format_bytes(s.largest_bytes)}"
         lines.append(
-            f"{s.op:<15}{s.ranks:>6}{latency:>20}{at_large:>22}"
-            f"{_gb_per_s(s.bandwidth_bytes_per_s):>12}{_gb_per_s(s.bus_bandwidth_bytes_per_s):>12}"
+            f"{s.op:<15}{s.ranks:>6}{latency:>20}{at_large:>22} "
+            f"{_gb_per_s(s.bandwidth_bytes_per_s):>11} {_gb_per_s(s.bus_bandwidth_bytes_per_s):>11}"
         )
     return "\n".join(lines)
 
