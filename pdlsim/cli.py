@@ -92,15 +92,24 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="T,...",
         help="compute thread counts (default 1 up to the cores)",
     )
-    bench.add_argument("--model", default="mlp", metavar="NAME|PATH", help="workload (mlp)")
+    bench.add_argument(
+        "--model",
+        default="mlp,cnn",
+        metavar="NAME|PATH,...",
+        help="workloads whose layers to time (mlp,cnn); step jitter uses the first",
+    )
     bench.add_argument("--batch", type=positive_int, default=32, help="per-rank batch (32)")
     bench.add_argument("--out", type=Path, default=None, metavar="DIR", help="run directory")
     bench.set_defaults(handler=run_bench_command)
 
     from pdlsim.calibrate import add_calibrate_parser
+    from pdlsim.predict import add_predict_parser
+    from pdlsim.sweep import add_sweep_parser
     from pdlsim.train.cli import add_train_parser
 
     add_calibrate_parser(commands)
+    add_predict_parser(commands)
+    add_sweep_parser(commands)
     add_train_parser(commands)
     return parser
 
@@ -129,7 +138,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from pdlsim.bench_summary import format_bench_summary
     from pdlsim.launch import Stopped
 
-    load_workload(args.model)  # a bad name or file fails here, once, before any stage starts
+    for model in args.model.split(","):  # a bad name or file fails here, before any stage runs
+        load_workload(model)
     threads = args.threads or tuple(range(1, available_cores() + 1))
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     out = args.out or Path("runs") / "bench" / stamp

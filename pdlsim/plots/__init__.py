@@ -32,8 +32,9 @@ from pdlsim.plots.calibration import (  # noqa: E402
     jitter_figure,
     transfer_figure,
 )
+from pdlsim.plots.scaling import plot_scaling  # noqa: E402
 
-__all__ = ["plot_calibration", "save_figure"]
+__all__ = ["plot_calibration", "plot_scaling", "save_figure"]
 
 
 def save_figure(figure: Figure, path: Path, fmt: str) -> Path:

@@ -1,0 +1,84 @@
+"""``pdlsim sweep``: many predictions at once, a CSV table and a scaling plot."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from typing import Any
+
+from microbench.errors import UserError
+from pdlsim.predict import (
+    PredictConfig,
+    add_common_options,
+    config_from_args,
+    cores_warning,
+    run_prediction,
+)
+
+
+def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...],
+          batches: tuple[int, ...]) -> Any:  # fmt: skip
+    """Predict every (nodes, ranks per node, batch): a DataFrame, one row per combination.
+    ``per_node`` is GPUs per node when ``base.gpus > 0``, else processes per node."""
+    import pandas as pd
+
+    rows = []
+    for n in nodes:
+        for q in per_node:
+            for batch in batches:
+                gpu = base.gpus > 0
+                cfg = replace(
+                    base, nodes=n, batch=batch, **{"gpus" if gpu else "procs_per_node": q}
+                )
+                out = run_prediction(cfg)
+                rows.append({
+                    "nodes": n, "per_node": q, "device": "gpu" if gpu else "cpu",
+                    "threads": cfg.threads, "batch": batch, "devices": n * q,
+                    "step_time_s": out["step_time_s"], "epoch_time_s": out["epoch_time_s"],
+                    "throughput_samples_per_s": out["throughput_samples_per_s"],
+                    "speedup": out["speedup"], "efficiency": out["efficiency"],
+                    "comm_overhead_pct": out["comm_overhead_pct"],
+                    **out["breakdown"], **out["band"],
+                    "memory_bytes_per_rank": out["memory_bytes_per_rank"],
+                })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
+    from pathlib import Path
+
+    from pdlsim.cli import int_list
+
+    p = commands.add_parser("sweep", help="predict many configurations: CSV and scaling plot")
+    p.add_argument("--nodes", type=int_list, required=True, metavar="N,...")
+    p.add_argument("--gpus", type=int_list, default=None, metavar="G,...", help="GPUs per node")
+    p.add_argument("--procs-per-node", type=int_list, default=(1,), metavar="P,...",
+                   help="CPU ranks per node, when no --gpus")  # fmt: skip
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--batch", type=int_list, default=(32,), metavar="B,...")
+    add_common_options(p)
+    p.add_argument("--out", type=Path, required=True, metavar="DIR")
+    p.set_defaults(handler=run_sweep_command, samples=5)
+
+
+def run_sweep_command(args: argparse.Namespace) -> int:
+    gpus = args.gpus or ()
+    cfg = config_from_args(args, nodes=1, batch=args.batch[0], gpus=gpus[0] if gpus else 0,
+                           procs_per_node=args.procs_per_node[0])  # fmt: skip
+    warning = cores_warning(replace(cfg, procs_per_node=max(args.procs_per_node)))
+    if warning and not gpus:
+        print(warning, file=sys.stderr)
+    if args.out.exists() and not args.out.is_dir():
+        raise UserError(f"--out {args.out} is a file; give a directory for sweep.csv and the plot")
+    frame = sweep(cfg, args.nodes, gpus or args.procs_per_node, args.batch)
+    args.out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(args.out / "sweep.csv", index=False)
+    from pdlsim.plots import plot_scaling
+
+    plot_scaling(frame, args.out / "scaling.png")
+    cols = ["nodes", "per_node", "batch", "devices", "step_time_s", "speedup", "efficiency",
+            "comm_overhead_pct", "p10_s", "p90_s"]  # fmt: skip
+    print(frame[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"table: {args.out / 'sweep.csv'}\nplot: {args.out / 'scaling.png'}")
+    return 0
