@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -200,6 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pdlsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (pdlsim ... | head): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush fails silently
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
