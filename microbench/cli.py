@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -28,10 +29,13 @@ __all__ = [
     "BenchmarkError",
     "Parser",
     "UsageError",
+    "add_output_arguments",
     "add_sampling_arguments",
     "add_thread_level_argument",
     "agree_on_usage",
+    "checked_out_dir",
     "current_rank",
+    "default_out_dir",
     "launcher_rank",
     "out_dir_problem",
     "policy_from_args",
@@ -167,6 +171,44 @@ def thread_level_name(mpi: Any) -> str:
         if provided == getattr(mpi, f"THREAD_{name.upper()}"):
             return name
     return str(provided)
+
+
+def add_output_arguments(
+    parser: argparse.ArgumentParser, records_file: str, quiet: bool = True
+) -> None:
+    """``--out`` and ``--append`` for ``DIR/records_file``, and ``--quiet`` when ``quiet``."""
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help=f"run directory for {records_file} (default runs/bench/<UTC date-time>)",
+    )
+    parser.add_argument(
+        "--append", action="store_true", help=f"add to an existing DIR/{records_file}"
+    )
+    if quiet:
+        parser.add_argument("--quiet", action="store_true", help="no line per point, summary only")
+
+
+def default_out_dir() -> Path:
+    """``runs/bench/<UTC date-time>``: where records go without ``--out``."""
+    return Path("runs", "bench", time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+
+
+def checked_out_dir(args: argparse.Namespace, records_file: str, comm: Any = None) -> Path:
+    """``args.out`` (else :func:`default_out_dir`), once it is known that ``records_file`` can
+    be written there, else :class:`UsageError`. With ``comm``, rank 0's directory and rank 0's
+    check are shared by every rank (:func:`agree_on_usage`)."""
+    out = args.out or default_out_dir()
+    if comm is None:
+        problem = out_dir_problem(out, records_file, args.append)
+        if problem is not None:
+            raise UsageError(problem)
+        return out
+    out = comm.bcast(out, root=0)
+    root = comm.Get_rank() == 0
+    agree_on_usage(comm, out_dir_problem(out, records_file, args.append) if root else None)
+    return out
 
 
 def out_dir_problem(out: Path, file_name: str, append: bool) -> str | None:

@@ -32,6 +32,36 @@ def mpiexec() -> str:
     return str(beside) if beside.exists() else "mpiexec"
 
 
+def run_microbench(
+    *args: str, ranks: int | None = None, timeout: float = MPI_TIMEOUT_S
+) -> subprocess.CompletedProcess:
+    """``python -m microbench ARGS``, under ``mpiexec -n RANKS`` when given."""
+    command = [sys.executable, "-m", "microbench", *args]
+    if ranks is not None:
+        command = [mpiexec(), "-n", str(ranks), *command]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def run_mpi_python(
+    code: str, ranks: int = 2, timeout: float = MPI_TIMEOUT_S
+) -> subprocess.CompletedProcess:
+    """``python -c CODE`` under ``mpiexec -n RANKS``."""
+    return subprocess.run(
+        [mpiexec(), "-n", str(ranks), sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+@pytest.fixture
+def no_inherited_rank(monkeypatch):
+    """Tests that run microbench without mpiexec must not look like rank 1 of some job."""
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        monkeypatch.delitem(os.environ, name, raising=False)
+
+
 @pytest.fixture
 def pdlsim_cli():
     return run_pdlsim

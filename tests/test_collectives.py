@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,25 +14,13 @@ from microbench.collectives import OPS, QUICK_POLICY, QUICK_SIZES, format_summar
 from microbench.records import load_dataframe, read_records
 from microbench.sampling import STOP_REASONS
 from microbench.sizes import SizeError, format_bytes, parse_sizes
-from tests.conftest import MPI_TIMEOUT_S, REPO, mpiexec
+from tests.conftest import REPO, mpiexec, run_microbench, run_mpi_python
 
 KiB, MiB = 1 << 10, 1 << 20
 PROG = "python -m microbench collectives"
 
 
-def microbench(*args: str, ranks: int | None = None, timeout: float = MPI_TIMEOUT_S):
-    """``python -m microbench ARGS``, under ``mpiexec -n RANKS`` when given."""
-    command = [sys.executable, "-m", "microbench", *args]
-    if ranks is not None:
-        command = [mpiexec(), "-n", str(ranks), *command]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-
-
-@pytest.fixture(autouse=True)
-def _no_inherited_rank(monkeypatch):
-    """Tests that run microbench without mpiexec must not look like rank 1 of some job."""
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        monkeypatch.delitem(os.environ, name, raising=False)
+pytestmark = pytest.mark.usefixtures("no_inherited_rank")
 
 
 # ---------------------------------------------------------------------------- sizes
@@ -95,7 +82,7 @@ def test_format_bytes():
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "bench"
     start = time.perf_counter()
-    result = microbench("collectives", "--quick", "--out", str(out), ranks=2)
+    result = run_microbench("collectives", "--quick", "--out", str(out), ranks=2)
     return result, out, time.perf_counter() - start
 
 
@@ -200,13 +187,7 @@ CHECKS = textwrap.dedent(
 
 
 def test_each_collective_checks_its_result_and_a_wrong_one_fails_everywhere():
-    result = subprocess.run(
-        [mpiexec(), "-n", "2", sys.executable, "-c", CHECKS],
-        capture_output=True,
-        text=True,
-        timeout=MPI_TIMEOUT_S,
-        cwd=REPO,
-    )
+    result = run_mpi_python(CHECKS)
     assert result.returncode == 0, result.stderr
     for ok, raised in json.loads(result.stdout):
         for point, (before, after) in ok.items():
@@ -230,7 +211,7 @@ def test_each_collective_checks_its_result_and_a_wrong_one_fails_everywhere():
     ],
 )
 def test_bad_arguments_give_one_line_and_status_2(args, problem):
-    result = microbench("collectives", *args)
+    result = run_microbench("collectives", *args)
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{PROG}: error:") and problem in lines[0]
@@ -238,13 +219,13 @@ def test_bad_arguments_give_one_line_and_status_2(args, problem):
 
 
 def test_bad_arguments_under_mpiexec_are_reported_once(tmp_path):
-    result = microbench("collectives", "--sizes", "1MiB:8", ranks=2)
+    result = run_microbench("collectives", "--sizes", "1MiB:8", ranks=2)
     assert result.returncode == 2
     assert len(result.stderr.splitlines()) == 1 and "out of order" in result.stderr
 
     a_file = tmp_path / "not-a-dir"
     a_file.write_text("")
-    result = microbench("collectives", "--quick", "--out", str(a_file / "run"), ranks=2)
+    result = run_microbench("collectives", "--quick", "--out", str(a_file / "run"), ranks=2)
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [
         f"{PROG}: error: --out {a_file / 'run'}: {a_file} is a file, not a directory"
@@ -253,11 +234,11 @@ def test_bad_arguments_under_mpiexec_are_reported_once(tmp_path):
 
 def test_one_rank_skips_the_pingpong_and_append_adds_to_the_file(tmp_path):
     args = ["collectives", "--quick", "--ops", "pingpong,barrier", "--sizes", "8", "--quiet"]
-    first = microbench(*args, "--out", str(tmp_path))
+    first = run_microbench(*args, "--out", str(tmp_path))
     assert first.returncode == 0, first.stderr
-    again = microbench(*args, "--out", str(tmp_path))
+    again = run_microbench(*args, "--out", str(tmp_path))
     assert again.returncode == 2 and "--append" in again.stderr
-    appended = microbench(*args, "--out", str(tmp_path), "--append")
+    appended = run_microbench(*args, "--out", str(tmp_path), "--append")
     assert appended.returncode == 0, appended.stderr
 
     header, records = read_records(tmp_path / "collectives.jsonl")
@@ -275,9 +256,9 @@ def test_one_rank_skips_the_pingpong_and_append_adds_to_the_file(tmp_path):
 
 
 def test_help_names_the_subcommand():
-    result = microbench("--help")
+    result = run_microbench("--help")
     assert result.returncode == 0 and "collectives" in result.stdout
-    assert microbench().returncode == 2  # a subcommand is required
+    assert run_microbench().returncode == 2  # a subcommand is required
 
 
 def test_an_interrupted_run_keeps_every_finished_point(tmp_path):

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -16,23 +13,13 @@ from microbench.interference import METHODS, QUICK_POLICY
 from microbench.measurement import Measurement
 from microbench.overlap import CommThread, Point, calibrate_gemm_loop, overlap_pct
 from microbench.records import read_records
-from tests.conftest import MPI_TIMEOUT_S, REPO, mpiexec
+from tests.conftest import run_microbench
 
 PROG = "python -m microbench interference"
 KiB, MiB = 1 << 10, 1 << 20
 
 
-def microbench(*args: str, ranks: int | None = None, timeout: float = MPI_TIMEOUT_S):
-    command = [sys.executable, "-m", "microbench", *args]
-    if ranks is not None:
-        command = [mpiexec(), "-n", str(ranks), *command]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-
-
-@pytest.fixture(autouse=True)
-def _no_inherited_rank(monkeypatch):
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        monkeypatch.delitem(os.environ, name, raising=False)
+pytestmark = pytest.mark.usefixtures("no_inherited_rank")
 
 
 # ---------------------------------------------------------------------------- the formula
@@ -201,7 +188,9 @@ def _check_run(out, ranks: int) -> list[dict]:
 
 def test_two_ranks_both_methods(tmp_path):
     start = time.perf_counter()
-    result = microbench("interference", *QUICK_ARGS, "--out", str(tmp_path), ranks=2, timeout=60)
+    result = run_microbench(
+        "interference", *QUICK_ARGS, "--out", str(tmp_path), ranks=2, timeout=60
+    )
     elapsed_s = time.perf_counter() - start
     assert result.returncode == 0, result.stderr
     assert elapsed_s < 15.0
@@ -210,7 +199,7 @@ def test_two_ranks_both_methods(tmp_path):
 
 
 def test_one_rank_runs_the_trivial_allreduce(tmp_path):
-    result = microbench(
+    result = run_microbench(
         "interference", *QUICK_ARGS, "--quiet", "--out", str(tmp_path), ranks=1, timeout=60
     )
     assert result.returncode == 0, result.stderr
@@ -230,14 +219,14 @@ def test_one_rank_runs_the_trivial_allreduce(tmp_path):
     ],
 )
 def test_bad_arguments_give_one_line_and_status_2(args, problem):
-    result = microbench("interference", *args)
+    result = run_microbench("interference", *args)
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{PROG}: error:") and problem in lines[0]
 
 
 def test_buffers_beyond_the_memory_give_one_line_and_status_2(tmp_path):
-    result = microbench("interference", "--bytes", "4096GiB", "--out", str(tmp_path), ranks=1)
+    result = run_microbench("interference", "--bytes", "4096GiB", "--out", str(tmp_path), ranks=1)
     assert result.returncode == 2
     assert len(result.stderr.splitlines()) == 1 and "exceed half of" in result.stderr
     assert not (tmp_path / "interference.jsonl").exists()

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -23,22 +20,12 @@ from microbench.jitter import (
 from microbench.records import read_records
 from microbench.threads import available_cores
 from microbench.workload import PRESETS, load_workload
-from tests.conftest import MPI_TIMEOUT_S, REPO, mpiexec
+from tests.conftest import run_microbench
 
 PROG = "python -m microbench jitter"
 
 
-def microbench(*args: str, ranks: int | None = None, timeout: float = MPI_TIMEOUT_S):
-    command = [sys.executable, "-m", "microbench", *args]
-    if ranks is not None:
-        command = [mpiexec(), "-n", str(ranks), *command]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-
-
-@pytest.fixture(autouse=True)
-def _no_inherited_rank(monkeypatch):
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        monkeypatch.delitem(os.environ, name, raising=False)
+pytestmark = pytest.mark.usefixtures("no_inherited_rank")
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -168,7 +155,7 @@ def _check_run(out, ranks: int, samples: int, warmup: int, model: str = "mlp") -
 
 def test_two_ranks(tmp_path):
     start = time.perf_counter()
-    result = microbench(
+    result = run_microbench(
         "jitter", "--quick", "--samples", "30", "--out", str(tmp_path), ranks=2, timeout=60
     )
     elapsed_s = time.perf_counter() - start
@@ -184,7 +171,7 @@ def test_one_rank_and_a_workload_file(tmp_path):
     model = tmp_path / "small.json"
     model.write_text(json.dumps({**PRESETS["mlp"], "name": "small"}))
     args = ["--model", str(model), "--samples", "10", "--warmup", "2", "--out", str(tmp_path)]
-    result = microbench("jitter", *args, ranks=1, timeout=60)
+    result = run_microbench("jitter", *args, ranks=1, timeout=60)
     assert result.returncode == 0, result.stderr
     summary = _check_run(tmp_path, ranks=1, samples=10, warmup=2, model="small")
     assert summary["expected_wait_s"] == 0.0
@@ -200,7 +187,7 @@ def test_one_rank_and_a_workload_file(tmp_path):
     ],
 )
 def test_bad_arguments_give_one_line_and_status_2(args, problem):
-    result = microbench("jitter", *args)
+    result = run_microbench("jitter", *args)
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{PROG}: error:") and problem in lines[0]
@@ -209,7 +196,7 @@ def test_bad_arguments_give_one_line_and_status_2(args, problem):
 def test_an_output_directory_that_is_a_file_gives_one_line_and_status_2(tmp_path):
     a_file = tmp_path / "file"
     a_file.write_text("")
-    result = microbench("jitter", "--quick", "--out", str(a_file / "run"), ranks=2)
+    result = run_microbench("jitter", "--quick", "--out", str(a_file / "run"), ranks=2)
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [
         f"{PROG}: error: --out {a_file / 'run'}: {a_file} is a file, not a directory"
@@ -219,7 +206,7 @@ def test_an_output_directory_that_is_a_file_gives_one_line_and_status_2(tmp_path
 def test_more_threads_than_cores_warns_once_and_is_recorded(tmp_path):
     threads = str(available_cores())  # 2 ranks x all cores each: always oversubscribed
     args = ["--threads", threads, "--samples", "5", "--warmup", "1", "--out", str(tmp_path)]
-    result = microbench("jitter", *args, ranks=2, timeout=60)
+    result = run_microbench("jitter", *args, ranks=2, timeout=60)
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "oversubscribed" in line]
     assert len(warnings) == 1 and warnings[0].startswith("warning: ")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +18,7 @@ from microbench.sampling import (
     timed,
     timer_overhead,
 )
-from tests.conftest import MPI_TIMEOUT_S, REPO, mpiexec
+from tests.conftest import run_mpi_python
 
 
 class FakeTime:
@@ -190,13 +188,7 @@ LOCKSTEP = textwrap.dedent(
 
 
 def test_ranks_stay_in_lockstep_and_samples_are_the_max_over_ranks():
-    out = subprocess.run(
-        [mpiexec(), "-n", "2", sys.executable, "-c", LOCKSTEP],
-        capture_output=True,
-        text=True,
-        timeout=MPI_TIMEOUT_S,
-        cwd=REPO,
-    )
+    out = run_mpi_python(LOCKSTEP)
     assert out.returncode == 0, out.stderr
     (samples0, reason0, local0), (samples1, reason1, local1) = json.loads(out.stdout)
     assert samples0 == samples1 and reason0 == reason1 == "ci_target"

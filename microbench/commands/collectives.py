@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from pathlib import Path
 
 from ..cli import (
+    add_output_arguments,
     add_sampling_arguments,
     add_thread_level_argument,
-    agree_on_usage,
-    out_dir_problem,
+    checked_out_dir,
     policy_from_args,
     start_mpi,
     thread_level_name,
@@ -80,16 +78,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "(default 8:64MiB; --quick 8:1MiB:4). Allgather's size is each rank's contribution, "
         "reduce_scatter's each rank's result block",
     )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help=f"run directory for {RECORDS_FILE} (default runs/bench/<UTC date-time>)",
-    )
-    parser.add_argument(
-        "--append", action="store_true", help=f"add to an existing DIR/{RECORDS_FILE}"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no line per point, summary only")
+    add_output_arguments(parser, RECORDS_FILE)
     add_sampling_arguments(parser, FULL_POLICY, QUICK_POLICY)
     add_thread_level_argument(parser)
     return parser
@@ -105,9 +94,7 @@ def run(args: argparse.Namespace) -> int:
     root = comm.Get_rank() == 0
     policy = policy_from_args(args, FULL_POLICY, QUICK_POLICY)
     sizes = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)
-    out = args.out or Path("runs", "bench", time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
-    out = comm.bcast(out, root=0)
-    agree_on_usage(comm, out_dir_problem(out, RECORDS_FILE, args.append) if root else None)
+    out = checked_out_dir(args, RECORDS_FILE, comm)
 
     machine = machine_metadata(comm=comm)  # collective: every rank calls it
     settings = {

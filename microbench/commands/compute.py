@@ -7,10 +7,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from pathlib import Path
 
-from ..cli import UsageError, add_sampling_arguments, out_dir_problem, policy_from_args
+from ..cli import (
+    UsageError,
+    add_output_arguments,
+    add_sampling_arguments,
+    checked_out_dir,
+    policy_from_args,
+)
 from ..compute import (
     DEFAULT_BATCHES,
     FULL_POLICY,
@@ -140,16 +144,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=0.0,
         help="SGD momentum of the timed update, as pdlsim train takes it (default 0)",
     )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help=f"run directory for {RECORDS_FILE} (default runs/bench/<UTC date-time>)",
-    )
-    parser.add_argument(
-        "--append", action="store_true", help=f"add to an existing DIR/{RECORDS_FILE}"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no line per point, summary only")
+    add_output_arguments(parser, RECORDS_FILE)
     add_sampling_arguments(parser, FULL_POLICY, QUICK_POLICY)
     return parser
 
@@ -161,10 +156,7 @@ def run(args: argparse.Namespace) -> int:
 
     policy = policy_from_args(args, FULL_POLICY, QUICK_POLICY)
     threads = args.threads or _default_threads()
-    out = args.out or Path("runs", "bench", time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
-    problem = out_dir_problem(out, RECORDS_FILE, args.append)
-    if problem is not None:
-        raise UsageError(problem)
+    out = checked_out_dir(args, RECORDS_FILE)
     gpu = None
     if args.device in ("auto", "gpu"):
         gpu, why = find_gpu()

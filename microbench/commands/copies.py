@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from pathlib import Path
 
-from ..cli import UsageError, add_sampling_arguments, out_dir_problem, policy_from_args
+from ..cli import (
+    add_output_arguments,
+    add_sampling_arguments,
+    checked_out_dir,
+    policy_from_args,
+)
 from ..copies import DEFAULT_SIZES, FULL_POLICY, QUICK_POLICY, QUICK_SIZES
 from ..sizes import SizeError, format_bytes, parse_sizes
 
@@ -46,16 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--quick 4KiB:256MiB:4)",
     )
     parser.add_argument("--gpu", type=_nonnegative_int, default=0, help="GPU index (default 0)")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help=f"run directory for {RECORDS_FILE} (default runs/bench/<UTC date-time>)",
-    )
-    parser.add_argument(
-        "--append", action="store_true", help=f"add to an existing DIR/{RECORDS_FILE}"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no line per point, summary only")
+    add_output_arguments(parser, RECORDS_FILE)
     add_sampling_arguments(parser, FULL_POLICY, QUICK_POLICY)
     return parser
 
@@ -68,10 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
     policy = policy_from_args(args, FULL_POLICY, QUICK_POLICY)
     sizes = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)
-    out = args.out or Path("runs", "bench", time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
-    problem = out_dir_problem(out, RECORDS_FILE, args.append)
-    if problem is not None:
-        raise UsageError(problem)
+    out = checked_out_dir(args, RECORDS_FILE)
     gpu, why = find_gpu(args.gpu)
     if gpu is None:
         print(f"no GPU: host<->device copies skipped ({why})", flush=True)

@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from pathlib import Path
 
 from ..cli import (
+    add_output_arguments,
     add_sampling_arguments,
     agree_on_usage,
-    out_dir_problem,
+    checked_out_dir,
     policy_from_args,
     positive_float,
     start_mpi,
@@ -138,16 +137,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--threads", type=_threads, default=1, help="BLAS threads of the computation (1)"
     )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help=f"run directory for {RECORDS_FILE} (default runs/bench/<UTC date-time>)",
-    )
-    parser.add_argument(
-        "--append", action="store_true", help=f"add to an existing DIR/{RECORDS_FILE}"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no line per point, summary only")
+    add_output_arguments(parser, RECORDS_FILE)
     add_sampling_arguments(parser, FULL_POLICY, QUICK_POLICY)
     return parser
 
@@ -162,9 +152,7 @@ def run(args: argparse.Namespace) -> int:
     comm = mpi.COMM_WORLD
     ranks, root = comm.Get_size(), comm.Get_rank() == 0
     policy = policy_from_args(args, FULL_POLICY, QUICK_POLICY)
-    out = args.out or Path("runs", "bench", time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
-    out = comm.bcast(out, root=0)
-    agree_on_usage(comm, out_dir_problem(out, RECORDS_FILE, args.append) if root else None)
+    out = checked_out_dir(args, RECORDS_FILE, comm)
 
     set_threads(args.threads)
     machine = machine_metadata(comm=comm, threads=args.threads)  # collective

@@ -8,9 +8,8 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from ..cli import agree_on_usage, out_dir_problem, start_mpi, thread_level_name
+from ..cli import add_output_arguments, checked_out_dir, start_mpi, thread_level_name
 from ..jitter import (
     FULL_SAMPLES,
     FULL_WARMUP,
@@ -82,15 +81,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help=f"untimed steps first (default {FULL_WARMUP}, --quick {QUICK_WARMUP})",
     )
     parser.add_argument("--quick", action="store_true", help="fewer samples, for a first look")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help=f"run directory for {RECORDS_FILE} (default runs/bench/<UTC date-time>)",
-    )
-    parser.add_argument(
-        "--append", action="store_true", help=f"add to an existing DIR/{RECORDS_FILE}"
-    )
+    add_output_arguments(parser, RECORDS_FILE, quiet=False)
     return parser
 
 
@@ -107,9 +98,7 @@ def run(args: argparse.Namespace) -> int:
     workload: Workload = args.model  # argparse converts the default too
     samples = args.samples or (QUICK_SAMPLES if args.quick else FULL_SAMPLES)
     warmup = args.warmup or (QUICK_WARMUP if args.quick else FULL_WARMUP)
-    out = args.out or Path("runs", "bench", time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
-    out = comm.bcast(out, root=0)
-    agree_on_usage(comm, out_dir_problem(out, RECORDS_FILE, args.append) if root else None)
+    out = checked_out_dir(args, RECORDS_FILE, comm)
 
     set_threads(args.threads)
     machine = machine_metadata(comm=comm, threads=args.threads)  # collective
