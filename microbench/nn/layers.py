@@ -16,6 +16,7 @@ its dict. 2-D activations are channels-last ``(batch, height, width, channels)``
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ def _empty(xp: Any, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
     return xp.empty(shape, dtype=dtype)
 
 
-class Op:
+class Op(ABC):
     """One layer (or a fused group led by ``info``), on per-sample ``in_shape`` activations."""
 
     weight_shape: tuple[int, ...] | None = None
@@ -50,12 +51,13 @@ class Op:
         """Buffers for ``batch`` samples; without ``training``, none for the backward pass."""
         return {}
 
+    @abstractmethod
     def forward(self, x: Any, buf: Buffers) -> Any:
-        raise NotImplementedError
+        """This op's output for ``x``, keeping in ``buf`` what backward needs."""
 
+    @abstractmethod
     def backward(self, dy: Any, buf: Buffers) -> Any:
         """The input gradient; None where the op needs none (the first parametric layer)."""
-        raise NotImplementedError
 
     def _dx(self, xp: Any, batch: int, training: bool) -> Any:
         need = training and self.info.needs_input_grad
