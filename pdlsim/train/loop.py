@@ -96,17 +96,12 @@ def train(
     train_set, test_set = prepare_data(config, workload)
     steps = steps_per_epoch(config, len(train_set))
     rank, size, batch = comm.rank, comm.size, config.batch_per_rank
-    xp, sync = device.xp, device.synchronize
 
     net = Network(
-        workload, seed=config.seed, init=config.init, xp=xp, backend=device.kernel_backend
+        workload, seed=config.seed, init=config.init, xp=device.xp, backend=device.kernel_backend
     )
-    opt = SGD(config.effective_lr, config.momentum, xp=xp)
-    x_host = np.empty((batch, *workload.input_shape), dtype=np.float32)
-    y_host = np.empty(batch, dtype=train_set.y.dtype)
-    staging = None
-    if device.kind == "gpu" and config.pinned:
-        staging = pinned_empty(x_host.shape, x_host.dtype)
+    opt = SGD(config.effective_lr, config.momentum, xp=device.xp)
+    step_once = _Stepper(net, opt, comm, device, train_set, batch, pinned=config.pinned)
 
     ranks_per_node = comm.ranks_per_node()
     run_info = {
@@ -134,33 +129,7 @@ def train(
             epoch_start = time.perf_counter()
             for step in range(steps):
                 start = step * config.global_batch + rank * batch
-                t0 = time.perf_counter()
-                index = permutation[start : start + batch]
-                np.take(train_set.x, index, axis=0, out=x_host)
-                np.take(train_set.y, index, axis=0, out=y_host)
-                t1 = time.perf_counter()
-                x, y = device.to_device(x_host, staging), device.to_device(y_host)
-                sync()
-                t2 = time.perf_counter()
-                loss, correct = net.forward(x, y)
-                sync()
-                t3 = time.perf_counter()
-                net.backward()
-                sync()
-                t4 = time.perf_counter()
-                if size > 1:
-                    comm.barrier()
-                    t5 = time.perf_counter()
-                    comm.allreduce_sum_(net.grads)
-                    t6 = time.perf_counter()
-                    net.grads *= np.float32(1.0 / size)
-                else:
-                    t5 = t6 = t4
-                opt.step(net.params, net.grads)
-                sync()
-                t7 = time.perf_counter()
-
-                phases = dict(zip(PHASES, np.diff([t0, t1, t2, t3, t4, t5, t6, t7]), strict=True))
+                loss, correct, phases = step_once(permutation[start : start + batch])
                 for name, seconds in phases.items():
                     phase_sum[name] += seconds
                 loss_sum += loss
@@ -176,7 +145,7 @@ def train(
                         "batch": batch,
                         "loss": loss,
                         "correct": int(correct),
-                        "step_s": t7 - t0,
+                        "step_s": sum(phases.values()),
                         "phases_s": phases,
                     }
                 )
@@ -208,6 +177,58 @@ def train(
                     f"{epoch_time:.2f} s, {epoch_result.samples_per_s:,.0f} samples/s"
                 )
     return result
+
+
+class _Stepper:
+    """One synchronous data-parallel step on this rank, timed phase by phase (:data:`PHASES`).
+
+    Every phase ends with the device synchronised, so a phase's time is its own work."""
+
+    def __init__(
+        self,
+        net: Network,
+        opt: SGD,
+        comm: Any,
+        device: Device,
+        data: Dataset,
+        batch: int,
+        pinned: bool,
+    ) -> None:
+        self.net, self.opt, self.comm, self.device, self.data = net, opt, comm, device, data
+        self.x_host = np.empty((batch, *data.x.shape[1:]), dtype=np.float32)
+        self.y_host = np.empty(batch, dtype=data.y.dtype)
+        self.staging = None
+        if device.kind == "gpu" and pinned:
+            self.staging = pinned_empty(self.x_host.shape, self.x_host.dtype)
+
+    def __call__(self, index: np.ndarray) -> tuple[float, int, dict[str, float]]:
+        """Train on samples ``index``: (local mean loss, correct predictions, phase seconds)."""
+        net, comm, device, sync = self.net, self.comm, self.device, self.device.synchronize
+        t0 = time.perf_counter()
+        np.take(self.data.x, index, axis=0, out=self.x_host)
+        np.take(self.data.y, index, axis=0, out=self.y_host)
+        t1 = time.perf_counter()
+        x, y = device.to_device(self.x_host, self.staging), device.to_device(self.y_host)
+        sync()
+        t2 = time.perf_counter()
+        loss, correct = net.forward(x, y)
+        sync()
+        t3 = time.perf_counter()
+        net.backward()
+        sync()
+        t4 = time.perf_counter()
+        t5 = t6 = t4
+        if comm.size > 1:
+            comm.barrier()
+            t5 = time.perf_counter()
+            comm.allreduce_sum_(net.grads)
+            t6 = time.perf_counter()
+            net.grads *= np.float32(1.0 / comm.size)
+        self.opt.step(net.params, net.grads)
+        sync()
+        t7 = time.perf_counter()
+        seconds = np.diff([t0, t1, t2, t3, t4, t5, t6, t7])
+        return loss, correct, dict(zip(PHASES, seconds.tolist(), strict=True))
 
 
 def _evaluate(net: Network, test_set: Dataset, rank: int, size: int, device: Device) -> tuple:
