@@ -108,7 +108,7 @@ def resolve_profile(name: str | None) -> tuple[Profile, str]:
     try:
         return load_profile(name), name
     except ProfileError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(f"--profile: {exc}") from None
 
 
 def resolve_network(cfg: PredictConfig, profile_has_inter: bool) -> NetworkPreset | None:
@@ -130,8 +130,15 @@ def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict
 
     if cfg.nodes < 1:
         raise UserError(f"--nodes must be at least 1, got {cfg.nodes}")
-    if cfg.gpus < 0 or cfg.batch < 1 or cfg.bucket_mb <= 0 or cfg.samples < 1:
-        raise UserError("--gpus must be >= 0, --batch, --bucket-mb and --samples positive")
+    for flag, value, ok in (
+        ("--gpus", cfg.gpus, cfg.gpus >= 0),
+        ("--batch", cfg.batch, cfg.batch >= 1),
+        ("--bucket-mb", cfg.bucket_mb, cfg.bucket_mb > 0),
+        ("--samples", cfg.samples, cfg.samples >= 1),
+    ):
+        if not ok:
+            least = "0 or more" if flag == "--gpus" else "positive"
+            raise UserError(f"{flag} must be {least}, got {value}")
     profile, profile_name = resolve_profile(cfg.profile)
     workload = load_workload(cfg.model)
     has_inter = any(r.inter is not None for r in _regimes(profile))
