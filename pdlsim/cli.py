@@ -107,11 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     from pdlsim.predict import add_predict_parser
     from pdlsim.sweep import add_sweep_parser
     from pdlsim.train.cli import add_train_parser
+    from pdlsim.validate import add_validate_parser
 
     add_calibrate_parser(commands)
     add_predict_parser(commands)
     add_sweep_parser(commands)
     add_train_parser(commands)
+    add_validate_parser(commands)
     return parser
 
 

@@ -19,6 +19,12 @@
   profile's fitted inter-node parameters when it has them and no network is given; the receiver
   reduces at a third of its memory bandwidth (two reads, one write per byte): the profile's
   triad bandwidth for CPU ranks, the preset's HBM for GPU ranks.
+* **Whole-step correction.** Ops timed one at a time add up to less than the same ops run back
+  to back as one training step (caches and allocator state differ). Where the profile's compute
+  table holds whole-step rows (phase ``step``, per model, batch and threads, measured by the
+  compute microbenchmark), the compute time is multiplied by the median, per thread count, of
+  measured step / sum of this model's predicted ops for that step (:meth:`step_ratios`; the
+  nearest measured thread count below otherwise). No step rows: no correction.
 * **Copies.** The profile's transfer model, else the preset's PCIe per-direction rate times
   :data:`PINNED_EFFICIENCY` or :data:`PAGEABLE_EFFICIENCY` plus :data:`COPY_LATENCY_S` (assumed).
 * **Jitter.** The profile's :class:`calibration.jitter.JitterModel` behind the simulator's
@@ -158,6 +164,7 @@ class ProfileCostModel:
     overlap_efficiency: float
     overlap_interval: Interval | None = None
     provenance: dict[str, str] = field(default_factory=dict)
+    step_ratio: dict[tuple[str, int], float] = field(default_factory=dict)
 
     @classmethod
     def from_profile(
@@ -202,13 +209,57 @@ class ProfileCostModel:
         prov["overlap"] = f"profile ({method} method, {bucket_bytes} B)"
         jitter_doc = profile.models.get("jitter")
         jitter = ProfileJitter(profile.model("jitter")) if jitter_doc else None
-        return cls(
+        model = cls(
             compute, regimes, inter, source, transfer, gpu, device, mem_bw, jitter, efficiency,
             _overlap_interval(overlap, bucket_bytes, method), prov,
         )  # fmt: skip
+        ratios = model.step_ratios()
+        if ratios:
+            prov["compute"] += " x whole-step/sum-of-ops " + ", ".join(
+                f"{d} T{t} {r:.3f}" for (d, t), r in sorted(ratios.items())
+            )
+        return replace(model, step_ratio=ratios)
+
+    def step_ratios(self) -> dict[tuple[str, int], float]:
+        """Median over the profile's whole-step rows of measured step / sum of predicted ops,
+        per (device, threads); rows of a model that is not a preset workload are skipped."""
+        from microbench.workload import load_workload
+
+        found: dict[tuple[str, int], list[float]] = {}
+        for e in getattr(self.compute, "table_", []):
+            if e.phase != "step" or e.device not in self.compute.devices:
+                continue
+            try:
+                layers = load_workload(e.model).layers
+            except Exception:  # noqa: BLE001 - a workload file not at hand: no ratio from it
+                continue
+            ops = sum(
+                self._raw_compute(layer, phase, e.batch, e.threads, e.device)
+                for layer in layers
+                for phase in ("forward", "backward", "update")
+                if phase != "update" or layer.param_count > 0
+            )
+            if ops > 0:
+                found.setdefault((e.device, e.threads), []).append(e.time_s / ops)
+        return {k: float(np.median(v)) for k, v in found.items()}
+
+    def _step_factor(self, device: str, threads: int) -> float:
+        have = [t for d, t in self.step_ratio if d == device]
+        if not have:
+            return 1.0
+        below = [t for t in have if t <= threads]
+        return self.step_ratio[(device, max(below) if below else min(have))]
 
     # ---------------------------------------------------------------------------- compute
     def compute_time(
+        self, layer: LayerInfo, phase: str, batch: int, threads: int, device: str
+    ) -> float:
+        raw = self._raw_compute(layer, phase, batch, threads, device)
+        if device == "gpu" and "gpu" not in self.compute.devices:
+            return raw
+        return raw * self._step_factor(device, 1 if device == "gpu" else threads)
+
+    def _raw_compute(
         self, layer: LayerInfo, phase: str, batch: int, threads: int, device: str
     ) -> float:
         if phase == "update":

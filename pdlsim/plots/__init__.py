@@ -33,8 +33,9 @@ from pdlsim.plots.calibration import (  # noqa: E402
     transfer_figure,
 )
 from pdlsim.plots.scaling import plot_scaling  # noqa: E402
+from pdlsim.plots.validation import plot_validation  # noqa: E402
 
-__all__ = ["plot_calibration", "plot_scaling", "save_figure"]
+__all__ = ["plot_calibration", "plot_scaling", "plot_validation", "save_figure"]
 
 
 def save_figure(figure: Figure, path: Path, fmt: str) -> Path:
