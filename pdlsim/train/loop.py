@@ -3,7 +3,8 @@
 Per step, each rank takes its slice of the global mini-batch (rank r gets samples
 [r*B, (r+1)*B) of the P x B global batch, drawn from one permutation that every rank computes
 from the seed), runs forward and backward, waits at a barrier for the slowest rank, sums the
-flat gradient with one in-place ``Allreduce``, divides by P and applies the same SGD update.
+flat gradient with one in-place ``Allreduce`` and applies the same SGD update with the
+learning rate divided by P (the mean gradient, without a pass to divide it).
 That makes P ranks of batch B compute exactly the update one process computes with batch P x B,
 up to float32 rounding: the loss curves agree, and the tests check it.
 
@@ -100,7 +101,10 @@ def train(
     net = Network(
         workload, seed=config.seed, init=config.init, xp=device.xp, backend=device.kernel_backend
     )
-    opt = SGD(config.effective_lr, config.momentum, xp=device.xp)
+    # The allreduce leaves the SUM of the P ranks' gradients; a learning rate divided by P
+    # applies their mean without another pass over the gradients (with momentum too: the
+    # velocity is then P times larger and the step the same).
+    opt = SGD(config.effective_lr / size, config.momentum, xp=device.xp)
     step_once = _Stepper(net, opt, comm, device, train_set, batch, pinned=config.pinned)
 
     ranks_per_node = comm.ranks_per_node()
@@ -223,7 +227,6 @@ class _Stepper:
             t5 = time.perf_counter()
             comm.allreduce_sum_(net.grads)
             t6 = time.perf_counter()
-            net.grads *= np.float32(1.0 / comm.size)
         self.opt.step(net.params, net.grads)
         sync()
         t7 = time.perf_counter()
