@@ -38,8 +38,8 @@ import numpy as np
 from .cli import BenchmarkError
 from .measurement import Measurement
 from .records import RecordWriter
-from .sampling import SamplingPolicy, measure, timed
-from .sizes import format_bytes, size_range
+from .sampling import SamplingPolicy, measure, report_point, timed
+from .sizes import format_bytes, format_time, size_range
 
 __all__ = [
     "DEFAULT_SIZES",
@@ -274,11 +274,10 @@ def run_collectives(
             )
             del operation  # free this size's buffers before the next size allocates its own
             results.append(result)
-            if writer is not None:
-                writer.write(result.to_record(policy=point_policy.to_dict(), clock="perf_counter"))
-            if progress is not None:
-                progress.write(_progress_line(result) + "\n")
-                progress.flush()
+            label = f"{result.name:<15}{format_bytes(result.params['bytes']):>10}"
+            report_point(
+                result, writer, progress, label, policy=point_policy.to_dict(), clock="perf_counter"
+            )
     return results
 
 
@@ -292,22 +291,6 @@ def _report_skip(
         size = format_bytes(params["bytes"])
         progress.write(f"{params['op']:<15}{size:>10}  skipped: {reason}\n")
         progress.flush()
-
-
-def format_time(seconds: float) -> str:
-    """Seconds with an SI prefix: 4.21 us, 12.3 ms."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
-
-
-def _progress_line(m: Measurement) -> str:
-    ci = m.median_ci()
-    return (
-        f"{m.name:<15}{format_bytes(m.params['bytes']):>10}  median {format_time(m.median):>9}"
-        f"  95% CI [{format_time(ci.low)}, {format_time(ci.high)}]  n={m.n:<5} {m.stop_reason}"
-    )
 
 
 # ---------------------------------------------------------------------------- summary

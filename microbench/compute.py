@@ -29,11 +29,11 @@ from typing import Any, TextIO
 import numpy as np
 
 from microbench.cli import BenchmarkError
-from microbench.collectives import format_time
 from microbench.gpu import Gpu, event_timed
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter
-from microbench.sampling import SamplingPolicy, measure, timed
+from microbench.sampling import SamplingPolicy, measure, report_point, timed
+from microbench.sizes import format_time
 from microbench.threads import available_cores, set_threads
 from microbench.workload import Workload
 
@@ -133,11 +133,9 @@ def run_compute(
         if point.cleanup is not None:
             point.cleanup()
         results.append(m)
-        if writer is not None:
-            writer.write(m.to_record(policy=plan.policy.to_dict(), clock=target.clock))
-        if progress is not None:
-            progress.write(_progress_line(m) + "\n")
-            progress.flush()
+        report_point(
+            m, writer, progress, _label(m), policy=plan.policy.to_dict(), clock=target.clock
+        )
         return m
 
     if plan.cpu:
@@ -210,7 +208,7 @@ def _run_target(
             gpu.release_pools()
 
 
-def _progress_line(m: Measurement) -> str:
+def _label(m: Measurement) -> str:
     p = m.params
     where = f"{p['device']} t={p['threads']}"
     if m.name == "op":
@@ -219,11 +217,7 @@ def _progress_line(m: Measurement) -> str:
         what = f"gemm {p['n']}^3  {p['flops'] / m.median / 1e9:.1f} GFLOP/s"
     else:
         what = f"triad {p['bytes'] / 2**20:.0f} MiB  {p['bytes'] / m.median / 1e9:.2f} GB/s"
-    ci = m.median_ci()
-    return (
-        f"{where:<10} {what:<48} median {format_time(m.median):>9}  "
-        f"95% CI [{format_time(ci.low)}, {format_time(ci.high)}]  n={m.n:<4} {m.stop_reason}"
-    )
+    return f"{where:<10} {what:<48}"
 
 
 # ---------------------------------------------------------------------------------- summary

@@ -20,12 +20,11 @@ from typing import Any, TextIO
 import numpy as np
 
 from microbench.cli import BenchmarkError
-from microbench.collectives import format_time
 from microbench.gpu import Gpu, event_timed
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter
-from microbench.sampling import SamplingPolicy, measure
-from microbench.sizes import format_bytes, size_range
+from microbench.sampling import SamplingPolicy, measure, report_point
+from microbench.sizes import format_bytes, format_time, size_range
 
 __all__ = [
     "DEFAULT_SIZES",
@@ -125,24 +124,16 @@ def run_copies(
                 del copy
                 gpu.release_pools()
                 results.append(m)
-                if writer is not None:
-                    writer.write(m.to_record(policy=point_policy.to_dict(), clock="cuda_event"))
-                if progress is not None:
-                    progress.write(_progress_line(m) + "\n")
-                    progress.flush()
+                recorded = point_policy.to_dict()
+                report_point(m, writer, progress, _label(m), policy=recorded, clock="cuda_event")
     return results
 
 
-def _progress_line(m: Measurement) -> str:
+def _label(m: Measurement) -> str:
     p = m.params
     kind = "pinned" if p["pinned"] else "pageable"
     rate = p["bytes"] / m.median / 1e9
-    ci = m.median_ci()
-    return (
-        f"{p['direction']:<4}{kind:>9}{format_bytes(p['bytes']):>10}  median "
-        f"{format_time(m.median):>9}  {rate:8.2f} GB/s  95% CI [{format_time(ci.low)}, "
-        f"{format_time(ci.high)}]  n={m.n:<4} {m.stop_reason}"
-    )
+    return f"{p['direction']:<4}{kind:>9}{format_bytes(p['bytes']):>10}  {rate:8.2f} GB/s"
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ __all__ = [
     "SamplingPolicy",
     "StopReason",
     "measure",
+    "report_point",
     "time_loop",
     "timed",
     "timer_overhead",
@@ -260,3 +261,21 @@ def _resolution_s(clock: Clock) -> float | None:
         except Exception:
             return None
     return None
+
+
+def report_point(
+    m: Measurement, writer: Any, progress: Any, label: str, **record_extra: Any
+) -> None:
+    """Write a finished point's record at once (an interrupted run keeps it) and print its
+    progress line: ``label``, then the median with its 95% interval, n and the stop reason."""
+    from .sizes import format_time
+
+    if writer is not None:
+        writer.write(m.to_record(**record_extra))
+    if progress is not None:
+        ci = m.median_ci()
+        progress.write(
+            f"{label}  median {format_time(m.median):>9}  95% CI [{format_time(ci.low)}, "
+            f"{format_time(ci.high)}]  n={m.n:<4} {m.stop_reason}\n"
+        )
+        progress.flush()

@@ -109,3 +109,11 @@ def format_bytes(n: int) -> str:
             value = n / factor
             return f"{value:.0f} {unit}" if n % factor == 0 else f"{value:.4g} {unit}"
     return f"{n} B"
+
+
+def format_time(seconds: float) -> str:
+    """Seconds with an SI prefix: 4.21 us, 12.3 ms."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
