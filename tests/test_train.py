@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from microbench.records import load_dataframe, read_records
+from pdlsim.train.cli import format_memory
 from pdlsim.train.comm import LocalComm
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.device import Device, cpu_device
-from pdlsim.train.loop import PHASES, train
+from pdlsim.train.loop import PHASES, device_pool_bytes, train
 from tests.conftest import MPI_TIMEOUT_S, mpiexec, run_pdlsim
 
 SMALL = {
@@ -266,3 +269,67 @@ def test_ctrl_c_or_sigterm_stops_all_ranks_within_seconds(tmp_path, sig, status,
     time.sleep(1)
     assert not any(_alive(pid) for pid in rank_pids), "a rank outlived the run"
     assert len(load_dataframe(out, type="train_step")) >= 10
+
+
+MLP_PARAM_BYTES = 4 * 235_146
+
+
+def test_peak_memory_and_model_state_bytes_are_recorded_serial_and_mpi(tmp_path):
+    """Model-state bytes follow from the shapes (mlp 784-256-128-10, batch 16, momentum: one
+    velocity); the measured peak holds at least them; both reach the records and the summary."""
+    config = TrainConfig(model="mlp", batch_per_rank=16, samples=256, test_samples=32)
+    config = dataclasses.replace(config, momentum=0.9, epochs=2)
+    result = train(config, LocalComm(), cpu_device(), tmp_path / "serial", log=lambda line: None)
+    activations = 16 * (256 + 128 + 256 + 10 + 128 + 10) * 4  # outputs, input grads, dlogits
+    host_batch = 16 * 784 * 4 + 16 * 8  # float32 images and int64 labels
+    state = result.epochs[-1].model_state_bytes
+    assert state == {
+        "weights": MLP_PARAM_BYTES,
+        "gradients": MLP_PARAM_BYTES,
+        "optimizer_state": MLP_PARAM_BYTES,
+        "activations": activations,
+        "buffers": host_batch,
+        "total": 3 * MLP_PARAM_BYTES + activations + host_batch,
+    }
+    _, records = read_records(tmp_path / "serial" / "rank0.jsonl")
+    epochs = [r for r in records if r["type"] == "train_epoch"]
+    assert len(epochs) == 2
+    for record in epochs:
+        assert record["peak_rss_bytes"] == record["peak_rss_bytes_max"] >= state["total"]
+        assert record["device_pool_bytes"] is None and record["device_pool_bytes_max"] is None
+    assert epochs[1]["peak_rss_bytes"] >= epochs[0]["peak_rss_bytes"]  # a high-water mark
+
+    out = tmp_path / "mpi"
+    run = run_pdlsim("train", "--procs", "2", "--batch", "8", "--out", str(out), *SMALL["mlp"])
+    assert run.returncode == 0, run.stderr
+    frame = load_dataframe(out, type="train_epoch")
+    assert set(frame["rank"]) == {0, 1}
+    assert (frame["peak_rss_bytes"] >= MLP_PARAM_BYTES).all()
+    assert (frame["peak_rss_bytes_max"] == frame["peak_rss_bytes"].max()).all()
+    assert (frame["model_state_bytes.weights"] == MLP_PARAM_BYTES).all()
+    assert (frame["model_state_bytes.optimizer_state"] == 0).all()  # no momentum: no velocity
+    peak_mib = frame["peak_rss_bytes_max"].iloc[0] / 2**20
+    assert f"peak memory per rank {peak_mib:.1f} MiB resident (max over ranks)" in run.stdout
+    total = 2 * MLP_PARAM_BYTES + 8 * 788 * 4 + 8 * (784 * 4 + 8)  # batch 8, no velocity
+    assert (frame["model_state_bytes.total"] == total).all()
+    assert f"model state {total / 2**20:.2f} MiB (weights 0.90, gradients 0.90" in run.stdout
+
+
+def test_the_gpu_pool_is_read_only_where_there_is_one():
+    pool = types.SimpleNamespace(total_bytes=lambda: 123_456_789)
+    fake = types.SimpleNamespace(get_default_memory_pool=lambda: pool)
+    gpu = Device(kind="gpu", xp=fake, name="fake", synchronize=lambda: None)
+    assert device_pool_bytes(gpu) == 123_456_789
+    assert device_pool_bytes(cpu_device()) is None
+    assert device_pool_bytes(dataclasses.replace(gpu, xp=np)) is None  # numpy: no pool
+    summary = format_memory(
+        types.SimpleNamespace(
+            peak_rss_bytes_max=300 * 2**20,
+            device_pool_bytes_max=123_456_789,
+            model_state_bytes={"weights": 2**20, "gradients": 2**20, "total": 2 * 2**20},
+        )
+    )
+    assert summary == (
+        "peak memory per rank 300.0 MiB resident, GPU pool 117.7 MiB (max over ranks); "
+        "model state 2.00 MiB (weights 1.00, gradients 1.00)"
+    )

@@ -14,7 +14,7 @@ from microbench.errors import UserError
 from microbench.fileio import atomic_write_text
 from microbench.threads import oversubscription, set_threads
 from pdlsim.launch import Stopped, launch_ranks, under_mpi_launcher
-from pdlsim.train.config import DEVICES, TrainConfig
+from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig
 
 if TYPE_CHECKING:
     from pdlsim.train.loop import TrainResult
@@ -31,7 +31,9 @@ def add_train_parser(commands: Any) -> None:
             "per-rank batch B; with P ranks the global batch is P x B and one step consumes "
             "P x B samples. The learning rate is not scaled with P unless --scale-lr is given. "
             "With --procs > 1 this command starts mpiexec itself; it also runs as one rank "
-            "of a job you start with your own mpiexec or srun."
+            "of a job you start with your own mpiexec or srun. --parallel model splits the "
+            "dense layers' neurons over the ranks instead: every rank computes the same batch "
+            "B, which is then the global batch. --inference times the forward pass only."
         ),
     )
     p.add_argument("--model", default="mlp", metavar="NAME|PATH", help="workload (default: mlp)")
@@ -44,7 +46,12 @@ def add_train_parser(commands: Any) -> None:
     p.add_argument("--threads", type=positive_int, default=1, help="BLAS/numba threads per rank")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="cpu (default) or gpu (CuPy)")
     p.add_argument("--epochs", type=positive_int, default=1)
-    p.add_argument("--batch", type=positive_int, default=32, help="per-rank batch B (default 32)")
+    p.add_argument(
+        "--batch",
+        type=positive_int,
+        default=32,
+        help="per-rank batch B (default 32); with --parallel model the batch all ranks share",
+    )
     p.add_argument(
         "--lr", type=non_negative_float, default=0.02, help="learning rate (default 0.02)"
     )
@@ -63,6 +70,31 @@ def add_train_parser(commands: Any) -> None:
     p.add_argument("--init", choices=("he", "xavier"), default="he", help="weight init")
     p.add_argument("--pinned", action="store_true", help="GPU: copy batches from pinned memory")
     p.add_argument("--out", type=Path, default=None, help="run directory for the records")
+    p.add_argument(
+        "--checkpoint-every",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="write a checkpoint (weights, optimizer, data order) into --out every N optimizer "
+        "steps, counted across epochs, and at the end",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its latest checkpoint (same settings required)",
+    )
+    p.add_argument(
+        "--parallel",
+        choices=PARALLEL_MODES,
+        default="data",
+        help="data (default: a replica per rank, gradients allreduced) or model (dense layers' "
+        "output neurons split over the ranks, activations gathered, one shared batch)",
+    )
+    p.add_argument(
+        "--inference",
+        action="store_true",
+        help="time the forward pass (and loss) only: no backward, no update",
+    )
     p.set_defaults(handler=run_train_command)
 
 
@@ -71,6 +103,21 @@ def config_from_args(args: argparse.Namespace, procs: int) -> TrainConfig:
         raise UserError(f"--momentum must be below 1, got {args.momentum}")
     if args.lr == 0:
         raise UserError("--lr must be above 0")
+    checkpointing = args.checkpoint_every is not None or args.resume
+    if args.parallel == "model" and args.scale_lr:
+        raise UserError(
+            "--scale-lr is for data parallelism (its global batch grows with P); model "
+            "parallelism keeps the batch: drop --scale-lr"
+        )
+    if args.parallel == "model" and checkpointing:
+        raise UserError(
+            "--checkpoint-every/--resume are for data parallelism; drop them with --parallel model"
+        )
+    if args.inference and checkpointing:
+        raise UserError(
+            "--inference trains nothing, so there is nothing to checkpoint: drop "
+            "--checkpoint-every/--resume"
+        )
     return TrainConfig(
         model=args.model,
         procs=procs,
@@ -88,10 +135,13 @@ def config_from_args(args: argparse.Namespace, procs: int) -> TrainConfig:
         max_steps_per_epoch=args.max_steps,
         pinned=args.pinned,
         init=args.init,
+        checkpoint_every=args.checkpoint_every,
+        parallel=args.parallel,
+        inference=args.inference,
     )
 
 
-def config_to_args(config: TrainConfig, out: Path) -> list[str]:
+def config_to_args(config: TrainConfig, out: Path, resume: bool = False) -> list[str]:
     """The command-line arguments that make a rank run ``config`` into ``out``."""
     args = ["train", "--model", config.model, "--procs", str(config.procs)]
     args += ["--threads", str(config.threads), "--device", config.device]
@@ -103,13 +153,17 @@ def config_to_args(config: TrainConfig, out: Path) -> list[str]:
         args += ["--samples", str(config.samples)]
     if config.max_steps_per_epoch is not None:
         args += ["--max-steps", str(config.max_steps_per_epoch)]
+    if config.checkpoint_every is not None:
+        args += ["--checkpoint-every", str(config.checkpoint_every)]
     args += ["--scale-lr"] * config.scale_lr + ["--pinned"] * config.pinned
-    return args
+    args += ["--parallel", config.parallel] + ["--inference"] * config.inference
+    return args + ["--resume"] * resume
 
 
 def default_run_dir(config: TrainConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     name = f"{Path(config.model).stem}-{config.mode.replace('+', '-')}"
+    name += "-model" * (config.parallel == "model") + "-inference" * config.inference
     return Path("runs") / "train" / f"{name}-p{config.procs}t{config.threads}-{stamp}"
 
 
@@ -118,10 +172,25 @@ def check_run_dir(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--out {run_dir} is a file; give a directory for the run's records")
     if run_dir.is_dir() and any(run_dir.glob("*.jsonl")):
+        from pdlsim.train.checkpoint import list_checkpoints
+
+        resume = ", or add --resume to continue it" if list_checkpoints(run_dir) else ""
         raise UserError(
             f"--out {run_dir} already holds records; choose a new directory (nothing is "
-            "overwritten)"
+            f"overwritten){resume}"
         )
+
+
+def resume_checkpoint(run_dir: Path | None, config: TrainConfig) -> Path:
+    """The checkpoint ``--resume`` continues from, checked against ``config`` (UserError)."""
+    from microbench.workload import load_workload
+    from pdlsim.train.checkpoint import check_resumable, latest_checkpoint, read_header
+
+    if run_dir is None:
+        raise UserError("--resume needs --out DIR, the run directory to continue")
+    path = latest_checkpoint(run_dir)
+    check_resumable(read_header(path), config, load_workload(config.model).to_dict(), path)
+    return path
 
 
 def run_train_command(args: argparse.Namespace) -> int:
@@ -129,35 +198,45 @@ def run_train_command(args: argparse.Namespace) -> int:
         return _run_as_rank(args)
     config = config_from_args(args, procs=args.procs or 1)
     run_dir = args.out or default_run_dir(config)
-    check_run_dir(run_dir)
+    resume = resume_checkpoint(args.out, config) if args.resume else None
+    if resume is None:
+        check_run_dir(run_dir)
     _validate(config)
     warning = oversubscription(config.procs, config.threads)
     if warning:
         print(f"pdlsim: warning: {warning}", file=sys.stderr)
     if config.procs == 1:
-        return _run_local(config, run_dir)
+        return _run_local(config, run_dir, resume)
     try:
-        status = launch_ranks(config_to_args(config, run_dir), config.procs, config.threads)
+        child_args = config_to_args(config, run_dir, resume=args.resume)
+        status = launch_ranks(child_args, config.procs, config.threads)
     except KeyboardInterrupt:
         print(
-            f"pdlsim: interrupted; all ranks stopped; records so far are in {run_dir}",
+            f"pdlsim: interrupted; all ranks stopped; records so far are in {run_dir}"
+            + _resume_hint(config),
             file=sys.stderr,
         )
         return 130
     except Stopped as stopped:
         print(
-            f"pdlsim: stopped by {stopped}; all ranks stopped; records so far are in {run_dir}",
+            f"pdlsim: stopped by {stopped}; all ranks stopped; records so far are in {run_dir}"
+            + _resume_hint(config),
             file=sys.stderr,
         )
         return 128 + stopped.signum
     if status != 0:
         print(
             f"pdlsim: error: training stopped: mpiexec exited with status {status} (a rank "
-            f"failed or was killed); the records written so far are in {run_dir}",
+            f"failed or was killed); the records written so far are in {run_dir}"
+            + _resume_hint(config),
             file=sys.stderr,
         )
         return 2 if status == 2 else 1
     return 0
+
+
+def _resume_hint(config: TrainConfig) -> str:
+    return "; continue from its last checkpoint with --resume" if config.checkpoint_every else ""
 
 
 def _validate(config: TrainConfig) -> None:
@@ -170,21 +249,48 @@ def _validate(config: TrainConfig) -> None:
         gpu_device()
     workload = load_workload(config.model)
     train_set, _ = prepare_data(config, workload)
-    steps_per_epoch(config, len(train_set))
+    if config.parallel == "model":
+        from pdlsim.train.model_loop import model_steps_per_epoch
+        from pdlsim.train.model_parallel import check_splittable
+
+        check_splittable(workload, config.procs)
+        model_steps_per_epoch(config, len(train_set))
+    else:
+        steps_per_epoch(config, len(train_set))
 
 
-def _run_local(config: TrainConfig, run_dir: Path) -> int:
+def _train(
+    config: TrainConfig,
+    comm: Any,
+    device: Any,
+    run_dir: Path,
+    log: Any = print,
+    resume: Path | None = None,
+) -> TrainResult:
+    """The data-parallel loop, or the model-parallel one (which never resumes)."""
+    if config.parallel == "model":
+        from pdlsim.train.model_loop import train_model_parallel
+
+        return train_model_parallel(config, comm, device, run_dir, log=log)
+    from pdlsim.train.loop import train
+
+    return train(config, comm, device, run_dir, log=log, resume=resume)
+
+
+def _run_local(config: TrainConfig, run_dir: Path, resume: Path | None) -> int:
     from pdlsim.train.comm import LocalComm
     from pdlsim.train.device import cpu_device, gpu_device
-    from pdlsim.train.loop import train
 
     set_threads(config.threads)
     device = gpu_device() if config.device == "gpu" else cpu_device()
     print(_banner(config, run_dir))
     try:
-        result = train(config, LocalComm(), device, run_dir)
+        result = _train(config, LocalComm(), device, run_dir, resume=resume)
     except KeyboardInterrupt:
-        print(f"pdlsim: interrupted; records so far are in {run_dir}", file=sys.stderr)
+        print(
+            f"pdlsim: interrupted; records so far are in {run_dir}" + _resume_hint(config),
+            file=sys.stderr,
+        )
         return 130
     _finish(result)
     return 0
@@ -194,7 +300,6 @@ def _run_as_rank(args: argparse.Namespace) -> int:
     """One rank of an MPI job, started by our launcher or by the user's mpiexec/srun."""
     from pdlsim.train.comm import MPIComm
     from pdlsim.train.device import cpu_device, gpu_device
-    from pdlsim.train.loop import train
 
     comm = MPIComm()
     try:
@@ -204,16 +309,20 @@ def _run_as_rank(args: argparse.Namespace) -> int:
                 "drop --procs or make them agree"
             )
         config = config_from_args(args, procs=comm.size)
-        run_dir = None
+        run_dir = resume = None
         if comm.rank == 0:
             run_dir = args.out or default_run_dir(config)
-            check_run_dir(run_dir)
-        run_dir = comm.mpi_comm.bcast(run_dir)
+            resume = resume_checkpoint(args.out, config) if args.resume else None
+            if resume is None:
+                check_run_dir(run_dir)
+        run_dir, resume = comm.mpi_comm.bcast((run_dir, resume))
         set_threads(config.threads)
         device = gpu_device(comm.local_rank()) if config.device == "gpu" else cpu_device()
         if comm.rank == 0:
             print(_banner(config, run_dir), flush=True)
-        result = train(config, comm, device, run_dir, log=lambda line: print(line, flush=True))
+        result = _train(
+            config, comm, device, run_dir, log=lambda line: print(line, flush=True), resume=resume
+        )
     except UserError as exc:
         print(f"pdlsim: error (rank {comm.rank}): {exc}", file=sys.stderr, flush=True)
         comm.abort(2)
@@ -231,6 +340,17 @@ def _banner(config: TrainConfig, run_dir: Path) -> str:
     lr = f"lr {config.effective_lr:g}" + (
         f" (scaled x{config.procs})" if config.scale_lr else " (not scaled)"
     )
+    what = "inference (forward only)" if config.inference else "training"
+    if config.parallel == "model":
+        return (
+            f"pdlsim train: {config.model}, model parallel {what}: dense layers split over "
+            f"{config.procs} rank(s) x {config.threads} thread(s), {config.device}; every rank "
+            f"computes the same batch of {config.batch_per_rank} = global batch "
+            f"{config.global_batch}, {lr}, momentum {config.momentum:g}, data {config.data}; "
+            f"records in {run_dir}"
+        )
+    if config.inference:
+        lr = what
     return (
         f"pdlsim train: {config.model}, mode {config.mode} ({config.procs} rank(s) x "
         f"{config.threads} thread(s), {config.device}), batch {config.batch_per_rank} per rank = "
@@ -240,8 +360,6 @@ def _banner(config: TrainConfig, run_dir: Path) -> str:
 
 
 def format_summary(result: TrainResult) -> str:
-    from pdlsim.train.loop import PHASES
-
     last = result.epochs[-1]
     mean_epoch_s = sum(e.time_s for e in result.epochs) / len(result.epochs)
     step_s = sum(last.phase_mean_s.values())
@@ -250,15 +368,32 @@ def format_summary(result: TrainResult) -> str:
         f"{1e3 * step_s:.2f} ms per step (last epoch, mean over ranks)",
         f"{'phase':<10}{'ms/step':>10}{'share':>9}",
     ]
-    for name in PHASES:
-        seconds = last.phase_mean_s[name]
+    for name, seconds in last.phase_mean_s.items():
         share = 100 * seconds / step_s if step_s > 0 else 0.0
         lines.append(f"{name:<10}{1e3 * seconds:>10.3f}{share:>8.1f}%")
+    lines.append(format_memory(last))
     return "\n".join(lines)
 
 
+def format_memory(epoch: Any) -> str:
+    """One line: measured peak memory per rank, and the part of it the model's arrays take."""
+    mib = 2.0**20
+    line = f"peak memory per rank {epoch.peak_rss_bytes_max / mib:.1f} MiB resident"
+    if epoch.device_pool_bytes_max is not None:
+        line += f", GPU pool {epoch.device_pool_bytes_max / mib:.1f} MiB"
+    parts = epoch.model_state_bytes
+    detail = ", ".join(
+        f"{k.replace('_', ' ')} {v / mib:.2f}" for k, v in parts.items() if k != "total"
+    )
+    return f"{line} (max over ranks); model state {parts['total'] / mib:.2f} MiB ({detail})"
+
+
 def _finish(result: TrainResult) -> None:
+    if not result.epochs:
+        return
     print(format_summary(result))
+    if result.last_checkpoint is not None:
+        print(f"checkpoint (weights, optimizer, data order): {result.last_checkpoint}")
     summary = {
         "config": result.config.to_dict(),
         "epochs": [asdict(e) for e in result.epochs],

@@ -3,6 +3,11 @@
 Batch semantics (also in the README): ``batch_per_rank`` is B, the mini-batch each rank
 computes; the global batch is P x B, and one optimizer step consumes P x B samples. The learning
 rate stays as given unless ``scale_lr`` asks for the linear scaling rule (lr x P).
+
+With ``parallel="model"`` (tensor parallelism, :mod:`pdlsim.train.model_parallel`) the P ranks
+hold one model between them and all compute the SAME mini-batch of ``batch_per_rank`` samples:
+that is the global batch (strong scaling), and the learning rate is never scaled. ``inference``
+times the forward pass only (loss included; no backward, no update), in either mode.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 DEVICES = ("cpu", "gpu")
+PARALLEL_MODES = ("data", "model")
 
 
 @dataclass(frozen=True)
@@ -31,9 +37,15 @@ class TrainConfig:
     max_steps_per_epoch: int | None = None
     pinned: bool = False  # GPU: stage each mini-batch through page-locked host memory
     init: str = "he"
+    checkpoint_every: int | None = None  # write a checkpoint every N optimizer steps (global)
+    parallel: str = "data"  # data (replicas, batch per rank) or model (dense layers split)
+    inference: bool = False  # forward pass (and loss) only: no backward, no update
 
     @property
     def global_batch(self) -> int:
+        """Samples one optimizer step consumes: P x B, or B when the ranks share the batch."""
+        if self.parallel == "model":
+            return self.batch_per_rank
         return self.procs * self.batch_per_rank
 
     @property

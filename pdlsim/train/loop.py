@@ -11,14 +11,22 @@ up to float32 rounding: the loss curves agree, and the tests check it.
 Each phase is timed on every rank and written, one JSON line per step, to the rank's records.
 The barrier separates waiting for the slowest rank (``wait``) from the reduction itself
 (``allreduce``); it costs one small-message latency per step.
+With ``config.inference`` a step is the data, the copy and the forward (loss included)
+only: no backward, barrier, allreduce or update (those phases read 0), so ranks never wait for
+one another. Model parallelism has its own loop (:mod:`pdlsim.train.model_loop`).
+
+Each epoch also records every rank's peak resident memory (and, on a GPU, CuPy's pool) and the
+bytes of the model's own arrays, to set beside ``pdlsim predict``'s memory per rank. With
+``checkpoint_every`` the run can be stopped and resumed (:mod:`pdlsim.train.checkpoint`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +39,7 @@ from microbench.records import RecordWriter
 from microbench.threads import available_cores, oversubscription
 from microbench.workload import Workload, load_workload
 from pdlsim.data import Dataset, load_dataset
+from pdlsim.train.checkpoint import records_path, restore, save_checkpoint
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.device import Device, pinned_empty
 
@@ -49,6 +58,9 @@ class EpochResult:
     time_s: float  # wall time of the epoch's steps on rank 0 (evaluation excluded)
     samples_per_s: float
     phase_mean_s: dict[str, float]  # mean per step, averaged over ranks
+    peak_rss_bytes_max: int  # peak resident memory so far of the rank that used the most
+    device_pool_bytes_max: int | None  # GPU: bytes CuPy's memory pool holds, fullest rank
+    model_state_bytes: dict[str, int]  # the arrays training allocates (model_state_bytes())
 
 
 @dataclass
@@ -57,6 +69,28 @@ class TrainResult:
     run_dir: Path
     epochs: list[EpochResult] = field(default_factory=list)
     step_losses: list[float] = field(default_factory=list)  # this rank's local mean losses
+    last_checkpoint: Path | None = None  # the newest checkpoint this rank wrote (rank 0)
+
+
+@dataclass
+class _EpochSums:
+    """An epoch's running sums on this rank; after a resume, rank 0 starts from the
+    checkpoint's sums over all ranks (so the epoch's totals come out whole)."""
+
+    loss: float = 0.0
+    correct: float = 0.0
+    phases_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    elapsed_s: float = 0.0  # rank 0's epoch time before the resume
+
+    @classmethod
+    def carried(cls, doc: dict[str, Any] | None) -> _EpochSums:
+        if doc is None:
+            return cls()
+        phases = {name: float(doc["phases_s"][name]) for name in PHASES}
+        return cls(float(doc["loss"]), float(doc["correct"]), phases, float(doc["elapsed_s"]))
+
+    def values(self) -> list[float]:
+        return [self.loss, self.correct, *self.phases_s.values()]
 
 
 def prepare_data(config: TrainConfig, workload: Workload) -> tuple[Dataset, Dataset]:
@@ -91,8 +125,13 @@ def train(
     device: Device,
     run_dir: Path,
     log: Callable[[str], None] = print,
+    resume: Path | None = None,
 ) -> TrainResult:
-    """Run ``config`` on this rank; every rank of ``comm`` calls this together."""
+    """Run ``config`` on this rank; every rank of ``comm`` calls this together.
+
+    ``resume``: a checkpoint to continue from (every rank reads it; its records then go to new
+    ``rankR.resumeK.jsonl`` files). With ``config.checkpoint_every`` N, rank 0 writes a
+    checkpoint after every N-th optimizer step and after the last epoch."""
     workload = load_workload(config.model)
     train_set, test_set = prepare_data(config, workload)
     steps = steps_per_epoch(config, len(train_set))
@@ -105,7 +144,28 @@ def train(
     # applies their mean without another pass over the gradients (with momentum too: the
     # velocity is then P times larger and the step the same).
     opt = SGD(config.effective_lr / size, config.momentum, xp=device.xp)
-    step_once = _Stepper(net, opt, comm, device, train_set, batch, pinned=config.pinned)
+    step_once = _Stepper(
+        net, opt, comm, device, train_set, batch, config.pinned, inference=config.inference
+    )
+    order = np.random.default_rng(config.seed)  # the data order: one permutation per epoch
+    result = TrainResult(config=config, run_dir=run_dir)
+    first_epoch, first_step, carried, resumed_from = 0, 0, None, None
+    if resume is not None:
+        ckpt = restore(resume, config, workload.to_dict(), net, opt, order)
+        resumed_from = {"checkpoint": ckpt.path.name, "global_step": ckpt.global_step}
+        result.epochs = [EpochResult(**doc) for doc in ckpt.header["epochs"]]
+        first_epoch, first_step = ckpt.epoch, ckpt.step
+        carried = ckpt.header["epoch_sums"] if rank == 0 else None
+        if rank == 0 and first_epoch >= config.epochs:
+            log(f"nothing left to train: {ckpt.path} ends epoch {first_epoch}; give more --epochs")
+        elif rank == 0:
+            where = f"step {first_step} of epoch" if first_step else "the start of epoch"
+            log(
+                f"resuming from {ckpt.path}: {ckpt.global_step} steps done, at {where} "
+                f"{first_epoch + 1}"
+            )
+    if first_epoch >= config.epochs:
+        return result
 
     ranks_per_node = comm.ranks_per_node()
     run_info = {
@@ -120,24 +180,43 @@ def train(
         "oversubscribed": oversubscription(ranks_per_node, config.threads) is not None,
         "cores": available_cores(),
         "pid": os.getpid(),
+        "resumed_from": resumed_from,
     }
     machine = machine_metadata(comm=comm.mpi_comm, threads=config.threads)
-    result = TrainResult(config=config, run_dir=run_dir)
-    order = np.random.default_rng(config.seed)
+    records = records_path(run_dir, rank, resumed=resume is not None)
 
-    with RecordWriter(run_dir / f"rank{rank}.jsonl", machine=machine, run=run_info) as writer:
-        for epoch in range(config.epochs):
+    with RecordWriter(records, machine=machine, run=run_info) as writer:
+
+        def checkpoint(epoch: int, step: int, rng_state: dict, sums: dict[str, Any]) -> None:
+            header = {
+                "config": config.to_dict(),
+                "workload": workload.to_dict(),
+                "position": {"epoch": epoch, "step": step, "global_step": epoch * steps + step},
+                "rng_state": rng_state,
+                "epoch_sums": sums,
+                "epochs": [asdict(e) for e in result.epochs],
+            }
+            if rank == 0:
+                start = time.perf_counter()
+                path = save_checkpoint(run_dir, header, net.params, opt.velocity)
+                result.last_checkpoint = path
+                record = {"type": "checkpoint", "rank": rank, **header["position"]}
+                record.update(file=path.name, bytes=path.stat().st_size)
+                writer.write({**record, "write_s": time.perf_counter() - start})
+
+        every = config.checkpoint_every
+        for epoch in range(first_epoch, config.epochs):
+            rng_state = order.bit_generator.state  # before this epoch's permutation
             permutation = order.permutation(len(train_set))
-            phase_sum = dict.fromkeys(PHASES, 0.0)
-            loss_sum = correct_sum = 0.0
+            sums = _EpochSums.carried(carried if epoch == first_epoch else None)
             epoch_start = time.perf_counter()
-            for step in range(steps):
+            for step in range(first_step if epoch == first_epoch else 0, steps):
                 start = step * config.global_batch + rank * batch
                 loss, correct, phases = step_once(permutation[start : start + batch])
                 for name, seconds in phases.items():
-                    phase_sum[name] += seconds
-                loss_sum += loss
-                correct_sum += correct
+                    sums.phases_s[name] += seconds
+                sums.loss += loss
+                sums.correct += correct
                 result.step_losses.append(loss)
                 writer.write(
                     {
@@ -153,26 +232,45 @@ def train(
                         "phases_s": phases,
                     }
                 )
-            epoch_time = time.perf_counter() - epoch_start
+                if every and (epoch * steps + step + 1) % every == 0 and step + 1 < steps:
+                    total = comm.sum_floats(sums.values())  # every rank, for rank 0's file
+                    elapsed_s = sums.elapsed_s + time.perf_counter() - epoch_start
+                    partial = {"loss": total[0], "correct": total[1], "elapsed_s": elapsed_s}
+                    partial["phases_s"] = dict(zip(PHASES, total[2:], strict=True))
+                    checkpoint(epoch, step + 1, rng_state, partial)
+            epoch_time = sums.elapsed_s + time.perf_counter() - epoch_start
             test_correct, test_count = _evaluate(net, test_set, rank, size, device)
-            totals = comm.sum_floats(
-                [loss_sum, correct_sum, test_correct, test_count, *phase_sum.values()]
-            )
+            rss_bytes, pool_bytes = peak_rss_bytes(), device_pool_bytes(device)
+            per_rank = np.zeros(2 * size)  # each rank fills its slot: the sum gathers them
+            per_rank[[rank, size + rank]] = rss_bytes, pool_bytes or 0
+            totals = comm.sum_floats([*sums.values(), test_correct, test_count, *per_rank])
+            n = 2 + len(PHASES)
             epoch_result = EpochResult(
                 epoch=epoch,
                 steps=steps,
                 loss=totals[0] / (steps * size),
                 train_accuracy=totals[1] / (steps * config.global_batch),
-                test_accuracy=totals[2] / max(totals[3], 1.0),
+                test_accuracy=totals[n] / max(totals[n + 1], 1.0),
                 time_s=epoch_time,
                 samples_per_s=steps * config.global_batch / epoch_time,
                 phase_mean_s={
                     name: total / (steps * size)
-                    for name, total in zip(PHASES, totals[4:], strict=True)
+                    for name, total in zip(PHASES, totals[2:n], strict=True)
                 },
+                peak_rss_bytes_max=int(max(totals[n + 2 : n + 2 + size])),
+                device_pool_bytes_max=None if pool_bytes is None else int(max(totals[-size:])),
+                model_state_bytes=model_state_bytes(net, opt, step_once),
             )
             result.epochs.append(epoch_result)
-            writer.write({"type": "train_epoch", "rank": rank, **epoch_result.__dict__})
+            writer.write(
+                {
+                    "type": "train_epoch",
+                    "rank": rank,
+                    **epoch_result.__dict__,
+                    "peak_rss_bytes": rss_bytes,
+                    "device_pool_bytes": pool_bytes,
+                }
+            )
             if rank == 0:
                 log(
                     f"epoch {epoch + 1}/{config.epochs}: loss {epoch_result.loss:.4f}, "
@@ -180,7 +278,54 @@ def train(
                     f"test accuracy {100 * epoch_result.test_accuracy:.1f}%, "
                     f"{epoch_time:.2f} s, {epoch_result.samples_per_s:,.0f} samples/s"
                 )
+            last = epoch == config.epochs - 1
+            if every and ((epoch + 1) * steps % every == 0 or last):
+                checkpoint(epoch + 1, 0, order.bit_generator.state, asdict(_EpochSums()))
     return result
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far, in bytes (``getrusage`` ``ru_maxrss``:
+    KiB on Linux, bytes on macOS). It counts everything the process touched: the data set,
+    Python, numba and the MPI library as well as the model's arrays."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+def device_pool_bytes(device: Device) -> int | None:
+    """GPU: the bytes CuPy's default memory pool holds on this rank's device; None on the CPU
+    or where the array module has no such pool. The pool keeps freed blocks for reuse, so
+    unless something frees them this is its high-water mark (arrays' peak, in pool blocks)."""
+    if device.kind != "gpu":
+        return None
+    pool = getattr(device.xp, "get_default_memory_pool", None)
+    total_bytes = getattr(pool(), "total_bytes", None) if callable(pool) else None
+    return int(total_bytes()) if callable(total_bytes) else None
+
+
+def model_state_bytes(net: Network, opt: SGD, stepper: _Stepper) -> dict[str, int]:
+    """Bytes of the arrays training allocates, in the parts ``pdlsim predict`` reports per rank:
+    weights, gradients, optimizer_state (the momentum velocity), activations (the training
+    workspace at this batch: layer outputs, input gradients, im2col columns, pool indices, the
+    loss gradient), buffers (the host batch, pinned staging, on a GPU the batch's device copy
+    and, with MPI, the host copy of the gradients the allreduce goes through) and their total.
+    Evaluation's workspaces and what the libraries allocate are not counted."""
+    host_batch = stepper.x_host.nbytes + stepper.y_host.nbytes
+    on_gpu = stepper.device.kind == "gpu"
+    buffers = host_batch * (2 if on_gpu else 1)
+    buffers += 0 if stepper.staging is None else stepper.staging.nbytes
+    buffers += net.grads.nbytes if on_gpu and stepper.comm.size > 1 else 0
+    parts = {
+        "weights": int(net.params.nbytes),
+        "gradients": int(net.grads.nbytes),
+        "optimizer_state": 0 if opt.velocity is None else int(opt.velocity.nbytes),
+        "activations": stepper.workspace_bytes,
+        "buffers": int(buffers),
+    }
+    parts["total"] = sum(parts.values())
+    return parts
 
 
 class _Stepper:
@@ -197,13 +342,20 @@ class _Stepper:
         data: Dataset,
         batch: int,
         pinned: bool,
+        inference: bool = False,
     ) -> None:
         self.net, self.opt, self.comm, self.device, self.data = net, opt, comm, device, data
+        self.inference = inference  # forward (and loss) only: no backward, exchange or update
         self.x_host = np.empty((batch, *data.x.shape[1:]), dtype=np.float32)
         self.y_host = np.empty(batch, dtype=data.y.dtype)
         self.staging = None
         if device.kind == "gpu" and pinned:
             self.staging = pinned_empty(self.x_host.shape, self.x_host.dtype)
+        # The training workspace, allocated now rather than in the first forward, while it
+        # holds only its own arrays (forward adds references to its input); one conv buffer
+        # may serve twice, so each array counts once.
+        owned = {id(a): a for buf in net.workspace(batch) for a in buf.values() if a is not None}
+        self.workspace_bytes = int(sum(a.nbytes for a in owned.values()))
 
     def __call__(self, index: np.ndarray) -> tuple[float, int, dict[str, float]]:
         """Train on samples ``index``: (local mean loss, correct predictions, phase seconds)."""
@@ -218,6 +370,9 @@ class _Stepper:
         loss, correct = net.forward(x, y)
         sync()
         t3 = time.perf_counter()
+        if self.inference:
+            seconds = np.diff([t0, t1, t2, t3, t3, t3, t3, t3])
+            return loss, correct, dict(zip(PHASES, seconds.tolist(), strict=True))
         net.backward()
         sync()
         t4 = time.perf_counter()

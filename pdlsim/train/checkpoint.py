@@ -1,0 +1,259 @@
+"""Checkpoints of a training run: the state needed to continue it exactly where it stopped.
+
+A checkpoint is one ``checkpoint-step{global_step:08d}.npz`` file in the run directory, numpy's
+zip of arrays, read back without pickle. Its members:
+
+- ``header``: a JSON document (a 0-d string array) with the format name and version, the run's
+  configuration and workload, the position (``epoch`` to continue, ``step``: steps of it done,
+  ``global_step``: optimizer steps done in all), the state of the data-order generator as it
+  was before that epoch's permutation was drawn, ``epoch_sums`` (the current epoch's loss,
+  correct predictions and phase seconds so far, summed over ranks, and its elapsed time on rank
+  0) and ``epochs`` (the results of the completed epochs);
+- ``params``: the flat float32 weights, the same on every rank after the allreduce;
+- ``velocity``: the SGD momentum buffer, when the run has momentum.
+
+Rank 0 alone writes, atomically (temporary file, fsync, rename, directory fsync), so a run
+killed at any moment leaves the previous checkpoint or the new one whole, never a torn file;
+the newest :data:`KEEP` are kept. Every rank reads the same file on resume. A resumed run
+repeats the uninterrupted one bit for bit when it runs with the same settings
+(:data:`RESUME_MUST_MATCH`, checked), threads and device; with other threads or another
+device, to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from microbench.errors import UserError
+from microbench.fileio import atomic_write_bytes
+from microbench.machine import utc_now
+from pdlsim.train.config import TrainConfig
+
+FORMAT = "pdlsim.checkpoint"
+FORMAT_VERSION = 1
+KEEP = 2  # checkpoints kept: the newest, and one before it should the newest be damaged
+_NAME = re.compile(r"checkpoint-step(\d{8,})\.npz")
+_HEADER_KEYS = ("config", "workload", "position", "rng_state", "epoch_sums", "epochs")
+
+# The settings that decide the computation, and the flag that sets each: a resume that
+# differs in any of them is refused (threads, device, --epochs and --checkpoint-every may change).
+RESUME_MUST_MATCH = {
+    "model": "--model",
+    "procs": "--procs",
+    "batch_per_rank": "--batch",
+    "lr": "--lr",
+    "momentum": "--momentum",
+    "scale_lr": "--scale-lr",
+    "seed": "--seed",
+    "data": "--data",
+    "samples": "--samples",
+    "test_samples": "--test-samples",
+    "max_steps_per_epoch": "--max-steps",
+    "init": "--init",
+}
+
+
+class CheckpointError(UserError):
+    """A checkpoint file that cannot be used: one line naming the file and the problem."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"checkpoint {path}: {problem}")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    header: dict[str, Any]
+    params: np.ndarray
+    velocity: np.ndarray | None
+    path: Path
+
+    @property
+    def epoch(self) -> int:
+        return int(self.header["position"]["epoch"])
+
+    @property
+    def step(self) -> int:
+        return int(self.header["position"]["step"])
+
+    @property
+    def global_step(self) -> int:
+        return int(self.header["position"]["global_step"])
+
+
+def checkpoint_path(run_dir: Path, global_step: int) -> Path:
+    return Path(run_dir) / f"checkpoint-step{global_step:08d}.npz"
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """The run directory's checkpoints, oldest (fewest steps) first."""
+    found = []
+    for path in Path(run_dir).glob("checkpoint-step*.npz"):
+        match = _NAME.fullmatch(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint ``--resume`` continues from; UserError when there is none."""
+    found = list_checkpoints(run_dir) if Path(run_dir).is_dir() else []
+    if not found:
+        raise UserError(
+            f"--resume: no checkpoint in {run_dir} (a run writes them with --checkpoint-every "
+            "N); give the --out of a run that did, or start without --resume"
+        )
+    return found[-1]
+
+
+def _host(array: Any) -> np.ndarray:
+    """A numpy or CuPy array as a numpy array on the host."""
+    get = getattr(array, "get", None)
+    return np.asarray(get() if callable(get) else array)
+
+
+def save_checkpoint(run_dir: Path, header: dict[str, Any], params: Any, velocity: Any) -> Path:
+    """Write one checkpoint (``header`` without the format fields) and prune old ones."""
+    doc = {"format": FORMAT, "format_version": FORMAT_VERSION, "created_utc": utc_now(), **header}
+    arrays = {"header": np.array(json.dumps(doc)), "params": _host(params)}
+    if velocity is not None:
+        arrays["velocity"] = _host(velocity)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    path = checkpoint_path(run_dir, int(header["position"]["global_step"]))
+    for stale in Path(run_dir).glob(".checkpoint-step*.npz.*.tmp"):  # left by a killed write
+        stale.unlink(missing_ok=True)
+    atomic_write_bytes(path, buffer.getvalue())
+    for old in list_checkpoints(run_dir)[:-KEEP]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def _check_header(path: Path, doc: Any) -> dict[str, Any]:
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise CheckpointError(path, f"not a {FORMAT} file")
+    if doc.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            path,
+            f"format version {doc.get('format_version')!r}, but this pdlsim reads version "
+            f"{FORMAT_VERSION}",
+        )
+    missing = [key for key in _HEADER_KEYS if key not in doc]
+    if missing:
+        raise CheckpointError(path, f"header lacks {', '.join(missing)}")
+    position = doc["position"]
+    if not all(isinstance(position.get(k), int) for k in ("epoch", "step", "global_step")):
+        raise CheckpointError(path, "position needs integer epoch, step and global_step")
+    return doc
+
+
+def _read(path: Path, arrays: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The checked header and, with ``arrays``, the arrays; CheckpointError if unusable."""
+    try:
+        with np.load(path, allow_pickle=False) as members:
+            if "header" not in members.files:
+                raise CheckpointError(path, "no header member")
+            header = _check_header(path, json.loads(str(members["header"])))
+            if arrays and "params" not in members.files:
+                raise CheckpointError(path, "no params member")
+            names = ("params", "velocity") if arrays else ()
+            return header, {name: members[name] for name in names if name in members.files}
+    except CheckpointError:
+        raise
+    except FileNotFoundError:
+        raise CheckpointError(path, "no such file") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise CheckpointError(path, f"unreadable ({type(exc).__name__}: {exc})") from None
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """A checkpoint's checked JSON header, without reading its arrays."""
+    return _read(Path(path), arrays=False)[0]
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Read and check a checkpoint (without pickle); CheckpointError says what is wrong."""
+    path = Path(path)
+    header, arrays = _read(path, arrays=True)
+    params, velocity = arrays["params"], arrays.get("velocity")
+    if params.dtype != np.float32 or params.ndim != 1:
+        raise CheckpointError(path, f"params are {params.dtype} {params.shape}, not flat float32")
+    if velocity is not None and velocity.shape != params.shape:
+        raise CheckpointError(path, f"velocity {velocity.shape} does not match params")
+    return Checkpoint(header, params, velocity, path)
+
+
+def _flag(flag: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return flag if value else f"no {flag}"
+    return f"{flag} {'(default)' if value is None else value}"
+
+
+def check_resumable(
+    header: dict[str, Any], config: TrainConfig, workload: dict, path: Path
+) -> None:
+    """Refuse, with one line naming every difference, a resume that would not continue the run
+    ``header`` describes; ``workload`` is the current workload's ``to_dict()``."""
+    saved = header["config"]
+    now = config.to_dict()
+    differ = [key for key in RESUME_MUST_MATCH if saved.get(key) != now[key]]
+    if differ:
+        was = " ".join(_flag(RESUME_MUST_MATCH[k], saved.get(k)) for k in differ)
+        asked = " ".join(_flag(RESUME_MUST_MATCH[k], now[k]) for k in differ)
+        raise UserError(
+            f"--resume: {path} was written with {was}, not {asked}; give the same settings to "
+            "resume it, or train into a new --out"
+        )
+    if header["workload"] != json.loads(json.dumps(workload)):
+        raise UserError(
+            f"--resume: {path} was written for another workload than {config.model} has now "
+            "(its layers changed); restore the workload file, or train into a new --out"
+        )
+    position = header["position"]
+    started = position["epoch"] + (1 if position["step"] > 0 else 0)
+    if config.epochs < started:
+        raise UserError(
+            f"--resume: {path} is already in epoch {started} of the run; give --epochs "
+            f"{started} or more"
+        )
+
+
+def restore(
+    path: Path, config: TrainConfig, workload: dict, net: Any, opt: Any, order: Any
+) -> Checkpoint:
+    """Load ``path`` into the network's weights, the optimizer's velocity and the data-order
+    generator ``order`` (a numpy Generator), checking first that it continues this run."""
+    ckpt = load_checkpoint(path)
+    check_resumable(ckpt.header, config, workload, ckpt.path)
+    if ckpt.params.shape != tuple(net.params.shape):
+        raise CheckpointError(
+            ckpt.path, f"{ckpt.params.size} weights, but the network has {net.params.size}"
+        )
+    if (ckpt.velocity is None) != (config.momentum == 0):
+        raise CheckpointError(ckpt.path, "its momentum velocity does not match --momentum")
+    try:
+        order.bit_generator.state = ckpt.header["rng_state"]
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(ckpt.path, f"bad data-order generator state ({exc})") from None
+    net.params[...] = net.xp.asarray(ckpt.params)  # in place: the layers hold views of it
+    if ckpt.velocity is not None:
+        opt.velocity = net.xp.asarray(ckpt.velocity)
+    return ckpt
+
+
+def records_path(run_dir: Path, rank: int, resumed: bool) -> Path:
+    """This rank's records: ``rankR.jsonl``; a resumed run adds ``rankR.resumeK.jsonl`` (the
+    first K free), so that every file's header (pid, host, time) is true for its records."""
+    path = Path(run_dir) / f"rank{rank}.jsonl"
+    k = 1
+    while resumed and path.exists():
+        path = Path(run_dir) / f"rank{rank}.resume{k}.jsonl"
+        k += 1
+    return path

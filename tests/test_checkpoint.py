@@ -1,0 +1,254 @@
+"""Checkpoints: a killed run, resumed from its last checkpoint, ends where an uninterrupted one
+ends (bit for bit serially, to float32 rounding under MPI), and its records survive."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from microbench.errors import UserError
+from microbench.records import load_dataframe, read_records
+from microbench.workload import load_workload
+from pdlsim.train.checkpoint import (
+    FORMAT_VERSION,
+    KEEP,
+    CheckpointError,
+    check_resumable,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    read_header,
+    save_checkpoint,
+)
+from pdlsim.train.comm import LocalComm
+from pdlsim.train.config import TrainConfig
+from pdlsim.train.device import Device, cpu_device
+from pdlsim.train.loop import train
+from pdlsim.validate import measured_step_times
+from tests.conftest import MPI_TIMEOUT_S, run_pdlsim
+
+# 512 samples at a global batch of 16: 32 steps per epoch; checkpoints every 50 fall mid-epoch.
+RUN = ["--samples", "512", "--test-samples", "64", "--momentum", "0.9", "--checkpoint-every", "50"]
+STEPS_PER_EPOCH = 32
+
+
+def _header(step: int) -> dict:
+    return {
+        "config": TrainConfig().to_dict(),
+        "workload": {"name": "w"},
+        "position": {"epoch": 0, "step": step, "global_step": step},
+        "rng_state": {"bit_generator": "PCG64", "state": {"state": 2**100 + 7, "inc": 3}},
+        "epoch_sums": {"loss": 1.5, "correct": 3.0, "phases_s": {}, "elapsed_s": 0.25},
+        "epochs": [],
+    }
+
+
+def test_a_checkpoint_round_trips_without_pickle_and_old_ones_are_pruned(tmp_path):
+    params = np.arange(10, dtype=np.float32) / 3
+    velocity = -params
+    (tmp_path / ".checkpoint-step00000001.npz.abc.tmp").write_bytes(b"left by a killed write")
+    for step in (1, 2, 10, 3):
+        save_checkpoint(tmp_path, _header(step), params * step, velocity if step != 3 else None)
+    assert [p.name for p in list_checkpoints(tmp_path)] == [
+        "checkpoint-step00000003.npz",
+        "checkpoint-step00000010.npz",
+    ]
+    assert len(list_checkpoints(tmp_path)) == KEEP
+    assert not list(tmp_path.glob(".*.tmp"))
+    latest = latest_checkpoint(tmp_path)
+    assert read_header(latest)["position"]["global_step"] == 10
+    ckpt = load_checkpoint(latest)
+    assert (ckpt.epoch, ckpt.step, ckpt.global_step) == (0, 10, 10)
+    np.testing.assert_array_equal(ckpt.params, params * 10)
+    np.testing.assert_array_equal(ckpt.velocity, velocity)
+    assert ckpt.params.dtype == np.float32
+    assert ckpt.header["rng_state"]["state"]["state"] == 2**100 + 7  # big ints survive JSON
+    assert ckpt.header["format_version"] == FORMAT_VERSION
+    assert ckpt.header["epoch_sums"]["elapsed_s"] == 0.25
+    assert load_checkpoint(tmp_path / "checkpoint-step00000003.npz").velocity is None
+    with np.load(latest, allow_pickle=False) as members:  # plain arrays, no pickle needed
+        assert sorted(members.files) == ["header", "params", "velocity"]
+
+
+def test_damaged_or_foreign_checkpoints_are_refused_with_the_file_named(tmp_path):
+    path = save_checkpoint(tmp_path, _header(5), np.zeros(4, np.float32), None)
+    torn = tmp_path / "checkpoint-step00000006.npz"
+    torn.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(CheckpointError, match=f"checkpoint {torn}: unreadable"):
+        load_checkpoint(torn)
+    future = {**_header(7), "format_version": FORMAT_VERSION + 1}
+    newer = tmp_path / "newer.npz"
+    np.savez(newer, header=np.array(json.dumps({"format": "pdlsim.checkpoint", **future})))
+    with pytest.raises(CheckpointError, match=f"format version {FORMAT_VERSION + 1}"):
+        load_checkpoint(newer)
+    np.savez(tmp_path / "foreign.npz", params=np.zeros(3))
+    with pytest.raises(CheckpointError, match="no header member"):
+        load_checkpoint(tmp_path / "foreign.npz")
+    with pytest.raises(UserError, match="no checkpoint in"):
+        latest_checkpoint(tmp_path / "nowhere")
+
+
+def test_a_resume_with_other_settings_names_every_difference():
+    config = TrainConfig(model="mlp", batch_per_rank=16, seed=0, epochs=3)
+    workload = load_workload("mlp").to_dict()
+    header = {**_header(40), "config": config.to_dict(), "workload": workload}
+    header["position"] = {"epoch": 1, "step": 8, "global_step": 40}
+    path = Path("run/checkpoint-step00000040.npz")
+    check_resumable(header, replace(config, threads=2, epochs=5), workload, path)  # allowed
+    with pytest.raises(UserError) as caught:
+        check_resumable(header, replace(config, batch_per_rank=8, seed=3), workload, path)
+    assert str(caught.value).startswith(f"--resume: {path} was written with --batch 16 --seed 0")
+    assert "not --batch 8 --seed 3" in str(caught.value)
+    with pytest.raises(UserError, match="was written with no --scale-lr, not --scale-lr;"):
+        check_resumable(header, replace(config, scale_lr=True), workload, path)
+    with pytest.raises(UserError, match="another workload"):
+        check_resumable(header, config, {**workload, "layers": workload["layers"][:2]}, path)
+    with pytest.raises(UserError, match="already in epoch 2 of the run; give --epochs 2"):
+        check_resumable(header, replace(config, epochs=1), workload, path)
+
+
+NUMPY_AS_GPU = Device(
+    kind="gpu", xp=np, name="numpy-as-gpu", synchronize=lambda: None, kernel_backend="array"
+)
+
+
+@pytest.mark.parametrize("device", [cpu_device(), NUMPY_AS_GPU], ids=["cpu", "gpu-path"])
+def test_resuming_in_process_mid_epoch_or_with_more_epochs_repeats_the_run(tmp_path, device):
+    """Checkpoints every 20 steps of 32 per epoch: 60 is mid-epoch (kept with the final 64)."""
+    config = TrainConfig(
+        model="mlp", epochs=2, batch_per_rank=16, samples=512, test_samples=64, momentum=0.9
+    )
+    config = replace(config, checkpoint_every=20)
+    quiet = {"log": lambda line: None}
+    full = train(config, LocalComm(), device, tmp_path / "full", **quiet)
+    kept = list_checkpoints(tmp_path / "full")
+    assert [load_checkpoint(p).global_step for p in kept] == [60, 64]
+    assert load_checkpoint(kept[0]).step == 60 - STEPS_PER_EPOCH
+    resumed = train(config, LocalComm(), device, tmp_path / "again", resume=kept[0], **quiet)
+    a, b = load_checkpoint(full.last_checkpoint), load_checkpoint(resumed.last_checkpoint)
+    np.testing.assert_array_equal(a.params, b.params)
+    np.testing.assert_array_equal(a.velocity, b.velocity)
+    assert [e.loss for e in resumed.epochs] == [e.loss for e in full.epochs]
+    assert [e.test_accuracy for e in resumed.epochs] == [e.test_accuracy for e in full.epochs]
+    assert len(resumed.step_losses) == 2 * STEPS_PER_EPOCH - 60
+    # A finished run continued for a third epoch equals a run of three epochs.
+    three = replace(config, epochs=3)
+    longer = train(three, LocalComm(), device, tmp_path / "more", resume=kept[1], **quiet)
+    fresh = train(three, LocalComm(), device, tmp_path / "three", **quiet)
+    np.testing.assert_array_equal(
+        load_checkpoint(longer.last_checkpoint).params,
+        load_checkpoint(fresh.last_checkpoint).params,
+    )
+    assert [e.loss for e in longer.epochs] == [e.loss for e in fresh.epochs]
+
+
+def _kill_after_first_checkpoint(out: Path, args: list[str], sig: int) -> tuple[int, str]:
+    """Start ``pdlsim train ARGS --out OUT``, send ``sig`` once a checkpoint appears."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pdlsim", "train", *args, "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + MPI_TIMEOUT_S
+        while not (out.is_dir() and list_checkpoints(out)):
+            assert process.poll() is None, "the run ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.01)
+        process.send_signal(sig)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+        process.wait()
+    return process.returncode, stderr
+
+
+def _unique_steps(run_dir: Path):
+    """Every rank's train_step records, the re-run ones (later files) replacing the first."""
+    frame = load_dataframe(run_dir, type="train_step")
+    frame = frame.drop_duplicates(["rank", "global_step"], keep="last")
+    return frame.sort_values(["rank", "global_step"]).reset_index(drop=True)
+
+
+def _interrupt_and_resume(tmp_path: Path, args: list[str], sig: int, total_steps: int):
+    reference, cut = tmp_path / "reference", tmp_path / "cut"
+    done = run_pdlsim("train", *args, "--out", str(reference))
+    assert done.returncode == 0, done.stderr
+    status, stderr = _kill_after_first_checkpoint(cut, args, sig)
+    assert status in (-signal.SIGKILL, 128 + signal.SIGTERM), stderr
+    stopped_at = load_checkpoint(latest_checkpoint(cut)).global_step
+    assert stopped_at < total_steps, "the kill came too late to test anything"
+    first_records = {p.name: len(read_records(p)[1]) for p in cut.glob("rank*.jsonl")}
+    resumed = run_pdlsim("train", *args, "--out", str(cut), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    resumed_from = f"{cut / 'checkpoint-step'}{stopped_at:08d}.npz"
+    assert f"resuming from {resumed_from}: {stopped_at} steps done" in resumed.stdout
+    for name, count in first_records.items():  # the first segment is kept as it was
+        assert len(read_records(cut / name)[1]) == count >= stopped_at
+        header, _ = read_records(cut / name.replace(".jsonl", ".resume1.jsonl"))
+        assert header["run"]["resumed_from"]["global_step"] == stopped_at
+    return load_checkpoint(latest_checkpoint(reference)), load_checkpoint(latest_checkpoint(cut))
+
+
+def test_a_killed_serial_run_resumes_to_the_same_weights_bit_for_bit(tmp_path):
+    args = [*RUN, "--batch", "16", "--epochs", "50"]
+    total = 50 * STEPS_PER_EPOCH
+    expected, resumed = _interrupt_and_resume(tmp_path, args, signal.SIGKILL, total)
+    assert expected.global_step == resumed.global_step == total
+    np.testing.assert_array_equal(resumed.params, expected.params)
+    np.testing.assert_array_equal(resumed.velocity, expected.velocity)
+    for a, b in zip(expected.header["epochs"], resumed.header["epochs"], strict=True):
+        assert (a["loss"], a["train_accuracy"], a["test_accuracy"]) == (
+            b["loss"],
+            b["train_accuracy"],
+            b["test_accuracy"],
+        )
+    cut, reference = tmp_path / "cut", tmp_path / "reference"
+    steps, reference_steps = _unique_steps(cut), _unique_steps(reference)
+    assert list(steps["global_step"]) == list(range(total))
+    np.testing.assert_array_equal(steps["loss"], reference_steps["loss"])
+    summary = json.loads((cut / "summary.json").read_text())
+    assert len(summary["epochs"]) == 50
+    assert len(measured_step_times(cut)[0]) > 0.8 * total  # validate's reader copes
+
+
+def test_a_stopped_mpi_run_resumes_to_the_same_weights(tmp_path):
+    args = ["--procs", "2", *RUN, "--batch", "8", "--epochs", "20"]
+    total = 20 * STEPS_PER_EPOCH
+    expected, resumed = _interrupt_and_resume(tmp_path, args, signal.SIGTERM, total)
+    assert expected.global_step == resumed.global_step == total
+    np.testing.assert_allclose(resumed.params, expected.params, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(resumed.velocity, expected.velocity, rtol=1e-6, atol=1e-7)
+    steps = _unique_steps(tmp_path / "cut")
+    reference = _unique_steps(tmp_path / "reference")
+    assert list(steps["rank"]) == [0] * total + [1] * total
+    np.testing.assert_allclose(steps["loss"], reference["loss"], rtol=1e-6)
+
+
+def test_resume_mistakes_are_one_line_and_exit_status_2(tmp_path):
+    out = tmp_path / "run"
+    args = ["--samples", "64", "--test-samples", "16", "--batch", "16", "--checkpoint-every", "2"]
+    first = run_pdlsim("train", *args, "--out", str(out))
+    assert first.returncode == 0, first.stderr
+    assert f"checkpoint (weights, optimizer, data order): {out}" in first.stdout
+    cases = [
+        ([*args, "--batch", "8", "--resume", "--out", str(out)], "--batch 16, not --batch 8"),
+        ([*args, "--resume", "--out", str(tmp_path / "none")], "no checkpoint in"),
+        ([*args, "--resume"], "--resume needs --out DIR"),
+        ([*args, "--out", str(out)], "already holds records; choose a new directory"),
+    ]
+    for argv, message in cases:
+        result = run_pdlsim("train", *argv, timeout=60)
+        assert result.returncode == 2, (argv, result.stderr)
+        assert message in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "or add --resume to continue it" in result.stderr
