@@ -38,7 +38,7 @@ import pandas as pd
 
 from microbench.errors import UserError
 
-from .optable import OpTime, op_class, read_op_table
+from .optable import NON_OP_PHASES, OpTime, op_class, read_op_table
 from .roofline import SCALARS, Roofline, fit_roofline
 from .scaling import ALL, ScalingFit, phase_scaling
 from .stats import Interval, bootstrap_params, fit_quality, leave_one_out, percentile_intervals
@@ -80,7 +80,7 @@ class ComputeModel:
             entries = [
                 e
                 for e in self.table_
-                if (e.device, e.threads) == (device, threads) and e.phase != "step"
+                if (e.device, e.threads) == (device, threads) and e.phase not in NON_OP_PHASES
             ]
             if entries:
                 self._fit_curve(device, threads, entries, here)

@@ -16,7 +16,11 @@ import pandas as pd
 
 from microbench.measurement import Measurement
 
-__all__ = ["OpTime", "op_class", "read_op_table"]
+__all__ = ["NON_OP_PHASES", "OpTime", "inconsistent_steps", "op_class", "read_op_table"]
+
+# Rows of the op table that are not one layer op: the whole step (forward + backward + update
+# back to back) and the mini-batch gather before it. Curves and op-level scaling skip them.
+NON_OP_PHASES = frozenset({"step", "data"})
 
 
 def op_class(kind: str, phase: str) -> str:
@@ -101,3 +105,28 @@ def read_op_table(rows: pd.DataFrame) -> list[OpTime]:
             )
         )
     return table
+
+
+def inconsistent_steps(table: list[OpTime], low: float = 0.5, high: float = 2.0) -> list[str]:
+    """One line per whole-step row whose time is outside [low, high] x the sum of its measured
+    ops (same model, batch, threads, device): a step or an op timed while something else ran
+    (on a shared machine, another job; with threads, one spinning BLAS pool). The whole-step
+    correction of the simulator trusts those rows, so calibration says which look wrong."""
+    ops: dict[tuple[str, str, int, int], float] = {}
+    for e in table:
+        if e.phase not in NON_OP_PHASES:
+            key = (e.device, e.model, e.batch, e.threads)
+            ops[key] = ops.get(key, 0.0) + e.time_s
+    lines = []
+    for e in table:
+        total = ops.get((e.device, e.model, e.batch, e.threads))
+        if e.phase != "step" or not total:
+            continue
+        ratio = e.time_s / total
+        if not low <= ratio <= high:
+            lines.append(
+                f"the {e.model} step at batch {e.batch}, {e.threads} thread(s) on the {e.device} "
+                f"took {ratio:.1f}x the sum of its ops ({e.time_s * 1e3:.3g} ms against "
+                f"{total * 1e3:.3g} ms): was the machine busy? calibrate again when it is quiet"
+            )
+    return lines

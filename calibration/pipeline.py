@@ -14,22 +14,33 @@ from typing import Any
 
 import pandas as pd
 
+from calibration.colocation import ColocationModel
 from calibration.communication import CollectiveModels
+from calibration.compression import CompressionModel
 from calibration.compute import ComputeModel
+from calibration.drift import DriftModel
 from calibration.jitter import JitterModel
+from calibration.jitter_models import JitterModels
 from calibration.overlap import OverlapModel
 from calibration.profile import Profile, read_sources
+from calibration.storage import StorageModel
 from calibration.transfer import TransferModel
 from microbench.errors import UserError
 from microbench.records import RecordsError, load_dataframe
 
-# profile section -> (benchmark whose records it needs, modeler factory, required)
+# profile section -> (benchmark whose records it needs, "a+b" for several; modeler factory,
+# required)
 _SECTIONS: dict[str, tuple[str, Callable[[int, int], Any], bool]] = {
     "collectives": ("collectives", lambda n, s: CollectiveModels(n_boot=n, seed=s), True),
     "compute": ("compute", lambda n, s: ComputeModel(n_boot=n, seed=s), True),
     "transfer": ("copies", lambda n, s: TransferModel(n_boot=n, seed=s), False),
     "jitter": ("jitter", lambda n, s: JitterModel(n_boot=n, seed=s), True),
     "overlap": ("interference", lambda n, s: OverlapModel(n_boot=n, seed=s), False),
+    "colocation": ("jitter", lambda n, s: ColocationModel(n_boot=n, seed=s), False),
+    "jitter_models": ("jitter", lambda n, s: JitterModels(n_boot=n, seed=s), False),
+    "drift": ("compute+jitter", lambda n, s: DriftModel(), False),
+    "compression": ("compression", lambda n, s: CompressionModel(n_boot=n, seed=s), False),
+    "storage": ("storage", lambda n, s: StorageModel(n_boot=n, seed=s), False),
 }
 
 
@@ -52,7 +63,7 @@ def fit_profile(
     frame = load_measurements(run_dir)
     models: dict[str, Any] = {}
     for section, (benchmark, make, required) in _SECTIONS.items():
-        rows = frame[frame["benchmark"] == benchmark]
+        rows = frame[frame["benchmark"].isin(benchmark.split("+"))]
         if rows.empty:
             if required:
                 raise UserError(

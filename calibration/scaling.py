@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from .optable import NON_OP_PHASES
 from .stats import (
     Interval,
     bootstrap_params,
@@ -196,7 +197,11 @@ def phase_scaling(
     base = threads[0]
     fits = {}
     for phase in sorted({e.phase for e in entries}) + [ALL]:
-        chosen = [e for e in entries if e.phase == phase or (phase == ALL and e.phase != "step")]
+        chosen = [
+            e
+            for e in entries
+            if e.phase == phase or (phase == ALL and e.phase not in NON_OP_PHASES)
+        ]
         groups: dict[tuple[str, int], dict[int, list[int]]] = {}
         for i, e in enumerate(chosen):
             groups.setdefault((e.model, e.batch), {}).setdefault(e.threads, []).append(i)

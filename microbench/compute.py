@@ -226,7 +226,8 @@ def _label(m: Measurement) -> str:
 def format_summary(records: Iterable[Mapping[str, Any]]) -> str:
     """Plain-text tables of a compute run's "measurement" records: GEMM GFLOP/s and triad
     GB/s per size and thread count, then per model and batch the measured step against the
-    sum of its ops' medians (forward, backward, loss, update), which should be close."""
+    sum of its ops' medians (forward, backward, loss, update), which should be close, and the
+    mini-batch gather before the step (host only)."""
     refs: list[str] = []
     steps: dict[tuple[str, str, int, int], dict[str, float]] = {}
     for record in records:
@@ -242,9 +243,9 @@ def format_summary(records: Iterable[Mapping[str, Any]]) -> str:
             refs.append(_ref_row("triad", f"{p['bytes'] / 2**20:.0f} MiB", p, median, rate + flag))
         elif record["name"] == "op":
             key = (p["model"], p["device"], int(p["batch"]), int(p["threads"]))
-            sums = steps.setdefault(key, {"ops": 0.0, "step": float("nan")})
-            if p["phase"] == "step":
-                sums["step"] = median
+            sums = steps.setdefault(key, {"ops": 0.0, "step": float("nan"), "data": float("nan")})
+            if p["phase"] in ("step", "data"):
+                sums[p["phase"]] = median
             else:
                 sums["ops"] += median
     lines = []
@@ -255,15 +256,16 @@ def format_summary(records: Iterable[Mapping[str, Any]]) -> str:
         lines += [""] if refs else []
         lines.append(
             f"{'model':<10}{'device':>8}{'batch':>7}{'threads':>9}{'step':>12}{'sum of ops':>12}"
-            f"{'ops/step':>10}"
+            f"{'ops/step':>10}{'data':>12}"
         )
         for (model, device, batch, t), sums in steps.items():
             measured = sums["step"] > 0  # NaN (no step record: an interrupted run) is not
             step = format_time(sums["step"]) if measured else "-"
             ratio = f"{sums['ops'] / sums['step']:.2f}" if measured else "-"
+            data = format_time(sums["data"]) if sums["data"] > 0 else "-"
             lines.append(
                 f"{model:<10}{device:>8}{batch:>7}{t:>9}{step:>12}"
-                f"{format_time(sums['ops']):>12}{ratio:>10}"
+                f"{format_time(sums['ops']):>12}{ratio:>10}{data:>12}"
             )
     return "\n".join(lines)
 

@@ -22,6 +22,13 @@ between samples is the machine's.
 
 Every rank's raw samples are kept (gathered to rank 0), and so is the per-sample maximum over
 ranks; :class:`JitterSummary` condenses them.
+
+**Co-location.** With more than one rank, the same step is also timed on rank 0 *alone*, while
+the other ranks idle without spinning (they sleep between tests of a non-blocking barrier; a
+blocking MPI wait would busy-poll a core), in blocks interleaved with the blocks where every
+rank computes (:func:`sample_interleaved`). The ratio of the two medians is how much the ranks
+of a node slow each other down (memory bandwidth, caches), measured side by side in one run so
+that machine load that comes and goes affects both alike (:mod:`calibration.colocation`).
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ __all__ = [
     "format_summary",
     "gather_samples",
     "jitter_records",
+    "sample_alone",
+    "sample_interleaved",
     "make_training_step",
     "sample_steps",
 ]
@@ -112,6 +121,50 @@ def sample_steps(
         step()
         out[i] = clock() - start
     return out
+
+
+def sample_alone(
+    step: Callable[[], object],
+    samples: int,
+    comm: Any,
+    *,
+    clock: Clock = time.perf_counter,
+    poll_s: float = 1e-3,
+) -> np.ndarray:
+    """Rank 0's seconds for ``samples`` calls of ``step`` while the other ranks idle (sleeping
+    between tests of a non-blocking barrier); empty on the other ranks. Collective."""
+    comm.Barrier()
+    if comm.Get_rank() != 0:
+        request = comm.Ibarrier()
+        while not request.Test():
+            time.sleep(poll_s)
+        return np.empty(0, dtype=np.float64)
+    out = np.empty(samples, dtype=np.float64)
+    for i in range(samples):
+        start = clock()
+        step()
+        out[i] = clock() - start
+    comm.Ibarrier().Wait()
+    return out
+
+
+def sample_interleaved(
+    step: Callable[[], object],
+    samples: int,
+    warmup: int,
+    comm: Any,
+    block: int = 10,
+    *,
+    clock: Clock = time.perf_counter,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(this rank's ``samples`` step times with every rank computing, rank 0's ``samples``
+    alone, empty elsewhere), taken in alternating blocks of ``block``; collective."""
+    together, alone = [], []
+    for done in range(0, samples, block):
+        n = min(block, samples - done)
+        together.append(sample_steps(step, n, warmup if done == 0 else 0, comm, clock=clock))
+        alone.append(sample_alone(step, n, comm, clock=clock))
+    return np.concatenate(together), np.concatenate(alone)
 
 
 def gather_samples(local: np.ndarray, comm: Any = None) -> np.ndarray | None:
@@ -189,9 +242,11 @@ def jitter_records(
     params: dict[str, Any],
     warmup: int,
     hosts: Sequence[str] | None = None,
+    alone: np.ndarray | None = None,
     **extra: Any,
 ) -> list[dict[str, Any]]:
-    """The "measurement" records of a (ranks, samples) table: one per rank, then the maximum.
+    """The "measurement" records of a (ranks, samples) table: one per rank, then the maximum,
+    then (``alone`` given: rank 0's samples while the others idled) statistic "alone".
 
     ``params`` holds the shared ones (model, batch, threads, ranks, ranks_per_node); "rank"
     (an int, or None for the maximum) and "statistic" ("per_rank" or "max_over_ranks") are
@@ -200,6 +255,8 @@ def jitter_records(
     records = []
     rows = [(r, "per_rank", table[r]) for r in range(table.shape[0])]
     rows.append((None, "max_over_ranks", table.max(axis=0)))
+    if alone is not None and len(alone):
+        rows.append((0, "alone", np.asarray(alone, dtype=float)))
     for rank, statistic, samples in rows:
         measurement = Measurement(
             samples,

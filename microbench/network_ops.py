@@ -33,6 +33,15 @@ with the relu and max-pool fused into it):
 * The first op's forward also transposes the input to channels-last when the network runs
   so (the step does it before the first op): its time is in that op's forward, and the
   transpose's bytes (input read and written) are in its ``bytes``.
+
+On the host, each point set also holds the **mini-batch gather** (op and phase "data", kind
+"gather"): what ``pdlsim train`` does before every step, ``np.take`` of ``batch`` rows of the
+inputs and labels into reused buffers, walking a random permutation of a
+:data:`DATASET_SAMPLES`-sample set so that consecutive repetitions take different rows, as
+consecutive steps do. Its ``bytes`` are the rows read and written. The host's whole step (op
+:data:`STEP_WITH_GATHER`) is the step as a training loop runs it, gather first: the gather's
+traffic evicts part of what the previous step left in cache, which costs the step itself
+5-10% at small batches on the 2-core test machine (measured side by side).
 """
 
 from __future__ import annotations
@@ -48,9 +57,20 @@ from microbench.compute import Point
 from microbench.nn import SGD, Network
 from microbench.workload import BYTES_PER_VALUE, LayerInfo, Workload
 
-__all__ = ["OpGroup", "layer_bytes", "network_points", "op_groups", "update_cost"]
+__all__ = [
+    "DATASET_SAMPLES",
+    "STEP_WITH_GATHER",
+    "OpGroup",
+    "gather_point_fn",
+    "layer_bytes",
+    "network_points",
+    "op_groups",
+    "update_cost",
+]
 
 LABEL_BYTES = 8  # int64 labels, as Network.forward converts them
+DATASET_SAMPLES = 8192  # the gather's data set: pdlsim train's default synthetic size
+STEP_WITH_GATHER = "data+step"  # the op name of a whole step that starts with the gather
 
 
 @dataclass(frozen=True)
@@ -218,7 +238,12 @@ def network_points(
     update_fn = partial(opt.step, net.params, net.grads)
     points.append(point("update", parametric, "sgd", "update", update, update_fn, restore))
 
+    on_host = xp is np
+    gather = gather_point_fn(workload.input_shape, batch, seed) if on_host else None
+
     def step() -> None:
+        if gather is not None:
+            gather()
         net.forward(x, y)
         net.backward()
         opt.step(net.params, net.grads)
@@ -229,8 +254,36 @@ def network_points(
         sum(p["bytes"] for p in forward) + loss_cost[1] + backward_bytes + update[1],
     )
     everything = [info.name for info in workload.layers]
-    points.append(point("step", everything, "step", "step", step_cost, step, restore))
+    name = STEP_WITH_GATHER if on_host else "step"
+    points.append(point(name, everything, "step", "step", step_cost, step, restore))
+    if gather is not None:
+        row_bytes = BYTES_PER_VALUE * int(np.prod(workload.input_shape)) + LABEL_BYTES
+        points.append(point("data", [], "gather", "data", (0, 2 * batch * row_bytes), gather))
     return points
+
+
+def gather_point_fn(input_shape: tuple[int, ...], batch: int, seed: int = 0) -> Callable[[], None]:
+    """One call gathers the next ``batch`` rows of a random permutation of a
+    :data:`DATASET_SAMPLES`-sample float32 set (and its int64 labels) into reused buffers, as
+    the training loop's loader does; the permutation wraps around."""
+    samples = max(DATASET_SAMPLES, batch)
+    data_x = np.full((samples, *input_shape), 0.5, dtype=np.float32)  # touched: no lazy pages
+    data_y = np.zeros(samples, dtype=np.int64)
+    x_buf = np.empty((batch, *input_shape), dtype=np.float32)
+    y_buf = np.empty(batch, dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(samples)
+    cursor = [0]
+
+    def gather() -> None:
+        start = cursor[0]
+        if start + batch > samples:
+            start = 0
+        index = order[start : start + batch]
+        cursor[0] = start + batch
+        np.take(data_x, index, axis=0, out=x_buf)
+        np.take(data_y, index, axis=0, out=y_buf)
+
+    return gather
 
 
 def _first_forward(net: Network, op: Any, x: Any, space: list[dict[str, Any]]) -> Any:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from microbench.cpustat import cpu_times, steal_fraction
 from microbench.errors import UserError
 from microbench.fileio import atomic_write_text
 from microbench.threads import available_cores, oversubscription, thread_env
@@ -32,8 +33,13 @@ class BenchPlan:
     model: str = "mlp,cnn"  # comma-separated workloads
     procs: tuple[int, ...] = (1, 2)
     threads: tuple[int, ...] = (1, 2)
-    batch: int = 32
+    batches: tuple[int, ...] = (16, 32, 64)  # per-rank batches the compute kernels are timed at
     quick: bool = False
+
+    @property
+    def jitter_batch(self) -> int:
+        """The batch of the jitter (and co-location) steps: the middle one."""
+        return sorted(self.batches)[len(self.batches) // 2]
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,7 @@ class StageResult:
     status: str  # "ok", "failed (exit N)"
     time_s: float
     log: str
+    steal: float | None = None  # share of CPU time the hypervisor took meanwhile (cpustat)
 
 
 @dataclass
@@ -70,10 +77,13 @@ def _microbench(*args: str) -> list[str]:
 
 
 def plan_stages(plan: BenchPlan) -> list[Stage]:
-    """The stages, in the order they run: compute and copies on one process, then per P."""
+    """The stages, in the order they run: compute and copies on one process, then per P
+    collectives and, per model, the jitter step (the same step at every P: its slowdown from
+    one rank to P is the co-location factor)."""
     quick = ["--quick"] if plan.quick else []
     threads = ",".join(map(str, plan.threads))
-    step_model = plan.model.split(",")[0]  # compute measures every model; jitter the first
+    batches = ",".join(map(str, plan.batches))
+    models = [m for m in plan.model.split(",") if m]
     ranks1 = str(plan.out / "ranks1")
     stages = [
         Stage(
@@ -82,7 +92,7 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
             (
                 sys.executable,
                 *_microbench("compute", "--model", plan.model, "--threads", threads),
-                *("--batch", str(plan.batch), "--out", ranks1, *quick),
+                *("--batch", batches, "--out", ranks1, *quick),
             ),
             ranks=1,
             threads=max(plan.threads),
@@ -91,6 +101,20 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
             "copies",
             "host<->device copies",
             (sys.executable, *_microbench("copies", "--out", ranks1, *quick)),
+            ranks=1,
+            threads=1,
+        ),
+        Stage(
+            "compression",
+            "gradient compression (fp16, top-k)",
+            (sys.executable, *_microbench("compression", "--out", ranks1, *quick)),
+            ranks=1,
+            threads=1,
+        ),
+        Stage(
+            "storage",
+            "checkpoint writes (atomic, fsynced) into the run directory",
+            (sys.executable, *_microbench("storage", "--out", ranks1, *quick)),
             ranks=1,
             threads=1,
         ),
@@ -107,24 +131,26 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
                 threads=1,
             )
         )
-        stages.append(
-            Stage(
-                f"jitter-p{procs}",
-                f"step jitter of {step_model} at {procs} rank(s) x {jitter_threads} thread(s)",
-                tuple(
-                    mpiexec_command(
-                        procs,
-                        _microbench(
-                            "jitter",
-                            *("--model", step_model, "--batch", str(plan.batch)),
-                            *("--threads", str(jitter_threads), "--out", out, *quick),
-                        ),
-                    )
-                ),
-                ranks=procs,
-                threads=jitter_threads,
+        for i, model in enumerate(models):
+            stages.append(
+                Stage(
+                    f"jitter-p{procs}-{Path(model).stem}",
+                    f"step jitter of {model} at {procs} rank(s) x {jitter_threads} thread(s)",
+                    tuple(
+                        mpiexec_command(
+                            procs,
+                            _microbench(
+                                "jitter",
+                                *("--model", model, "--batch", str(plan.jitter_batch)),
+                                *("--threads", str(jitter_threads), "--out", out, *quick),
+                                *(["--append"] if i else []),
+                            ),
+                        )
+                    ),
+                    ranks=procs,
+                    threads=jitter_threads,
+                )
             )
-        )
     overlap_procs = max(plan.procs)
     if overlap_procs >= 2:
         out = str(plan.out / f"ranks{overlap_procs}")
@@ -177,14 +203,18 @@ def run_bench(plan: BenchPlan, progress: TextIO = sys.stderr) -> BenchResult:
     for number, stage in enumerate(stages, start=1):
         _progress_line(progress, number, len(stages), stage.label, None)
         log = logs / f"{stage.name}.log"
-        started = time.perf_counter()
+        started, before = time.perf_counter(), cpu_times()
         env = {**os.environ, **thread_env(stage.threads)}
         with log.open("w") as handle:
             status = run_supervised(stage.command, env=env, stdout=handle, stderr=handle)
         elapsed = time.perf_counter() - started
         outcome = "ok" if status == 0 else f"failed (exit {status})"
-        result.stages.append(StageResult(stage.name, stage.label, outcome, elapsed, str(log)))
-        _progress_line(progress, number, len(stages), stage.label, (outcome, elapsed))
+        steal = steal_fraction(before, cpu_times())
+        result.stages.append(
+            StageResult(stage.name, stage.label, outcome, elapsed, str(log), steal)
+        )
+        shown = outcome if steal is None or steal < 0.05 else f"{outcome} ({steal:.0%} CPU stolen)"
+        _progress_line(progress, number, len(stages), stage.label, (shown, elapsed))
         if status != 0:
             tail = log.read_text().strip().splitlines()[-3:]
             for line in tail:

@@ -9,6 +9,7 @@ established empirical modeller.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -40,7 +41,9 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--procs", type=int_list, default=(1, 2), metavar="P,...", help="for bench")
     p.add_argument("--threads", type=int_list, default=None, metavar="T,...", help="for bench")
     p.add_argument("--model", default="mlp,cnn", metavar="NAME|PATH,...", help="for bench")
-    p.add_argument("--batch", type=positive_int, default=32, help="for bench (32)")
+    p.add_argument(
+        "--batch", type=int_list, default=(16, 32, 64), metavar="B,...", help="for bench"
+    )
     p.add_argument("--bootstrap", type=positive_int, default=None, help="bootstrap rounds")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.set_defaults(handler=run_calibrate_command)
@@ -68,6 +71,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
 
 def _fit_and_write(run_dir: Path, profile_path: Path, args: argparse.Namespace) -> int:
     from calibration.extrap import export_extrap
+    from calibration.optable import inconsistent_steps
     from calibration.pipeline import fit_profile, load_measurements
     from calibration.report import format_report
 
@@ -83,6 +87,8 @@ def _fit_and_write(run_dir: Path, profile_path: Path, args: argparse.Namespace) 
     print(format_report(profile.to_dict()))
     for note in dict.fromkeys(str(w.message) for w in caught):
         print(f"pdlsim: note: {note}")
+    for line in inconsistent_steps(models["compute"].table_):
+        print(f"pdlsim: warning: {line}", file=sys.stderr)
     from pdlsim.plots import plot_calibration
 
     plots = plot_calibration(models, frame, profile_path.parent / "plots")

@@ -97,17 +97,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         default="mlp,cnn",
         metavar="NAME|PATH,...",
-        help="workloads whose layers to time (mlp,cnn); step jitter uses the first",
+        help="workloads whose layers, steps and step jitter to time (mlp,cnn)",
     )
-    bench.add_argument("--batch", type=positive_int, default=32, help="per-rank batch (32)")
+    bench.add_argument(
+        "--batch",
+        type=int_list,
+        default=(16, 32, 64),
+        metavar="B,...",
+        help="per-rank batches of the compute kernels (16,32,64); jitter uses the middle one",
+    )
     bench.add_argument("--out", type=Path, default=None, metavar="DIR", help="run directory")
     bench.set_defaults(handler=run_bench_command)
 
     from pdlsim.calibrate import add_calibrate_parser
-    from pdlsim.predict import add_predict_parser
+    from pdlsim.predict_cli import add_predict_parser
     from pdlsim.sweep import add_sweep_parser
     from pdlsim.train.cli import add_train_parser
-    from pdlsim.validate import add_validate_parser
+    from pdlsim.validate_cli import add_validate_parser
 
     add_calibrate_parser(commands)
     add_predict_parser(commands)
@@ -151,7 +157,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         model=args.model,
         procs=args.procs,
         threads=threads,
-        batch=args.batch,
+        batches=args.batch,
         quick=args.quick,
     )
     try:

@@ -19,12 +19,22 @@
   profile's fitted inter-node parameters when it has them and no network is given; the receiver
   reduces at a third of its memory bandwidth (two reads, one write per byte): the profile's
   triad bandwidth for CPU ranks, the preset's HBM for GPU ranks.
-* **Whole-step correction.** Ops timed one at a time add up to less than the same ops run back
-  to back as one training step (caches and allocator state differ). Where the profile's compute
-  table holds whole-step rows (phase ``step``, per model, batch and threads, measured by the
-  compute microbenchmark), the compute time is multiplied by the median, per thread count, of
-  measured step / sum of this model's predicted ops for that step (:meth:`step_ratios`; the
-  nearest measured thread count below otherwise). No step rows: no correction.
+* **Whole-step correction.** Ops timed one at a time do not add up to the same ops run back to
+  back as one training step (caches, allocator state, per-call overheads). Where the profile's
+  compute table holds whole-step rows (phase ``step``, per model, batch and threads, measured
+  by the compute microbenchmark), every op's time is multiplied by measured step / sum of the
+  predicted ops of that step, for the ``workload`` this model is built for, interpolated in the
+  batch (:class:`pdlsim.stepscale.StepScale`). No step rows: no correction.
+* **Mini-batch gather.** CPU ranks gather each mini-batch before the step (``np.take`` of the
+  rows, as ``pdlsim train`` does): the profile's measured ``data`` rows, added to the first
+  layer's forward, so that T_compute is what the training loop's data + forward + backward +
+  update phases add up to.
+* **Co-location.** CPU ranks sharing a node slow each other down (memory bandwidth, caches):
+  compute is multiplied by the profile's measured co-location factor at ``ranks_per_node``
+  (:mod:`calibration.colocation`; held at the largest measured ranks per node beyond it).
+* **Drift.** The band (:meth:`perturbed`) also scales CPU compute by a lognormal draw of the
+  profile's run-to-run drift (:mod:`calibration.drift`): the same step measured at different
+  moments of the calibration.
 * **Copies.** The profile's transfer model, else the preset's PCIe per-direction rate times
   :data:`PINNED_EFFICIENCY` or :data:`PAGEABLE_EFFICIENCY` plus :data:`COPY_LATENCY_S` (assumed).
 * **Jitter.** The profile's :class:`calibration.jitter.JitterModel` behind the simulator's
@@ -36,30 +46,31 @@
 :meth:`ProfileCostModel.perturbed` draws every fitted parameter from a normal distribution
 centred on the fitted value whose 95% interval has the width of the fitted interval
 (sigma = width / 3.92), clipped at 0 (rates and efficiencies at 1% of the fitted value, so that
-nothing divides by zero; the overlap efficiency at 1). Data-sheet figures and assumptions are
-not perturbed: they have no interval.
+nothing divides by zero; the overlap efficiency at 1); the measured whole-step times and the
+co-location factor move by one normal draw each within their intervals. Data-sheet figures and
+assumptions are not perturbed: they have no interval.
 """
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from calibration.collective_regimes import CollectiveRegime
+from calibration.colocation import ColocationModel
+from calibration.compression import CompressionModel
 from calibration.compute import ComputeModel
-from calibration.jitter import FAMILIES, JitterModel
 from calibration.overlap import OverlapModel
 from calibration.profile import Profile
-from calibration.roofline import SCALARS, Roofline
 from calibration.stats import Interval
 from calibration.transfer import TransferModel
-from microbench.network_ops import layer_bytes, update_cost
+from microbench.network_ops import LABEL_BYTES, layer_bytes, update_cost
 from microbench.workload import LayerInfo
 from pdlsim.presets import GpuPreset, NetworkPreset
 from pdlsim.sim import ConfigError, LinkCost, Placement, TimedStep, collectives
+from pdlsim.stepscale import StepScale
+from pdlsim.uncertainty import ProfileJitter, moved, perturbed_cost
 
 __all__ = [
     "COPY_LATENCY_S",
@@ -81,53 +92,7 @@ NVLINK_LATENCY_S = 2e-6
 COPY_LATENCY_S = 10e-6
 PINNED_EFFICIENCY = 0.8  # of the PCIe per-direction rate
 PAGEABLE_EFFICIENCY = 0.4  # staged through a pinned driver buffer
-_Z95 = 1.959963984540054
 _COLLECTIVE_OPS = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "pingpong")
-
-
-def _draw(rng: np.random.Generator, value: float, ci: Interval | None, floor: float = 0.0):
-    if ci is None or not ci.high > ci.low:
-        return value
-    return max(float(rng.normal(value, (ci.high - ci.low) / (2 * _Z95))), floor)
-
-
-@dataclass(frozen=True, eq=False)
-class ProfileJitter:
-    """A fitted :class:`JitterModel` as the simulator's ``Jitter`` (plus ``ppf``/``isf``, so the
-    slowest of P is drawn exactly from the fitted family)."""
-
-    model: JitterModel
-
-    def _dist(self) -> Any:
-        dist, fixed, names = FAMILIES[self.model.family_]
-        p = self.model.params_
-        if self.model.family_ == "normal":
-            return dist(loc=p["loc"], scale=p["scale"])
-        return dist(p[names[0]], loc=fixed["floc"], scale=p["scale"])
-
-    def sample(self, rng: np.random.Generator, size: Any) -> np.ndarray:
-        return np.asarray(self.model.sample(rng, size), dtype=float)
-
-    def ppf(self, q: Any) -> np.ndarray:
-        return self._dist().ppf(q)
-
-    def isf(self, tail: Any) -> np.ndarray:
-        return self._dist().isf(tail)
-
-    def expected_max_factor(self, ranks: int) -> float:
-        return float(self.model.expected_max_factor(int(ranks)))
-
-    def perturbed(self, rng: np.random.Generator) -> ProfileJitter:
-        """Family parameters drawn in their intervals; the empirical atoms follow by quantile."""
-        new = copy.copy(self.model)
-        new.params_ = {
-            k: _draw(rng, v, self.model.intervals_.get(k), 0.01 * abs(v))
-            for k, v in self.model.params_.items()
-        }
-        old_cdf = self._dist().cdf(self.model.atoms_)
-        moved = ProfileJitter(new)._dist().ppf(np.clip(old_cdf, 1e-12, 1 - 1e-12))
-        new.atoms_ = np.sort(np.asarray(moved, dtype=float))
-        return ProfileJitter(new)
 
 
 def _intra_regimes(profile: Profile) -> tuple[CollectiveRegime, ...]:
@@ -164,7 +129,16 @@ class ProfileCostModel:
     overlap_efficiency: float
     overlap_interval: Interval | None = None
     provenance: dict[str, str] = field(default_factory=dict)
-    step_ratio: dict[tuple[str, int], float] = field(default_factory=dict)
+    workload: str | None = None  # the preset the whole-step rows are looked up for
+    ranks_per_node: int = 1
+    scale: StepScale = field(default_factory=StepScale)
+    colocation: ColocationModel | None = None
+    step_z: float = 0.0  # standard deviations the measured steps are moved by (the band)
+    colocation_z: float = 0.0
+    drift_sigma: float = 0.0  # the profile's run-to-run drift of a step's median (lognormal)
+    drift_factor: float = 1.0  # this band sample's draw of it
+    _ops_cache: dict[tuple[str, int, int, str], float] = field(default_factory=dict, repr=False)
+    compression: CompressionModel | None = None  # the profile's, when it measured compression
 
     @classmethod
     def from_profile(
@@ -174,6 +148,8 @@ class ProfileCostModel:
         gpu: GpuPreset | None = None,
         device: str = "cpu",
         bucket_bytes: int = 25 * 2**20,
+        workload: str | None = None,
+        ranks_per_node: int = 1,
     ) -> ProfileCostModel:
         compute = profile.model("compute")
         regimes = _intra_regimes(profile)
@@ -209,55 +185,86 @@ class ProfileCostModel:
         prov["overlap"] = f"profile ({method} method, {bucket_bytes} B)"
         jitter_doc = profile.models.get("jitter")
         jitter = ProfileJitter(profile.model("jitter")) if jitter_doc else None
-        model = cls(
+        own = (
+            profile.model("jitter_models").get(workload)
+            if profile.models.get("jitter_models")
+            else None
+        )
+        if own is not None:
+            jitter = ProfileJitter(own)
+            prov["jitter"] = f"profile ({workload}'s own steps)"
+        elif jitter is not None:
+            prov["jitter"] = "profile (every measured workload's steps pooled)"
+        scale = StepScale.from_table(getattr(compute, "table_", []))
+        compute_device = "gpu" if device == "gpu" and has_gpu_compute else "cpu"
+        if scale and (device == "cpu" or has_gpu_compute):
+            prov["compute"] += "; " + scale.source(compute_device, workload)
+        colocation = profile.model("colocation") if profile.models.get("colocation") else None
+        if device == "cpu" and ranks_per_node > 1:
+            if colocation is None or not colocation.points_:
+                prov["co-location"] = "not measured: ranks of a node assumed not to slow each other"
+            else:
+                factor, _ = colocation.factor(workload or "", 1, ranks_per_node)
+                held = colocation.max_ranks_per_node
+                prov["co-location"] = (
+                    f"profile (jitter at 1 and {held} ranks per node): x{factor:.3f} at "
+                    f"{ranks_per_node} per node"
+                    + (f", held above {held}" if ranks_per_node > held else "")
+                )
+        drift = profile.model("drift") if profile.models.get("drift") else None
+        drift_sigma = drift.sigma_ if drift is not None and device == "cpu" else 0.0
+        if drift_sigma > 0:
+            prov["drift"] = f"profile: the band carries a {drift_sigma:.1%} run-to-run drift"
+        return cls(
             compute, regimes, inter, source, transfer, gpu, device, mem_bw, jitter, efficiency,
-            _overlap_interval(overlap, bucket_bytes, method), prov,
+            _overlap_interval(overlap, bucket_bytes, method), prov, workload, ranks_per_node,
+            scale, colocation, compression=profile.model("compression"), drift_sigma=drift_sigma,
         )  # fmt: skip
-        ratios = model.step_ratios()
-        if ratios:
-            prov["compute"] += " x whole-step/sum-of-ops " + ", ".join(
-                f"{d} T{t} {r:.3f}" for (d, t), r in sorted(ratios.items())
-            )
-        return replace(model, step_ratio=ratios)
 
-    def step_ratios(self) -> dict[tuple[str, int], float]:
-        """Median over the profile's whole-step rows of measured step / sum of predicted ops,
-        per (device, threads); rows of a model that is not a preset workload are skipped."""
+    def _ops_s(self, model: str, batch: int, threads: int, device: str) -> float:
+        """Sum of the predicted (uncorrected) ops of one training step of preset ``model``."""
         from microbench.workload import load_workload
 
-        found: dict[tuple[str, int], list[float]] = {}
-        for e in getattr(self.compute, "table_", []):
-            if e.phase != "step" or e.device not in self.compute.devices:
-                continue
+        key = (model, batch, threads, device)
+        if key not in self._ops_cache:
             try:
-                layers = load_workload(e.model).layers
+                layers = load_workload(model).layers
             except Exception:  # noqa: BLE001 - a workload file not at hand: no ratio from it
-                continue
-            ops = sum(
-                self._raw_compute(layer, phase, e.batch, e.threads, e.device)
+                layers = ()
+            self._ops_cache[key] = sum(
+                self._raw_compute(layer, phase, batch, threads, device)
                 for layer in layers
                 for phase in ("forward", "backward", "update")
                 if phase != "update" or layer.param_count > 0
             )
-            if ops > 0:
-                found.setdefault((e.device, e.threads), []).append(e.time_s / ops)
-        return {k: float(np.median(v)) for k, v in found.items()}
+        return self._ops_cache[key]
 
-    def _step_factor(self, device: str, threads: int) -> float:
-        have = [t for d, t in self.step_ratio if d == device]
-        if not have:
+    def step_ratio(self, batch: int, threads: int, device: str = "cpu") -> float:
+        """Measured step / predicted ops for this model's workload (:class:`StepScale`)."""
+        return self.scale.ratio(self._ops_s, device, self.workload, batch, threads, self.step_z)
+
+    def colocation_factor(self, threads: int) -> float:
+        """Slowdown of a CPU rank's compute with ``ranks_per_node`` ranks busy on its node."""
+        if self.colocation is None or self.ranks_per_node <= 1:
             return 1.0
-        below = [t for t in have if t <= threads]
-        return self.step_ratio[(device, max(below) if below else min(have))]
+        value, ci = self.colocation.factor(self.workload or "", threads, self.ranks_per_node)
+        return moved(value, ci, self.colocation_z, 1.0)
 
     # ---------------------------------------------------------------------------- compute
     def compute_time(
         self, layer: LayerInfo, phase: str, batch: int, threads: int, device: str
     ) -> float:
         raw = self._raw_compute(layer, phase, batch, threads, device)
-        if device == "gpu" and "gpu" not in self.compute.devices:
-            return raw
-        return raw * self._step_factor(device, 1 if device == "gpu" else threads)
+        if device == "gpu":
+            if "gpu" not in self.compute.devices:
+                return raw
+            return raw * self.step_ratio(batch, 1, "gpu")
+        seconds = raw * self.step_ratio(batch, threads)
+        if phase == "forward" and layer.index == 0:
+            seconds += self.scale.data_time_s(
+                self.workload, batch, layer.input_bytes_per_sample + LABEL_BYTES
+            )
+        return seconds * self.colocation_factor(threads) * self.drift_factor
 
     def _raw_compute(
         self, layer: LayerInfo, phase: str, batch: int, threads: int, device: str
@@ -349,55 +356,22 @@ class ProfileCostModel:
     # ------------------------------------------------------------------------ uncertainty
     def perturbed(self, rng: np.random.Generator) -> ProfileCostModel:
         """A model with every fitted parameter drawn in its interval (module docstring)."""
-        compute = copy.copy(self.compute)
-        compute.curves_ = {}
-        for key, roof in self.compute.curves_.items():
-            found = self.compute.intervals_.get(key, {})
-            scalars = {k: Interval.from_dict(v) for k, v in found.get("scalars", {}).items()}
-            values = {}
-            for k in SCALARS:
-                value = getattr(roof, k)
-                floor = 0.0 if k == "overhead_s" else 0.01 * value
-                values[k] = _draw(rng, value, scalars.get(k), floor)
-            classes = {}
-            for name, (e, h) in roof.classes.items():
-                ci = found.get("classes", {}).get(name, {})
-                e_ci, h_ci = (
-                    Interval.from_dict(ci[k]) if k in ci else None
-                    for k in ("efficiency_max", "half_efficiency_flops")
-                )
-                classes[name] = (_draw(rng, e, e_ci, 0.01 * e), _draw(rng, h, h_ci))
-            compute.curves_[key] = Roofline(**values, classes=classes)
-        regimes = tuple(
-            replace(
-                r,
-                a_s=_draw(rng, r.a_s, r.intervals.get("a_s")),
-                b_s_per_byte=_draw(rng, r.b_s_per_byte, r.intervals.get("b_s_per_byte")),
-            )
-            for r in self.intra_regimes
-        )
-        transfer = None
-        if self.transfer is not None:
-            transfer = copy.copy(self.transfer)
-            transfer.curves_ = {}
-            for key, curve in self.transfer.curves_.items():
-                new = copy.copy(curve)
-                new.regimes_ = [
-                    replace(
-                        r,
-                        alpha_s=_draw(rng, r.alpha_s, r.alpha_ci),
-                        beta_s_per_byte=_draw(rng, r.beta_s_per_byte, r.beta_ci),
-                    )
-                    for r in curve.regimes_
-                ]
-                transfer.curves_[key] = new
-        efficiency = min(1.0, _draw(rng, self.overlap_efficiency, self.overlap_interval))
-        jitter = None if self.jitter is None else self.jitter.perturbed(rng)
-        return replace(
-            self,
-            compute=compute,
-            intra_regimes=regimes,
-            transfer=transfer,
-            jitter=jitter,
-            overlap_efficiency=efficiency,
+        return perturbed_cost(self, rng)
+
+    # ------------------------------------------------------------------------ compression
+    def compression_time(
+        self, method: str, nbytes: int, phase: str = "round_trip", ranks: int = 1
+    ) -> float:
+        """Seconds a rank spends compressing (``phase="compress"``) a float32 gradient of
+        ``nbytes`` by ``method`` (fp16, topk:F), expanding what ``ranks`` ranks sent
+        (``"decompress"``) or both (``"round_trip"``): the profile's compression model on CPU
+        ranks (ConfigError without one), a memory-bound data-sheet estimate on GPU ranks
+        (:func:`pdlsim.compression_cost.compression_seconds`)."""
+        from pdlsim.compression_cost import compression_seconds
+
+        hbm = None
+        if self.device == "gpu" and self.gpu is not None:
+            hbm = self.gpu.hbm_bandwidth_bytes_per_s * GPU_MEMORY_EFFICIENCY
+        return compression_seconds(
+            self.compression, method, nbytes, phase, ranks, hbm, GPU_KERNEL_LAUNCH_S
         )

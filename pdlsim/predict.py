@@ -18,15 +18,14 @@ of a few steps: cheap, and still carries the jitter); P10/P50/P90 of their mean 
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import re
-import sys
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
+from pdlsim.parallel_predict import layerwise_mode, run_layerwise
+from pdlsim.prediction_doc import prediction_document
 from pdlsim.presets import (
     DEFAULT_GPU_PRESET,
     DEFAULT_NETWORK_PRESET,
@@ -34,6 +33,7 @@ from pdlsim.presets import (
     gpu_preset,
     network_preset,
 )
+from pdlsim.whatif import apply_to_cost, rank_speeds, scenario_options
 
 if TYPE_CHECKING:  # the heavy modules are imported where used: building the parser stays light
     from calibration.profile import Profile
@@ -46,13 +46,13 @@ __all__ = [
     "parse_rate",
     "parse_time",
     "run_prediction",
-    "format_prediction",
 ]
 
 DATASET_SAMPLES = {"cnn": 50_000, "mlp": 60_000}  # CIFAR-10 and MNIST training sets
 BAND_ITERATIONS = 20
 _RATE = re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*([kMGT]?)(B|b|bit)/s\s*$")
-_TIME = re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*(s|ms|us|ns)\s*$")
+_TIME = re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*(d|h|min|s|ms|us|ns)\s*$")
+_SECONDS = {"d": 86400.0, "h": 3600.0, "min": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 _PREFIX = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
 
@@ -66,11 +66,11 @@ def parse_rate(text: str) -> float:
 
 
 def parse_time(text: str) -> float:
-    """'2us' -> 2e-6 s."""
+    """'2us' -> 2e-6 s; 'ns', 'us', 'ms', 's', 'min', 'h' and 'd' are understood."""
     m = _TIME.match(text)
     if not m:
-        raise UserError(f"expected a time like 2us, 1.5ms or 0s, got '{text}'")
-    return float(m.group(1)) * {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[m.group(2)]
+        raise UserError(f"expected a time like 2us, 1.5ms, 60s or 5000h, got '{text}'")
+    return float(m.group(1)) * _SECONDS[m.group(2)]
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,29 @@ class PredictConfig:
     samples: int = 20
     dataset_samples: int | None = None
     algorithm: str | None = None
+    power_preset: str | None = None  # power model (pdlsim.energy); None: by device
+    cpu_watts: tuple[float, float] | None = None  # idle, busy W per socket
+    gpu_watts: tuple[float, float] | None = None  # idle, busy W per GPU
+    node_other_watts: float | None = None
+    cpu_sockets: tuple[int, int] | None = None  # sockets, cores per socket
+    parallel: str = "data"  # data, model or pipeline (pdlsim.parallel_predict)
+    stages: int | None = None  # pipeline stages
+    microbatches: int | None = None  # micro-batches per pipeline step
+    schedule: str | None = None  # gpipe or 1f1b (default)
+    inference: bool = False  # forward pass only
+    compression: str | None = None  # what-ifs (pdlsim.whatif): none, fp16, topk:F
+    sync_every: int = 1  # local SGD: allreduce every k-th step
+    network_scale: float = 1.0  # inter-node bandwidth x
+    latency_scale: float = 1.0  # inter-node latency x
+    slow_ranks: int = 0  # the last K ranks ...
+    slow_factor: float | None = None  # ... F times slower
+    speeds: tuple[float, ...] | None = None  # or one speed per rank
+    balance: str = "static"  # batch per rank: static or proportional to speed
+    checkpoint_every: str | None = None  # steps, or "auto" (pdlsim.reliability)
+    checkpoint_bw: str | None = None
+    checkpoint_latency: str | None = None
+    mtbf: str | None = None  # per node
+    restart_time: str | None = None
 
 
 def resolve_profile(name: str | None) -> tuple[Profile, str]:
@@ -150,6 +173,9 @@ def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict
         cluster = Cluster.gpus(cfg.nodes, cfg.gpus)
     else:
         cluster = Cluster.cpus(cfg.nodes, cfg.procs_per_node, cfg.threads)
+    speeds = rank_speeds(cfg, cluster.ranks)
+    if speeds is not None:
+        cluster = replace(cluster, speeds=speeds)
     bucket_bytes = max(1, int(cfg.bucket_mb * 2**20))
     scenario = Scenario(
         workload,
@@ -161,8 +187,12 @@ def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict
         iterations=cfg.iterations,
         seed=cfg.seed,
         algorithm=cfg.algorithm,
+        **scenario_options(cfg),
     )
-    cost = ProfileCostModel.from_profile(profile, network, gpu, cluster.device, bucket_bytes)
+    cost = ProfileCostModel.from_profile(
+        profile, network, gpu, cluster.device, bucket_bytes, workload.name, cluster.ranks_per_node
+    )
+    cost = apply_to_cost(cfg, cost)
     provenance = {"profile": profile_name, **cost.provenance}
     if gpu is not None:
         provenance["gpu_preset"] = f"{gpu.name} (data sheet: {gpu.source})"
@@ -176,24 +206,41 @@ def _regimes(profile: Profile) -> list[Any]:
 
 def memory_per_rank(cluster: Cluster, scenario: Scenario) -> dict[str, int]:
     """Bytes per rank: float32 weights and gradients, plain SGD (no optimizer state), the
-    activations kept for backward at the batch, DDP bucket buffers (a flat copy of every
-    gradient) when there is more than one rank, and the mini-batch input (twice with prefetch)."""
+    activations kept for backward at the batch, the convolutions' im2col workspace (the column
+    matrix of each conv layer, and its gradient where the layer passes one back: what an
+    im2col + GEMM convolution allocates), on GPU ranks DDP bucket buffers (a flat copy of every
+    gradient) when there is more than one rank (CPU ranks allreduce in place), and the
+    mini-batch input (twice with prefetch)."""
     w = scenario.workload
     batch = scenario.batch_per_rank
     inputs = w.layers[0].input_bytes_per_sample * batch * (2 if scenario.prefetch else 1)
+    buckets = w.gradient_bytes if cluster.ranks > 1 and cluster.device == "gpu" else 0
     parts = {
         "weights": 4 * w.param_count,
         "gradients": w.gradient_bytes,
         "optimizer_state": 0,
         "activations": w.activation_bytes_per_sample * batch,
-        "buffers": (w.gradient_bytes if cluster.ranks > 1 else 0) + inputs,
+        "workspace": batch * sum(im2col_bytes_per_sample(info) for info in w.layers),
+        "buffers": buckets + inputs,
     }
     parts["total"] = sum(parts.values())
     return parts
 
 
+def im2col_bytes_per_sample(info: Any) -> int:
+    """A conv layer's column matrix per sample (out h x out w rows of k x k x c_in floats),
+    twice where it passes an input gradient back (the columns' gradient); 0 for other layers."""
+    if info.kind != "conv2d":
+        return 0
+    k = info.layer.get("kernel")
+    cols = math.prod(info.output_shape[1:]) * k * k * info.input_shape[0] * 4
+    return cols * (2 if info.needs_input_grad else 1)
+
+
 def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, Any]:
     """Predict one configuration: the JSON object ``pdlsim predict --json`` prints."""
+    if layerwise_mode(cfg):  # model or pipeline parallelism, or inference
+        return run_layerwise(cfg, build, trace, DATASET_SAMPLES, BAND_ITERATIONS)
     import numpy as np
 
     from pdlsim.sim import Cluster, simulate, write_chrome_trace
@@ -202,7 +249,8 @@ def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, An
         cluster, scenario, cost, provenance = build(cfg)
         result = simulate(cluster, scenario, cost, trace=trace is not None)
         one = Cluster(1, 1, cluster.threads_per_rank, cluster.device)
-        base = result if cluster.ranks == 1 else simulate(one, scenario, cost)
+        alone = replace(cost, ranks_per_node=1)  # one device: nothing shares its node
+        base = result if cluster.ranks == 1 else simulate(one, scenario, alone)
         band_scenario = replace(scenario, iterations=min(cfg.iterations, BAND_ITERATIONS))
         rng = np.random.default_rng(cfg.seed)
         band = [
@@ -215,142 +263,15 @@ def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, An
         raise UserError(str(exc)) from None
     if trace is not None and result.timeline is not None:
         write_chrome_trace(trace, result.timeline)
-    b = result.breakdown
-    step, devices = b.step_s, cluster.ranks
-    speedup = devices * base.step_time_s / step
-    dataset = cfg.dataset_samples or DATASET_SAMPLES.get(scenario.workload.name, 50_000)
-    per_step = devices * scenario.batch_per_rank
-    memory = memory_per_rank(cluster, scenario)
-    p10, p50, p90 = np.percentile(band, [10, 50, 90])
-    out = {
-        "step_time_s": step,
-        "epoch_time_s": math.ceil(dataset / per_step) * step,
-        "throughput_samples_per_s": per_step / step,
-        "speedup": speedup,
-        "efficiency": speedup / devices,
-        "comm_overhead_pct": 100.0 * (b.comm_s - b.overlap_s) / step,
-        "breakdown": {
-            "compute_s": b.compute_s,
-            "comm_s": b.comm_s,
-            "sync_s": b.sync_s,
-            "overlap_s": b.overlap_s,
-        },
-        "band": {"p10_s": float(p10), "p50_s": float(p50), "p90_s": float(p90)},
-        "memory_bytes_per_rank": memory["total"],
-        "memory_breakdown_bytes": memory,
-        "gpu_utilization": (b.compute_s - b.h2d_exposed_s) / step
-        if cluster.device == "gpu"
-        else None,
-        "single_device_step_time_s": base.step_time_s,
-        "dataset_samples": dataset,
-        "config": {**asdict(cfg), "mode": cluster.mode, "devices": devices},
-        "buckets": [asdict(x) for x in result.buckets],
-        "provenance": provenance,
-        "data_sheet": sorted(k for k, v in provenance.items() if "data sheet" in v),
-    }
-    if cluster.device == "gpu" and cost.gpu is not None and memory["total"] > cost.gpu.memory_bytes:
-        out["warning"] = f"needs {memory['total']:,} B per rank, more than the {cost.gpu.name}'s"
-    return out
-
-
-def cores_warning(cfg: PredictConfig) -> str | None:
-    if cfg.gpus > 0:
-        return None
-    profile, _ = resolve_profile(cfg.profile)
-    cores = profile.machine.get("cores_available") or profile.machine.get("physical_cores")
-    used = cfg.procs_per_node * cfg.threads
-    if isinstance(cores, int) and used > cores:
-        return (
-            f"pdlsim: warning: {used} cores per node asked, the profile's machine has {cores}: "
-            "this predicts nodes like it with more cores"
-        )
-    return None
-
-
-def _fmt_s(seconds: float) -> str:
-    return f"{seconds * 1e3:.3f} ms" if seconds < 1 else f"{seconds:.3f} s"
-
-
-def format_prediction(out: dict[str, Any]) -> str:
-    c, b, band, m = out["config"], out["breakdown"], out["band"], out["memory_breakdown_bytes"]
-    where = (
-        f"{c['gpus']} GPUs"
-        if c["gpus"]
-        else f"{c['procs_per_node']} procs x {c['threads']} threads"
-    )
-    lines = [
-        f"{c['model']} batch {c['batch']}/rank on {c['nodes']} nodes x {where} "
-        f"({c['devices']} ranks, {c['mode']}), {c['iterations']} iterations",
-        f"step time        {_fmt_s(out['step_time_s'])}   band P10/P50/P90 "
-        f"{_fmt_s(band['p10_s'])} / {_fmt_s(band['p50_s'])} / {_fmt_s(band['p90_s'])}",
-        f"epoch time       {_fmt_s(out['epoch_time_s'])}  ({out['dataset_samples']:,} samples)",
-        f"throughput       {out['throughput_samples_per_s']:,.0f} samples/s",
-        f"speedup          {out['speedup']:.2f} x one device   efficiency {out['efficiency']:.1%}",
-        f"comm overhead    {out['comm_overhead_pct']:.1f}% of the step (exposed)",
-        f"breakdown        compute {_fmt_s(b['compute_s'])} + comm {_fmt_s(b['comm_s'])} + sync "
-        f"{_fmt_s(b['sync_s'])} - overlap {_fmt_s(b['overlap_s'])}",
-        "memory per rank  " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in m.items()),
-    ]
-    if out["gpu_utilization"] is not None:
-        lines.append(f"GPU utilisation  {out['gpu_utilization']:.1%} (compute busy / step)")
-    lines.append("sources:")
-    lines += [f"  {k}: {v}" for k, v in out["provenance"].items()]
-    if out["data_sheet"]:
-        lines.append(f"data-sheet figures (not measured): {', '.join(out['data_sheet'])}")
-    if "warning" in out:
-        lines.append(f"warning: {out['warning']}")
-    return "\n".join(lines)
-
-
-def add_common_options(p: argparse.ArgumentParser) -> None:
-    from pdlsim.cli import non_negative_float
-
-    p.add_argument("--model", default="cnn", metavar="NAME|PATH", help="workload (cnn)")
-    p.add_argument("--profile", default=None, metavar="NAME|PATH", help="default: packaged")
-    p.add_argument("--network", default=None, metavar="NAME", help="ib-hdr (default), ib-ndr, "
-                   "roce-100g, eth-25g, eth-10g: data-sheet presets")  # fmt: skip
-    p.add_argument("--inter-bw", default=None, metavar="RATE", help="e.g. 25GB/s, 100Gb/s")
-    p.add_argument("--inter-lat", default=None, metavar="TIME", help="e.g. 2us")
-    p.add_argument("--gpu-preset", default=DEFAULT_GPU_PRESET, metavar="NAME",
-                   help="h100-sxm (default), a100-sxm, v100, none")  # fmt: skip
-    p.add_argument("--iterations", type=int, default=100, help="simulated steps (100)")
-    p.add_argument("--bucket-mb", type=non_negative_float, default=25.0, help="bucket MiB (25)")
-    p.add_argument("--no-overlap", dest="overlap", action="store_false")
-    p.add_argument("--pinned", dest="pinned", action="store_true", default=True)
-    p.add_argument("--pageable", dest="pinned", action="store_false")
-    p.add_argument("--prefetch", action="store_true", help="copy the next batch during this step")
-    p.add_argument("--algorithm", default=None, help="force an allreduce algorithm")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--samples", type=int, default=20, help="band samples (20)")
-    p.add_argument("--dataset-samples", type=int, default=None, help="samples per epoch")
-
-
-def add_predict_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("predict", help="predict one configuration (step, epoch, speedup)")
-    p.add_argument("--nodes", type=int, required=True)
-    p.add_argument("--gpus", type=int, default=0, help="GPUs per node (0: CPU ranks)")
-    p.add_argument("--procs-per-node", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--batch", type=int, default=32, help="samples per rank per step (32)")
-    add_common_options(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace")
-    p.set_defaults(handler=run_predict_command)
-
-
-def config_from_args(args: argparse.Namespace, **override: Any) -> PredictConfig:
-    fields = PredictConfig.__dataclass_fields__
-    values = {k: v for k, v in vars(args).items() if k in fields}
-    return PredictConfig(**{**values, **override})
-
-
-def run_predict_command(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    out = run_prediction(cfg, trace=args.trace)
-    warning = cores_warning(cfg)
-    if warning:
-        print(warning, file=sys.stderr)
-    print(json.dumps(out, indent=2) if args.json else format_prediction(out))
-    if args.trace:
-        print(f"trace: {args.trace}", file=sys.stderr if args.json else sys.stdout)
-    return 0
+    devices = cluster.ranks
+    return prediction_document(
+        cfg, cluster, result.breakdown, band,
+        base_step_s=base.step_time_s,
+        replicas=devices,
+        samples_per_step=devices * scenario.batch_per_rank,
+        dataset=cfg.dataset_samples or DATASET_SAMPLES.get(scenario.workload.name, 50_000),
+        memory=memory_per_rank(cluster, scenario),
+        provenance=provenance,
+        gpu=cost.gpu,
+        buckets=[asdict(x) for x in result.buckets],
+    )  # fmt: skip

@@ -8,13 +8,9 @@ from dataclasses import replace
 from typing import Any
 
 from microbench.errors import UserError
-from pdlsim.predict import (
-    PredictConfig,
-    add_common_options,
-    config_from_args,
-    cores_warning,
-    run_prediction,
-)
+from pdlsim.knobs import KNOBS, parse_vary, run_vary
+from pdlsim.predict import PredictConfig, run_prediction
+from pdlsim.predict_cli import add_common_options, config_from_args, cores_warning
 
 
 def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...],
@@ -41,6 +37,8 @@ def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...]
                     "comm_overhead_pct": out["comm_overhead_pct"],
                     **out["breakdown"], **out["band"],
                     "memory_bytes_per_rank": out["memory_bytes_per_rank"],
+                    "parallel": cfg.parallel, "inference": cfg.inference,
+                    "bubble_fraction": out.get("parallel", {}).get("bubble_fraction"),
                 })  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -58,6 +56,9 @@ def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--batch", type=int_list, default=(32,), metavar="B,...")
     add_common_options(p)
+    p.add_argument("--vary", type=parse_vary, action="append", default=None,
+                   metavar="KNOB=V1,V2,...", help="vary one knob at a time from the baseline "
+                   f"(repeatable) and rank what each buys; knobs: {', '.join(KNOBS)}")  # fmt: skip
     p.add_argument("--out", type=Path, required=True, metavar="DIR")
     p.set_defaults(handler=run_sweep_command, samples=5)
 
@@ -71,6 +72,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     if args.out.exists() and not args.out.is_dir():
         raise UserError(f"--out {args.out} is a file; give a directory for sweep.csv and the plot")
+    if args.vary:
+        return run_vary(args, cfg)
     frame = sweep(cfg, args.nodes, gpus or args.procs_per_node, args.batch)
     args.out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out / "sweep.csv", index=False)

@@ -11,23 +11,34 @@ interval the **min..max over launches**.
 The prediction uses the same profile for every configuration and the scenario that
 ``pdlsim train`` really runs: one bucket holding every gradient, no overlap, CPU ranks (no
 copies). Nothing measured by the training runs feeds the prediction: the profile is
-calibrated from microbenchmarks only, and its provenance is reported.
+calibrated from microbenchmarks only, and its provenance is reported. Without ``--profile``
+the profile is calibrated first, in the same invocation (:func:`calibrate_now`: ``pdlsim
+bench`` at 1 and 2 ranks, the validated workloads and batches, then the fits), so that it
+describes the machine as it is while the training runs are measured; a shared machine's speed
+drifts by tens of percent over hours.
 
 Speedup is the throughput ratio against the serial run (P1T1) at the same batch per rank:
 ``P x T_serial / T_config``, measured with measured times, predicted with predicted times.
 Configurations with P x T above the cores are run and reported, flagged ``oversubscribed``.
+
+Model parallelism (the ``parallel`` dimension, :mod:`pdlsim.train.model_parallel`): for each
+workload and batch, ``pdlsim train --parallel model --procs P`` training and ``--inference``
+(forward only), predicted with ``PredictConfig(parallel="model", inference=...)``. Their batch
+is the global batch, so their speedup is strong scaling: ``T_serial / T_config`` at the same
+batch, measured against the serial (P1T1, data) run's step (for inference rows, that run's data
++ h2d + forward phases: the serial forward pass), predicted against the layer-wise prediction's
+own one-rank step. ``--quick`` adds two: the first workload, P = 2, the largest batch.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,20 +62,26 @@ TEST_SAMPLES = 64  # the held-out evaluation after the epoch is not timed; keep 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One configuration: a workload, P ranks x T threads, batch per rank."""
+    """One configuration: a workload, P ranks x T threads, batch per rank (with ``parallel``
+    "model": the batch all ranks share), training or forward-only ``inference``."""
 
     model: str
     procs: int
     threads: int
     batch: int
+    parallel: str = "data"
+    inference: bool = False
 
     @property
     def mode(self) -> str:
+        if self.parallel == "model":
+            return "model"
         return MODES.get((self.procs, self.threads), "hybrid" if self.threads > 1 else "mpi")
 
     @property
     def label(self) -> str:
-        return f"{self.model}-p{self.procs}t{self.threads}-b{self.batch}"
+        tags = "-model" * (self.parallel == "model") + "-inference" * self.inference
+        return f"{self.model}-p{self.procs}t{self.threads}-b{self.batch}{tags}"
 
     def oversubscribed(self, cores: int) -> bool:
         return self.procs * self.threads > cores
@@ -83,26 +100,47 @@ class ValidateConfig:
     band_samples: int = 20
     target_run_s: float = 2.0  # timed seconds per launch: steps = target / predicted step
     max_steps: int = 300
+    parallel: tuple[str, ...] = ("data", "model")
+    model_procs: tuple[int, ...] = (2,)  # ranks of the model-parallel configurations
 
 
-def steps_for(cfg: ValidateConfig, predicted_step_s: float) -> int:
+def steps_for(cfg: ValidateConfig, predicted_step_s: float, oversubscribed: bool = False) -> int:
     """Steps per launch: enough for ``target_run_s`` at the *predicted* step time (short MLP
-    steps need many to settle), between ``cfg.steps`` and ``cfg.max_steps``."""
+    steps need many to settle), between ``cfg.steps`` and ``cfg.max_steps``; ``cfg.steps`` when
+    oversubscribed (the model assumes a core per thread, so its step is no guide there: a cnn
+    hybrid step here collapses from 10 ms to 0.7 s, and 300 of them would take minutes)."""
+    if oversubscribed:
+        return cfg.steps
     wanted = math.ceil(cfg.target_run_s / max(predicted_step_s, 1e-6))
     return int(min(max(wanted, cfg.steps), max(cfg.max_steps, cfg.steps)))
 
 
 def plan_matrix(cfg: ValidateConfig) -> list[RunSpec]:
     """Every (model, mode, batch); --quick keeps all batches for the first model only and the
-    middle batch for the others (so at least one workload still has three batch sizes)."""
+    middle batch for the others (so at least one workload still has three batch sizes).
+
+    With "model" in ``cfg.parallel``, model-parallel training and inference at each of
+    ``cfg.model_procs`` for every (model, batch); --quick: the first model's largest batch
+    only. Without "data", the serial runs alone stay, as their baseline."""
     specs = []
+    modes = cfg.modes if "data" in cfg.parallel else ((1, 1),)
     for i, model in enumerate(cfg.models):
         batches = cfg.batches
         if cfg.quick and i > 0:
             batches = (cfg.batches[len(cfg.batches) // 2],)
         for batch in batches:
-            for procs, threads in cfg.modes:
+            for procs, threads in modes:
                 specs.append(RunSpec(model, procs, threads, batch))
+    if "model" in cfg.parallel:
+        models, batches = cfg.models, cfg.batches
+        if cfg.quick:
+            models, batches = cfg.models[:1], (max(cfg.batches),)
+        for model in models:
+            for batch in batches:
+                for procs in cfg.model_procs:
+                    specs += [
+                        RunSpec(model, procs, 1, batch, "model", inf) for inf in (False, True)
+                    ]
     return specs
 
 
@@ -140,16 +178,36 @@ def measured_step_times(run_dir: Path) -> tuple[list[float], dict[str, float]]:
     return steps, {n: statistics.median(p[n] for p in phases) for n in names}
 
 
-def launch_train(spec: RunSpec, steps: int, run_dir: Path) -> None:
-    """One ``pdlsim train`` launch of ``spec`` into ``run_dir`` (its own process / mpiexec)."""
+def measured_memory(run_dir: Path) -> dict[str, int]:
+    """From the run's last epoch record: the peak resident memory of the biggest rank, and the
+    bytes of the arrays training allocated (its own count, in ``pdlsim predict``'s parts)."""
+    epochs = [
+        rec
+        for path in sorted(run_dir.glob("rank0*.jsonl"))
+        for rec in map(json.loads, path.read_text().splitlines())
+        if rec.get("type") == "train_epoch"
+    ]
+    if not epochs:
+        raise UserError(f"no train_epoch record in {run_dir}")
+    last = epochs[-1]
+    return {
+        "peak_rss_bytes": int(last["peak_rss_bytes_max"]),
+        "model_state_bytes": int(last["model_state_bytes"]["total"]),
+    }
+
+
+def launch_train(spec: RunSpec, steps: int, run_dir: Path, extra: tuple[str, ...] = ()) -> None:
+    """One ``pdlsim train`` launch of ``spec`` (and ``extra`` flags) into ``run_dir``."""
     from pdlsim.launch import run_supervised
 
-    samples = max(steps * spec.procs * spec.batch, 256)
+    global_batch = spec.batch * (1 if spec.parallel == "model" else spec.procs)
+    samples = max(steps * global_batch, 256)
     command = [
         sys.executable, "-m", "pdlsim", "train", "--model", spec.model,
         "--procs", str(spec.procs), "--threads", str(spec.threads), "--batch", str(spec.batch),
         "--epochs", "1", "--max-steps", str(steps), "--samples", str(samples),
         "--test-samples", str(TEST_SAMPLES), "--out", str(run_dir),
+        "--parallel", spec.parallel, *(["--inference"] if spec.inference else []), *extra,
     ]  # fmt: skip
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = run_dir.parent / f"{run_dir.name}.log"
@@ -161,15 +219,22 @@ def launch_train(spec: RunSpec, steps: int, run_dir: Path) -> None:
 
 def measure(spec: RunSpec, cfg: ValidateConfig, steps: int) -> dict[str, Any]:
     """Launch ``spec`` ``cfg.repeats`` times; the median over launches and min..max interval."""
-    medians, phase_runs = [], []
+    from microbench.cpustat import cpu_times, steal_fraction
+
+    medians, phase_runs, memory, steal = [], [], [], []
     for k in range(cfg.repeats):
         run_dir = cfg.out / "runs" / spec.label / f"r{k}"
+        before = cpu_times()
         launch_train(spec, steps, run_dir)
+        steal.append(steal_fraction(before, cpu_times()))
         times, phases = measured_step_times(run_dir)
         medians.append(statistics.median(times))
         phase_runs.append(phases)
+        memory.append(measured_memory(run_dir))
     phases = {n: statistics.median(p[n] for p in phase_runs) for n in phase_runs[0]}
     return {
+        "measured_peak_rss_bytes": max(m["peak_rss_bytes"] for m in memory),
+        "measured_model_state_bytes": memory[0]["model_state_bytes"],
         "measured_s": statistics.median(medians),
         "measured_low_s": float(min(medians)),
         "measured_high_s": float(max(medians)),
@@ -177,12 +242,15 @@ def measure(spec: RunSpec, cfg: ValidateConfig, steps: int) -> dict[str, Any]:
         "measured_phases_s": phases,
         "steps": steps,
         "warmup_steps": warmup_steps(steps),
+        "steal_max": None if None in steal else max(steal),
     }
 
 
 def predict_spec(spec: RunSpec, cfg: ValidateConfig) -> dict[str, Any]:
     """The prediction of what ``pdlsim train`` runs: one bucket with every gradient, no
-    overlap, CPU ranks on one node."""
+    overlap, CPU ranks on one node; model parallelism and inference through
+    :mod:`pdlsim.parallel_predict` (``parallel``, ``inference``)."""
+    from microbench.threads import available_cores
     from microbench.workload import load_workload
     from pdlsim.predict import PredictConfig, run_prediction
 
@@ -191,18 +259,55 @@ def predict_spec(spec: RunSpec, cfg: ValidateConfig) -> dict[str, Any]:
         nodes=1, gpus=0, procs_per_node=spec.procs, threads=spec.threads, model=spec.model,
         batch=spec.batch, profile=cfg.profile, bucket_mb=math.ceil(grad_mb) + 1.0,
         overlap=False, iterations=50, samples=cfg.band_samples,
+        cpu_sockets=(1, available_cores()),  # this machine: one socket of its cores
+        parallel=spec.parallel, inference=spec.inference,
     )  # fmt: skip
     return run_prediction(pcfg)
 
 
-def profile_provenance(profile: str | None) -> dict[str, Any]:
+STEAL_WARNING = 0.05  # CPU steal above which a measurement is flagged
+CALIBRATION_PROCS = (1, 2)  # calibrate with up to 2 ranks; the matrix also predicts 4
+
+
+def calibrate_now(cfg: ValidateConfig, log: Any = print) -> Path:
+    """Benchmark this machine now and fit a profile: ``OUT/calibration/profile.json``."""
+    from calibration.optable import inconsistent_steps
+    from calibration.pipeline import fit_profile
+    from pdlsim.bench import BenchPlan, run_bench
+
+    run_dir = cfg.out / "calibration"
+    threads = tuple(range(1, max(t for _, t in cfg.modes) + 1))
+    plan = BenchPlan(
+        out=run_dir, model=",".join(cfg.models), procs=CALIBRATION_PROCS, threads=threads,
+        batches=tuple(sorted(set(cfg.batches))), quick=cfg.quick,
+    )  # fmt: skip
+    log(f"calibrating from microbenchmarks into {run_dir} ...")
+    result = run_bench(plan, progress=sys.stderr)
+    if not result.ok:
+        failed = ", ".join(s.name for s in result.stages if s.status != "ok")
+        raise UserError(f"calibration benchmarks failed ({failed}); see {run_dir / 'logs'}")
+    steals = [s.steal for s in result.stages if s.steal is not None]
+    if steals and max(steals) > STEAL_WARNING:
+        log(
+            f"pdlsim: warning: the hypervisor took up to {max(steals):.0%} of the CPU during "
+            "calibration: its figures carry the neighbours' load"
+        )
+    profile, models = fit_profile(run_dir, n_boot=50 if cfg.quick else 200)
+    for line in inconsistent_steps(models["compute"].table_):
+        log(f"pdlsim: warning: {line}")
+    return profile.save(run_dir / "profile.json")
+
+
+def profile_provenance(profile: str | None, calibrated_now: bool = False) -> dict[str, Any]:
     from pdlsim.predict import resolve_profile
 
     prof, name = resolve_profile(profile)
+    when = "run by this validation just before the training runs" if calibrated_now else "given"
     return {
         "profile": name,
         "created_utc": prof.created_utc,
         "source": "microbenchmarks only (pdlsim bench/calibrate); no training run is fitted",
+        "calibration": when,
         "benchmarks": sorted({b for s in prof.sources for b in s.benchmark.split(",")}),
     }
 
@@ -210,19 +315,24 @@ def profile_provenance(profile: str | None) -> dict[str, Any]:
 def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     """Measure and predict every configuration of :func:`plan_matrix`; write the report."""
     from microbench.threads import available_cores
+    from pdlsim.validate_checkpoint import validate_checkpoint
     from pdlsim.validate_report import build_rows, summarize, write_outputs
 
     check_out(cfg.out)
     if cfg.repeats < 1 or cfg.steps < 2:
         raise UserError("--repeats must be at least 1 and --steps at least 2")
-    provenance = profile_provenance(cfg.profile)
+    calibrated_now = cfg.profile is None
+    if calibrated_now:
+        cfg = replace(cfg, profile=str(calibrate_now(cfg, log)))
+    provenance = profile_provenance(cfg.profile, calibrated_now)
     cores = available_cores()
     specs = plan_matrix(cfg)
     started = time.perf_counter()
     results = []
     for i, spec in enumerate(specs, 1):
         pred = predict_spec(spec, cfg)
-        meas = measure(spec, cfg, steps_for(cfg, pred["band"]["p50_s"]))
+        steps = steps_for(cfg, pred["band"]["p50_s"], spec.oversubscribed(cores))
+        meas = measure(spec, cfg, steps)
         results.append((spec, meas, pred))
         log(
             f"[{i}/{len(specs)}] {spec.label}: measured {meas['measured_s'] * 1e3:.3f} ms, "
@@ -236,10 +346,12 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         "warmup": "first max(5, 10%) steps of each launch discarded",
         "repeats": cfg.repeats,
         "interval": "min..max of the per-launch medians",
-        "speedup": "throughput / throughput of P1T1 at the same batch per rank",
+        "speedup": "throughput / throughput of P1T1 at the same batch per rank; model "
+        "parallel: serial step / step at the same global batch (inference: serial forward)",
         "elapsed_s": time.perf_counter() - started,
         "summary": summarize(rows),
         "rows": rows,
+        "checkpoint": validate_checkpoint(cfg, log),  # pdlsim.validate_checkpoint
     }
     report["files"] = write_outputs(report, cfg.out)
     return report
@@ -248,65 +360,5 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
 def check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a directory")
-    if (out / "runs").exists() and any((out / "runs").iterdir()):
+    if any((out / d).exists() and any((out / d).iterdir()) for d in ("runs", "calibration")):
         raise UserError(f"--out {out} already holds runs; choose a new directory")
-
-
-def add_validate_parser(commands: argparse._SubParsersAction) -> None:
-    from pdlsim.cli import positive_int
-
-    p = commands.add_parser(
-        "validate", help="run real training over a matrix, predict each, report the error"
-    )
-    p.add_argument("--quick", action="store_true", help="fewer steps and launches (< 5 min)")
-    p.add_argument("--profile", default=None, metavar="NAME|PATH", help="default: packaged")
-    p.add_argument("--repeats", type=positive_int, default=None, help="launches each (3; quick 2)")
-    p.add_argument("--steps", type=positive_int, default=None, help="min steps per launch (40; 20)")
-    p.add_argument("--models", default="mlp,cnn", metavar="NAME,...", help="workloads (mlp,cnn)")
-    p.add_argument("--batches", default=None, metavar="B,...", help="batches per rank (16,32,64)")
-    p.add_argument("--modes", default=None, metavar="PxT,...", help="e.g. 1x1,2x1 (all five)")
-    p.add_argument("--breakdown", action="store_true", help="print measured vs predicted phases")
-    p.add_argument("--out", type=Path, default=None, metavar="DIR", help="report directory")
-    p.set_defaults(handler=run_validate_command)
-
-
-def _parse_modes(text: str) -> tuple[tuple[int, int], ...]:
-    try:
-        modes = tuple(tuple(int(v) for v in m.lower().split("x")) for m in text.split(","))
-    except ValueError:
-        raise UserError(f"--modes: expected PxT,... like 1x1,2x1, got '{text}'") from None
-    if any(len(m) != 2 or min(m) < 1 for m in modes):
-        raise UserError(f"--modes: expected PxT,... like 1x1,2x1, got '{text}'")
-    return modes  # type: ignore[return-value]
-
-
-def run_validate_command(args: argparse.Namespace) -> int:
-    from pdlsim.cli import int_list
-    from pdlsim.validate_report import format_breakdown, format_report
-
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    extra: dict[str, Any] = {}
-    if args.batches:
-        try:
-            extra["batches"] = int_list(args.batches)
-        except argparse.ArgumentTypeError as exc:
-            raise UserError(f"--batches: {exc}") from None
-    if args.modes:
-        extra["modes"] = _parse_modes(args.modes)
-    cfg = ValidateConfig(
-        out=args.out or Path("runs") / "validate" / stamp,
-        profile=args.profile,
-        repeats=args.repeats or (2 if args.quick else 3),
-        steps=args.steps or (20 if args.quick else 40),
-        target_run_s=0.25 if args.quick else 2.0,
-        max_steps=120 if args.quick else 300,
-        quick=args.quick,
-        models=tuple(m for m in args.models.split(",") if m),
-        band_samples=10 if args.quick else 20,
-        **extra,
-    )
-    report = run_validation(cfg, log=lambda s: print(s, file=sys.stderr))
-    print(format_report(report))
-    if args.breakdown:
-        print(format_breakdown(report["rows"]))
-    return 0

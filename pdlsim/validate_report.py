@@ -2,6 +2,22 @@
 
 Relative error = |predicted P50 - measured median| / measured median. "In band": the measured
 median lies within the prediction's P10..P90.
+
+Rows say their ``parallel`` mode (data or model) and whether they are ``inference`` (forward
+only). Model-parallel rows are strong scaling (:mod:`pdlsim.validate`); their communication is
+``allgather`` + ``allreduce`` (of activations and input gradients), their ``wait`` the barrier
+at the step start. Their plots are drawn as a workload of their own (``mlp-model``,
+``mlp-model-inference``), so that their points never join the data-parallel lines.
+
+Memory per rank: predicted (``pdlsim predict``'s parts), the arrays training allocated (its
+own count of the same parts; the CNN's im2col columns make its activations larger than the
+prediction's) and the peak resident memory of the biggest rank (the interpreter, numpy, numba
+and MPI included).
+
+Energy per sample (:mod:`pdlsim.energy`): the prediction's, and the same power model applied to
+the measured step and phases (forward + backward + update busy, the rest polling), so that the
+two differ only by what was measured; no power counter is read (most machines, this one too,
+do not expose them to users).
 """
 
 from __future__ import annotations
@@ -15,9 +31,10 @@ import numpy as np
 
 __all__ = ["COLUMNS", "build_rows", "format_breakdown", "format_report", "summarize"]
 
-PHASES = ("data", "h2d", "forward", "backward", "wait", "allreduce", "update")
+PHASES = ("data", "h2d", "forward", "backward", "wait", "allreduce", "allgather", "update")
 COLUMNS = (
-    "model", "mode", "procs", "threads", "batch", "oversubscribed", "steps",
+    "model", "mode", "parallel", "inference", "procs", "threads", "batch", "oversubscribed",
+    "steps",
     "measured_s", "measured_low_s", "measured_high_s",
     "predicted_p50_s", "predicted_p10_s", "predicted_p90_s", "predicted_step_s",
     "rel_error", "in_band",
@@ -25,6 +42,9 @@ COLUMNS = (
     "predicted_speedup", "predicted_speedup_low", "predicted_speedup_high",
     *(f"measured_{p}_s" for p in PHASES),
     "predicted_compute_s", "predicted_comm_s", "predicted_sync_s",
+    "predicted_energy_j_per_sample", "measured_activity_energy_j_per_sample",
+    "predicted_memory_bytes", "measured_model_state_bytes", "measured_peak_rss_bytes",
+    "steal_max",
 )  # fmt: skip
 
 
@@ -34,7 +54,8 @@ def build_rows(results: list[tuple[Any, dict[str, Any], dict[str, Any]]], cores:
     for spec, meas, pred in results:
         band, b = pred["band"], pred["breakdown"]
         row: dict[str, Any] = {
-            "model": spec.model, "mode": spec.mode, "procs": spec.procs,
+            "model": spec.model, "mode": spec.mode, "parallel": spec.parallel,
+            "inference": spec.inference, "procs": spec.procs,
             "threads": spec.threads, "batch": spec.batch,
             "oversubscribed": spec.oversubscribed(cores), "steps": meas["steps"],
             "measured_s": meas["measured_s"], "measured_low_s": meas["measured_low_s"],
@@ -49,14 +70,48 @@ def build_rows(results: list[tuple[Any, dict[str, Any], dict[str, Any]]], cores:
             row[f"measured_{phase}_s"] = meas["measured_phases_s"].get(phase, 0.0)
         for term in ("compute", "comm", "sync"):
             row[f"predicted_{term}_s"] = b[f"{term}_s"]
+        row.update(_energy(spec, meas, pred))
+        row["predicted_memory_bytes"] = pred["memory_bytes_per_rank"]
+        row["measured_model_state_bytes"] = meas["measured_model_state_bytes"]
+        row["measured_peak_rss_bytes"] = meas["measured_peak_rss_bytes"]
+        row["steal_max"] = meas.get("steal_max")
+        row["predicted_serial_s"] = pred["single_device_step_time_s"]  # model rows' baseline
         rows.append(row)
     _add_speedups(rows)
     return rows
 
 
+def _energy(spec: Any, meas: dict[str, Any], pred: dict[str, Any]) -> dict[str, float]:
+    """Joules per sample: predicted, and the prediction's power model on the measured step."""
+    from pdlsim.energy import PowerModel, StepActivity, estimate_energy
+
+    energy = pred["energy"]
+    activity = StepActivity.from_phases(
+        meas["measured_phases_s"], meas["measured_s"], spec.procs, spec.threads
+    )
+    measured = estimate_energy(
+        activity,
+        PowerModel(**energy["power_model"]),
+        energy["steps_per_epoch"],
+        energy["dataset_samples"],
+    )
+    return {
+        "predicted_energy_j_per_sample": energy["joules_per_sample"],
+        "measured_activity_energy_j_per_sample": measured["joules_per_sample"],
+    }
+
+
 def _add_speedups(rows: list[dict[str, Any]]) -> None:
-    """Throughput over that of P1T1 at the same model and batch per rank (NaN without one)."""
-    serial = {(r["model"], r["batch"]): r for r in rows if (r["procs"], r["threads"]) == (1, 1)}
+    """Throughput over that of P1T1 at the same model and batch per rank (NaN without one).
+
+    Model-parallel rows (same global batch, so no factor P): measured against the serial
+    data-parallel run's step, or its data + h2d + forward phases for inference; predicted
+    against the layer-wise prediction's own one-rank step (``predicted_serial_s``)."""
+    serial = {
+        (r["model"], r["batch"]): r
+        for r in rows
+        if (r["procs"], r["threads"]) == (1, 1) and r["parallel"] == "data" and not r["inference"]
+    }
     for r in rows:
         base = serial.get((r["model"], r["batch"]))
         p = r["procs"]
@@ -65,6 +120,10 @@ def _add_speedups(rows: list[dict[str, Any]]) -> None:
                 r[f"measured_speedup{k}"] = r[f"predicted_speedup{k}"] = float("nan")
             continue
         sm, sp = base["measured_s"], base["predicted_p50_s"]
+        if r["parallel"] == "model":
+            p, sp = 1, r["predicted_serial_s"]
+            if r["inference"]:
+                sm = sum(base[f"measured_{phase}_s"] for phase in ("data", "h2d", "forward"))
         r["measured_speedup"] = p * sm / r["measured_s"]
         r["measured_speedup_low"] = p * sm / r["measured_high_s"]
         r["measured_speedup_high"] = p * sm / r["measured_low_s"]
@@ -90,11 +149,28 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "all": _stats(rows),
         "not_oversubscribed": _stats([r for r in rows if not r["oversubscribed"]]),
+        "quiet": _stats([r for r in rows if not r["oversubscribed"] and not _stolen(r)]),
     }
 
 
+def _stolen(r: dict[str, Any]) -> bool:
+    """Whether a launch of the row ran while the hypervisor took over 5% of the CPU."""
+    return r.get("steal_max") is not None and r["steal_max"] > 0.05
+
+
 def _name(r: dict[str, Any]) -> str:
-    return f"{r['model']} P{r['procs']}T{r['threads']} b{r['batch']}"
+    tags = " model" * (r["parallel"] == "model") + " inference" * bool(r["inference"])
+    return f"{r['model']} P{r['procs']}T{r['threads']} b{r['batch']}{tags}"
+
+
+def _mode(r: dict[str, Any]) -> str:
+    return r["mode"] + "-inf" * bool(r["inference"])
+
+
+def _plot_row(r: dict[str, Any]) -> dict[str, Any]:
+    """A model-parallel or inference row as a workload of its own in the plots."""
+    tags = "-model" * (r["parallel"] == "model") + "-inference" * bool(r["inference"])
+    return {**r, "model": r["model"] + tags} if tags else r
 
 
 def write_outputs(report: dict[str, Any], out: Path) -> list[str]:
@@ -108,7 +184,7 @@ def write_outputs(report: dict[str, Any], out: Path) -> list[str]:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows({k: r[k] for k in COLUMNS} for r in rows)
-    plots = [str(p) for p in plot_validation(rows, out)]
+    plots = [str(p) for p in plot_validation([_plot_row(r) for r in rows], out)]
     files = [str(csv_path), str(out / "validation.json"), *plots]
     doc = {"schema": "pdlsim.validation", "schema_version": 1, **report, "files": files}
     tmp = out / "validation.json.tmp"
@@ -125,6 +201,10 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _pct(share: float | None) -> str:
+    return f"{'-':>5}" if share is None else f"{100 * share:4.0f}%"
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:8.3f}"
 
@@ -132,35 +212,44 @@ def _ms(seconds: float) -> str:
 def format_report(report: dict[str, Any]) -> str:
     prov = report["provenance"]
     lines = [
-        f"profile {prov['profile']} (created {prov['created_utc']}; {prov['source']})",
+        f"profile {prov['profile']} (created {prov['created_utc']}; {prov['source']}; "
+        f"calibration {prov.get('calibration', 'given')})",
         f"{report['cores']} cores; {report['repeats']} launches per configuration, at least "
         f"{report['min_steps_per_run']} steps each, {report['warmup']}; step = max over ranks; "
         f"interval = {report['interval']}",
         f"speedup = {report['speedup']}",
         "",
-        f"{'model':5} {'mode':7} {'P':>2} {'T':>2} {'batch':>5} {'over':>4} "
+        f"{'model':5} {'mode':9} {'P':>2} {'T':>2} {'batch':>5} {'over':>4} "
         f"{'meas ms':>8} {'[min..max]':>19} {'pred P50':>8} {'[P10..P90]':>19} "
-        f"{'err':>6} {'band':>4} {'S meas':>6} {'S pred':>6}",
+        f"{'err':>6} {'band':>4} {'S meas':>6} {'S pred':>6} {'steal':>5}",
     ]
     for r in report["rows"]:
         lines.append(
-            f"{r['model']:5} {r['mode']:7} {r['procs']:>2} {r['threads']:>2} {r['batch']:>5} "
+            f"{r['model']:5} {_mode(r):9} {r['procs']:>2} {r['threads']:>2} {r['batch']:>5} "
             f"{'yes' if r['oversubscribed'] else 'no':>4} {_ms(r['measured_s'])} "
             f"[{_ms(r['measured_low_s'])}..{_ms(r['measured_high_s'])}] "
             f"{_ms(r['predicted_p50_s'])} "
             f"[{_ms(r['predicted_p10_s'])}..{_ms(r['predicted_p90_s'])}] "
             f"{100 * r['rel_error']:5.1f}% {'yes' if r['in_band'] else 'no':>4} "
-            f"{r['measured_speedup']:6.2f} {r['predicted_speedup']:6.2f}"
+            f"{r['measured_speedup']:6.2f} {r['predicted_speedup']:6.2f} {_pct(r.get('steal_max'))}"
         )
     lines.append("")
-    for key, title in (("all", "all"), ("not_oversubscribed", "excluding oversubscribed")):
-        s = report["summary"][key]
+    for key, title in (
+        ("all", "all"),
+        ("not_oversubscribed", "excluding oversubscribed"),
+        ("quiet", "excluding oversubscribed and >5% CPU steal"),
+    ):
+        s = report["summary"].get(key, {"configurations": 0})
         if s["configurations"]:
             lines.append(
                 f"{title}: {s['configurations']} configurations, median error "
                 f"{100 * s['median_rel_error']:.1f}%, worst {100 * s['worst_rel_error']:.1f}% "
                 f"({s['worst_configuration']}), inside P10-P90 {100 * s['in_band_fraction']:.0f}%"
             )
+    if report.get("checkpoint"):  # pdlsim.validate_checkpoint
+        from pdlsim.validate_checkpoint import format_checkpoint_check
+
+        lines.append(format_checkpoint_check(report["checkpoint"]))
     lines.append(f"elapsed {report['elapsed_s']:.0f} s; files: {', '.join(report['files'])}")
     return "\n".join(lines)
 
@@ -168,20 +257,29 @@ def format_report(report: dict[str, Any]) -> str:
 def format_breakdown(rows: list[dict[str, Any]]) -> str:
     """Measured phases (slowest rank, median) against the predicted compute/comm/sync."""
     lines = [
-        "breakdown, ms: measured compute = data+forward+backward+update, comm = allreduce, "
-        "sync = wait (barrier)",
-        f"{'configuration':22} {'data':>6} {'fwd':>7} {'bwd':>7} {'upd':>6} {'wait':>6} "
+        "breakdown, ms: measured compute = data+forward+backward+update, comm = allreduce "
+        "(+ allgather, model parallel), "
+        "sync = wait (barrier); energy per sample, mJ: the power model on the measured "
+        "phases, and predicted; memory per rank, MiB: predicted, training's arrays, peak RSS",
+        f"{'configuration':30} {'data':>6} {'fwd':>7} {'bwd':>7} {'upd':>6} {'wait':>6} "
         f"{'allred':>6} | {'meas comp':>9} {'pred comp':>9} {'meas comm':>9} {'pred comm':>9} "
-        f"{'meas sync':>9} {'pred sync':>9}",
+        f"{'meas sync':>9} {'pred sync':>9} | {'meas mJ':>7} {'pred mJ':>7} | "
+        f"{'pred':>6} {'arrays':>6} {'rss':>6}",
     ]
     for r in rows:
         g = {p: 1e3 * r[f"measured_{p}_s"] for p in PHASES}
         comp = g["data"] + g["forward"] + g["backward"] + g["update"] + g["h2d"]
+        comm = g["allreduce"] + g["allgather"]
         lines.append(
-            f"{_name(r):22} {g['data']:6.3f} {g['forward']:7.3f} {g['backward']:7.3f} "
+            f"{_name(r):30} {g['data']:6.3f} {g['forward']:7.3f} {g['backward']:7.3f} "
             f"{g['update']:6.3f} {g['wait']:6.3f} {g['allreduce']:6.3f} | {comp:9.3f} "
-            f"{1e3 * r['predicted_compute_s']:9.3f} {g['allreduce']:9.3f} "
+            f"{1e3 * r['predicted_compute_s']:9.3f} {comm:9.3f} "
             f"{1e3 * r['predicted_comm_s']:9.3f} {g['wait']:9.3f} "
-            f"{1e3 * r['predicted_sync_s']:9.3f}"
+            f"{1e3 * r['predicted_sync_s']:9.3f} | "
+            f"{1e3 * r['measured_activity_energy_j_per_sample']:7.3f} "
+            f"{1e3 * r['predicted_energy_j_per_sample']:7.3f} | "
+            f"{r['predicted_memory_bytes'] / 2**20:6.1f} "
+            f"{r['measured_model_state_bytes'] / 2**20:6.1f} "
+            f"{r['measured_peak_rss_bytes'] / 2**20:6.1f}"
         )
     return "\n".join(lines)

@@ -20,6 +20,7 @@ def test_quick_bench_runs_every_stage_and_keeps_every_record(quick_bench_run):
     sources = set(frame["source"])
     assert {
         "ranks1/compute.jsonl",
+        "ranks1/compression.jsonl",
         "ranks1/collectives.jsonl",
         "ranks2/collectives.jsonl",
     } <= sources
@@ -34,7 +35,7 @@ def test_quick_bench_runs_every_stage_and_keeps_every_record(quick_bench_run):
 def test_the_plan_runs_compute_once_and_mpi_stages_per_process_count(tmp_path):
     stages = plan_stages(BenchPlan(out=tmp_path, procs=(1, 2, 4), threads=(1, 2)))
     names = [s.name for s in stages]
-    assert names[:2] == ["compute", "copies"]
+    assert names[:4] == ["compute", "copies", "compression", "storage"]
     assert [n for n in names if n.startswith("collectives")] == [
         "collectives-p1",
         "collectives-p2",
@@ -42,6 +43,19 @@ def test_the_plan_runs_compute_once_and_mpi_stages_per_process_count(tmp_path):
     ]
     assert names[-1] == "interference-p4"
     assert "--quick" not in stages[0].command
+    compute = list(stages[0].command)
+    assert compute[compute.index("--batch") + 1] == "16,32,64"
+
+
+def test_the_jitter_step_of_every_model_at_every_process_count_in_one_file(tmp_path):
+    stages = plan_stages(BenchPlan(out=tmp_path, model="mlp,cnn", procs=(1, 2)))
+    jitter = [s for s in stages if s.name.startswith("jitter")]
+    assert [s.name for s in jitter] == ["jitter-p1-mlp", "jitter-p1-cnn", "jitter-p2-mlp",
+                                        "jitter-p2-cnn"]  # fmt: skip
+    for stage in jitter:
+        command = list(stage.command)
+        assert command[command.index("--batch") + 1] == "32"  # the middle batch
+        assert ("--append" in command) == stage.name.endswith("cnn")  # second model appends
 
 
 def test_oversubscribed_configurations_warn_once_each(tmp_path):
@@ -64,7 +78,7 @@ def test_oversubscribed_configurations_warn_once_each(tmp_path):
         (["--procs", "2,1"], "ascending order"),
         (["--threads", "0"], "at least 1"),
         (["--model", "nope"], "no workload preset or file named 'nope'"),
-        (["--batch", "-1"], "expected a positive integer"),
+        (["--batch", "-1"], "every value must be at least 1"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_status_2(args, message):

@@ -32,8 +32,19 @@ def test_calibrate_from_a_bench_run_writes_a_profile_report_plots_and_extrap(
     profile = load_profile(profile_path)
     doc = profile.to_dict()
     assert doc["schema"] == "pdlsim.profile" and doc["schema_version"] == 1
-    assert {"collectives", "compute", "jitter"} <= {k for k, v in doc["models"].items() if v}
+    fitted = {k for k, v in doc["models"].items() if v}
+    assert {"collectives", "compute", "jitter", "colocation", "compression"} <= fitted
     assert doc["models"]["transfer"] is None  # no GPU here: no copies were measured
+    # co-location: the jitter step of each model at 2 ranks against rank 0 alone
+    points = doc["models"]["colocation"]["points"]
+    assert set(points) == {"mlp-b32-t1-r2", "cnn-b32-t1-r2"}
+    assert all(p["factor"] > 0 for p in points.values())
+    # the compute table holds the whole step and the mini-batch gather at every batch
+    table = doc["models"]["compute"]["table"]
+    for phase in ("step", "data"):
+        assert {(e["model"], e["batch"]) for e in table if e["phase"] == phase} == {
+            (m, b) for m in ("mlp", "cnn") for b in (16, 32, 64)
+        }
     assert "collectives.allreduce" in result.stdout and "95% interval" in result.stdout
     assert format_report(doc) in result.stdout
     for name in ("collectives.png", "compute.png", "jitter.png"):

@@ -4,6 +4,7 @@ CuPy otherwise), and bad arguments."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def test_one_record_per_op_and_phase_with_the_workloads_flops(quick_run, model):
         [(op, "forward") for op in OPS[model]]
         + [(LOSS[model], "loss")]
         + [(op, "backward") for op in reversed(OPS[model])]
-        + [("update", "update"), ("step", "step")]
+        + [("update", "update"), ("data+step", "step"), ("data", "data")]
     )
     assert got == expected
     by_name = {info.name: info for info in workload.layers}
@@ -97,9 +98,12 @@ def test_one_record_per_op_and_phase_with_the_workloads_flops(quick_run, model):
                 getattr(by_name[name], f"{p['phase']}_flops_per_sample") for name in p["layers"]
             )
             assert p["flops"] == per_sample * BATCH
-    step = next(r["params"] for r in _ops(records, model) if r["params"]["op"] == "step")
+    step = next(r["params"] for r in _ops(records, model) if r["params"]["op"] == "data+step")
     fwd_bwd = workload.forward_flops_per_sample + workload.backward_flops_per_sample
     assert step["flops"] == BATCH * fwd_bwd + 2 * workload.param_count
+    data = next(r["params"] for r in _ops(records, model) if r["params"]["op"] == "data")
+    row_bytes = 4 * math.prod(workload.input_shape) + 8  # float32 inputs, int64 label
+    assert (data["kind"], data["flops"], data["bytes"]) == ("gather", 0, 2 * BATCH * row_bytes)
 
 
 def test_figures_pinned_by_hand(quick_run):
@@ -159,7 +163,7 @@ def test_per_op_medians_add_up_to_the_step(quick_run, model):
         (r["params"]["op"], r["params"]["phase"]): Measurement.from_record(r).median
         for r in _ops(records, model)
     }
-    step = medians.pop(("step", "step"))
+    step = medians.pop(("data+step", "step")) - medians.pop(("data", "data"))
     assert 0.5 <= sum(medians.values()) / step <= 1.6, (sum(medians.values()), step)
 
 

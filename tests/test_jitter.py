@@ -15,6 +15,7 @@ from microbench.jitter import (
     format_summary,
     jitter_records,
     make_training_step,
+    sample_interleaved,
     sample_steps,
 )
 from microbench.records import read_records
@@ -128,7 +129,10 @@ def _check_run(out, ranks: int, samples: int, warmup: int, model: str = "mlp") -
     jitter = [r for r in records if r["type"] == "measurement" and r["benchmark"] == "jitter"]
     per_rank = [r for r in jitter if r["params"]["statistic"] == "per_rank"]
     (top,) = [r for r in jitter if r["params"]["statistic"] == "max_over_ranks"]
+    alone = [r for r in jitter if r["params"]["statistic"] == "alone"]
     assert [r["params"]["rank"] for r in per_rank] == list(range(ranks))
+    # more than one rank: rank 0 also alone (the co-location baseline), as many samples
+    assert [r["params"]["rank"] for r in alone] == ([0] if ranks > 1 else [])
     assert top["params"] == {
         "model": model,
         "batch": 32,
@@ -213,4 +217,36 @@ def test_more_threads_than_cores_warns_once_and_is_recorded(tmp_path):
     header, records = read_records(tmp_path / "jitter.jsonl")
     assert header["run"]["settings"]["oversubscribed"] is True
     jitter = [r for r in records if r["type"] == "measurement" and r["benchmark"] == "jitter"]
-    assert len(jitter) == 3 and all(r["oversubscribed"] for r in jitter)
+    assert len(jitter) == 4 and all(r["oversubscribed"] for r in jitter)  # 2 ranks, max, alone
+
+
+def test_alone_blocks_alternate_with_together_blocks():
+    """sample_interleaved: rank 0's alone samples and the together samples come in alternating
+    blocks; a fake communicator with one rank stands in for MPI."""
+
+    class OneRank:
+        def Get_rank(self):
+            return 0
+
+        def Barrier(self):
+            calls.append("barrier")
+
+        def Ibarrier(self):
+            class Done:
+                def Wait(self):
+                    return None
+
+            return Done()
+
+    calls: list[str] = []
+
+    def step():
+        calls.append("step")
+
+    together, alone = sample_interleaved(step, samples=5, warmup=1, comm=OneRank(), block=2)
+    assert len(together) == 5 and len(alone) == 5
+    # warm-up (barrier+step), then blocks of 2 together (barrier+step each), 2 alone (one barrier)
+    expected = ["barrier", "step"]
+    for n in (2, 2, 1):
+        expected += ["barrier", "step"] * n + ["barrier"] + ["step"] * n
+    assert calls == expected

@@ -164,3 +164,18 @@ def test_sweep_refuses_an_output_that_is_a_file(tmp_path):
     result = run_pdlsim("sweep", "--nodes", "1,2", "--gpus", "1", "--out", str(a_file), timeout=120)
     assert result.returncode == 2 and "is a file" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and a_file.read_text() == "keep"
+
+
+def test_memory_per_rank_counts_im2col_and_buckets_only_where_they_exist(profile_path):
+    """cnn at batch 16: conv2d0's columns (32 x 32 rows of 3 x 3 x 3 floats, no gradient: it is
+    the first layer) and conv2d3's columns and their gradient (16 x 16 rows of 3 x 3 x 32)."""
+    cols = 32 * 32 * 27 * 4 + 2 * (16 * 16 * 288 * 4)
+    base = dict(model="cnn", batch=16, profile=profile_path, samples=2, iterations=5)
+    cpu = run_prediction(PredictConfig(nodes=1, procs_per_node=2, **base))
+    memory = cpu["memory_breakdown_bytes"]
+    assert memory["workspace"] == 16 * cols
+    assert memory["buffers"] == 16 * 3 * 32 * 32 * 4  # the batch; CPU ranks reduce in place
+    assert memory["weights"] == memory["gradients"] == 4 * 1_070_794
+    assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
+    gpu = run_prediction(PredictConfig(nodes=1, gpus=2, **base))["memory_breakdown_bytes"]
+    assert gpu["buffers"] == memory["buffers"] + 4 * 1_070_794  # DDP buckets

@@ -18,7 +18,7 @@ from pdlsim.validate import (
     steps_for,
     warmup_steps,
 )
-from pdlsim.validate_report import COLUMNS
+from pdlsim.validate_report import COLUMNS, format_report
 
 PROFILE = str(Path(__file__).resolve().parents[1] / "calibration" / "profiles" / "xeon-2core.json")
 
@@ -28,7 +28,18 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("validate") / "report"
     cfg = ValidateConfig(
         out=out, profile=PROFILE, repeats=1, steps=12, models=("mlp",), modes=((1, 1), (1, 2)),
-        batches=(16,), band_samples=4, target_run_s=0.01, max_steps=12,
+        batches=(16,), band_samples=4, target_run_s=0.01, max_steps=12, parallel=("data",),
+    )  # fmt: skip
+    return out, run_validation(cfg, log=lambda s: None)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """``--parallel model`` alone: the serial baseline, then P = 2 training and inference."""
+    out = tmp_path_factory.mktemp("validate") / "model"
+    cfg = ValidateConfig(
+        out=out, profile=PROFILE, repeats=1, steps=12, models=("mlp",), modes=((2, 2),),
+        batches=(16,), band_samples=4, target_run_s=0.01, max_steps=12, parallel=("model",),
     )  # fmt: skip
     return out, run_validation(cfg, log=lambda s: None)
 
@@ -49,6 +60,19 @@ def test_tiny_run_writes_csv_json_and_plots(tiny: tuple[Path, dict]) -> None:
         assert row["in_band"] == (row["predicted_p10_s"] <= m <= row["predicted_p90_s"])
         assert row["measured_low_s"] <= m <= row["measured_high_s"]
         assert row["oversubscribed"] is False
+        # energy: the same power model on measured and predicted activity; a slower measured
+        # step costs more idle and polling joules, so the two order like the step times
+        # CPU steal while it ran (None where /proc/stat has no steal column)
+        assert row["steal_max"] is None or 0.0 <= row["steal_max"] <= 1.0
+        # memory: training's arrays are at least the weights and gradients predicted
+        assert row["measured_model_state_bytes"] >= 2 * 4 * 235_146
+        assert row["measured_peak_rss_bytes"] > row["measured_model_state_bytes"]
+        assert row["predicted_memory_bytes"] > 2 * 4 * 235_146
+        e_meas = row["measured_activity_energy_j_per_sample"]
+        e_pred = row["predicted_energy_j_per_sample"]
+        assert e_meas > 0 and e_pred > 0
+        if abs(p - m) / m > 0.05:
+            assert (e_meas > e_pred) == (m > p)
     serial = next(r for r in doc["rows"] if r["threads"] == 1)
     assert serial["measured_speedup"] == pytest.approx(1.0)
     for name in ("speedup-mlp.png", "parity.png"):
@@ -66,7 +90,9 @@ def test_matrix_quick_keeps_three_batches_and_flags_oversubscription(tmp_path: P
         "mlp", 2, 1, 32
     ).oversubscribed(2)
     assert warmup_steps(100) == 10 and warmup_steps(20) == 5 and warmup_steps(3) == 2
-    assert steps_for(ValidateConfig(out=tmp_path, steps=20, max_steps=300), 1e-3) == 300
+    cfg = ValidateConfig(out=tmp_path, steps=20, max_steps=300)
+    assert steps_for(cfg, 1e-3) == 300 and steps_for(cfg, 0.05) == 40
+    assert steps_for(cfg, 1e-3, oversubscribed=True) == 20  # no time budget from a collapse
 
 
 @pytest.mark.parametrize(
@@ -75,6 +101,7 @@ def test_matrix_quick_keeps_three_batches_and_flags_oversubscription(tmp_path: P
         ["--profile", "no-such-profile"],
         ["--repeats", "0"],
         ["--modes", "1y1"],
+        ["--parallel", "pipeline"],
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, tmp_path: Path, capsys) -> None:
@@ -93,3 +120,88 @@ def test_out_is_a_file(tmp_path: Path, capsys) -> None:
     assert main(["validate", "--profile", PROFILE, "--out", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is a file" in err
+
+
+def test_breakdown_table_has_a_line_per_configuration(tiny: tuple[Path, dict]) -> None:
+    from pdlsim.validate_report import format_breakdown
+
+    _, report = tiny
+    lines = format_breakdown(report["rows"]).splitlines()
+    assert len(lines) == 2 + len(report["rows"])
+    assert "peak RSS" in lines[0] and "pred mJ" in lines[1]
+    assert all(line.startswith("mlp P1T") for line in lines[2:])
+
+
+def test_model_parallel_rows_say_their_mode_and_scale_against_serial(tiny_model) -> None:
+    """Strong scaling: speedup = serial step / step at the same (global) batch; inference
+    against the serial run's forward part; predicted against the prediction's one-rank step."""
+    out, report = tiny_model
+    rows = {(r["parallel"], r["inference"], r["procs"]): r for r in report["rows"]}
+    assert set(rows) == {("data", False, 1), ("model", False, 2), ("model", True, 2)}
+    serial, train, infer = rows["data", False, 1], rows["model", False, 2], rows["model", True, 2]
+    assert train["mode"] == infer["mode"] == "model" and train["batch"] == 16
+    assert train["measured_speedup"] == pytest.approx(serial["measured_s"] / train["measured_s"])
+    forward = sum(serial[f"measured_{p}_s"] for p in ("data", "h2d", "forward"))
+    assert infer["measured_speedup"] == pytest.approx(forward / infer["measured_s"])
+    for row in (train, infer):
+        assert row["predicted_speedup"] == pytest.approx(
+            row["predicted_serial_s"] / row["predicted_p50_s"]
+        )
+        assert row["measured_allgather_s"] > 0 and row["predicted_comm_s"] > 0
+        # each rank holds about half of the 235,146 weights
+        assert 4 * 235_146 / 2 < row["measured_model_state_bytes"] < 3 * 4 * 235_146
+    assert train["measured_allreduce_s"] > 0 and train["measured_backward_s"] > 0
+    assert infer["measured_allreduce_s"] == infer["measured_backward_s"] == 0.0
+    assert infer["predicted_serial_s"] < train["predicted_serial_s"]  # forward only
+    with (out / "validation.csv").open() as handle:
+        csv_rows = list(csv.DictReader(handle))
+    assert [r["parallel"] for r in csv_rows] == ["data", "model", "model"]
+    for name in ("speedup-mlp-model.png", "speedup-mlp-model-inference.png", "parity.png"):
+        assert (out / name).stat().st_size > 1000
+    assert (out / "runs" / "mlp-p2t1-b16-model-inference" / "r0" / "rank1.jsonl").exists()
+    text = format_report(report)
+    assert "model-inf" in text and "model parallel: serial step" in text
+
+
+def test_matrix_adds_two_quick_model_parallel_configurations(tmp_path: Path) -> None:
+    base = plan_matrix(ValidateConfig(out=tmp_path, quick=True, parallel=("data",)))
+    both = plan_matrix(ValidateConfig(out=tmp_path, quick=True))
+    added = [s for s in both if s not in base]
+    assert added == [
+        RunSpec("mlp", 2, 1, 64, "model", False),
+        RunSpec("mlp", 2, 1, 64, "model", True),
+    ]
+    assert added[1].label == "mlp-p2t1-b64-model-inference"
+    full = plan_matrix(ValidateConfig(out=tmp_path))
+    assert sum(s.parallel == "model" for s in full) == 2 * 3 * 2  # models x batches x modes
+
+
+def test_checkpoint_writes_are_measured_and_predicted_from_the_same_profile(tiny) -> None:
+    """``pdlsim train --checkpoint-every 4`` on the serial MLP: the median of rank 0's
+    ``write_s`` against ``pdlsim predict``'s ``checkpoint_cost_s`` from the validation's profile."""
+    import statistics
+
+    from calibration.profile import load_profile
+    from pdlsim.validate_checkpoint import CHECKPOINTS, EVERY_STEPS, STEPS, measured_checkpoints
+
+    out, report = tiny
+    doc = report["checkpoint"]
+    records = measured_checkpoints(Path(doc["run_dir"]))
+    writes = [r["write_s"] for r in records]
+    assert [r["global_step"] for r in records] == list(range(EVERY_STEPS, STEPS + 1, EVERY_STEPS))
+    assert doc["checkpoints"] == len(writes) == CHECKPOINTS == 10
+    assert doc["measured_s"] == statistics.median(writes) > 0
+    assert (doc["measured_low_s"], doc["measured_high_s"]) == (min(writes), max(writes))
+    weights = 4 * 235_146  # plain SGD: the checkpoint holds the weights (and a small header)
+    assert doc["predicted_state_bytes"] == weights < doc["file_bytes"] < weights + 64 * 1024
+    bandwidth = doc["predicted_write_bytes_per_s"] or math.inf
+    assert doc["predicted_s"] == pytest.approx(doc["predicted_latency_s"] + weights / bandwidth)
+    has_storage = load_profile(PROFILE).models.get("storage") is not None
+    assert (doc["cost_source"] == "profile (storage)") == has_storage
+    if not has_storage:
+        assert doc["predicted_s"] == pytest.approx(0.01 + weights / 1e9)  # the stated defaults
+    m = doc["measured_s"]
+    assert doc["rel_error"] == pytest.approx(abs(doc["predicted_s"] - m) / m, rel=1e-12)
+    assert json.loads((out / "validation.json").read_text())["checkpoint"] == doc
+    line = next(s for s in format_report(report).splitlines() if s.startswith("checkpoint write"))
+    assert f"{m * 1e3:.3f} ms" in line and doc["cost_source"] in line

@@ -20,6 +20,7 @@ from ..jitter import (
     gather_samples,
     jitter_records,
     make_training_step,
+    sample_interleaved,
     sample_steps,
 )
 from ..workload import Workload, WorkloadError, load_workload, preset_names
@@ -55,7 +56,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Time one identical training step (forward, backward, SGD update on a "
         "fixed batch, no communication) on every rank simultaneously, a fixed number of "
         "times after a warm-up; record each rank's raw samples and the per-sample maximum over "
-        "ranks, which is what a synchronous data-parallel step pays. Run it under mpiexec -n N.",
+        "ranks, which is what a synchronous data-parallel step pays. With N > 1 the step is also "
+        "timed on rank 0 alone (the others idle), in interleaved blocks: the co-location "
+        "slowdown. Run it under mpiexec -n N.",
     )
     parser.add_argument(
         "--model",
@@ -139,10 +142,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
     try:
         step = make_training_step(workload, args.batch)
-        table = gather_samples(sample_steps(step, samples, warmup, comm), comm)
+        alone = None
+        if ranks > 1:  # also rank 0 alone, interleaved: the co-location slowdown
+            local, alone = sample_interleaved(step, samples, warmup, comm)
+        else:
+            local = sample_steps(step, samples, warmup, comm)
+        table = gather_samples(local, comm)
         if writer is not None:
             extra = {"clock": "perf_counter", "oversubscribed": warning is not None}
-            for record in jitter_records(table, params, warmup, hosts, **extra):
+            for record in jitter_records(table, params, warmup, hosts, alone, **extra):
                 writer.write(record)
             overhead = timer_overhead(time.perf_counter, TIMER_SAMPLES)
             writer.write(overhead.to_record(rank=0, host=hosts[0], ranks=ranks))

@@ -14,6 +14,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from calibration.jitter import FAMILIES
+from calibration.optable import NON_OP_PHASES
 from calibration.readers import collective_points, copy_points
 from microbench.errors import UserError
 from pdlsim.plots.axes import (
@@ -119,7 +120,9 @@ def compute_figure(model: Any, frame: pd.DataFrame) -> Figure | None:
     """Parity of measured and predicted op times, from the measured op table the model keeps
     (whole-step entries left out: the curves are fitted to the ops, not to steps)."""
     entries = [
-        e for e in model.table_ if e.phase != "step" and (e.device, e.threads) in model.curves_
+        e
+        for e in model.table_
+        if e.phase not in NON_OP_PHASES and (e.device, e.threads) in model.curves_
     ]
     if not entries:
         return None

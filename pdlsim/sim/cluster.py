@@ -21,17 +21,33 @@ The model of one data-parallel step (per rank):
   remaining backward), is charged to the rank's compute right after the launch (IMB-NBC's
   overlap definition, the one the interference benchmark measures).
 * The update (SGD, per step, not jittered) runs once the last bucket's allreduce is done.
+
+What-ifs (all off by default):
+
+* **Compression** (``Scenario.compression``, :mod:`pdlsim.sim.compression`): each bucket is
+  compressed by the rank once it is ready (compute, before its collective: on the bucket's
+  critical path), travels as fewer bytes (fp16: an allreduce of half; top-k: an allgather of
+  the kept pairs) and is expanded by the rank after its collective, bucket by bucket, before
+  the update. Neither is jittered nor scaled by speed (a per-byte cost, common to all ranks).
+* **Local SGD** (``sync_every = k``): the allreduce runs on every k-th step; the others are
+  compute and update only, and ranks run them without waiting for each other, so the slowest
+  rank's lead or lag accumulates over the period and is paid at the sync step.
+* **Heterogeneous ranks** (``Cluster.speeds``, ``Scenario.balance``): see
+  :mod:`pdlsim.sim.ranks`; :func:`class_plans` gives each class of ranks its own plan.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from microbench.workload import Workload
 
-from . import collectives
 from .collectives import TimedStep
+from .compression import parse_compression, wire
 from .cost import DEVICES, CostModel, Device, Placement
+from .errors import ConfigError
+from .ranks import BALANCES, RankLayout, rank_layout
 
 __all__ = [
     "DDP_BUCKET_BYTES",
@@ -42,6 +58,7 @@ __all__ = [
     "Scenario",
     "StepPlan",
     "build_plan",
+    "class_plans",
     "interference_s",
 ]
 
@@ -49,19 +66,19 @@ DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's bucket_cap_mb default
 LABEL_BYTES_PER_SAMPLE = 8  # int64 class index
 
 
-class ConfigError(ValueError):
-    """A cluster or scenario that makes no sense (one line, says what and why)."""
-
-
 @dataclass(frozen=True)
 class Cluster:
     """``nodes`` x ``ranks_per_node`` ranks (one per GPU, or MPI processes), each running
-    ``threads_per_rank`` threads on a ``device`` of kind ``"cpu"`` or ``"gpu"``."""
+    ``threads_per_rank`` threads on a ``device`` of kind ``"cpu"`` or ``"gpu"``.
+
+    ``speeds``: one relative speed per rank (node-major; 1.0 = the cost model's device, 0.5 =
+    twice as slow), None when all ranks are alike (:mod:`pdlsim.sim.ranks`)."""
 
     nodes: int
     ranks_per_node: int = 1
     threads_per_rank: int = 1
     device: Device = "cpu"
+    speeds: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -74,6 +91,14 @@ class Cluster:
             raise ConfigError(f"need at least 1 thread per rank, got {self.threads_per_rank}")
         if self.device not in DEVICES:
             raise ConfigError(f"device must be 'cpu' or 'gpu', got {self.device!r}")
+        if self.speeds is not None:
+            if len(self.speeds) != self.ranks:
+                raise ConfigError(
+                    f"speeds give {len(self.speeds)} ranks, the cluster has {self.ranks}"
+                )
+            bad = [s for s in self.speeds if not (s > 0 and math.isfinite(s))]
+            if bad:
+                raise ConfigError(f"rank speeds must be finite and > 0, got {bad[0]}")
 
     @classmethod
     def gpus(cls, nodes: int, gpus_per_node: int) -> Cluster:
@@ -109,7 +134,12 @@ class Scenario:
     closed form is exact. More is nonblocking collectives progressing together (an
     ``MPI_Iallreduce`` per bucket): their steps then queue on shared links, which only the
     simulator models. ``warmup_iterations`` are simulated first and left out of the averages
-    (the first step has no previous step to prefetch behind)."""
+    (the first step has no previous step to prefetch behind).
+
+    What-ifs: ``compression`` (None, ``"fp16"``, ``"topk:F"``), ``sync_every`` (local SGD:
+    allreduce every k-th step; ``iterations`` is rounded up to a multiple of it, so that the
+    averages cover whole periods) and ``balance`` (``"static"`` or ``"proportional"`` batch
+    split over ranks of different speeds); see the module docstring."""
 
     workload: Workload
     batch_per_rank: int
@@ -123,6 +153,9 @@ class Scenario:
     jitter: bool = True
     algorithm: str | None = None
     comm_streams: int = 1
+    compression: str | None = None
+    sync_every: int = 1
+    balance: str = "static"
 
     def __post_init__(self) -> None:
         if self.batch_per_rank < 1:
@@ -135,6 +168,15 @@ class Scenario:
             raise ConfigError(f"warm-up iterations must be >= 0, got {self.warmup_iterations}")
         if self.comm_streams < 1:
             raise ConfigError(f"comm_streams must be >= 1, got {self.comm_streams}")
+        parse_compression(self.compression)
+        if isinstance(self.sync_every, bool) or int(self.sync_every) != self.sync_every:
+            raise ConfigError(f"sync_every must be a whole number of steps, got {self.sync_every}")
+        if self.sync_every < 1:
+            raise ConfigError(f"sync_every must be >= 1, got {self.sync_every}")
+        if self.balance not in BALANCES:
+            raise ConfigError(f"balance must be one of {', '.join(BALANCES)}, got {self.balance!r}")
+        periods = -(-self.iterations // self.sync_every)
+        object.__setattr__(self, "iterations", periods * self.sync_every)
 
     @property
     def total_steps(self) -> int:
@@ -153,6 +195,9 @@ class Bucket:
     algorithm: str
     collective_s: float
     schedule: tuple[TimedStep, ...]
+    wire_bytes: int = 0  # what each rank sends (nbytes uncompressed; 0 on one rank)
+    compress_s: float = 0.0  # the rank's compute before the collective
+    decompress_s: float = 0.0  # and after it
 
 
 @dataclass(frozen=True)
@@ -169,6 +214,8 @@ class StepPlan:
     ranks: int
     overlap: bool
     overlap_efficiency: float
+    speed: float = 1.0  # the ranks' speed: forward and backward times are already divided by it
+    batch: int = 0  # the ranks' batch (samples per step)
 
     @property
     def communicates(self) -> bool:
@@ -183,61 +230,39 @@ class StepPlan:
         return sum(t for _, t in self.backward)
 
 
-def build_plan(cluster: Cluster, scenario: Scenario, cost: CostModel) -> StepPlan:
-    """Per-layer times, buckets with their collectives, the update and the copy of one step."""
+def build_plan(
+    cluster: Cluster,
+    scenario: Scenario,
+    cost: CostModel,
+    batch: int | None = None,
+    speed: float = 1.0,
+    buckets: tuple[Bucket, ...] | None = None,
+) -> StepPlan:
+    """Per-layer times, buckets with their collectives, the update and the copy of one step.
+
+    ``batch`` and ``speed``: of a class of ranks (default: ``scenario.batch_per_rank``, 1);
+    forward and backward times are divided by ``speed``. ``buckets``: reuse another plan's
+    (they depend on the gradients only, not on the batch)."""
     layers = scenario.workload.layers
-    batch, threads, device = scenario.batch_per_rank, cluster.threads_per_rank, cluster.device
+    batch = scenario.batch_per_rank if batch is None else batch
+    threads, device = cluster.threads_per_rank, cluster.device
     params = [i for i, info in enumerate(layers) if info.param_count > 0]
     if not params:
         raise ConfigError(f"workload '{scenario.workload.name}' has no layer with parameters")
     forward = tuple(
-        (info.name, cost.compute_time(info, "forward", batch, threads, device)) for info in layers
+        (info.name, cost.compute_time(info, "forward", batch, threads, device) / speed)
+        for info in layers
     )
     order = list(range(len(layers) - 1, params[0] - 1, -1))
     backward = tuple(
-        (layers[i].name, cost.compute_time(layers[i], "backward", batch, threads, device))
+        (layers[i].name, cost.compute_time(layers[i], "backward", batch, threads, device) / speed)
         for i in order
     )
     update_s = 0.0
     for i in params:
         update_s += cost.compute_time(layers[i], "update", batch, threads, device)
-
-    placement = cluster.placement(scenario.algorithm)
-    groups: list[tuple[list[str], int, int]] = []  # (layers, bytes, closes_after)
-    open_layers: list[str] = []
-    open_bytes = 0
-    for position, i in enumerate(order):
-        if layers[i].param_count == 0:
-            continue
-        open_layers.append(layers[i].name)
-        open_bytes += layers[i].gradient_bytes
-        if open_bytes >= scenario.bucket_bytes or i == params[0]:
-            groups.append((open_layers, open_bytes, position))
-            open_layers, open_bytes = [], 0
-
-    buckets = []
-    for index, (names, nbytes, position) in enumerate(groups):
-        schedule = cost.collective_schedule("allreduce", nbytes, cluster.ranks, placement)
-        algorithm = "none"  # one rank: nothing to reduce
-        if cluster.ranks > 1:
-            algorithm, _ = collectives.schedule(
-                "allreduce",
-                float(nbytes),
-                cluster.nodes,
-                cluster.ranks_per_node,
-                scenario.algorithm,
-            )
-        buckets.append(
-            Bucket(
-                index=index,
-                layers=tuple(names),
-                nbytes=nbytes,
-                closes_after=position,
-                algorithm=algorithm,
-                collective_s=cost.collective_time("allreduce", nbytes, cluster.ranks, placement),
-                schedule=schedule,
-            )
-        )
+    if buckets is None:
+        buckets = _buckets(cluster, scenario, cost, order, params[0])
     closes: list[int | None] = [None] * len(order)
     for bucket in buckets:
         closes[bucket.closes_after] = bucket.index
@@ -262,7 +287,65 @@ def build_plan(cluster: Cluster, scenario: Scenario, cost: CostModel) -> StepPla
         ranks=cluster.ranks,
         overlap=scenario.overlap,
         overlap_efficiency=efficiency,
+        speed=speed,
+        batch=batch,
     )
+
+
+def _buckets(
+    cluster: Cluster, scenario: Scenario, cost: CostModel, order: list[int], first_param: int
+) -> tuple[Bucket, ...]:
+    """Gradients grouped in backward order, DDP style, each with its (compressed) collective."""
+    layers = scenario.workload.layers
+    groups: list[tuple[list[str], int, int]] = []  # (layers, bytes, closes_after)
+    open_layers: list[str] = []
+    open_bytes = 0
+    for position, i in enumerate(order):
+        if layers[i].param_count == 0:
+            continue
+        open_layers.append(layers[i].name)
+        open_bytes += layers[i].gradient_bytes
+        if open_bytes >= scenario.bucket_bytes or i == first_param:
+            groups.append((open_layers, open_bytes, position))
+            open_layers, open_bytes = [], 0
+    buckets = []
+    for index, (names, nbytes, position) in enumerate(groups):
+        w = wire(
+            cost,
+            scenario.compression,
+            nbytes,
+            cluster.nodes,
+            cluster.ranks_per_node,
+            scenario.algorithm,
+        )
+        buckets.append(
+            Bucket(
+                index=index,
+                layers=tuple(names),
+                nbytes=nbytes,
+                closes_after=position,
+                algorithm=w.algorithm,
+                collective_s=w.collective_s,
+                schedule=w.schedule,
+                wire_bytes=w.wire_bytes,
+                compress_s=w.compress_s,
+                decompress_s=w.decompress_s,
+            )
+        )
+    return tuple(buckets)
+
+
+def class_plans(
+    cluster: Cluster, scenario: Scenario, cost: CostModel, layout: RankLayout | None = None
+) -> tuple[StepPlan, ...]:
+    """One plan per class of ranks (:func:`pdlsim.sim.ranks.rank_layout`), rank 0's first; the
+    buckets are shared."""
+    layout = layout or rank_layout(cluster, scenario)
+    first = layout.classes[0]
+    plans = [build_plan(cluster, scenario, cost, first.batch, first.speed)]
+    for c in layout.classes[1:]:
+        plans.append(build_plan(cluster, scenario, cost, c.batch, c.speed, plans[0].buckets))
+    return tuple(plans)
 
 
 def interference_s(plan: StepPlan, bucket: int, factor: float) -> float:

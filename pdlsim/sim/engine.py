@@ -32,19 +32,30 @@ ranks and steps (no persistently slow rank); the factor multiplies forward and b
 copies or the update (interference depends on it only through the backward work left); links
 are FIFO and carry one step group at a time (a ring's 2(P-1) steps are two groups). Gaps on a
 rank's track in the trace are its waiting: for a collective in progress or for the slowest.
+
+**What-ifs.** Ranks of different speeds or batches (:mod:`pdlsim.sim.ranks`) fall into classes
+that run alike; each class gets its own plan and its own slowest representative, so the
+argument above holds class by class, and the max over classes is simulated, not assumed (with
+no jitter, one row per class). Local SGD: steps that do not synchronise are compute only and
+each representative runs them at its own pace; the rows are then chosen per sync period
+(:mod:`pdlsim.sim.factors`). Compression: the rank compresses a bucket before marking it ready
+and expands each bucket after its collective, in bucket order, before the update.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import simpy
 
-from .cluster import Bucket, Cluster, Scenario, StepPlan, build_plan, interference_s
-from .collectives import TimedStep
-from .cost import CostModel, max_of_draws
+from .cluster import Bucket, Cluster, Scenario, StepPlan, class_plans, interference_s
+from .cost import CostModel
+from .factors import REPRESENTATIONS, rank_factors, representatives
+from .links import CopyEngine, Link
+from .ranks import rank_layout, sync_steps
 from .result import Prediction, account, bucket_reports, mean_breakdown
 from .trace import Timeline
 
@@ -60,65 +71,14 @@ __all__ = [
     "simulate_factors",
 ]
 
-REPRESENTATIONS = ("symmetric", "all_ranks")
-
-
-class Link:
-    """One link (an intra-node link or a NIC): carries one step group at a time, FIFO, so that
-    collectives in flight together queue on it."""
-
-    def __init__(self, env: simpy.Environment, name: str, timeline: Timeline | None = None):
-        self.env = env
-        self.name = name
-        self.timeline = timeline
-        self.resource = simpy.Resource(env, capacity=1)
-        self.busy_s = 0.0
-        if timeline is not None:
-            timeline.track(name, "links")
-
-    def carry(self, timed: TimedStep, label: str = ""):
-        with self.resource.request() as request:
-            yield request
-            start = self.env.now
-            yield self.env.timeout(timed.duration_s)
-            self.busy_s += timed.duration_s
-            if self.timeline is not None:
-                step = timed.step
-                name = f"{label} {step.phase}".strip() + (
-                    f" x{step.repeat}" if step.repeat > 1 else ""
-                )
-                args = {"bytes": step.nbytes, "flows": step.flows, "repeat": step.repeat}
-                self.timeline.add(self.name, name, start, self.env.now, "link", args)
-
-
-class CopyEngine:
-    """A GPU's host-to-device copy engine: one copy at a time, beside the compute."""
-
-    def __init__(self, env: simpy.Environment, name: str, copy_s: float, timeline=None):
-        self.env = env
-        self.name = name
-        self.copy_s = copy_s
-        self.timeline = timeline
-        self.resource = simpy.Resource(env, capacity=1)
-        if timeline is not None:
-            timeline.track(name, "links")
-
-    def copy(self, done: simpy.Event, step: int):
-        with self.resource.request() as request:
-            yield request
-            start = self.env.now
-            yield self.env.timeout(self.copy_s)
-            if self.timeline is not None:
-                self.timeline.add(self.name, f"h2d batch {step}", start, self.env.now, "copy")
-        done.succeed()
-
 
 @dataclass
 class _Run:
     """State shared by the processes of one simulation."""
 
     env: simpy.Environment
-    plan: StepPlan
+    plans: list[StepPlan]  # per row
+    sync: np.ndarray  # per step: whether it allreduces
     steps: int
     prefetch: bool
     gpu: bool
@@ -135,8 +95,9 @@ class _Run:
 
 
 def rank_process(env: simpy.Environment, run: _Run, rep: int, factors: np.ndarray, track: str):
-    """One representative rank: copy, forward, backward (launching buckets), wait, update."""
-    plan, timeline, typical = run.plan, run.timeline, rep == 0
+    """One representative rank: copy, forward, backward (compressing and launching buckets),
+    wait, expand, update; steps that do not synchronise are copy, forward, backward, update."""
+    plan, timeline, typical = run.plans[rep], run.timeline, rep == 0
     engine = CopyEngine(env, f"{track} copy engine", plan.h2d_s, timeline) if run.gpu else None
     copies = [env.event() for _ in range(run.steps)] if run.gpu else []
     if engine is not None and run.prefetch:
@@ -148,8 +109,15 @@ def rank_process(env: simpy.Environment, run: _Run, rep: int, factors: np.ndarra
         if timeline is not None:
             timeline.add(track, name, start, env.now, category)
 
+    def compress(k: int):
+        if plan.buckets[k].compress_s > 0:
+            t0 = env.now
+            yield env.timeout(plan.buckets[k].compress_s)
+            busy(f"compress bucket {k}", t0, "compress")
+
     for i in range(run.steps):
         f = float(factors[i])
+        talks = bool(run.sync[i]) and plan.communicates
         start = env.now
         if typical:
             run.step_start.append(start)
@@ -177,18 +145,25 @@ def rank_process(env: simpy.Environment, run: _Run, rep: int, factors: np.ndarra
                 yield env.timeout(f * t)
                 busy(f"backward {name}", t0, "backward")
             k = plan.closes[position]
-            if k is not None and plan.communicates and plan.overlap:
+            if k is not None and talks and plan.overlap:
+                yield from compress(k)
                 run.ready[rep][i][k].succeed()
                 penalty = interference_s(plan, k, f)
                 if penalty > 0:
                     t0 = env.now
                     yield env.timeout(penalty)
                     busy(f"interference bucket {k}", t0, "interference")
-        if plan.communicates:
+        if talks:
             if not plan.overlap:
-                for event in run.ready[rep][i]:
+                for k, event in enumerate(run.ready[rep][i]):
+                    yield from compress(k)
                     event.succeed()
-            yield simpy.AllOf(env, run.done[i])
+            for k, bucket in enumerate(plan.buckets):
+                yield run.done[i][k]
+                if bucket.decompress_s > 0:
+                    t0 = env.now
+                    yield env.timeout(bucket.decompress_s)
+                    busy(f"decompress bucket {k}", t0, "decompress")
         if plan.update_s > 0:
             t0 = env.now
             yield env.timeout(plan.update_s)
@@ -220,39 +195,14 @@ def collective(env: simpy.Environment, run: _Run, step: int, bucket: Bucket, req
 def communicator(env: simpy.Environment, run: _Run):
     """Starts each bucket's allreduce once every rank has it ready and a stream is free."""
     for i in range(run.steps):
-        for bucket in run.plan.buckets:
+        if not run.sync[i]:
+            continue
+        for bucket in run.plans[0].buckets:
             events = [run.ready[rep][i][bucket.index] for rep in range(run.reps)]
             yield events[0] if len(events) == 1 else simpy.AllOf(env, events)
             request = run.stream.request()
             yield request
             env.process(collective(env, run, i, bucket, request))
-
-
-def rank_factors(
-    cluster: Cluster, scenario: Scenario, cost: CostModel, representation: str = "symmetric"
-) -> tuple[np.ndarray, list[str]]:
-    """Compute factors (representatives x steps) and track names; row 0 is the typical rank."""
-    if representation not in REPRESENTATIONS:
-        raise ValueError(f"representation must be one of {', '.join(REPRESENTATIONS)}")
-    n, p = scenario.total_steps, cluster.ranks
-    jitter = cost.jitter if scenario.jitter else None
-    rng = np.random.default_rng(scenario.seed)
-    if representation == "all_ranks":
-        if jitter is None:
-            return np.ones((p, n)), [f"rank {r}" for r in range(p)]
-        return np.asarray(jitter.sample(rng, (n, p)), float).T.copy(), [
-            f"rank {r}" for r in range(p)
-        ]
-    if jitter is None:
-        return np.ones((1, n)), ["rank (all ranks alike)"]
-    typical = np.asarray(jitter.sample(rng, n), float)
-    if p == 1:
-        return typical[None, :], ["rank 0"]
-    slowest = max_of_draws(jitter, rng, p - 1, n)
-    return np.vstack([typical, slowest]), [
-        "typical rank",
-        f"slowest of the other {p - 1} ranks",
-    ]
 
 
 def simulate_factors(
@@ -262,13 +212,41 @@ def simulate_factors(
     factors: np.ndarray,
     labels: list[str] | None = None,
     trace: bool = False,
+    row_classes: Sequence[int] | None = None,
 ) -> Prediction:
-    """Simulate with the given compute factors, one row per simulated rank (row 0 reported)."""
-    plan = build_plan(cluster, scenario, cost)
+    """Simulate with the given compute factors, one row per simulated rank (row 0 reported).
+
+    ``row_classes``: the class of ranks (:func:`pdlsim.sim.ranks.rank_layout`) each row runs
+    as; by default rank r's class when there is a row per rank, else rank 0's (all ranks alike
+    only)."""
+    layout = rank_layout(cluster, scenario)
     factors = np.atleast_2d(np.asarray(factors, dtype=float))
+    if row_classes is None:
+        if factors.shape[0] == cluster.ranks:
+            row_classes = [int(c) for c in layout.of_rank]
+        elif len(layout.classes) == 1:
+            row_classes = [0] * factors.shape[0]
+        else:
+            raise ValueError("ranks differ in speed or batch: say each row's class (row_classes)")
+    plans = class_plans(cluster, scenario, cost, layout)
+    return _simulate(cluster, scenario, plans, factors, labels, list(row_classes), trace)
+
+
+def _simulate(
+    cluster: Cluster,
+    scenario: Scenario,
+    class_plan: tuple[StepPlan, ...],
+    factors: np.ndarray,
+    labels: list[str] | None,
+    row_classes: list[int],
+    trace: bool,
+) -> Prediction:
     reps, steps = factors.shape
     if steps != scenario.total_steps:
         raise ValueError(f"factors cover {steps} steps, the scenario {scenario.total_steps}")
+    if len(row_classes) != reps:
+        raise ValueError(f"{len(row_classes)} row classes for {reps} rows")
+    plans = [class_plan[c] for c in row_classes]
     labels = labels or [f"rank {r}" for r in range(reps)]
     env = simpy.Environment()
     timeline = Timeline() if trace else None
@@ -278,7 +256,8 @@ def simulate_factors(
     }
     run = _Run(
         env=env,
-        plan=plan,
+        plans=plans,
+        sync=sync_steps(scenario),
         steps=steps,
         prefetch=scenario.prefetch,
         gpu=cluster.device == "gpu",
@@ -287,7 +266,7 @@ def simulate_factors(
         reps=reps,
         timeline=timeline,
     )
-    k = len(plan.buckets)
+    k = len(plans[0].buckets)
     run.ready = [[[env.event() for _ in range(k)] for _ in range(steps)] for _ in range(reps)]
     run.done = [[env.event() for _ in range(k)] for _ in range(steps)]
     run.spans = [[] for _ in range(steps)]
@@ -295,13 +274,14 @@ def simulate_factors(
         if timeline is not None:
             timeline.track(labels[rep], "ranks")
         env.process(rank_process(env, run, rep, factors[rep], labels[rep]))
-    if plan.communicates:
+    if plans[0].communicates:
         if timeline is not None:
             timeline.track("collectives (all ranks)", "links")
         env.process(communicator(env, run))
     env.run()
 
-    pace = factors.max(axis=0)
+    speeds = np.array([p.speed for p in plans])
+    pace = (factors / speeds[:, None]).max(axis=0)
     measured = range(scenario.warmup_iterations, steps)
     per_step = tuple(
         account(
@@ -320,7 +300,7 @@ def simulate_factors(
         scenario=scenario,
         breakdown=mean_breakdown(per_step),
         steps=per_step,
-        buckets=bucket_reports(plan),
+        buckets=bucket_reports(plans[0]),
         timeline=timeline,
     )
 
@@ -336,5 +316,7 @@ def simulate(
 
     ``representation="symmetric"`` (default) simulates representative ranks (module docstring);
     ``"all_ranks"`` one process per rank, for checking the shortcut (slow for many ranks)."""
-    factors, labels = rank_factors(cluster, scenario, cost, representation)
-    return simulate_factors(cluster, scenario, cost, factors, labels, trace)
+    layout = rank_layout(cluster, scenario)
+    plans = class_plans(cluster, scenario, cost, layout)
+    rows = representatives(cluster, scenario, cost, layout, plans, representation)
+    return _simulate(cluster, scenario, plans, rows.factors, rows.labels, rows.classes, trace)

@@ -66,6 +66,9 @@ class BucketReport:
     nbytes: int
     algorithm: str
     collective_s: float  # alone on idle links
+    wire_bytes: int = 0  # what each rank sends (less than nbytes when compressed)
+    compress_s: float = 0.0  # compression before the collective, expansion after
+    decompress_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,17 @@ class Prediction:
 
 def bucket_reports(plan: StepPlan) -> tuple[BucketReport, ...]:
     return tuple(
-        BucketReport(b.index, b.layers, b.nbytes, b.algorithm, b.collective_s) for b in plan.buckets
+        BucketReport(
+            b.index,
+            b.layers,
+            b.nbytes,
+            b.algorithm,
+            b.collective_s,
+            b.wire_bytes,
+            b.compress_s,
+            b.decompress_s,
+        )
+        for b in plan.buckets
     )
 
 

@@ -1,0 +1,79 @@
+"""The document ``pdlsim predict --json`` prints, the same for every parallel mode.
+
+Definitions: speedup = replicas x the one-device step / the step (replicas: the data-parallel
+copies of the model, each of ``samples_per_step / replicas`` samples); efficiency = speedup /
+devices; communication overhead = exposed communication (T_comm - T_overlap) over T_step; epoch
+= ceil(dataset / samples per step) steps. Energy (:mod:`pdlsim.energy`) and, where asked,
+checkpoints and restarts (:mod:`pdlsim.reliability`) are added from the finished document.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+from pdlsim.energy import energy_for_prediction
+from pdlsim.reliability import checkpoint_for_prediction
+
+__all__ = ["prediction_document"]
+
+
+def prediction_document(
+    cfg: Any,
+    cluster: Any,
+    breakdown: Any,
+    band_s: list[float],
+    *,
+    base_step_s: float,
+    replicas: int,
+    samples_per_step: int,
+    dataset: int,
+    memory: dict[str, int],
+    provenance: dict[str, str],
+    gpu: Any = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One prediction as a JSON-ready dict; ``extra`` keys (buckets, parallel, ...) go in as
+    given."""
+    import numpy as np
+
+    b, devices = breakdown, cluster.ranks
+    step = b.step_s
+    speedup = replicas * base_step_s / step
+    p10, p50, p90 = np.percentile(band_s, [10, 50, 90])
+    out = {
+        "step_time_s": step,
+        "epoch_time_s": math.ceil(dataset / samples_per_step) * step,
+        "throughput_samples_per_s": samples_per_step / step,
+        "speedup": speedup,
+        "efficiency": speedup / devices,
+        "comm_overhead_pct": 100.0 * (b.comm_s - b.overlap_s) / step,
+        "breakdown": {
+            "compute_s": b.compute_s,
+            "comm_s": b.comm_s,
+            "sync_s": b.sync_s,
+            "overlap_s": b.overlap_s,
+        },
+        "band": {"p10_s": float(p10), "p50_s": float(p50), "p90_s": float(p90)},
+        "memory_bytes_per_rank": memory["total"],
+        "memory_breakdown_bytes": memory,
+        "gpu_utilization": (b.compute_s - b.h2d_exposed_s) / step
+        if cluster.device == "gpu"
+        else None,
+        "single_device_step_time_s": base_step_s,
+        "dataset_samples": dataset,
+        "samples_per_step": samples_per_step,
+        "config": {**asdict(cfg), "mode": cluster.mode, "devices": devices},
+        **extra,
+        "provenance": provenance,
+    }
+    if cluster.device == "gpu" and gpu is not None and memory["total"] > gpu.memory_bytes:
+        out["warning"] = f"needs {memory['total']:,} B per rank, more than the {gpu.name}'s"
+    checkpoint = checkpoint_for_prediction(cfg, out)
+    if checkpoint is not None:
+        out["checkpoint"] = checkpoint
+    out["energy"] = energy_for_prediction(cfg, out)
+    out["provenance"]["power_model"] = out["energy"]["source"]
+    out["data_sheet"] = sorted(k for k, v in out["provenance"].items() if "data sheet" in v)
+    return out
