@@ -126,9 +126,8 @@ def run_layerwise(
     band_iterations: int,
 ) -> dict[str, Any]:
     """Predict ``cfg`` in its layer-wise mode: the JSON object ``pdlsim predict`` prints."""
-    import numpy as np
-
     from pdlsim.parallel_report import layerwise_memory
+    from pdlsim.prediction_doc import band_step_times, prediction_document
     from pdlsim.sim import Cluster, simulate, write_chrome_trace
     from pdlsim.sim.pipeline_engine import simulate_pipeline
     from pdlsim.sim.tensor import simulate_tensor
@@ -156,14 +155,8 @@ def run_layerwise(
             base = simulate_tensor(one, scenario, alone, True, 1)
         else:
             base = simulate(one, scenario, alone)
-        band_scenario = replace(scenario, iterations=min(cfg.iterations, band_iterations))
-        rng = np.random.default_rng(cfg.seed)
-        band = [
-            run(
-                cluster, replace(band_scenario, seed=cfg.seed + 1 + i), cost.perturbed(rng)
-            ).step_time_s
-            for i in range(cfg.samples)
-        ]
+        iterations = min(cfg.iterations, band_iterations)
+        band = band_step_times(run, cluster, scenario, cost, cfg.samples, cfg.seed, iterations)
     except ValueError as exc:  # ConfigError and the cost model's own checks
         raise UserError(str(exc)) from None
     if trace is not None and result.timeline is not None:
@@ -184,8 +177,6 @@ def run_layerwise(
         replicas = devices
         details["replicas"] = devices
         details["scaling"] = "weak: a batch per rank, no communication"
-    from pdlsim.prediction_doc import prediction_document
-
     return prediction_document(
         cfg, cluster, b, band,
         base_step_s=base.step_time_s,

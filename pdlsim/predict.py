@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
 from pdlsim.parallel_predict import layerwise_mode, run_layerwise
-from pdlsim.prediction_doc import prediction_document
+from pdlsim.prediction_doc import band_step_times, prediction_document
 from pdlsim.presets import (
     DEFAULT_GPU_PRESET,
     DEFAULT_NETWORK_PRESET,
@@ -241,7 +241,6 @@ def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, An
     """Predict one configuration: the JSON object ``pdlsim predict --json`` prints."""
     if layerwise_mode(cfg):  # model or pipeline parallelism, or inference
         return run_layerwise(cfg, build, trace, DATASET_SAMPLES, BAND_ITERATIONS)
-    import numpy as np
 
     from pdlsim.sim import Cluster, simulate, write_chrome_trace
 
@@ -251,14 +250,8 @@ def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, An
         one = Cluster(1, 1, cluster.threads_per_rank, cluster.device)
         alone = replace(cost, ranks_per_node=1)  # one device: nothing shares its node
         base = result if cluster.ranks == 1 else simulate(one, scenario, alone)
-        band_scenario = replace(scenario, iterations=min(cfg.iterations, BAND_ITERATIONS))
-        rng = np.random.default_rng(cfg.seed)
-        band = [
-            simulate(
-                cluster, replace(band_scenario, seed=cfg.seed + 1 + i), cost.perturbed(rng)
-            ).step_time_s
-            for i in range(cfg.samples)
-        ]
+        iterations = min(cfg.iterations, BAND_ITERATIONS)
+        band = band_step_times(simulate, cluster, scenario, cost, cfg.samples, cfg.seed, iterations)
     except ValueError as exc:  # ConfigError and the cost model's own checks
         raise UserError(str(exc)) from None
     if trace is not None and result.timeline is not None:

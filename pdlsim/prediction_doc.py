@@ -10,13 +10,29 @@ checkpoints and restarts (:mod:`pdlsim.reliability`) are added from the finished
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from pdlsim.energy import energy_for_prediction
 from pdlsim.reliability import checkpoint_for_prediction
 
-__all__ = ["prediction_document"]
+__all__ = ["band_step_times", "prediction_document"]
+
+
+def band_step_times(
+    run: Any, cluster: Any, scenario: Any, cost: Any, samples: int, seed: int, iterations: int
+) -> list[float]:
+    """The band's step times: ``samples`` runs of ``run(cluster, scenario, cost)``, each with
+    a perturbed cost model (:meth:`~pdlsim.costmodel.ProfileCostModel.perturbed`) and its own
+    jitter seed, over ``iterations`` steps."""
+    import numpy as np
+
+    short = replace(scenario, iterations=iterations)
+    rng = np.random.default_rng(seed)
+    return [
+        run(cluster, replace(short, seed=seed + 1 + i), cost.perturbed(rng)).step_time_s
+        for i in range(samples)
+    ]
 
 
 def prediction_document(

@@ -20,7 +20,8 @@ from pdlsim.train.cli import format_memory
 from pdlsim.train.comm import LocalComm
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.device import Device, cpu_device
-from pdlsim.train.loop import PHASES, device_pool_bytes, train
+from pdlsim.train.loop import PHASES, train
+from pdlsim.train.runinfo import device_pool_bytes
 from tests.conftest import MPI_TIMEOUT_S, mpiexec, run_pdlsim
 
 SMALL = {

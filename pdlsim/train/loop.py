@@ -22,8 +22,6 @@ bytes of the model's own arrays, to set beside ``pdlsim predict``'s memory per r
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -36,12 +34,12 @@ from microbench.errors import UserError
 from microbench.machine import machine_metadata
 from microbench.nn import SGD, Network
 from microbench.records import RecordWriter
-from microbench.threads import available_cores, oversubscription
 from microbench.workload import Workload, load_workload
 from pdlsim.data import Dataset, load_dataset
 from pdlsim.train.checkpoint import records_path, restore, save_checkpoint
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.device import Device, pinned_empty
+from pdlsim.train.runinfo import device_pool_bytes, peak_rss_bytes, run_metadata
 
 PHASES = ("data", "h2d", "forward", "backward", "wait", "allreduce", "update")
 SYNTHETIC_TRAIN_SAMPLES = 8192
@@ -167,21 +165,8 @@ def train(
     if first_epoch >= config.epochs:
         return result
 
-    ranks_per_node = comm.ranks_per_node()
-    run_info = {
-        **config.to_dict(),
-        "workload": workload.to_dict(),
-        "dataset": train_set.name,
-        "train_samples": len(train_set),
-        "steps_per_epoch": steps,
-        "ranks": size,
-        "ranks_per_node": ranks_per_node,
-        "device": device.name,
-        "oversubscribed": oversubscription(ranks_per_node, config.threads) is not None,
-        "cores": available_cores(),
-        "pid": os.getpid(),
-        "resumed_from": resumed_from,
-    }
+    run_info = run_metadata(config, workload, train_set, steps, comm, device)
+    run_info["resumed_from"] = resumed_from
     machine = machine_metadata(comm=comm.mpi_comm, threads=config.threads)
     records = records_path(run_dir, rank, resumed=resume is not None)
 
@@ -282,27 +267,6 @@ def train(
             if every and ((epoch + 1) * steps % every == 0 or last):
                 checkpoint(epoch + 1, 0, order.bit_generator.state, asdict(_EpochSums()))
     return result
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far, in bytes (``getrusage`` ``ru_maxrss``:
-    KiB on Linux, bytes on macOS). It counts everything the process touched: the data set,
-    Python, numba and the MPI library as well as the model's arrays."""
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
-
-
-def device_pool_bytes(device: Device) -> int | None:
-    """GPU: the bytes CuPy's default memory pool holds on this rank's device; None on the CPU
-    or where the array module has no such pool. The pool keeps freed blocks for reuse, so
-    unless something frees them this is its high-water mark (arrays' peak, in pool blocks)."""
-    if device.kind != "gpu":
-        return None
-    pool = getattr(device.xp, "get_default_memory_pool", None)
-    total_bytes = getattr(pool(), "total_bytes", None) if callable(pool) else None
-    return int(total_bytes()) if callable(total_bytes) else None
 
 
 def model_state_bytes(net: Network, opt: SGD, stepper: _Stepper) -> dict[str, int]:

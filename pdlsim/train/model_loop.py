@@ -19,7 +19,6 @@ Evaluation runs the whole test set through the split network on every rank toget
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +30,6 @@ from microbench.errors import UserError
 from microbench.machine import machine_metadata
 from microbench.nn import SGD
 from microbench.records import RecordWriter
-from microbench.threads import available_cores, oversubscription
 from microbench.workload import load_workload
 from pdlsim.data import Dataset
 from pdlsim.train.checkpoint import records_path
@@ -41,11 +39,10 @@ from pdlsim.train.loop import (
     EVAL_CHUNK,
     EpochResult,
     TrainResult,
-    device_pool_bytes,
-    peak_rss_bytes,
     prepare_data,
 )
 from pdlsim.train.model_parallel import SlicedNetwork
+from pdlsim.train.runinfo import device_pool_bytes, peak_rss_bytes, run_metadata
 
 MODEL_PHASES = (
     "data", "h2d", "wait", "forward", "allgather", "backward", "allreduce", "update",
@@ -134,23 +131,8 @@ def train_model_parallel(
     step_once = _Stepper(net, opt, comm, device, train_set, batch, config.pinned, config.inference)
     order = np.random.default_rng(config.seed)
     result = TrainResult(config=config, run_dir=run_dir)
-    ranks_per_node = comm.ranks_per_node()
-    run_info = {
-        **config.to_dict(),
-        "workload": workload.to_dict(),
-        "batch_semantics": BATCH_NOTE,
-        "split_layers": net.split_layers(),
-        "dataset": train_set.name,
-        "train_samples": len(train_set),
-        "steps_per_epoch": steps,
-        "ranks": size,
-        "ranks_per_node": ranks_per_node,
-        "device": device.name,
-        "oversubscribed": oversubscription(ranks_per_node, config.threads) is not None,
-        "cores": available_cores(),
-        "pid": os.getpid(),
-        "resumed_from": None,
-    }
+    run_info = run_metadata(config, workload, train_set, steps, comm, device)
+    run_info.update(batch_semantics=BATCH_NOTE, split_layers=net.split_layers())
     machine = machine_metadata(comm=comm.mpi_comm, threads=config.threads)
     with RecordWriter(records_path(run_dir, rank, False), machine=machine, run=run_info) as out:
         for epoch in range(config.epochs):

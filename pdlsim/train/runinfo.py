@@ -1,0 +1,62 @@
+"""What a training run records about itself: its header, and the memory it used."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from microbench.threads import available_cores, oversubscription
+from microbench.workload import Workload
+from pdlsim.data import Dataset
+from pdlsim.train.config import TrainConfig
+from pdlsim.train.device import Device
+
+__all__ = ["device_pool_bytes", "peak_rss_bytes", "run_metadata"]
+
+
+def run_metadata(
+    config: TrainConfig,
+    workload: Workload,
+    train_set: Dataset,
+    steps: int,
+    comm: Any,
+    device: Device,
+) -> dict[str, Any]:
+    """The run header every rank's records file starts with (settings, data, placement)."""
+    ranks_per_node = comm.ranks_per_node()
+    return {
+        **config.to_dict(),
+        "workload": workload.to_dict(),
+        "dataset": train_set.name,
+        "train_samples": len(train_set),
+        "steps_per_epoch": steps,
+        "ranks": comm.size,
+        "ranks_per_node": ranks_per_node,
+        "device": device.name,
+        "oversubscribed": oversubscription(ranks_per_node, config.threads) is not None,
+        "cores": available_cores(),
+        "pid": os.getpid(),
+        "resumed_from": None,
+    }  # fmt: skip
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far, in bytes (``getrusage`` ``ru_maxrss``:
+    KiB on Linux, bytes on macOS). It counts everything the process touched: the data set,
+    Python, numba and the MPI library as well as the model's arrays."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+def device_pool_bytes(device: Device) -> int | None:
+    """GPU: the bytes CuPy's default memory pool holds on this rank's device; None on the CPU
+    or where the array module has no such pool. The pool keeps freed blocks for reuse, so
+    unless something frees them this is its high-water mark (arrays' peak, in pool blocks)."""
+    if device.kind != "gpu":
+        return None
+    pool = getattr(device.xp, "get_default_memory_pool", None)
+    total_bytes = getattr(pool(), "total_bytes", None) if callable(pool) else None
+    return int(total_bytes()) if callable(total_bytes) else None
