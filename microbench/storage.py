@@ -1,13 +1,14 @@
 """Storage: what writing one checkpoint file costs, at each file size.
 
-Each repetition writes ``bytes`` of random (incompressible) data exactly as ``pdlsim train``
-writes a checkpoint: :func:`microbench.fileio.atomic_write_bytes`, i.e. a temporary file in
-the target directory, one ``write``, ``fsync``, a rename over the previous file and an
-``fsync`` of the directory. The rename replaces the file of the previous repetition, so each
-repetition also frees one old file, as a training run's pruning of its oldest checkpoint does.
-The data is drawn once per size, outside the timed region; the file is removed after each
-size, and the scratch directory (``.microbench-storage-*`` inside ``--dir``) at the end, on
-error and interrupt too.
+Each repetition writes a float32 array of ``bytes`` exactly as ``pdlsim train`` writes a
+checkpoint: serialised with ``np.savez`` into memory (the copy and the zip's CRC cost about as
+much as the write itself at a megabyte), then :func:`microbench.fileio.atomic_write_bytes`,
+i.e. a temporary file in the target directory, one ``write``, ``fsync``, a rename over the
+previous file and an ``fsync`` of the directory. The rename replaces the file of the previous
+repetition, so each repetition also frees one old file, as a training run's pruning of its
+oldest checkpoint does. The data is drawn once per size, outside the timed region; the file is
+removed after each size, and the scratch directory (``.microbench-storage-*`` inside
+``--dir``) at the end, on error and interrupt too.
 
 What it measures is this directory's file system and device as seen through the page cache
 with a forced flush: latency (file creation, two fsyncs, rename) plus bytes over the write
@@ -20,6 +21,7 @@ mount point of the directory, from ``/proc/self/mounts``; null where unknown), `
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tempfile
@@ -97,7 +99,7 @@ def run_storage(
     try:
         for nbytes in sizes:
             point_policy = policy.fewer(LARGE_FACTOR) if nbytes >= LARGE_BYTES else policy
-            data = rng.bytes(nbytes)
+            data = np.frombuffer(rng.bytes(nbytes - nbytes % 4), dtype=np.float32)
             path = scratch / f"storage-{nbytes}.bin"
             params = {
                 "bytes": nbytes,
@@ -107,7 +109,7 @@ def run_storage(
             }
             try:
                 m = measure(
-                    timed(lambda path=path, data=data: atomic_write_bytes(path, data)),
+                    timed(lambda path=path, data=data: _write_checkpoint_like(path, data)),
                     point_policy,
                     benchmark="storage",
                     name="atomic_write",
@@ -134,6 +136,14 @@ class StorageSummary:
     smallest_s: float
     largest_bytes: int
     bytes_per_s: float
+
+
+def _write_checkpoint_like(path: Path, values: np.ndarray) -> None:
+    """What ``pdlsim train``'s checkpoint writer does with its arrays: ``np.savez`` into
+    memory, then one atomic, fsynced write."""
+    buffer = io.BytesIO()
+    np.savez(buffer, params=values)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def summarize(records: Iterable[Mapping[str, Any]]) -> StorageSummary | None:
