@@ -203,12 +203,15 @@ def test_existing_records_are_never_overwritten(tmp_path):
 
 
 def _start_long_run(out: Path) -> subprocess.Popen:
+    """A long 2-rank run that takes Ctrl-C as from a terminal: SIGINT back to its default in
+    the child, since a suite started in the background (``cmd &``) inherits it ignored."""
     return subprocess.Popen(
         [sys.executable, "-m", "pdlsim", "train", "--procs", "2", "--epochs", "1000"]
         + ["--samples", "512", "--test-samples", "32", "--out", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
