@@ -85,7 +85,7 @@ class Network:
         self.param_count = workload.param_count
         self.params = xp.asarray(init_params(workload, seed, init))
         self.grads = xp.zeros_like(self.params)
-        self._nhwc = len(workload.input_shape) == 3 and _has_2d_layers(workload)
+        self._nhwc = runs_channels_last(workload)
         self._ops = self._build_ops()
         self._workspaces: OrderedDict[tuple[bool, int], list[Buffers]] = OrderedDict()
         self._pending: tuple[list[Buffers], Any] | None = None
@@ -192,20 +192,34 @@ class Network:
     def first_op_input(self, x: Any, space: list[Buffers]) -> Any:
         """``x`` as the first op takes it: float32, contiguous, and transposed to channels-last
         into ``space`` when the network runs channels-last (what :meth:`forward` does first)."""
-        x = self.xp.ascontiguousarray(x, dtype=self.xp.float32)
-        if x.shape[1:] != self.workload.input_shape:
-            raise ValueError(
-                f"input of shape {x.shape} does not match the workload's per-sample input "
-                f"{self.workload.input_shape}"
-            )
-        if self._nhwc:
-            self.kernels.nchw_to_nhwc(x, space[-1]["input"])
-            x = space[-1]["input"]
-        return x
+        return prepare_input(x, space, self.workload, self.xp, self.kernels, self._nhwc)
 
     def layer_params(self) -> list[tuple[str, Any, Any]]:
         """(layer name, weight view, bias view) of each parametric layer, in layer order."""
         return [(op.info.name, op.w, op.b) for op in self._ops if op.w is not None]
+
+
+def runs_channels_last(workload: Workload) -> bool:
+    """Whether a network of ``workload`` runs channels-last: an image input that a convolution
+    or a pool reads before the first flatten."""
+    return len(workload.input_shape) == 3 and _has_2d_layers(workload)
+
+
+def prepare_input(
+    x: Any, space: list[Buffers], workload: Workload, xp: Any, kernels: Any, nhwc: bool
+) -> Any:
+    """``x`` as a network's first op takes it: float32, contiguous, its per-sample shape
+    checked, and transposed into ``space[-1]["input"]`` when the network runs channels-last."""
+    x = xp.ascontiguousarray(x, dtype=xp.float32)
+    if x.shape[1:] != workload.input_shape:
+        raise ValueError(
+            f"input of shape {x.shape} does not match the workload's per-sample input "
+            f"{workload.input_shape}"
+        )
+    if nhwc:
+        kernels.nchw_to_nhwc(x, space[-1]["input"])
+        x = space[-1]["input"]
+    return x
 
 
 def _has_2d_layers(workload: Workload) -> bool:

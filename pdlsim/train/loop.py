@@ -39,7 +39,7 @@ from pdlsim.data import Dataset, load_dataset
 from pdlsim.train.checkpoint import records_path, restore, save_checkpoint
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.device import Device, pinned_empty
-from pdlsim.train.runinfo import device_pool_bytes, peak_rss_bytes, run_metadata
+from pdlsim.train.runinfo import device_pool_bytes, peak_rss_bytes, run_metadata, state_parts
 
 PHASES = ("data", "h2d", "forward", "backward", "wait", "allreduce", "update")
 SYNTHETIC_TRAIN_SAMPLES = 8192
@@ -270,26 +270,10 @@ def train(
 
 
 def model_state_bytes(net: Network, opt: SGD, stepper: _Stepper) -> dict[str, int]:
-    """Bytes of the arrays training allocates, in the parts ``pdlsim predict`` reports per rank:
-    weights, gradients, optimizer_state (the momentum velocity), activations (the training
-    workspace at this batch: layer outputs, input gradients, im2col columns, pool indices, the
-    loss gradient), buffers (the host batch, pinned staging, on a GPU the batch's device copy
-    and, with MPI, the host copy of the gradients the allreduce goes through) and their total.
-    Evaluation's workspaces and what the libraries allocate are not counted."""
-    host_batch = stepper.x_host.nbytes + stepper.y_host.nbytes
-    on_gpu = stepper.device.kind == "gpu"
-    buffers = host_batch * (2 if on_gpu else 1)
-    buffers += 0 if stepper.staging is None else stepper.staging.nbytes
-    buffers += net.grads.nbytes if on_gpu and stepper.comm.size > 1 else 0
-    parts = {
-        "weights": int(net.params.nbytes),
-        "gradients": int(net.grads.nbytes),
-        "optimizer_state": 0 if opt.velocity is None else int(opt.velocity.nbytes),
-        "activations": stepper.workspace_bytes,
-        "buffers": int(buffers),
-    }
-    parts["total"] = sum(parts.values())
-    return parts
+    """:func:`pdlsim.train.runinfo.state_parts` of a data-parallel rank: with MPI on a GPU the
+    allreduce also goes through a host copy of the gradients."""
+    gpu_mpi = stepper.device.kind == "gpu" and stepper.comm.size > 1
+    return state_parts(net, opt, stepper, net.grads.nbytes if gpu_mpi else 0)
 
 
 class _Stepper:

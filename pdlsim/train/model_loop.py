@@ -42,7 +42,7 @@ from pdlsim.train.loop import (
     prepare_data,
 )
 from pdlsim.train.model_parallel import SlicedNetwork
-from pdlsim.train.runinfo import device_pool_bytes, peak_rss_bytes, run_metadata
+from pdlsim.train.runinfo import device_pool_bytes, peak_rss_bytes, run_metadata, state_parts
 
 MODEL_PHASES = (
     "data", "h2d", "wait", "forward", "allgather", "backward", "allreduce", "update",
@@ -180,7 +180,7 @@ def train_model_parallel(
                 },
                 peak_rss_bytes_max=int(max(totals[n : n + size])),
                 device_pool_bytes_max=None if pool_bytes is None else int(max(totals[-size:])),
-                model_state_bytes=_state_bytes(net, opt, step_once),
+                model_state_bytes=state_parts(net, opt, step_once),
             )
             result.epochs.append(epoch_result)
             out.write(
@@ -197,25 +197,6 @@ def train_model_parallel(
                     f"{epoch_time:.2f} s, {epoch_result.samples_per_s:,.0f} samples/s"
                 )
     return result
-
-
-def _state_bytes(net: SlicedNetwork, opt: SGD, stepper: _Stepper) -> dict[str, int]:
-    """This rank's arrays in ``pdlsim predict``'s parts: its weights (slices and replicated
-    layers), gradients, optimizer state, activations (the step's workspace at the batch: layer
-    outputs, gathered activations, gradient slices, the gathers' receive buffers) and buffers
-    (the host batch, its pinned staging and, on a GPU, the batch's device copy)."""
-    host_batch = stepper.x_host.nbytes + stepper.y_host.nbytes
-    buffers = host_batch * (2 if stepper.device.kind == "gpu" else 1)
-    buffers += 0 if stepper.staging is None else stepper.staging.nbytes
-    parts = {
-        "weights": int(net.params.nbytes),
-        "gradients": int(net.grads.nbytes),
-        "optimizer_state": 0 if opt.velocity is None else int(opt.velocity.nbytes),
-        "activations": stepper.workspace_bytes,
-        "buffers": int(buffers),
-    }
-    parts["total"] = sum(parts.values())
-    return parts
 
 
 def _evaluate(net: SlicedNetwork, test_set: Dataset, device: Device) -> tuple[float, float]:

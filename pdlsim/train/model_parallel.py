@@ -45,7 +45,7 @@ from microbench.errors import UserError
 from microbench.kernels import kernels_for
 from microbench.nn import init_params
 from microbench.nn.layers import Buffers, Dense, Op, build_ops
-from microbench.nn.network import _has_2d_layers
+from microbench.nn.network import prepare_input, runs_channels_last
 from microbench.workload import Workload
 from pdlsim.sim.tensor import sliced_dense
 
@@ -94,7 +94,7 @@ class SlicedNetwork:
         check_splittable(workload, comm.size)
         self.workload, self.comm, self.xp, self.sync = workload, comm, xp, synchronize
         self.kernels = kernels_for(xp, backend)
-        self._nhwc = len(workload.input_shape) == 3 and _has_2d_layers(workload)
+        self._nhwc = runs_channels_last(workload)
         shape = workload.input_shape
         if self._nhwc:
             c, h, w = shape
@@ -239,20 +239,8 @@ class SlicedNetwork:
 
     # forward, backward, inference --------------------------------------------------------
 
-    def _first_input(self, x: Any, space: list[Buffers]) -> Any:
-        x = self.xp.ascontiguousarray(x, dtype=self.xp.float32)
-        if x.shape[1:] != self.workload.input_shape:
-            raise ValueError(
-                f"input of shape {x.shape} does not match the workload's per-sample input "
-                f"{self.workload.input_shape}"
-            )
-        if self._nhwc:
-            self.kernels.nchw_to_nhwc(x, space[-1]["input"])
-            x = space[-1]["input"]
-        return x
-
     def _run(self, x: Any, space: list[Buffers]) -> Any:
-        x = self._first_input(x, space)
+        x = prepare_input(x, space, self.workload, self.xp, self.kernels, self._nhwc)
         for op, buf, columns in zip(self._ops, space, self._columns, strict=False):
             x = op.forward(x, buf)
             if columns is not None:

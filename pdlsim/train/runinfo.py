@@ -12,7 +12,7 @@ from pdlsim.data import Dataset
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.device import Device
 
-__all__ = ["device_pool_bytes", "peak_rss_bytes", "run_metadata"]
+__all__ = ["device_pool_bytes", "peak_rss_bytes", "run_metadata", "state_parts"]
 
 
 def run_metadata(
@@ -60,3 +60,25 @@ def device_pool_bytes(device: Device) -> int | None:
     pool = getattr(device.xp, "get_default_memory_pool", None)
     total_bytes = getattr(pool(), "total_bytes", None) if callable(pool) else None
     return int(total_bytes()) if callable(total_bytes) else None
+
+
+def state_parts(net: Any, opt: Any, stepper: Any, extra_buffer_bytes: int = 0) -> dict[str, int]:
+    """Bytes of the arrays training allocates, in the parts ``pdlsim predict`` reports per rank:
+    weights, gradients (this rank's, a slice under model parallelism), optimizer_state (the
+    momentum velocity), activations (the training workspace at this batch: layer outputs,
+    input gradients, im2col columns, pool indices, gathered activations, the loss gradient),
+    buffers (the host batch, its pinned staging, on a GPU the batch's device copy, plus
+    ``extra_buffer_bytes``) and their total. Evaluation's workspaces and what the libraries
+    allocate are not counted."""
+    host_batch = stepper.x_host.nbytes + stepper.y_host.nbytes
+    buffers = host_batch * (2 if stepper.device.kind == "gpu" else 1) + extra_buffer_bytes
+    buffers += 0 if stepper.staging is None else stepper.staging.nbytes
+    parts = {
+        "weights": int(net.params.nbytes),
+        "gradients": int(net.grads.nbytes),
+        "optimizer_state": 0 if opt.velocity is None else int(opt.velocity.nbytes),
+        "activations": stepper.workspace_bytes,
+        "buffers": int(buffers),
+    }
+    parts["total"] = sum(parts.values())
+    return parts
