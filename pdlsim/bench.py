@@ -97,28 +97,14 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
             ranks=1,
             threads=max(plan.threads),
         ),
-        Stage(
-            "copies",
-            "host<->device copies",
-            (sys.executable, *_microbench("copies", "--out", ranks1, *quick)),
-            ranks=1,
-            threads=1,
-        ),
-        Stage(
-            "compression",
-            "gradient compression (fp16, top-k)",
-            (sys.executable, *_microbench("compression", "--out", ranks1, *quick)),
-            ranks=1,
-            threads=1,
-        ),
-        Stage(
-            "storage",
-            "checkpoint writes (atomic, fsynced) into the run directory",
-            (sys.executable, *_microbench("storage", "--out", ranks1, *quick)),
-            ranks=1,
-            threads=1,
-        ),
     ]
+    for name, label in (
+        ("copies", "host<->device copies"),
+        ("compression", "gradient compression (fp16, top-k)"),
+        ("storage", "checkpoint writes (atomic, fsynced) into the run directory"),
+    ):  # one process, one thread, records into ranks1/
+        command = (sys.executable, *_microbench(name, "--out", ranks1, *quick))
+        stages.append(Stage(name, label, command, ranks=1, threads=1))
     jitter_threads = min(plan.threads)
     for procs in plan.procs:
         out = str(plan.out / f"ranks{procs}")
