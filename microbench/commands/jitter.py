@@ -7,9 +7,14 @@ import argparse
 import socket
 import sys
 import time
-from collections.abc import Callable
 
-from ..cli import add_output_arguments, checked_out_dir, start_mpi, thread_level_name
+from ..cli import (
+    add_output_arguments,
+    checked_out_dir,
+    int_at_least,
+    start_mpi,
+    thread_level_name,
+)
 from ..jitter import (
     FULL_SAMPLES,
     FULL_WARMUP,
@@ -36,19 +41,6 @@ def _workload(text: str) -> Workload:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _count(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "jitter",
@@ -67,19 +59,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="MODEL",
         help=f"workload preset ({', '.join(preset_names())}) or a workload JSON file (default mlp)",
     )
-    parser.add_argument("--batch", type=_count(1), default=32, help="samples per step (32)")
+    parser.add_argument("--batch", type=int_at_least(1), default=32, help="samples per step (32)")
     parser.add_argument(
-        "--threads", type=_count(1), default=1, help="BLAS and numba threads per rank (1)"
+        "--threads", type=int_at_least(1), default=1, help="BLAS and numba threads per rank (1)"
     )
     parser.add_argument(
         "--samples",
-        type=_count(1),
+        type=int_at_least(1),
         metavar="N",
         help=f"timed steps per rank (default {FULL_SAMPLES}, --quick {QUICK_SAMPLES})",
     )
     parser.add_argument(
         "--warmup",
-        type=_count(1),
+        type=int_at_least(1),
         metavar="N",
         help=f"untimed steps first (default {FULL_WARMUP}, --quick {QUICK_WARMUP})",
     )

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cli import UsageError, add_output_arguments, checked_out_dir, positive_float
+from ..cli import UsageError, add_output_arguments, checked_out_dir, int_at_least, positive_float
 from ..power import EnergyReading
-from .jitter import _count, _workload
+from .jitter import _workload
 
 if TYPE_CHECKING:
     from ..power import EnergyMeter
@@ -60,8 +60,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="MODEL",
         help=f"workload preset ({', '.join(preset_names())}) or a workload JSON file (default mlp)",
     )
-    parser.add_argument("--batch", type=_count(1), default=32, help="samples per step (32)")
-    parser.add_argument("--threads", type=_count(1), default=1, help="BLAS and numba threads (1)")
+    parser.add_argument("--batch", type=int_at_least(1), default=32, help="samples per step (32)")
+    parser.add_argument(
+        "--threads", type=int_at_least(1), default=1, help="BLAS and numba threads (1)"
+    )
     for name, what in (("idle", "sleeping"), ("busy", "training")):
         parser.add_argument(
             f"--{name}-seconds",
