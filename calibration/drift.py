@@ -1,18 +1,34 @@
-"""Drift: how much the same training step's median moves between measurements minutes apart.
+"""Drift: how the speed of the same training step moves between moments minutes apart.
 
 On a shared machine the speed of identical work drifts (other tenants, frequency, memory
 placement): a step measured now and the same step measured two minutes later differ by more
-than either median's confidence interval. The prediction band must carry that, or a
-measurement taken at another moment falls outside it however right the model is.
+than either median's confidence interval. On this project's VM it is not even a gentle drift:
+a neighbour on the same physical core switches the speed between two levels about 1.4x apart
+every ten seconds to a minute. The prediction must say which speed it assumes, and its band
+must carry the others, or a measurement taken at another moment falls outside it however right
+the model is.
 
-A calibration run measures the very same step (model, batch, thread count) several times, at
-different moments: the compute benchmark's whole step (less its mini-batch gather), the jitter
-benchmark's step at one rank, and at more ranks the step of rank 0 alone (:mod:`calibration.
-colocation`). For each model with at least two of these medians, their log-deviations from the
-model's mean log-median are pooled; the drift is the standard deviation of those deviations
-(degrees of freedom: measurements minus models), a lognormal sigma, with a chi-square 95%
-interval. The simulator's band draws one factor exp(N(0, sigma)) per sample for the host's
-compute (:meth:`pdlsim.costmodel.ProfileCostModel.perturbed`).
+A calibration run measures the very same step (model, batch, thread count) at several moments:
+the compute benchmark's whole step (less its mini-batch gather), the jitter benchmark's step at
+one rank, at more ranks the step of rank 0 alone (:mod:`calibration.colocation`), and the
+speed checks ``pdlsim bench`` spreads over the calibration (``microbench speed``, one per
+``moment``). For each step with at least two of these medians:
+
+* the **typical speed** is the median of its medians, and each moment's **log-deviation** from
+  it is one draw of the machine's state. The pooled deviations are the empirical speed
+  distribution (``log_deviations``); the simulator's band draws one of them per sample for the
+  host's compute (:meth:`pdlsim.costmodel.ProfileCostModel.perturbed`), so its P50 is at the
+  typical speed and its P10..P90 spans the speeds the calibration saw.
+* the **compute stage's offset** (``compute_log_offset``) is the median, over steps, of the
+  compute benchmark's log-deviation: how much slower (positive) or faster than typical the
+  machine was while the op table and the whole-step rows were measured. Predictions divide
+  the host's compute by exp(offset), so that they describe the typical speed, not that moment.
+* ``sigma`` is the standard deviation of the deviations from each step's mean log-median
+  (degrees of freedom: measurements minus steps), a lognormal sigma with a chi-square 95%
+  interval: the drift in one number, for reports.
+
+Everything derives from ``medians_s``, so a profile fitted before the speed checks existed
+loads with its deviations and offset recomputed from the medians it kept.
 """
 
 from __future__ import annotations
@@ -27,7 +43,9 @@ from microbench.network_ops import STEP_WITH_GATHER
 
 from .stats import Interval
 
-__all__ = ["DriftModel"]
+__all__ = ["COMPUTE_MOMENT", "DriftModel"]
+
+COMPUTE_MOMENT = "compute step"
 
 
 class DriftModel:
@@ -38,10 +56,12 @@ class DriftModel:
         self.sigma_ = 0.0
         self.interval_ = Interval(0.0, 0.0, confidence)
         self.medians_: dict[str, dict[str, float]] = {}
+        self.log_deviations_ = np.zeros(0)
+        self.compute_log_offset_ = 0.0
 
     def fit(self, df: pd.DataFrame) -> DriftModel:
-        """From compute ("op" step and data rows) and jitter (per-rank at 1 rank, "alone")
-        measurement records; fewer than two medians of any one step: sigma 0."""
+        """From compute ("op" step and data rows), jitter (per-rank at 1 rank, "alone") and
+        speed measurement records; fewer than two medians of any one step: no drift."""
         rows = df[df["type"] == "measurement"]
         compute = rows[(rows["benchmark"] == "compute") & (rows["name"] == "op")]
         jitter = rows[rows["benchmark"] == "jitter"]
@@ -56,7 +76,7 @@ class DriftModel:
             median = float(np.median(r["samples"]))
             if r.get("params.op") == STEP_WITH_GATHER:
                 median -= gathers.get(_key(r), 0.0)
-            self._add(_key(r), "compute step", median)
+            self._add(_key(r), COMPUTE_MOMENT, median)
         for _, r in jitter.iterrows():
             statistic = r.get("params.statistic")
             alone = statistic == "alone"
@@ -64,20 +84,34 @@ class DriftModel:
                 continue
             where = f"jitter {'alone at ' + str(int(r['params.ranks'])) if alone else 'at 1'}"
             self._add(_key(r), where, float(np.median(r["samples"])))
-        deviations = [
-            np.log(list(m.values())) - np.mean(np.log(list(m.values())))
-            for m in self.medians_.values()
-            if len(m) >= 2
-        ]
-        dof = sum(len(d) for d in deviations) - len(deviations)
+        for _, r in rows[rows["benchmark"] == "speed"].iterrows():
+            self._add(_key(r), str(r.get("params.moment")), float(np.median(r["samples"])))
+        self._derive()
+        return self
+
+    def _derive(self) -> None:
+        """sigma and its interval, the log-deviations and the compute offset (docstring)."""
+        repeated = [np.log(list(m.values())) for m in self.medians_.values() if len(m) >= 2]
+        from_mean = [logs - np.mean(logs) for logs in repeated]
+        dof = sum(len(d) for d in from_mean) - len(from_mean)
         if dof >= 1:
-            ss = float(sum(np.sum(d**2) for d in deviations))
+            ss = float(sum(np.sum(d**2) for d in from_mean))
             self.sigma_ = float(np.sqrt(ss / dof))
             tail = (1 - self.confidence) / 2
             low = np.sqrt(ss / stats.chi2.ppf(1 - tail, dof))
             high = np.sqrt(ss / stats.chi2.ppf(tail, dof))
             self.interval_ = Interval(float(low), float(high), self.confidence)
-        return self
+        self.log_deviations_ = np.sort(
+            np.concatenate([logs - np.median(logs) for logs in repeated])
+            if repeated
+            else np.zeros(0)
+        )
+        offsets = [
+            np.log(m[COMPUTE_MOMENT]) - np.median(np.log(list(m.values())))
+            for m in self.medians_.values()
+            if len(m) >= 2 and COMPUTE_MOMENT in m
+        ]
+        self.compute_log_offset_ = float(np.median(offsets)) if offsets else 0.0
 
     def _add(self, key: str, where: str, median_s: float) -> None:
         if median_s > 0:
@@ -90,6 +124,8 @@ class DriftModel:
         return {
             "sigma": self.sigma_,
             "intervals": {"sigma": self.interval_.to_dict()},
+            "compute_log_offset": self.compute_log_offset_,
+            "log_deviations": [float(d) for d in self.log_deviations_],
             "medians_s": self.medians_,
         }
 
@@ -99,6 +135,7 @@ class DriftModel:
         model.sigma_ = float(doc["sigma"])
         model.interval_ = Interval.from_dict(doc["intervals"]["sigma"])
         model.medians_ = {k: dict(v) for k, v in doc.get("medians_s", {}).items()}
+        model._derive()  # the stored derived fields are for readers; the medians decide
         return model
 
 

@@ -38,7 +38,7 @@ _SECTIONS: dict[str, tuple[str, Callable[[int, int], Any], bool]] = {
     "overlap": ("interference", lambda n, s: OverlapModel(n_boot=n, seed=s), False),
     "colocation": ("jitter", lambda n, s: ColocationModel(n_boot=n, seed=s), False),
     "jitter_models": ("jitter", lambda n, s: JitterModels(n_boot=n, seed=s), False),
-    "drift": ("compute+jitter", lambda n, s: DriftModel(), False),
+    "drift": ("compute+jitter+speed", lambda n, s: DriftModel(), False),
     "compression": ("compression", lambda n, s: CompressionModel(n_boot=n, seed=s), False),
     "storage": ("storage", lambda n, s: StorageModel(n_boot=n, seed=s), False),
 }

@@ -17,7 +17,8 @@ quiet_idle_blas_threads()  # before numpy loads: BLAS reads it once, and timings
 from .cli import BenchmarkError, Parser, UsageError, current_rank  # noqa: E402
 
 COMMANDS = (
-    "collectives", "jitter", "interference", "compute", "copies", "power", "compression", "storage"
+    "collectives", "jitter", "interference", "compute", "copies", "power", "compression", "storage",
+    "speed",
 )  # fmt: skip
 
 

@@ -106,6 +106,7 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
         command = (sys.executable, *_microbench(name, "--out", ranks1, *quick))
         stages.append(Stage(name, label, command, ranks=1, threads=1))
     jitter_threads = min(plan.threads)
+    speed_checks = [len(stages)]  # after the one-process stages, after each P, at the end
     for procs in plan.procs:
         out = str(plan.out / f"ranks{procs}")
         stages.append(
@@ -137,6 +138,7 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
                     threads=jitter_threads,
                 )
             )
+        speed_checks.append(len(stages))
     overlap_procs = max(plan.procs)
     if overlap_procs >= 2:
         out = str(plan.out / f"ranks{overlap_procs}")
@@ -153,7 +155,24 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
                 threads=1,
             )
         )
+    speed_checks.append(len(stages))  # and one after everything else
+    for k, at in reversed(list(enumerate(sorted(set(speed_checks)), start=1))):
+        stages.insert(at, _speed_stage(plan, k, len(set(speed_checks)), jitter_threads))
     return stages
+
+
+def _speed_stage(plan: BenchPlan, k: int, of: int, threads: int) -> Stage:
+    """The same step of every model, briefly: moment ``k`` of ``of`` of the machine's speed
+    (``microbench speed``; :mod:`calibration.drift` fits the spread of these moments)."""
+    moment = f"check {k} of {of}"
+    command = _microbench(
+        "speed", "--model", plan.model, "--batch", str(plan.jitter_batch),
+        "--threads", str(threads), "--moment", moment, "--out", str(plan.out / "ranks1"),
+        *(["--samples", "10"] if plan.quick else []), *(["--append"] if k > 1 else []),
+    )  # fmt: skip
+    return Stage(
+        f"speed-{k}", f"machine speed now ({moment})", (sys.executable, *command), 1, threads
+    )
 
 
 def check_out_dir(out: Path) -> None:

@@ -32,9 +32,11 @@
 * **Co-location.** CPU ranks sharing a node slow each other down (memory bandwidth, caches):
   compute is multiplied by the profile's measured co-location factor at ``ranks_per_node``
   (:mod:`calibration.colocation`; held at the largest measured ranks per node beyond it).
-* **Drift.** The band (:meth:`perturbed`) also scales CPU compute by a lognormal draw of the
-  profile's run-to-run drift (:mod:`calibration.drift`): the same step measured at different
-  moments of the calibration.
+* **Drift.** The same step measured at several moments of the calibration
+  (:mod:`calibration.drift`) gives the machine's typical speed and the spread around it. CPU
+  compute is divided by exp(the compute stage's log-offset from typical), so a prediction
+  describes the typical speed rather than the moment the op table was measured; the band
+  (:meth:`perturbed`) scales it by one of the measured log-deviations per sample.
 * **Copies.** The profile's transfer model, else the preset's PCIe per-direction rate times
   :data:`PINNED_EFFICIENCY` or :data:`PAGEABLE_EFFICIENCY` plus :data:`COPY_LATENCY_S` (assumed).
 * **Jitter.** The profile's :class:`calibration.jitter.JitterModel` behind the simulator's
@@ -136,7 +138,9 @@ class ProfileCostModel:
     step_z: float = 0.0  # standard deviations the measured steps are moved by (the band)
     colocation_z: float = 0.0
     drift_sigma: float = 0.0  # the profile's run-to-run drift of a step's median (lognormal)
-    drift_factor: float = 1.0  # this band sample's draw of it
+    drift_log_deviations: tuple[float, ...] = ()  # the speeds it saw, log(moment / typical)
+    drift_level: float = 1.0  # typical speed / the compute stage's: exp(-log offset)
+    drift_factor: float = 1.0  # this band sample's draw of the deviations
     _ops_cache: dict[tuple[str, int, int, str], float] = field(default_factory=dict, repr=False)
     compression: CompressionModel | None = None  # the profile's, when it measured compression
 
@@ -212,13 +216,21 @@ class ProfileCostModel:
                     + (f", held above {held}" if ranks_per_node > held else "")
                 )
         drift = profile.model("drift") if profile.models.get("drift") else None
-        drift_sigma = drift.sigma_ if drift is not None and device == "cpu" else 0.0
-        if drift_sigma > 0:
-            prov["drift"] = f"profile: the band carries a {drift_sigma:.1%} run-to-run drift"
+        host_drift = drift is not None and device == "cpu"
+        drift_sigma = drift.sigma_ if host_drift else 0.0
+        deviations = tuple(float(d) for d in drift.log_deviations_) if host_drift else ()
+        level = float(np.exp(-drift.compute_log_offset_)) if host_drift else 1.0
+        if deviations:
+            low, high = np.exp(np.quantile(deviations, [0.1, 0.9]))
+            prov["drift"] = (
+                f"profile: {len(deviations)} moments of the same steps; compute x{level:.3f} to "
+                f"the typical speed, band x{low:.2f}..x{high:.2f} (P10..P90 of the moments)"
+            )
         return cls(
             compute, regimes, inter, source, transfer, gpu, device, mem_bw, jitter, efficiency,
             _overlap_interval(overlap, bucket_bytes, method), prov, workload, ranks_per_node,
             scale, colocation, compression=profile.model("compression"), drift_sigma=drift_sigma,
+            drift_log_deviations=deviations, drift_level=level,
         )  # fmt: skip
 
     def _ops_s(self, model: str, batch: int, threads: int, device: str) -> float:
@@ -264,7 +276,7 @@ class ProfileCostModel:
             seconds += self.scale.data_time_s(
                 self.workload, batch, layer.input_bytes_per_sample + LABEL_BYTES
             )
-        return seconds * self.colocation_factor(threads) * self.drift_factor
+        return seconds * self.colocation_factor(threads) * self.drift_level * self.drift_factor
 
     def _raw_compute(
         self, layer: LayerInfo, phase: str, batch: int, threads: int, device: str

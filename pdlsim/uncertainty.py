@@ -133,6 +133,14 @@ def perturbed_cost(cost: Any, rng: np.random.Generator) -> Any:
         overlap_efficiency=efficiency,
         step_z=float(rng.standard_normal()),
         colocation_z=float(rng.standard_normal()),
-        drift_factor=float(np.exp(rng.normal(0.0, cost.drift_sigma))),
+        drift_factor=drift_draw(cost, rng),
         _ops_cache={},
     )
+
+
+def drift_draw(cost: Any, rng: np.random.Generator) -> float:
+    """One sample of the machine's speed relative to typical: one of the profile's measured
+    log-deviations (:mod:`calibration.drift`); a lognormal of its sigma when it kept none."""
+    if cost.drift_log_deviations:
+        return float(np.exp(rng.choice(cost.drift_log_deviations)))
+    return float(np.exp(rng.normal(0.0, cost.drift_sigma)))

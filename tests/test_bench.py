@@ -23,6 +23,7 @@ def test_quick_bench_runs_every_stage_and_keeps_every_record(quick_bench_run):
         "ranks1/compression.jsonl",
         "ranks1/collectives.jsonl",
         "ranks2/collectives.jsonl",
+        "ranks1/speed.jsonl",
     } <= sources
     assert {"ranks2/jitter.jsonl", "ranks2/interference.jsonl"} <= sources
     allreduce = frame[(frame["benchmark"] == "collectives") & (frame["params.op"] == "allreduce")]
@@ -41,7 +42,7 @@ def test_the_plan_runs_compute_once_and_mpi_stages_per_process_count(tmp_path):
         "collectives-p2",
         "collectives-p4",
     ]
-    assert names[-1] == "interference-p4"
+    assert names[-2:] == ["interference-p4", "speed-5"]
     assert "--quick" not in stages[0].command
     compute = list(stages[0].command)
     assert compute[compute.index("--batch") + 1] == "16,32,64"
@@ -100,3 +101,21 @@ def test_an_output_that_is_a_file_or_holds_records_is_refused_untouched(tmp_path
     result = run_pdlsim("bench", "--quick", "--out", str(tmp_path / "used"), timeout=60)
     assert result.returncode == 2 and "already holds records" in result.stderr
     assert (used / "compute.jsonl").read_text() == "old records\n"
+
+
+def test_speed_checks_are_spread_over_the_calibration_in_one_file(tmp_path):
+    """The same step, briefly, after the one-process stages, after each process count's jitter
+    and at the end: moments minutes apart, each with its own label, all in ranks1/speed.jsonl."""
+    stages = plan_stages(BenchPlan(out=tmp_path, model="mlp,cnn", procs=(1, 2)))
+    names = [s.name for s in stages]
+    speed = [i for i, n in enumerate(names) if n.startswith("speed")]
+    assert [names[i - 1] for i in speed] == [
+        "storage", "jitter-p1-cnn", "jitter-p2-cnn", "interference-p2"
+    ]  # fmt: skip
+    moments = []
+    for k, i in enumerate(speed):
+        command = list(stages[i].command)
+        assert command[command.index("--out") + 1] == str(tmp_path / "ranks1")
+        assert ("--append" in command) == (k > 0)
+        moments.append(command[command.index("--moment") + 1])
+    assert moments == [f"check {k} of 4" for k in range(1, 5)]

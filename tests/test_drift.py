@@ -68,3 +68,77 @@ def test_the_band_widens_with_the_drift(tmp_path):
         return np.std(np.log(draws))
 
     assert spread(replace(cost, drift_sigma=0.1)) > spread(cost) + 0.05
+
+
+def _two_speed_machine(tmp_path):
+    """cnn's step: 12 ms in the compute stage (a slow moment), then speed checks at 9, 9, 12, 9
+    ms: a machine that is typically at 9 ms and sometimes 4/3 slower."""
+    step = {"device": "cpu", "threads": 1, "batch": 32, "kind": "step", "phase": "step"}
+    with RecordWriter(tmp_path / "r.jsonl", {"hostname": "synthetic"}) as writer:
+        _write(writer, 12e-3, "compute", "op", {**step, "model": "cnn", "op": "step"})
+        for k, value in enumerate((9e-3, 9e-3, 12e-3, 9e-3), start=1):
+            params = {"model": "cnn", "batch": 32, "threads": 1, "moment": f"check {k} of 4"}
+            _write(writer, value, "speed", "step_compute", params)
+    return DriftModel().fit(load_dataframe(tmp_path, type="measurement"))
+
+
+def test_speed_checks_give_the_typical_speed_and_the_compute_stages_offset(tmp_path):
+    drift = _two_speed_machine(tmp_path)
+    assert len(drift.medians_["cnn-b32-t1"]) == 5
+    # typical: the median of 12, 9, 9, 12, 9 ms is 9 ms; the compute stage ran 12/9 slower
+    assert drift.compute_log_offset_ == pytest.approx(np.log(12 / 9))
+    assert np.exp(drift.log_deviations_) == pytest.approx([1, 1, 1, 12 / 9, 12 / 9])
+    # a profile keeps the medians; what derives from them comes back the same, also from a
+    # document written before the derived fields existed
+    doc = drift.to_dict()
+    for old in (doc, {k: v for k, v in doc.items() if k in ("sigma", "intervals", "medians_s")}):
+        again = DriftModel.from_dict(old)
+        assert again.compute_log_offset_ == drift.compute_log_offset_
+        assert list(again.log_deviations_) == list(drift.log_deviations_)
+
+
+def test_predictions_describe_the_typical_speed_and_the_band_the_slow_moments(tmp_path):
+    """Compute is divided by the compute stage's offset (12 -> 9 ms here); the band draws the
+    measured deviations, so its P50 stays at typical and its P90 reaches the slow speed."""
+    from dataclasses import replace
+
+    from microbench.workload import load_workload
+    from pdlsim.costmodel import ProfileCostModel
+    from tests.test_costmodel import write_synthetic_profile
+
+    drift = _two_speed_machine(tmp_path)
+    cost = ProfileCostModel.from_profile(write_synthetic_profile(tmp_path / "p.json"))
+    layer = load_workload("mlp").layers[0]
+    base = cost.compute_time(layer, "forward", 32, 1, "cpu")
+    drifting = replace(
+        cost,
+        drift_level=float(np.exp(-drift.compute_log_offset_)),
+        drift_log_deviations=tuple(drift.log_deviations_),
+    )
+    assert drifting.compute_time(layer, "forward", 32, 1, "cpu") == pytest.approx(base * 9 / 12)
+    rng = np.random.default_rng(1)
+    factors = [drifting.perturbed(rng).drift_factor for _ in range(400)]
+    assert set(np.round(factors, 9)) == {1.0, round(12 / 9, 9)}
+    assert np.mean(np.isclose(factors, 1.0)) == pytest.approx(0.6, abs=0.08)
+
+
+def test_microbench_speed_records_each_models_step_with_its_moment(tmp_path):
+    from tests.conftest import run_microbench
+
+    out = tmp_path / "run"
+    for k in (1, 2):
+        result = run_microbench(
+            "speed", "--model", "mlp", "--batch", "8", "--samples", "4", "--warmup", "1",
+            "--moment", f"check {k}", "--out", str(out), *(["--append"] if k > 1 else []),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert f"speed (check {k}): mlp batch 8" in result.stdout
+    frame = load_dataframe(out, type="measurement")
+    assert list(frame["params.moment"]) == ["check 1", "check 2"]
+    assert set(frame["benchmark"]) == {"speed"} and all(len(s) == 4 for s in frame["samples"])
+    drift = DriftModel().fit(frame)
+    assert set(drift.medians_["mlp-b8-t1"]) == {"check 1", "check 2"}
+    again = run_microbench("speed", "--model", "mlp", "--out", str(out))  # no --append
+    assert again.returncode == 2 and "--append" in again.stderr
+    bad = run_microbench("speed", "--model", "nosuch", "--out", str(tmp_path / "x"))
+    assert bad.returncode == 2 and "nosuch" in bad.stderr and "Traceback" not in bad.stderr
