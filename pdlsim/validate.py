@@ -2,11 +2,13 @@
 
 For every configuration (workload, P ranks x T threads, batch per rank) ``pdlsim train`` is
 launched ``repeats`` times, each a separate process (or ``mpiexec``) launch into
-``OUT/runs/<config>/r<k>``. A launch's step time is the median, over the steps after the
-warm-up (:func:`warmup_steps`: the first max(5, 10%) steps: numba compiles, first touch), of the
-per-step ``step_s`` taken as the **maximum over ranks** (a synchronous step ends when its
-slowest rank does). The configuration's measured figure is the median over launches, its
-interval the **min..max over launches**.
+``OUT/runs/<config>/r<k>``, round-robin over the configurations (every configuration's first
+launch, then every second...), so that a configuration's launches are minutes apart and see
+the machine at different moments, as the calibration's speed checks did. A launch's step time
+is the median, over the steps after the warm-up (:func:`warmup_steps`: the first max(5, 10%)
+steps: numba compiles, first touch), of the per-step ``step_s`` taken as the **maximum over
+ranks** (a synchronous step ends when its slowest rank does). The configuration's measured
+figure is the median over launches, its interval the **min..max over launches**.
 
 The prediction uses the same profile for every configuration and the scenario that
 ``pdlsim train`` really runs: one bucket holding every gradient, no overlap, CPU ranks (no
@@ -47,11 +49,12 @@ from microbench.errors import UserError
 __all__ = [
     "RunSpec",
     "ValidateConfig",
-    "measure",
+    "measure_launch",
     "measured_step_times",
     "plan_matrix",
     "predict_spec",
     "run_validation",
+    "summarize_launches",
     "warmup_steps",
 ]
 
@@ -217,20 +220,29 @@ def launch_train(spec: RunSpec, steps: int, run_dir: Path, extra: tuple[str, ...
         raise UserError(f"training {spec.label} failed with status {status}; see {log}")
 
 
-def measure(spec: RunSpec, cfg: ValidateConfig, steps: int) -> dict[str, Any]:
-    """Launch ``spec`` ``cfg.repeats`` times; the median over launches and min..max interval."""
+def measure_launch(spec: RunSpec, cfg: ValidateConfig, steps: int, k: int) -> dict[str, Any]:
+    """Launch ``k`` of ``spec``: its median step, median phases, memory and CPU steal."""
     from microbench.cpustat import cpu_times, steal_fraction
 
-    medians, phase_runs, memory, steal = [], [], [], []
-    for k in range(cfg.repeats):
-        run_dir = cfg.out / "runs" / spec.label / f"r{k}"
-        before = cpu_times()
-        launch_train(spec, steps, run_dir)
-        steal.append(steal_fraction(before, cpu_times()))
-        times, phases = measured_step_times(run_dir)
-        medians.append(statistics.median(times))
-        phase_runs.append(phases)
-        memory.append(measured_memory(run_dir))
+    run_dir = cfg.out / "runs" / spec.label / f"r{k}"
+    before = cpu_times()
+    launch_train(spec, steps, run_dir)
+    steal = steal_fraction(before, cpu_times())
+    times, phases = measured_step_times(run_dir)
+    return {
+        "median_s": statistics.median(times),
+        "phases_s": phases,
+        "memory": measured_memory(run_dir),
+        "steal": steal,
+    }
+
+
+def summarize_launches(launches: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """A configuration's launches: the median over launches, min..max interval."""
+    medians = [launch["median_s"] for launch in launches]
+    phase_runs = [launch["phases_s"] for launch in launches]
+    memory = [launch["memory"] for launch in launches]
+    steal = [launch["steal"] for launch in launches]
     phases = {n: statistics.median(p[n] for p in phase_runs) for n in phase_runs[0]}
     return {
         "measured_peak_rss_bytes": max(m["peak_rss_bytes"] for m in memory),
@@ -328,16 +340,25 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     cores = available_cores()
     specs = plan_matrix(cfg)
     started = time.perf_counter()
-    results = []
-    for i, spec in enumerate(specs, 1):
-        pred = predict_spec(spec, cfg)
-        steps = steps_for(cfg, pred["band"]["p50_s"], spec.oversubscribed(cores))
-        meas = measure(spec, cfg, steps)
-        results.append((spec, meas, pred))
-        log(
-            f"[{i}/{len(specs)}] {spec.label}: measured {meas['measured_s'] * 1e3:.3f} ms, "
-            f"predicted {pred['band']['p50_s'] * 1e3:.3f} ms"
-        )
+    predictions = [predict_spec(spec, cfg) for spec in specs]
+    steps = [
+        steps_for(cfg, pred["band"]["p50_s"], spec.oversubscribed(cores))
+        for spec, pred in zip(specs, predictions, strict=True)
+    ]
+    launches: list[list[dict[str, Any]]] = [[] for _ in specs]
+    for k in range(cfg.repeats):  # round-robin: a configuration's launches minutes apart
+        for i, spec in enumerate(specs):
+            launch = measure_launch(spec, cfg, steps[i], k)
+            launches[i].append(launch)
+            log(
+                f"[launch {k + 1}/{cfg.repeats}, {i + 1}/{len(specs)}] {spec.label}: "
+                f"measured {launch['median_s'] * 1e3:.3f} ms, predicted "
+                f"{predictions[i]['band']['p50_s'] * 1e3:.3f} ms"
+            )
+    results = [
+        (spec, summarize_launches(launches[i], steps[i]), predictions[i])
+        for i, spec in enumerate(specs)
+    ]
     rows = build_rows(results, cores)
     report = {
         "provenance": provenance,

@@ -60,6 +60,7 @@ def build_rows(results: list[tuple[Any, dict[str, Any], dict[str, Any]]], cores:
             "oversubscribed": spec.oversubscribed(cores), "steps": meas["steps"],
             "measured_s": meas["measured_s"], "measured_low_s": meas["measured_low_s"],
             "measured_high_s": meas["measured_high_s"],
+            "launch_medians_s": meas["repeat_medians_s"],  # JSON only: in launch order
             "predicted_p50_s": band["p50_s"], "predicted_p10_s": band["p10_s"],
             "predicted_p90_s": band["p90_s"], "predicted_step_s": pred["step_time_s"],
         }  # fmt: skip

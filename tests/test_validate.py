@@ -21,16 +21,17 @@ from pdlsim.validate import (
 from pdlsim.validate_report import COLUMNS, format_report
 
 PROFILE = str(Path(__file__).resolve().parents[1] / "calibration" / "profiles" / "xeon-2core.json")
+TINY_LOG: list[str] = []
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("validate") / "report"
     cfg = ValidateConfig(
-        out=out, profile=PROFILE, repeats=1, steps=12, models=("mlp",), modes=((1, 1), (1, 2)),
+        out=out, profile=PROFILE, repeats=2, steps=12, models=("mlp",), modes=((1, 1), (1, 2)),
         batches=(16,), band_samples=4, target_run_s=0.01, max_steps=12, parallel=("data",),
     )  # fmt: skip
-    return out, run_validation(cfg, log=lambda s: None)
+    return out, run_validation(cfg, log=TINY_LOG.append)
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +206,18 @@ def test_checkpoint_writes_are_measured_and_predicted_from_the_same_profile(tiny
     assert json.loads((out / "validation.json").read_text())["checkpoint"] == doc
     line = next(s for s in format_report(report).splitlines() if s.startswith("checkpoint write"))
     assert f"{m * 1e3:.3f} ms" in line and doc["cost_source"] in line
+
+
+def test_launches_go_round_robin_over_the_configurations(tiny: tuple[Path, dict]) -> None:
+    """Every configuration's first launch before any second one: a configuration's launches
+    are apart in time, so its interval sees the machine at different moments."""
+    out, report = tiny
+    launches = [line.split("]")[0] for line in TINY_LOG if line.startswith("[launch")]
+    assert launches == ["[launch 1/2, 1/2", "[launch 1/2, 2/2", "[launch 2/2, 1/2",
+                        "[launch 2/2, 2/2"]  # fmt: skip
+    for row in report["rows"]:
+        assert len(row["launch_medians_s"]) == 2
+        assert row["measured_low_s"] <= row["measured_s"] <= row["measured_high_s"]
+    assert sorted(p.name for p in (out / "runs").glob("mlp-p1t*-b16/r*") if p.is_dir()) == [
+        "r0", "r0", "r1", "r1"
+    ]  # fmt: skip
