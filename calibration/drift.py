@@ -84,7 +84,14 @@ class DriftModel:
                 continue
             where = f"jitter {'alone at ' + str(int(r['params.ranks'])) if alone else 'at 1'}"
             self._add(_key(r), where, float(np.median(r["samples"])))
-        for _, r in rows[rows["benchmark"] == "speed"].iterrows():
+        return self.add_moments(rows)
+
+    def add_moments(self, df: pd.DataFrame) -> DriftModel:
+        """Add the speed records (``microbench speed``) of ``df``, one moment each by its
+        label, to the medians this model holds, and derive again: how ``pdlsim validate``
+        extends a profile's moments over the span of its training runs."""
+        rows = df[(df["type"] == "measurement") & (df["benchmark"] == "speed")]
+        for _, r in rows.iterrows():
             self._add(_key(r), str(r.get("params.moment")), float(np.median(r["samples"])))
         self._derive()
         return self

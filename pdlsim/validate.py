@@ -279,6 +279,7 @@ def predict_spec(spec: RunSpec, cfg: ValidateConfig) -> dict[str, Any]:
 
 STEAL_WARNING = 0.05  # CPU steal above which a measurement is flagged
 CALIBRATION_PROCS = (1, 2)  # calibrate with up to 2 ranks; the matrix also predicts 4
+SPAN = "profile-span.json"  # the profile with the validation's speed checks (validate_speed)
 
 
 def calibrate_now(cfg: ValidateConfig, log: Any = print) -> Path:
@@ -328,7 +329,8 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     """Measure and predict every configuration of :func:`plan_matrix`; write the report."""
     from microbench.threads import available_cores
     from pdlsim.validate_checkpoint import validate_checkpoint
-    from pdlsim.validate_report import build_rows, summarize, write_outputs
+    from pdlsim.validate_report import add_calibration_only, build_rows, summarize, write_outputs
+    from pdlsim.validate_speed import CHECK_EVERY_LAUNCHES, SpeedChecks, span_profile
 
     check_out(cfg.out)
     if cfg.repeats < 1 or cfg.steps < 2:
@@ -340,11 +342,13 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     cores = available_cores()
     specs = plan_matrix(cfg)
     started = time.perf_counter()
-    predictions = [predict_spec(spec, cfg) for spec in specs]
+    calibrated = [predict_spec(spec, cfg) for spec in specs]
     steps = [
         steps_for(cfg, pred["band"]["p50_s"], spec.oversubscribed(cores))
-        for spec, pred in zip(specs, predictions, strict=True)
+        for spec, pred in zip(specs, calibrated, strict=True)
     ]
+    checks = SpeedChecks(cfg.out / "speed", cfg.models, sorted(cfg.batches)[len(cfg.batches) // 2])
+    checks.run()
     launches: list[list[dict[str, Any]]] = [[] for _ in specs]
     for k in range(cfg.repeats):  # round-robin: a configuration's launches minutes apart
         for i, spec in enumerate(specs):
@@ -352,14 +356,24 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
             launches[i].append(launch)
             log(
                 f"[launch {k + 1}/{cfg.repeats}, {i + 1}/{len(specs)}] {spec.label}: "
-                f"measured {launch['median_s'] * 1e3:.3f} ms, predicted "
-                f"{predictions[i]['band']['p50_s'] * 1e3:.3f} ms"
+                f"measured {launch['median_s'] * 1e3:.3f} ms"
             )
+            if (k * len(specs) + i + 1) % CHECK_EVERY_LAUNCHES == 0:
+                checks.run()
+    checks.run()
+    spanned = replace(cfg, profile=str(span_profile(cfg.profile, checks.out, cfg.out / SPAN)))
+    log(f"{checks.done} speed checks added to the drift model: {spanned.profile}")
     results = [
-        (spec, summarize_launches(launches[i], steps[i]), predictions[i])
+        (spec, summarize_launches(launches[i], steps[i]), predict_spec(spec, spanned))
         for i, spec in enumerate(specs)
     ]
     rows = build_rows(results, cores)
+    add_calibration_only(rows, calibrated)
+    provenance["speed_checks"] = (
+        f"{checks.done} runs of 'microbench speed' between the training launches (never a "
+        f"training run) added to the drift model: {spanned.profile}; the calibration_* "
+        "columns predict from the calibration's moments alone"
+    )
     report = {
         "provenance": provenance,
         "cores": cores,
@@ -381,5 +395,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
 def check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a directory")
-    if any((out / d).exists() and any((out / d).iterdir()) for d in ("runs", "calibration")):
+    if any(
+        (out / d).exists() and any((out / d).iterdir()) for d in ("runs", "calibration", "speed")
+    ):
         raise UserError(f"--out {out} already holds runs; choose a new directory")

@@ -29,7 +29,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["COLUMNS", "build_rows", "format_breakdown", "format_report", "summarize"]
+__all__ = [
+    "COLUMNS",
+    "add_calibration_only",
+    "build_rows",
+    "format_breakdown",
+    "format_report",
+    "summarize",
+]
 
 PHASES = ("data", "h2d", "forward", "backward", "wait", "allreduce", "allgather", "update")
 COLUMNS = (
@@ -45,6 +52,8 @@ COLUMNS = (
     "predicted_energy_j_per_sample", "measured_activity_energy_j_per_sample",
     "predicted_memory_bytes", "measured_model_state_bytes", "measured_peak_rss_bytes",
     "steal_max",
+    "calibration_p50_s", "calibration_p10_s", "calibration_p90_s", "calibration_rel_error",
+    "calibration_in_band",
 )  # fmt: skip
 
 
@@ -147,11 +156,31 @@ def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
+    summary = {
         "all": _stats(rows),
         "not_oversubscribed": _stats([r for r in rows if not r["oversubscribed"]]),
         "quiet": _stats([r for r in rows if not r["oversubscribed"] and not _stolen(r)]),
     }
+    if rows and "calibration_rel_error" in rows[0]:
+        fit = [
+            {**r, "rel_error": r["calibration_rel_error"], "in_band": r["calibration_in_band"]}
+            for r in rows
+            if not r["oversubscribed"]
+        ]
+        summary["calibration_moments_only"] = _stats(fit)
+    return summary
+
+
+def add_calibration_only(rows: list[dict[str, Any]], predictions: list[dict[str, Any]]) -> None:
+    """Beside each row's prediction, the one from the calibration's moments alone (before the
+    validation's speed checks were added to the drift model, :mod:`pdlsim.validate_speed`)."""
+    for row, pred in zip(rows, predictions, strict=True):
+        band, m = pred["band"], row["measured_s"]
+        row["calibration_p50_s"] = band["p50_s"]
+        row["calibration_p10_s"] = band["p10_s"]
+        row["calibration_p90_s"] = band["p90_s"]
+        row["calibration_rel_error"] = abs(band["p50_s"] - m) / m
+        row["calibration_in_band"] = bool(band["p10_s"] <= m <= band["p90_s"])
 
 
 def _stolen(r: dict[str, Any]) -> bool:
@@ -215,6 +244,7 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"profile {prov['profile']} (created {prov['created_utc']}; {prov['source']}; "
         f"calibration {prov.get('calibration', 'given')})",
+        *([f"speed checks: {prov['speed_checks']}"] if prov.get("speed_checks") else []),
         f"{report['cores']} cores; {report['repeats']} launches per configuration, at least "
         f"{report['min_steps_per_run']} steps each, {report['warmup']}; step = max over ranks; "
         f"interval = {report['interval']}",
@@ -239,6 +269,7 @@ def format_report(report: dict[str, Any]) -> str:
         ("all", "all"),
         ("not_oversubscribed", "excluding oversubscribed"),
         ("quiet", "excluding oversubscribed and >5% CPU steal"),
+        ("calibration_moments_only", "excluding oversubscribed, calibration's speed only"),
     ):
         s = report["summary"].get(key, {"configurations": 0})
         if s["configurations"]:

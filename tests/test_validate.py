@@ -14,6 +14,7 @@ from pdlsim.validate import (
     RunSpec,
     ValidateConfig,
     plan_matrix,
+    predict_spec,
     run_validation,
     steps_for,
     warmup_steps,
@@ -221,3 +222,46 @@ def test_launches_go_round_robin_over_the_configurations(tiny: tuple[Path, dict]
     assert sorted(p.name for p in (out / "runs").glob("mlp-p1t*-b16/r*") if p.is_dir()) == [
         "r0", "r0", "r1", "r1"
     ]  # fmt: skip
+
+
+def test_speed_checks_between_launches_extend_the_drift_model(tiny: tuple[Path, dict]) -> None:
+    """Speed checks before the first launch and after the last (4 launches, one every 5)
+    go into OUT/speed and into the profile the rows are predicted from; the calibration's own
+    predictions stay beside them."""
+    from calibration.profile import load_profile
+    from microbench.records import load_dataframe
+
+    out, report = tiny
+    speed = load_dataframe(out / "speed", type="measurement")
+    assert sorted(set(speed["params.moment"])) == ["validation 1", "validation 2"]
+    drift = load_profile(out / "profile-span.json").model("drift")
+    assert {"validation 1", "validation 2"} <= set(drift.medians_["mlp-b16-t1"])
+    assert "2 runs of 'microbench speed'" in report["provenance"]["speed_checks"]
+    assert "calibration_moments_only" in report["summary"]
+    for row in report["rows"]:
+        assert row["calibration_p10_s"] <= row["calibration_p50_s"] <= row["calibration_p90_s"]
+
+
+def test_a_slower_machine_during_the_runs_raises_the_predictions(tmp_path: Path) -> None:
+    """Speed checks that found the cnn step 1.5x slower than every moment the profile holds
+    move the typical speed, and with it the prediction, towards them."""
+    from calibration.profile import load_profile
+    from microbench.measurement import Measurement
+    from microbench.records import RecordWriter
+    from pdlsim.validate_speed import span_profile
+
+    base = load_profile(PROFILE).model("drift").medians_["cnn-b32-t1"]
+    slow = 1.5 * max(base.values())
+    with RecordWriter(tmp_path / "speed" / "speed.jsonl", {"hostname": "synthetic"}) as writer:
+        for k in range(1, 2 * len(base) + 1):
+            params = {"model": "cnn", "batch": 32, "threads": 1, "moment": f"validation {k}"}
+            record = Measurement([slow] * 5, "speed", "step_compute", params).to_record()
+            writer.write(record)
+    spanned = span_profile(PROFILE, tmp_path / "speed", tmp_path / "span.json")
+    cfg = ValidateConfig(out=tmp_path, profile=PROFILE, band_samples=4)
+    spec = RunSpec("cnn", 1, 1, 32)
+    before = predict_spec(spec, cfg)["step_time_s"]
+    after = predict_spec(spec, ValidateConfig(out=tmp_path, profile=str(spanned), band_samples=4))
+    drift = load_profile(spanned).model("drift")
+    assert drift.medians_["cnn-b32-t1"]["validation 1"] == pytest.approx(slow)
+    assert after["step_time_s"] > 1.2 * before
