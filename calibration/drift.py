@@ -19,10 +19,14 @@ speed checks ``pdlsim bench`` spreads over the calibration (``microbench speed``
   distribution (``log_deviations``); the simulator's band draws one of them per sample for the
   host's compute (:meth:`pdlsim.costmodel.ProfileCostModel.perturbed`), so its P50 is at the
   typical speed and its P10..P90 spans the speeds the calibration saw.
-* the **compute stage's offset** (``compute_log_offset``) is the median, over steps, of the
-  compute benchmark's log-deviation: how much slower (positive) or faster than typical the
-  machine was while the op table and the whole-step rows were measured. Predictions divide
-  the host's compute by exp(offset), so that they describe the typical speed, not that moment.
+* each step's **level** (:meth:`DriftModel.step_level`) is its typical time over the compute
+  benchmark's: the whole-step rows the simulator scales its ops to
+  (:class:`pdlsim.stepscale.StepScale`) are multiplied by it, so that predictions describe the
+  typical speed, not the moment the compute stage happened to see. The compute stage takes
+  seconds per step and the speed may switch in between, so each step gets its own level when
+  the speed checks timed it (they time every step the compute stage times); a step with fewer
+  than :data:`MIN_MOMENTS` moments gets the **compute stage's offset**
+  (``compute_log_offset``), the median over steps of the compute moment's log-deviation.
 * ``sigma`` is the standard deviation of the deviations from each step's mean log-median
   (degrees of freedom: measurements minus steps), a lognormal sigma with a chi-square 95%
   interval: the drift in one number, for reports.
@@ -46,6 +50,7 @@ from .stats import Interval
 __all__ = ["COMPUTE_MOMENT", "DriftModel"]
 
 COMPUTE_MOMENT = "compute step"
+MIN_MOMENTS = 3  # a step's own typical time needs this many moments; fewer: the pooled offset
 
 
 class DriftModel:
@@ -119,6 +124,17 @@ class DriftModel:
             if len(m) >= 2 and COMPUTE_MOMENT in m
         ]
         self.compute_log_offset_ = float(np.median(offsets)) if offsets else 0.0
+
+    def step_level(self, model: str, batch: int, threads: int) -> float:
+        """Typical time / the compute stage's time of this step: the median of its moments
+        over its compute moment when it has at least :data:`MIN_MOMENTS` of them, else the
+        compute stage's offset over every step, exp(-``compute_log_offset``)."""
+        moments = self.medians_.get(f"{model}-b{int(batch)}-t{int(threads)}", {})
+        if len(moments) >= MIN_MOMENTS and COMPUTE_MOMENT in moments:
+            return float(
+                np.exp(np.median(np.log(list(moments.values())))) / moments[COMPUTE_MOMENT]
+            )
+        return float(np.exp(-self.compute_log_offset_))
 
     def _add(self, key: str, where: str, median_s: float) -> None:
         if median_s > 0:

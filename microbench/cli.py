@@ -118,6 +118,37 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """argparse type: a comma-separated list of distinct integers >= 1."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(item.isdigit() for item in items):
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of positive integers, got {text!r}"
+        )
+    values = tuple(int(item) for item in items)
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"every value must be at least 1, got {text!r}")
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"a value is listed twice in {text!r}")
+    return values
+
+
+def workload_list(text: str) -> tuple[Any, ...]:
+    """argparse type: comma-separated workload presets or JSON files, each once."""
+    from .workload import load_workload
+
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"empty model name in {text!r}")
+    try:
+        workloads = tuple(load_workload(name) for name in names)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if len({w.name for w in workloads}) != len(workloads):
+        raise argparse.ArgumentTypeError(f"a model is listed twice in {text!r}")
+    return workloads
+
+
 def add_sampling_arguments(
     parser: argparse.ArgumentParser, full: SamplingPolicy, quick: SamplingPolicy
 ) -> None:

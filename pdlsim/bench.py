@@ -157,22 +157,25 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
         )
     speed_checks.append(len(stages))  # and one after everything else
     for k, at in reversed(list(enumerate(sorted(set(speed_checks)), start=1))):
-        stages.insert(at, _speed_stage(plan, k, len(set(speed_checks)), jitter_threads))
+        stages.insert(at, _speed_stage(plan, k, len(set(speed_checks))))
     return stages
 
 
-def _speed_stage(plan: BenchPlan, k: int, of: int, threads: int) -> Stage:
-    """The same step of every model, briefly: moment ``k`` of ``of`` of the machine's speed
-    (``microbench speed``; :mod:`calibration.drift` fits the spread of these moments)."""
+def _speed_stage(plan: BenchPlan, k: int, of: int) -> Stage:
+    """The compute stage's steps at one thread (every model and batch), briefly: moment ``k``
+    of ``of`` of the machine's speed (``microbench speed``; :mod:`calibration.drift` takes
+    each step's typical time and the speed's spread from these moments). One thread: the
+    jitter step this command times gains nothing from a second thread here, where the
+    compute stage's and training's do, so steps at more threads take the pooled offset."""
     moment = f"check {k} of {of}"
     command = _microbench(
-        "speed", "--model", plan.model, "--batch", str(plan.jitter_batch),
-        "--threads", str(threads), "--moment", moment, "--out", str(plan.out / "ranks1"),
-        *(["--samples", "10"] if plan.quick else []), *(["--append"] if k > 1 else []),
+        "speed", "--model", plan.model, "--batch", ",".join(map(str, plan.batches)),
+        "--threads", "1", "--moment", moment,
+        "--out", str(plan.out / "ranks1"), *(["--samples", "8"] if plan.quick else []),
+        *(["--append"] if k > 1 else []),
     )  # fmt: skip
-    return Stage(
-        f"speed-{k}", f"machine speed now ({moment})", (sys.executable, *command), 1, threads
-    )
+    label = f"machine speed now ({moment})"
+    return Stage(f"speed-{k}", label, (sys.executable, *command), 1, 1)
 
 
 def check_out_dir(out: Path) -> None:

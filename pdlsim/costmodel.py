@@ -35,8 +35,9 @@
 * **Drift.** The same step measured at several moments of the calibration
   (:mod:`calibration.drift`) gives the machine's typical speed and the spread around it. CPU
   compute is divided by exp(the compute stage's log-offset from typical), so a prediction
-  describes the typical speed rather than the moment the op table was measured; the band
-  (:meth:`perturbed`) scales it by one of the measured log-deviations per sample.
+  describes the typical speed rather than the moment the op table was measured (per measured
+  step, its whole-step row; without rows, all compute); the band (:meth:`perturbed`) scales it
+  by one of the measured log-deviations per sample.
 * **Copies.** The profile's transfer model, else the preset's PCIe per-direction rate times
   :data:`PINNED_EFFICIENCY` or :data:`PAGEABLE_EFFICIENCY` plus :data:`COPY_LATENCY_S` (assumed).
 * **Jitter.** The profile's :class:`calibration.jitter.JitterModel` behind the simulator's
@@ -139,7 +140,7 @@ class ProfileCostModel:
     colocation_z: float = 0.0
     drift_sigma: float = 0.0  # the profile's run-to-run drift of a step's median (lognormal)
     drift_log_deviations: tuple[float, ...] = ()  # the speeds it saw, log(moment / typical)
-    drift_level: float = 1.0  # typical speed / the compute stage's: exp(-log offset)
+    drift_level: float = 1.0  # without whole-step rows: exp(-the compute stage's log offset)
     drift_factor: float = 1.0  # this band sample's draw of the deviations
     _ops_cache: dict[tuple[str, int, int, str], float] = field(default_factory=dict, repr=False)
     compression: CompressionModel | None = None  # the profile's, when it measured compression
@@ -219,12 +220,23 @@ class ProfileCostModel:
         host_drift = drift is not None and device == "cpu"
         drift_sigma = drift.sigma_ if host_drift else 0.0
         deviations = tuple(float(d) for d in drift.log_deviations_) if host_drift else ()
-        level = float(np.exp(-drift.compute_log_offset_)) if host_drift else 1.0
+        level = 1.0
+        if host_drift and any(r.device == "cpu" for r in scale.steps):
+            scale = scale.rescaled(
+                lambda r: drift.step_level(r.model, r.batch, r.threads) if r.device == "cpu" else 1
+            )
+        elif host_drift:
+            level = float(np.exp(-drift.compute_log_offset_))
         if deviations:
             low, high = np.exp(np.quantile(deviations, [0.1, 0.9]))
+            levels = (
+                f"x{drift.step_level(workload, 32, 1):.3f} (its batch-32 step)"
+                if workload and level == 1.0
+                else f"x{level:.3f}"
+            )
             prov["drift"] = (
-                f"profile: {len(deviations)} moments of the same steps; compute x{level:.3f} to "
-                f"the typical speed, band x{low:.2f}..x{high:.2f} (P10..P90 of the moments)"
+                f"profile: {len(deviations)} moments of the same steps; measured steps {levels} "
+                f"to the typical speed, band x{low:.2f}..x{high:.2f} (P10..P90 of the moments)"
             )
         return cls(
             compute, regimes, inter, source, transfer, gpu, device, mem_bw, jitter, efficiency,

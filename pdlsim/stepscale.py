@@ -25,7 +25,7 @@ per-op model the caller uses, perturbed or not.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,15 @@ class StepScale:
             if e.phase == "data" and e.batch > 0:
                 per_sample[e.model] = e.bytes / e.batch
         return cls(tuple(steps), tuple(data), per_sample)
+
+    def rescaled(self, factor: Callable[[StepRow], float]) -> StepScale:
+        """The same rows with each whole step's time (and sigma) multiplied by ``factor(row)``:
+        the drift model's level, from the moment measured to the typical speed."""
+        steps = tuple(
+            replace(r, time_s=r.time_s * factor(r), sigma_s=r.sigma_s * factor(r))
+            for r in self.steps
+        )
+        return replace(self, steps=steps)
 
     def __bool__(self) -> bool:
         return bool(self.steps or self.data)

@@ -14,10 +14,11 @@ The prediction uses the same profile for every configuration and the scenario th
 ``pdlsim train`` really runs: one bucket holding every gradient, no overlap, CPU ranks (no
 copies). Nothing measured by the training runs feeds the prediction: the profile is
 calibrated from microbenchmarks only, and its provenance is reported. Without ``--profile``
-the profile is calibrated first, in the same invocation (:func:`calibrate_now`: ``pdlsim
-bench`` at 1 and 2 ranks, the validated workloads and batches, then the fits), so that it
-describes the machine as it is while the training runs are measured; a shared machine's speed
-drifts by tens of percent over hours.
+the profile is calibrated first, in the same invocation (:mod:`pdlsim.validate_calibrate`:
+``pdlsim bench`` at 1 and 2 ranks, the validated workloads and batches, then the fits), so
+that it describes the machine as it is while the training runs are measured; a shared
+machine's speed drifts by tens of percent over hours, so speed checks between the launches
+extend its drift model over their span (:mod:`pdlsim.validate_speed`).
 
 Speedup is the throughput ratio against the serial run (P1T1) at the same batch per rank:
 ``P x T_serial / T_config``, measured with measured times, predicted with predicted times.
@@ -277,57 +278,13 @@ def predict_spec(spec: RunSpec, cfg: ValidateConfig) -> dict[str, Any]:
     return run_prediction(pcfg)
 
 
-STEAL_WARNING = 0.05  # CPU steal above which a measurement is flagged
-CALIBRATION_PROCS = (1, 2)  # calibrate with up to 2 ranks; the matrix also predicts 4
 SPAN = "profile-span.json"  # the profile with the validation's speed checks (validate_speed)
-
-
-def calibrate_now(cfg: ValidateConfig, log: Any = print) -> Path:
-    """Benchmark this machine now and fit a profile: ``OUT/calibration/profile.json``."""
-    from calibration.optable import inconsistent_steps
-    from calibration.pipeline import fit_profile
-    from pdlsim.bench import BenchPlan, run_bench
-
-    run_dir = cfg.out / "calibration"
-    threads = tuple(range(1, max(t for _, t in cfg.modes) + 1))
-    plan = BenchPlan(
-        out=run_dir, model=",".join(cfg.models), procs=CALIBRATION_PROCS, threads=threads,
-        batches=tuple(sorted(set(cfg.batches))), quick=cfg.quick,
-    )  # fmt: skip
-    log(f"calibrating from microbenchmarks into {run_dir} ...")
-    result = run_bench(plan, progress=sys.stderr)
-    if not result.ok:
-        failed = ", ".join(s.name for s in result.stages if s.status != "ok")
-        raise UserError(f"calibration benchmarks failed ({failed}); see {run_dir / 'logs'}")
-    steals = [s.steal for s in result.stages if s.steal is not None]
-    if steals and max(steals) > STEAL_WARNING:
-        log(
-            f"pdlsim: warning: the hypervisor took up to {max(steals):.0%} of the CPU during "
-            "calibration: its figures carry the neighbours' load"
-        )
-    profile, models = fit_profile(run_dir, n_boot=50 if cfg.quick else 200)
-    for line in inconsistent_steps(models["compute"].table_):
-        log(f"pdlsim: warning: {line}")
-    return profile.save(run_dir / "profile.json")
-
-
-def profile_provenance(profile: str | None, calibrated_now: bool = False) -> dict[str, Any]:
-    from pdlsim.predict import resolve_profile
-
-    prof, name = resolve_profile(profile)
-    when = "run by this validation just before the training runs" if calibrated_now else "given"
-    return {
-        "profile": name,
-        "created_utc": prof.created_utc,
-        "source": "microbenchmarks only (pdlsim bench/calibrate); no training run is fitted",
-        "calibration": when,
-        "benchmarks": sorted({b for s in prof.sources for b in s.benchmark.split(",")}),
-    }
 
 
 def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     """Measure and predict every configuration of :func:`plan_matrix`; write the report."""
     from microbench.threads import available_cores
+    from pdlsim.validate_calibrate import calibrate_now, profile_provenance
     from pdlsim.validate_checkpoint import validate_checkpoint
     from pdlsim.validate_report import add_calibration_only, build_rows, summarize, write_outputs
     from pdlsim.validate_speed import CHECK_EVERY_LAUNCHES, SpeedChecks, span_profile
@@ -347,7 +304,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         steps_for(cfg, pred["band"]["p50_s"], spec.oversubscribed(cores))
         for spec, pred in zip(specs, calibrated, strict=True)
     ]
-    checks = SpeedChecks(cfg.out / "speed", cfg.models, sorted(cfg.batches)[len(cfg.batches) // 2])
+    checks = SpeedChecks(cfg.out / "speed", cfg.models, tuple(sorted(cfg.batches)))
     checks.run()
     launches: list[list[dict[str, Any]]] = [[] for _ in specs]
     for k in range(cfg.repeats):  # round-robin: a configuration's launches minutes apart

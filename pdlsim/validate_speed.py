@@ -3,14 +3,15 @@
 A calibration lasts two minutes; the training runs it is checked against last ten or more. On a
 machine whose speed switches between levels (:mod:`calibration.drift`) the two minutes may see
 mostly one level and the runs mostly the other, and every prediction is then off by the ratio
-of the levels however right the model is. So ``pdlsim validate`` runs the same brief speed check
-the calibration runs (``python -m microbench speed``: each workload's step at the middle batch,
-one thread) before the first launch, after every :data:`CHECK_EVERY_LAUNCHES` launches and
-after the last, into ``OUT/speed/speed.jsonl``, and predicts from the calibrated profile with
-those moments added to its drift model (:func:`span_profile`, written to
-``OUT/profile-span.json``): the typical speed and the band are then those of the hour the runs
-took. This is a microbenchmark like the calibration's, never a training run; the report keeps
-the predictions from the calibration's moments alone next to these.
+of the levels however right the model is. So ``pdlsim validate`` runs the same brief speed
+check the calibration runs (``python -m microbench speed``: each workload's step at every
+validated batch, one thread) before the first launch, after every
+:data:`CHECK_EVERY_LAUNCHES` launches and after the last, into ``OUT/speed/speed.jsonl``,
+and predicts from the calibrated profile with those moments added to its drift model
+(:func:`span_profile`, written to ``OUT/profile-span.json``): each step's typical time and the
+band are then those of the hour the runs took. This is a microbenchmark like the
+calibration's, never a training run; the report keeps the predictions from the calibration's
+moments alone next to these.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ CHECK_EVERY_LAUNCHES = 5
 class SpeedChecks:
     """Numbered speed checks into ``out/speed.jsonl`` (the first creates it)."""
 
-    def __init__(self, out: Path, models: tuple[str, ...], batch: int) -> None:
-        self.out, self.models, self.batch = out, models, batch
+    def __init__(self, out: Path, models: tuple[str, ...], batches: tuple[int, ...]) -> None:
+        self.out, self.models, self.batches = out, models, batches
         self.done = 0
 
     def run(self) -> None:
@@ -40,15 +41,16 @@ class SpeedChecks:
         self.done += 1
         command = [
             sys.executable, "-m", "microbench", "speed", "--model", ",".join(self.models),
-            "--batch", str(self.batch), "--threads", "1", "--quiet",
+            "--batch", ",".join(map(str, self.batches)),
+            "--threads", "1", "--quiet",
             "--moment", f"validation {self.done}", "--out", str(self.out),
             *(["--append"] if self.done > 1 else []),
         ]  # fmt: skip
         self.out.mkdir(parents=True, exist_ok=True)
         log = self.out / "speed.log"
+        env = {**os.environ, **thread_env(1)}
         with log.open("a") as handle:
-            status = run_supervised(command, {**os.environ, **thread_env(1)}, stdout=handle,
-                                    stderr=handle)  # fmt: skip
+            status = run_supervised(command, env, stdout=handle, stderr=handle)
         if status != 0:
             raise UserError(f"speed check {self.done} failed with status {status}; see {log}")
 

@@ -128,17 +128,58 @@ def test_microbench_speed_records_each_models_step_with_its_moment(tmp_path):
     out = tmp_path / "run"
     for k in (1, 2):
         result = run_microbench(
-            "speed", "--model", "mlp", "--batch", "8", "--samples", "4", "--warmup", "1",
+            "speed", "--model", "mlp", "--batch", "8,4", "--samples", "4", "--warmup", "1",
             "--moment", f"check {k}", "--out", str(out), *(["--append"] if k > 1 else []),
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert f"speed (check {k}): mlp batch 8" in result.stdout
     frame = load_dataframe(out, type="measurement")
-    assert list(frame["params.moment"]) == ["check 1", "check 2"]
+    assert list(frame["params.moment"]) == ["check 1"] * 2 + ["check 2"] * 2
+    assert list(frame["params.batch"]) == [8, 4, 8, 4]
     assert set(frame["benchmark"]) == {"speed"} and all(len(s) == 4 for s in frame["samples"])
     drift = DriftModel().fit(frame)
-    assert set(drift.medians_["mlp-b8-t1"]) == {"check 1", "check 2"}
+    assert (
+        set(drift.medians_["mlp-b8-t1"])
+        == set(drift.medians_["mlp-b4-t1"])
+        == {"check 1", "check 2"}
+    )
     again = run_microbench("speed", "--model", "mlp", "--out", str(out))  # no --append
     assert again.returncode == 2 and "--append" in again.stderr
     bad = run_microbench("speed", "--model", "nosuch", "--out", str(tmp_path / "x"))
     assert bad.returncode == 2 and "nosuch" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_each_step_gets_its_own_level_when_timed_often_enough():
+    """cnn b32: compute 12 ms, checks 9, 9, 12, 9 -> x0.75; cnn b16: compute 5, checks 6, 6, 6
+    -> x1.2; cnn b64, only the compute stage: the pooled offset, the median (here the mean) of
+    the two steps' compute log-deviations."""
+    drift = DriftModel()
+    drift.medians_ = {
+        "cnn-b32-t1": {"compute step": 12.0, **{f"c{k}": v for k, v in enumerate((9, 9, 12, 9))}},
+        "cnn-b16-t1": {"compute step": 5.0, "c1": 6.0, "c2": 6.0, "c3": 6.0},
+        "cnn-b64-t1": {"compute step": 40.0},
+    }
+    drift._derive()
+    assert drift.step_level("cnn", 32, 1) == pytest.approx(0.75)
+    assert drift.step_level("cnn", 16, 1) == pytest.approx(1.2)
+    pooled = np.exp(-np.mean([np.log(12 / 9), np.log(5 / 6)]))
+    assert drift.step_level("cnn", 64, 1) == pytest.approx(pooled)
+    assert drift.step_level("mlp", 32, 2) == pytest.approx(pooled)
+
+
+def test_the_cost_model_scales_the_measured_steps_to_their_typical_time():
+    from calibration.profile import load_profile
+    from pdlsim.costmodel import ProfileCostModel
+    from pdlsim.stepscale import StepScale
+
+    profile = load_profile("xeon-2core")
+    drift = profile.model("drift")
+    measured = StepScale.from_table(profile.model("compute").table_)
+    scaled = ProfileCostModel.from_profile(profile, workload="cnn").scale
+    assert len(scaled.steps) == len(measured.steps) > 0
+    levels = set()
+    for before, after in zip(measured.steps, scaled.steps, strict=True):
+        level = drift.step_level(before.model, before.batch, before.threads)
+        assert after.time_s == pytest.approx(before.time_s * level)
+        levels.add(round(level, 9))
+    assert len(levels) > 1  # steps timed at several moments have levels of their own

@@ -14,6 +14,8 @@ from ..cli import (
     add_sampling_arguments,
     checked_out_dir,
     policy_from_args,
+    positive_int_list,
+    workload_list,
 )
 from ..compute import (
     DEFAULT_BATCHES,
@@ -29,9 +31,7 @@ from ..compute import (
     format_summary,
     run_compute,
 )
-from ..errors import UserError
 from ..threads import available_cores
-from ..workload import Workload, load_workload
 
 RECORDS_FILE = "compute.jsonl"
 DEVICES = ("auto", "cpu", "gpu")
@@ -39,33 +39,6 @@ DEVICES = ("auto", "cpu", "gpu")
 
 def _csv(values: tuple[int, ...]) -> str:
     return ",".join(map(str, values))
-
-
-def _positive_ints(text: str) -> tuple[int, ...]:
-    items = [item.strip() for item in text.split(",")]
-    if not all(item.isdigit() for item in items):
-        raise argparse.ArgumentTypeError(
-            f"expected a comma-separated list of positive integers, got {text!r}"
-        )
-    values = tuple(int(item) for item in items)
-    if min(values) < 1:
-        raise argparse.ArgumentTypeError(f"every value must be at least 1, got {text!r}")
-    if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"a value is listed twice in {text!r}")
-    return values
-
-
-def _models(text: str) -> tuple[Workload, ...]:
-    names = [name.strip() for name in text.split(",")]
-    if not all(names):
-        raise argparse.ArgumentTypeError(f"empty model name in {text!r}")
-    try:
-        workloads = tuple(load_workload(name) for name in names)
-    except UserError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if len({w.name for w in workloads}) != len(workloads):
-        raise argparse.ArgumentTypeError(f"a model is listed twice in {text!r}")
-    return workloads
 
 
 def _momentum(text: str) -> float:
@@ -97,14 +70,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument(
         "--model",
-        type=_models,
+        type=workload_list,
         default="mlp,cnn",
         metavar="NAME|PATH,...",
         help="workloads: presets (mlp, cnn) or workload JSON files (default mlp,cnn)",
     )
     parser.add_argument(
         "--threads",
-        type=_positive_ints,
+        type=positive_int_list,
         metavar="N,...",
         help="thread counts for BLAS and numba (default 1, 2, 4, ... up to the available "
         f"cores, here {','.join(map(str, _default_threads()))}); more than the cores runs, "
@@ -112,20 +85,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument(
         "--batch",
-        type=_positive_ints,
+        type=positive_int_list,
         metavar="B,...",
         help=f"CPU batch sizes (default {_csv(DEFAULT_BATCHES)}; --quick {_csv(QUICK_BATCHES)})",
     )
     parser.add_argument(
         "--gpu-batch",
-        type=_positive_ints,
+        type=positive_int_list,
         default=GPU_BATCHES,
         metavar="B,...",
         help=f"GPU batch sizes (default {_csv(GPU_BATCHES)})",
     )
     parser.add_argument(
         "--gemm-sizes",
-        type=_positive_ints,
+        type=positive_int_list,
         metavar="N,...",
         help=f"square GEMM sizes on the CPU (default {_csv(GEMM_SIZES)}; --quick "
         f"{_csv(QUICK_GEMM_SIZES)}); on a GPU {_csv(GPU_GEMM_SIZES)} (--quick "

@@ -6,8 +6,9 @@ ten seconds to a minute. A profile fitted from one moment describes whichever le
 had. ``pdlsim bench`` therefore runs this command several times, spread over the whole
 calibration, each run labelled with ``--moment``: the whole training step (forward, backward,
 SGD update on a fixed batch, no communication, :func:`microbench.jitter.make_training_step`)
-of every workload, a fixed, small number of samples after a warm-up. The spread of its medians
-across moments is the machine's speed distribution (:mod:`calibration.drift`).
+of every workload at every batch and thread count, a fixed, small number of samples after a
+warm-up. Across moments, the median of each step's medians is its typical time and their
+spread the machine's speed distribution (:mod:`calibration.drift`).
 
 Records go to ``DIR/speed.jsonl``: benchmark "speed", name "step_compute", params model, batch,
 threads and moment, every raw sample.
@@ -18,20 +19,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli import add_output_arguments, checked_out_dir, int_at_least
-from ..workload import WorkloadError, load_workload, preset_names
+from ..cli import (
+    add_output_arguments,
+    checked_out_dir,
+    int_at_least,
+    positive_int_list,
+    workload_list,
+)
+from ..workload import preset_names
 
 RECORDS_FILE = "speed.jsonl"
 BENCHMARK = "speed"
 NAME = "step_compute"
-DEFAULT_SAMPLES, DEFAULT_WARMUP = 30, 3
-
-
-def _models(text: str) -> tuple[object, ...]:
-    try:
-        return tuple(load_workload(name) for name in text.split(",") if name)
-    except WorkloadError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+DEFAULT_SAMPLES, DEFAULT_WARMUP = 15, 3
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -39,21 +39,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "speed",
         help="one moment of the machine's speed: the same training step, briefly",
         description="Time each workload's whole training step (forward, backward, SGD update "
-        "on a fixed batch, no communication) a fixed number of times after a warm-up, labelled "
+        "on a fixed batch, no communication) at each batch and thread count, a fixed number of "
+        "times after a warm-up, labelled "
         "with --moment. Run several times, minutes apart, the medians show how the speed of "
         "identical work moves on this machine; pdlsim bench does so during a calibration.",
     )
     parser.add_argument(
         "--model",
-        type=_models,
+        type=workload_list,
         default="mlp,cnn",
         metavar="NAME|PATH,...",
         help=f"workloads: presets ({', '.join(preset_names())}) or workload JSON files "
         "(default mlp,cnn)",
     )
-    parser.add_argument("--batch", type=int_at_least(1), default=32, help="samples per step (32)")
     parser.add_argument(
-        "--threads", type=int_at_least(1), default=1, help="BLAS and numba threads (1)"
+        "--batch",
+        type=positive_int_list,
+        default=(32,),
+        metavar="B,...",
+        help="samples per step, one or more (default 32)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=positive_int_list,
+        default=(1,),
+        metavar="N,...",
+        help="BLAS and numba threads, one or more (default 1)",
     )
     parser.add_argument(
         "--samples",
@@ -89,43 +100,36 @@ def run(args: argparse.Namespace) -> int:
     from ..threads import set_threads
 
     out = checked_out_dir(args, RECORDS_FILE)
-    set_threads(args.threads)
     settings = {
         "models": [w.name for w in args.model],
-        "batch": args.batch,
-        "threads": args.threads,
+        "batches": list(args.batch),
+        "threads": list(args.threads),
         "samples": args.samples,
         "warmup": args.warmup,
         "moment": args.moment,
         "clock": "perf_counter",
     }
     run_info = {"command": "microbench speed", "argv": sys.argv[1:], "settings": settings}
-    machine = machine_metadata(threads=args.threads)
+    machine = machine_metadata(threads=max(args.threads))
     with RecordWriter(out / RECORDS_FILE, machine, run_info, append=args.append) as writer:
-        for workload in args.model:
-            samples = sample_steps(
-                make_training_step(workload, args.batch), args.samples, args.warmup
-            )
-            params = {
-                "model": workload.name,
-                "batch": args.batch,
-                "threads": args.threads,
-                "moment": args.moment,
-            }
-            measurement = Measurement(
-                samples,
-                benchmark=BENCHMARK,
-                name=NAME,
-                params=params,
-                warmup_discarded=args.warmup,
-                stop_reason="max_samples",
-            )
-            writer.write(measurement.to_record(clock="perf_counter"))
-            if not args.quiet:
-                print(
-                    f"speed ({args.moment}): {workload.name} batch {args.batch} x "
-                    f"{args.threads} thread(s): median {np.median(samples) * 1e3:.3f} ms "
-                    f"over {args.samples} steps",
-                    flush=True,
-                )
+        for threads in args.threads:
+            set_threads(threads)
+            for workload in args.model:
+                for batch in args.batch:
+                    step = make_training_step(workload, batch)
+                    samples = sample_steps(step, args.samples, args.warmup)
+                    params = {"model": workload.name, "batch": batch, "threads": threads,
+                              "moment": args.moment}  # fmt: skip
+                    measurement = Measurement(
+                        samples, benchmark=BENCHMARK, name=NAME, params=params,
+                        warmup_discarded=args.warmup, stop_reason="max_samples",
+                    )  # fmt: skip
+                    writer.write(measurement.to_record(clock="perf_counter"))
+                    if not args.quiet:
+                        print(
+                            f"speed ({args.moment}): {workload.name} batch {batch} x {threads} "
+                            f"thread(s): median {np.median(samples) * 1e3:.3f} ms over "
+                            f"{args.samples} steps",
+                            flush=True,
+                        )
     return 0

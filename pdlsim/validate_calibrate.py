@@ -1,0 +1,64 @@
+"""The profile ``pdlsim validate`` predicts from: calibrated first, from microbenchmarks only.
+
+Without ``--profile`` a validation benchmarks the machine itself (``pdlsim bench`` at
+:data:`CALIBRATION_PROCS` ranks, the validated workloads, batches and thread counts) and fits
+the profile, so that it describes the machine as it is while the training runs are measured; the
+matrix also predicts 4 ranks, beyond what calibration ran. :func:`profile_provenance` is what the
+report says about where the profile came from.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from microbench.errors import UserError
+
+__all__ = ["CALIBRATION_PROCS", "STEAL_WARNING", "calibrate_now", "profile_provenance"]
+
+STEAL_WARNING = 0.05  # CPU steal above which a measurement is flagged
+CALIBRATION_PROCS = (1, 2)  # calibrate with up to 2 ranks; the matrix also predicts 4
+
+
+def calibrate_now(cfg: Any, log: Any = print) -> Path:
+    """Benchmark this machine now and fit a profile: ``OUT/calibration/profile.json``."""
+    from calibration.optable import inconsistent_steps
+    from calibration.pipeline import fit_profile
+    from pdlsim.bench import BenchPlan, run_bench
+
+    run_dir = cfg.out / "calibration"
+    threads = tuple(range(1, max(t for _, t in cfg.modes) + 1))
+    plan = BenchPlan(
+        out=run_dir, model=",".join(cfg.models), procs=CALIBRATION_PROCS, threads=threads,
+        batches=tuple(sorted(set(cfg.batches))), quick=cfg.quick,
+    )  # fmt: skip
+    log(f"calibrating from microbenchmarks into {run_dir} ...")
+    result = run_bench(plan, progress=sys.stderr)
+    if not result.ok:
+        failed = ", ".join(s.name for s in result.stages if s.status != "ok")
+        raise UserError(f"calibration benchmarks failed ({failed}); see {run_dir / 'logs'}")
+    steals = [s.steal for s in result.stages if s.steal is not None]
+    if steals and max(steals) > STEAL_WARNING:
+        log(
+            f"pdlsim: warning: the hypervisor took up to {max(steals):.0%} of the CPU during "
+            "calibration: its figures carry the neighbours' load"
+        )
+    profile, models = fit_profile(run_dir, n_boot=50 if cfg.quick else 200)
+    for line in inconsistent_steps(models["compute"].table_):
+        log(f"pdlsim: warning: {line}")
+    return profile.save(run_dir / "profile.json")
+
+
+def profile_provenance(profile: str | None, calibrated_now: bool = False) -> dict[str, Any]:
+    from pdlsim.predict import resolve_profile
+
+    prof, name = resolve_profile(profile)
+    when = "run by this validation just before the training runs" if calibrated_now else "given"
+    return {
+        "profile": name,
+        "created_utc": prof.created_utc,
+        "source": "microbenchmarks only (pdlsim bench/calibrate); no training run is fitted",
+        "calibration": when,
+        "benchmarks": sorted({b for s in prof.sources for b in s.benchmark.split(",")}),
+    }
