@@ -149,6 +149,32 @@ def workload_list(text: str) -> tuple[Any, ...]:
     return workloads
 
 
+def add_step_arguments(parser: argparse.ArgumentParser, per_rank: bool = False) -> None:
+    """``--model`` (one workload), ``--batch`` and ``--threads`` of a timed training step."""
+    from .workload import WorkloadError, load_workload, preset_names
+
+    def workload(text: str) -> Any:
+        try:
+            return load_workload(text)
+        except WorkloadError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parser.add_argument(
+        "--model",
+        type=workload,
+        default="mlp",
+        metavar="MODEL",
+        help=f"workload preset ({', '.join(preset_names())}) or a workload JSON file (default mlp)",
+    )
+    parser.add_argument("--batch", type=int_at_least(1), default=32, help="samples per step (32)")
+    parser.add_argument(
+        "--threads",
+        type=int_at_least(1),
+        default=1,
+        help=f"BLAS and numba threads{' per rank' if per_rank else ''} (1)",
+    )
+
+
 def add_sampling_arguments(
     parser: argparse.ArgumentParser, full: SamplingPolicy, quick: SamplingPolicy
 ) -> None:

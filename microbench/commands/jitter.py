@@ -10,6 +10,7 @@ import time
 
 from ..cli import (
     add_output_arguments,
+    add_step_arguments,
     checked_out_dir,
     int_at_least,
     start_mpi,
@@ -28,17 +29,10 @@ from ..jitter import (
     sample_interleaved,
     sample_steps,
 )
-from ..workload import Workload, WorkloadError, load_workload, preset_names
+from ..workload import Workload
 
 RECORDS_FILE = "jitter.jsonl"
 TIMER_SAMPLES = 10_000
-
-
-def _workload(text: str) -> Workload:
-    try:
-        return load_workload(text)
-    except WorkloadError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -52,17 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "timed on rank 0 alone (the others idle), in interleaved blocks: the co-location "
         "slowdown. Run it under mpiexec -n N.",
     )
-    parser.add_argument(
-        "--model",
-        type=_workload,
-        default="mlp",
-        metavar="MODEL",
-        help=f"workload preset ({', '.join(preset_names())}) or a workload JSON file (default mlp)",
-    )
-    parser.add_argument("--batch", type=int_at_least(1), default=32, help="samples per step (32)")
-    parser.add_argument(
-        "--threads", type=int_at_least(1), default=1, help="BLAS and numba threads per rank (1)"
-    )
+    add_step_arguments(parser, per_rank=True)
     parser.add_argument(
         "--samples",
         type=int_at_least(1),

@@ -27,9 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cli import UsageError, add_output_arguments, checked_out_dir, int_at_least, positive_float
+from ..cli import (
+    UsageError,
+    add_output_arguments,
+    add_step_arguments,
+    checked_out_dir,
+    positive_float,
+)
 from ..power import EnergyReading
-from .jitter import _workload
 
 if TYPE_CHECKING:
     from ..power import EnergyMeter
@@ -43,7 +48,6 @@ QUICK = {"idle_seconds": 2.0, "busy_seconds": 3.0, "interval": 0.5}
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from ..power import RAPL_ROOT
-    from ..workload import preset_names
 
     parser = subparsers.add_parser(
         "power",
@@ -53,17 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "per interval and joules per sample. One process; needs readable counters (RAPL's "
         "energy_uj is root-only since Linux 5.10).",
     )
-    parser.add_argument(
-        "--model",
-        type=_workload,
-        default="mlp",
-        metavar="MODEL",
-        help=f"workload preset ({', '.join(preset_names())}) or a workload JSON file (default mlp)",
-    )
-    parser.add_argument("--batch", type=int_at_least(1), default=32, help="samples per step (32)")
-    parser.add_argument(
-        "--threads", type=int_at_least(1), default=1, help="BLAS and numba threads (1)"
-    )
+    add_step_arguments(parser)
     for name, what in (("idle", "sleeping"), ("busy", "training")):
         parser.add_argument(
             f"--{name}-seconds",
