@@ -161,21 +161,32 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
     return stages
 
 
+def speed_command(
+    models: str, batches: tuple[int, ...], moment: str, out: Path, append: bool, quick: bool = False
+) -> list[str]:
+    """``python -m microbench speed`` for the steps of ``models`` at ``batches``, one thread,
+    labelled ``moment``, into ``out/speed.jsonl``: the bench's checks and validate's use it.
+    One thread: the jitter step this command times gains nothing from a second thread here,
+    where the compute stage's and training's do, so steps at more threads take the pooled
+    offset (:mod:`calibration.drift`)."""
+    return [
+        sys.executable, *_microbench(
+            "speed", "--model", models, "--batch", ",".join(map(str, batches)), "--threads", "1",
+            "--moment", moment, "--out", str(out), *(["--samples", "8"] if quick else []),
+            *(["--append"] if append else []),
+        ),
+    ]  # fmt: skip
+
+
 def _speed_stage(plan: BenchPlan, k: int, of: int) -> Stage:
-    """The compute stage's steps at one thread (every model and batch), briefly: moment ``k``
-    of ``of`` of the machine's speed (``microbench speed``; :mod:`calibration.drift` takes
-    each step's typical time and the speed's spread from these moments). One thread: the
-    jitter step this command times gains nothing from a second thread here, where the
-    compute stage's and training's do, so steps at more threads take the pooled offset."""
+    """The compute stage's steps (every model and batch), briefly: moment ``k`` of ``of`` of
+    the machine's speed (:func:`speed_command`; :mod:`calibration.drift` takes each step's
+    typical time and the speed's spread from these moments)."""
     moment = f"check {k} of {of}"
-    command = _microbench(
-        "speed", "--model", plan.model, "--batch", ",".join(map(str, plan.batches)),
-        "--threads", "1", "--moment", moment,
-        "--out", str(plan.out / "ranks1"), *(["--samples", "8"] if plan.quick else []),
-        *(["--append"] if k > 1 else []),
-    )  # fmt: skip
-    label = f"machine speed now ({moment})"
-    return Stage(f"speed-{k}", label, (sys.executable, *command), 1, 1)
+    command = speed_command(
+        plan.model, plan.batches, moment, plan.out / "ranks1", k > 1, plan.quick
+    )
+    return Stage(f"speed-{k}", f"machine speed now ({moment})", tuple(command), 1, 1)
 
 
 def check_out_dir(out: Path) -> None:

@@ -220,20 +220,23 @@ class ProfileCostModel:
         host_drift = drift is not None and device == "cpu"
         drift_sigma = drift.sigma_ if host_drift else 0.0
         deviations = tuple(float(d) for d in drift.log_deviations_) if host_drift else ()
-        level, levels = 1.0, [1.0]
-        host_rows = [r for r in scale.steps if r.device == "cpu"]
-        if host_drift and host_rows:
-            levels = [drift.step_level(r.model, r.batch, r.threads) for r in host_rows]
-            scale = scale.rescaled(
-                lambda r: drift.step_level(r.model, r.batch, r.threads) if r.device == "cpu" else 1
-            )
+        level, levels = 1.0, {}
+        if host_drift:
+            levels = {
+                r: drift.step_level(r.model, r.batch, r.threads)
+                for r in scale.steps
+                if r.device == "cpu"
+            }
+        if levels:
+            scale = scale.rescaled(lambda r: levels.get(r, 1.0))
         elif host_drift:
-            level = levels[0] = float(np.exp(-drift.compute_log_offset_))
+            level = float(np.exp(-drift.compute_log_offset_))
         if deviations:
             low, high = np.exp(np.quantile(deviations, [0.1, 0.9]))
             prov["drift"] = (
                 f"profile: {len(deviations)} moments of the same steps; measured compute "
-                f"x{min(levels):.3f}..x{max(levels):.3f} to the typical speed, band "
+                f"x{min(levels.values(), default=level):.3f}.."
+                f"x{max(levels.values(), default=level):.3f} to the typical speed, band "
                 f"x{low:.2f}..x{high:.2f} (P10..P90 of the moments)"
             )
         return cls(

@@ -17,7 +17,6 @@ moments alone next to these.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from microbench.errors import UserError
@@ -36,16 +35,14 @@ class SpeedChecks:
 
     def run(self) -> None:
         from microbench.threads import thread_env
+        from pdlsim.bench import speed_command
         from pdlsim.launch import run_supervised
 
         self.done += 1
-        command = [
-            sys.executable, "-m", "microbench", "speed", "--model", ",".join(self.models),
-            "--batch", ",".join(map(str, self.batches)),
-            "--threads", "1", "--quiet",
-            "--moment", f"validation {self.done}", "--out", str(self.out),
-            *(["--append"] if self.done > 1 else []),
-        ]  # fmt: skip
+        command = speed_command(
+            ",".join(self.models), self.batches, f"validation {self.done}", self.out,
+            append=self.done > 1,
+        )  # fmt: skip
         self.out.mkdir(parents=True, exist_ok=True)
         log = self.out / "speed.log"
         env = {**os.environ, **thread_env(1)}
