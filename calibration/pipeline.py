@@ -19,6 +19,7 @@ from calibration.communication import CollectiveModels
 from calibration.compression import CompressionModel
 from calibration.compute import ComputeModel
 from calibration.drift import DriftModel
+from calibration.insitu import InSituModel
 from calibration.jitter import JitterModel
 from calibration.jitter_models import JitterModels
 from calibration.overlap import OverlapModel
@@ -41,6 +42,7 @@ _SECTIONS: dict[str, tuple[str, Callable[[int, int], Any], bool]] = {
     "drift": ("compute+jitter+speed", lambda n, s: DriftModel(), False),
     "compression": ("compression", lambda n, s: CompressionModel(n_boot=n, seed=s), False),
     "storage": ("storage", lambda n, s: StorageModel(n_boot=n, seed=s), False),
+    "insitu": ("insitu", lambda n, s: InSituModel(), False),
 }
 
 

@@ -65,6 +65,7 @@ MODELERS: dict[str, str] = {
     "drift": "calibration.drift:DriftModel",
     "compression": "calibration.compression:CompressionModel",
     "storage": "calibration.storage:StorageModel",
+    "insitu": "calibration.insitu:InSituModel",
 }
 
 

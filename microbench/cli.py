@@ -175,6 +175,25 @@ def add_step_arguments(parser: argparse.ArgumentParser, per_rank: bool = False) 
     )
 
 
+def add_workloads_arguments(parser: argparse.ArgumentParser, batch_help: str | None) -> None:
+    """``--model`` (workloads, default mlp,cnn) and, unless ``batch_help`` is None, ``--batch``
+    (a list, default 32) of the benchmarks that time several workloads' steps."""
+    from .workload import preset_names
+
+    parser.add_argument(
+        "--model",
+        type=workload_list,
+        default="mlp,cnn",
+        metavar="NAME|PATH,...",
+        help=f"workloads: presets ({', '.join(preset_names())}) or workload JSON files "
+        "(default mlp,cnn)",
+    )
+    if batch_help is not None:
+        parser.add_argument(
+            "--batch", type=positive_int_list, default=(32,), metavar="B,...", help=batch_help
+        )
+
+
 def add_sampling_arguments(
     parser: argparse.ArgumentParser, full: SamplingPolicy, quick: SamplingPolicy
 ) -> None:

@@ -395,3 +395,12 @@ def _infer(
         backward_flops_per_sample=bwd,
         needs_input_grad=needs_input_grad,
     )
+
+
+def sliced_dense(info: LayerInfo, units: int) -> LayerInfo:
+    """The dense layer ``info`` with only ``units`` of its output neurons (one rank's slice):
+    shapes, parameters and FLOPs derived by the workload description itself."""
+    if info.kind != "dense":
+        raise ValueError(f"only dense layers are split, not {info.kind} ({info.name})")
+    layer = Layer("dense", info.name, {"units": units})
+    return _infer(info.index, layer, info.input_shape, info.needs_input_grad, info.name)

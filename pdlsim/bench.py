@@ -78,8 +78,9 @@ def _microbench(*args: str) -> list[str]:
 
 def plan_stages(plan: BenchPlan) -> list[Stage]:
     """The stages, in the order they run: compute and copies on one process, then per P
-    collectives and, per model, the jitter step (the same step at every P: its slowdown from
-    one rank to P is the co-location factor)."""
+    collectives, per model the jitter step (the same step at every P: its slowdown from one
+    rank to P is the co-location factor) and, at P >= 2, the collectives inside the training
+    steps at every batch (``insitu``)."""
     quick = ["--quick"] if plan.quick else []
     threads = ",".join(map(str, plan.threads))
     batches = ",".join(map(str, plan.batches))
@@ -138,6 +139,24 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
                     threads=jitter_threads,
                 )
             )
+        if procs >= 2:
+            stages.append(
+                Stage(
+                    f"insitu-p{procs}",
+                    f"collectives inside training steps at {procs} ranks",
+                    tuple(
+                        mpiexec_command(
+                            procs,
+                            _microbench(
+                                "insitu", "--model", plan.model, "--batch", batches,
+                                "--threads", str(jitter_threads), "--out", out, *quick,
+                            ),
+                        )
+                    ),
+                    ranks=procs,
+                    threads=jitter_threads,
+                )
+            )  # fmt: skip
         speed_checks.append(len(stages))
     overlap_procs = max(plan.procs)
     if overlap_procs >= 2:

@@ -19,6 +19,9 @@
   profile's fitted inter-node parameters when it has them and no network is given; the receiver
   reduces at a third of its memory bandwidth (two reads, one write per byte): the profile's
   triad bandwidth for CPU ranks, the preset's HBM for GPU ranks.
+* **Collectives in place.** A training step's collectives cost more than the same ones back to
+  back; where the profile measured the workload's calls inside real steps, :meth:`in_situ_s`
+  gives the excess the engines add to each call (:mod:`pdlsim.insitu_cost`).
 * **Whole-step correction.** Ops timed one at a time do not add up to the same ops run back to
   back as one training step (caches, allocator state, per-call overheads). Where the profile's
   compute table holds whole-step rows (phase ``step``, per model, batch and threads, measured
@@ -70,6 +73,7 @@ from calibration.stats import Interval
 from calibration.transfer import TransferModel
 from microbench.network_ops import LABEL_BYTES, layer_bytes, update_cost
 from microbench.workload import LayerInfo
+from pdlsim.insitu_cost import InSituCost
 from pdlsim.presets import GpuPreset, NetworkPreset
 from pdlsim.sim import ConfigError, LinkCost, Placement, TimedStep, collectives
 from pdlsim.stepscale import StepScale
@@ -144,6 +148,7 @@ class ProfileCostModel:
     drift_factor: float = 1.0  # this band sample's draw of the deviations
     _ops_cache: dict[tuple[str, int, int, str], float] = field(default_factory=dict, repr=False)
     compression: CompressionModel | None = None  # the profile's, when it measured compression
+    insitu: InSituCost | None = None  # the workload's collectives measured in place
 
     @classmethod
     def from_profile(
@@ -239,11 +244,15 @@ class ProfileCostModel:
                 f"x{max(levels.values(), default=level):.3f} to the typical speed, band "
                 f"x{low:.2f}..x{high:.2f} (P10..P90 of the moments)"
             )
+        insitu_model = profile.model("insitu") if profile.models.get("insitu") else None
+        insitu, prov["in-place collectives"] = InSituCost.from_profile_model(
+            insitu_model, workload, device
+        )
         return cls(
             compute, regimes, inter, source, transfer, gpu, device, mem_bw, jitter, efficiency,
             _overlap_interval(overlap, bucket_bytes, method), prov, workload, ranks_per_node,
             scale, colocation, compression=profile.model("compression"), drift_sigma=drift_sigma,
-            drift_log_deviations=deviations, drift_level=level,
+            drift_log_deviations=deviations, drift_level=level, insitu=insitu,
         )  # fmt: skip
 
     def _ops_s(self, model: str, batch: int, threads: int, device: str) -> float:
@@ -361,6 +370,13 @@ class ProfileCostModel:
 
     def collective_time(self, op: str, nbytes: int, ranks: int, placement: Placement) -> float:
         return collectives.total_time_s(self.collective_schedule(op, nbytes, ranks, placement))
+
+    def in_situ_s(self, parallel: str, op: str, layer: str, batch: int, nbytes: int) -> float:
+        """Seconds a training step's collective costs beyond its back-to-back time, where the
+        profile measured it in place (:mod:`pdlsim.insitu_cost`); else 0."""
+        if self.insitu is None:
+            return 0.0
+        return self.insitu.extra_s(self, parallel, op, layer, batch, nbytes)
 
     # ----------------------------------------------------------------------------- copies
     def transfer_time(self, direction: str, nbytes: int, pinned: bool) -> float:

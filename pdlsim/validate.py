@@ -24,7 +24,7 @@ Speedup is the throughput ratio against the serial run (P1T1) at the same batch 
 ``P x T_serial / T_config``, measured with measured times, predicted with predicted times.
 Configurations with P x T above the cores are run and reported, flagged ``oversubscribed``.
 
-Model parallelism (the ``parallel`` dimension, :mod:`pdlsim.train.model_parallel`): for each
+Model parallelism (the ``parallel`` dimension, :mod:`microbench.nn.sliced`): for each
 workload and batch, ``pdlsim train --parallel model --procs P`` training and ``--inference``
 (forward only), predicted with ``PredictConfig(parallel="model", inference=...)``. Their batch
 is the global batch, so their speedup is strong scaling: ``T_serial / T_config`` at the same

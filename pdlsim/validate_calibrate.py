@@ -55,10 +55,19 @@ def profile_provenance(profile: str | None, calibrated_now: bool = False) -> dic
 
     prof, name = resolve_profile(profile)
     when = "run by this validation just before the training runs" if calibrated_now else "given"
-    return {
+    out = {
         "profile": name,
         "created_utc": prof.created_utc,
         "source": "microbenchmarks only (pdlsim bench/calibrate); no training run is fitted",
         "calibration": when,
         "benchmarks": sorted({b for s in prof.sources for b in s.benchmark.split(",")}),
     }
+    if prof.models.get("insitu"):
+        ranks = sorted({p["ranks"] for p in prof.models["insitu"]["points"]})
+        out["in_place_collectives"] = (
+            "the collectives of each workload's data- and model-parallel step timed inside "
+            f"that step at {', '.join(map(str, ranks))} ranks (microbench insitu: fixed batch, "
+            "learning rate 0); at those ranks the rows' communication is measured in place, "
+            "beyond them it is extrapolated"
+        )
+    return out

@@ -245,6 +245,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"profile {prov['profile']} (created {prov['created_utc']}; {prov['source']}; "
         f"calibration {prov.get('calibration', 'given')})",
         *([f"speed checks: {prov['speed_checks']}"] if prov.get("speed_checks") else []),
+        *(
+            [f"collectives in place: {prov['in_place_collectives']}"]
+            if prov.get("in_place_collectives")
+            else []
+        ),
         f"{report['cores']} cores; {report['repeats']} launches per configuration, at least "
         f"{report['min_steps_per_run']} steps each, {report['warmup']}; step = max over ranks; "
         f"interval = {report['interval']}",

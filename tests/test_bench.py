@@ -48,6 +48,18 @@ def test_the_plan_runs_compute_once_and_mpi_stages_per_process_count(tmp_path):
     assert compute[compute.index("--batch") + 1] == "16,32,64"
 
 
+def test_collectives_in_place_at_every_multi_rank_count_and_every_batch(tmp_path):
+    stages = plan_stages(BenchPlan(out=tmp_path, model="mlp,cnn", procs=(1, 2, 4)))
+    insitu = [s for s in stages if s.name.startswith("insitu")]
+    assert [s.name for s in insitu] == ["insitu-p2", "insitu-p4"]  # none at one rank
+    for stage, procs in zip(insitu, (2, 4), strict=True):
+        command = list(stage.command)
+        assert stage.ranks == procs and command[command.index("-n") + 1] == str(procs)
+        assert command[command.index("--batch") + 1] == "16,32,64"  # the compute stage's
+        assert command[command.index("--model") + 1] == "mlp,cnn"
+        assert command[command.index("--out") + 1] == str(tmp_path / f"ranks{procs}")
+
+
 def test_the_jitter_step_of_every_model_at_every_process_count_in_one_file(tmp_path):
     stages = plan_stages(BenchPlan(out=tmp_path, model="mlp,cnn", procs=(1, 2)))
     jitter = [s for s in stages if s.name.startswith("jitter")]
@@ -110,7 +122,7 @@ def test_speed_checks_are_spread_over_the_calibration_in_one_file(tmp_path):
     names = [s.name for s in stages]
     speed = [i for i, n in enumerate(names) if n.startswith("speed")]
     assert [names[i - 1] for i in speed] == [
-        "storage", "jitter-p1-cnn", "jitter-p2-cnn", "interference-p2"
+        "storage", "jitter-p1-cnn", "insitu-p2", "interference-p2"
     ]  # fmt: skip
     moments = []
     for k, i in enumerate(speed):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from microbench.nn import Network
+from microbench.nn.sliced import split_columns
 from microbench.records import load_dataframe, read_records
 from microbench.workload import load_workload
 from pdlsim.train.comm import LocalComm
@@ -18,7 +19,6 @@ from pdlsim.train.config import TrainConfig
 from pdlsim.train.device import Device, cpu_device
 from pdlsim.train.loop import prepare_data, train
 from pdlsim.train.model_loop import MODEL_PHASES, train_model_parallel
-from pdlsim.train.model_parallel import split_columns
 from tests.conftest import run_pdlsim
 
 SMALL = ["--samples", "512", "--test-samples", "64", "--max-steps", "24", "--batch", "16"]

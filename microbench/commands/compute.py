@@ -12,10 +12,10 @@ from ..cli import (
     UsageError,
     add_output_arguments,
     add_sampling_arguments,
+    add_workloads_arguments,
     checked_out_dir,
     policy_from_args,
     positive_int_list,
-    workload_list,
 )
 from ..compute import (
     DEFAULT_BATCHES,
@@ -68,13 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "the median's 95%% confidence interval is narrow enough or its time cap is reached; "
         "every raw sample is recorded.",
     )
-    parser.add_argument(
-        "--model",
-        type=workload_list,
-        default="mlp,cnn",
-        metavar="NAME|PATH,...",
-        help="workloads: presets (mlp, cnn) or workload JSON files (default mlp,cnn)",
-    )
+    add_workloads_arguments(parser, None)
     parser.add_argument(
         "--threads",
         type=positive_int_list,

@@ -21,12 +21,11 @@ import sys
 
 from ..cli import (
     add_output_arguments,
+    add_workloads_arguments,
     checked_out_dir,
     int_at_least,
     positive_int_list,
-    workload_list,
 )
-from ..workload import preset_names
 
 RECORDS_FILE = "speed.jsonl"
 BENCHMARK = "speed"
@@ -44,21 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "with --moment. Run several times, minutes apart, the medians show how the speed of "
         "identical work moves on this machine; pdlsim bench does so during a calibration.",
     )
-    parser.add_argument(
-        "--model",
-        type=workload_list,
-        default="mlp,cnn",
-        metavar="NAME|PATH,...",
-        help=f"workloads: presets ({', '.join(preset_names())}) or workload JSON files "
-        "(default mlp,cnn)",
-    )
-    parser.add_argument(
-        "--batch",
-        type=positive_int_list,
-        default=(32,),
-        metavar="B,...",
-        help="samples per step, one or more (default 32)",
-    )
+    add_workloads_arguments(parser, "samples per step, one or more (default 32)")
     parser.add_argument(
         "--threads",
         type=positive_int_list,

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from microbench.workload import Workload
 
-from .collectives import TimedStep
+from .collectives import Step, TimedStep
 from .compression import parse_compression, wire
 from .cost import DEVICES, CostModel, Device, Placement
 from .errors import ConfigError
@@ -308,6 +308,11 @@ def _buckets(
         if open_bytes >= scenario.bucket_bytes or i == first_param:
             groups.append((open_layers, open_bytes, position))
             open_layers, open_bytes = [], 0
+    total = sum(nbytes for _, nbytes, _ in groups)
+    extra_s = 0.0  # the in-place excess of the whole gradient's allreduce (CostModel docstring)
+    priced = getattr(cost, "in_situ_s", None)
+    if priced is not None and cluster.ranks > 1 and scenario.compression is None:
+        extra_s = float(priced("data", "allreduce", "gradients", scenario.batch_per_rank, total))
     buckets = []
     for index, (names, nbytes, position) in enumerate(groups):
         w = wire(
@@ -318,6 +323,10 @@ def _buckets(
             cluster.ranks_per_node,
             scenario.algorithm,
         )
+        schedule, collective_s = w.schedule, w.collective_s
+        if extra_s > 0:  # each bucket its share, as one more step of its collective
+            share = TimedStep(Step(0.0, "intra", phase="in place"), extra_s * nbytes / total)
+            schedule, collective_s = (*schedule, share), collective_s + share.time_s
         buckets.append(
             Bucket(
                 index=index,
@@ -325,8 +334,8 @@ def _buckets(
                 nbytes=nbytes,
                 closes_after=position,
                 algorithm=w.algorithm,
-                collective_s=w.collective_s,
-                schedule=w.schedule,
+                collective_s=collective_s,
+                schedule=schedule,
                 wire_bytes=w.wire_bytes,
                 compress_s=w.compress_s,
                 decompress_s=w.decompress_s,

@@ -11,6 +11,12 @@ A collective is asked for twice: :meth:`CostModel.collective_time` is the closed
 analytic model adds up, :meth:`CostModel.collective_schedule` the same collective as timed steps
 (:class:`pdlsim.sim.collectives.TimedStep`) that the simulator plays on its links. The contract:
 the schedule's durations sum to ``collective_time``. Everything is seconds and bytes.
+
+Optional: a cost model may also answer ``in_situ_s(parallel, op, layer, batch, nbytes)``, the
+seconds a training step's collective costs beyond its back-to-back time (measured inside real
+steps: caches filled by the layers' compute, the gather's copy). The data-parallel plan adds it
+to the gradient buckets (each its share, as one more step of its collective), the layer-wise
+plan to each allgather and allreduce. Without it, collectives cost their back-to-back time.
 """
 
 from __future__ import annotations

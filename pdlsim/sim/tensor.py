@@ -20,7 +20,10 @@ rank):
   maxpool2d layers of a CNN (a conv stack is not split) run whole on every rank, on the whole
   batch; their weight gradients are then identical on every rank and need no allreduce.
 * The update (plain SGD) updates each rank's slice (dense) or its replica (conv).
-* Communication is on the critical path: nothing overlaps a collective.
+* Communication is on the critical path: nothing overlaps a collective. A cost model that
+  measured the workload's collectives inside real steps (``in_situ_s``, as
+  :class:`pdlsim.costmodel.ProfileCostModel` does) adds each call's excess over its
+  back-to-back time: the same op costs more after the layers' compute than in a loop.
 
 ``inference=True`` runs the forward pass only (no backward, no update, no input-gradient
 allreduce); the labels are not copied. The same code with ``tensor_ranks=1`` is data-parallel
@@ -49,7 +52,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from microbench.workload import Layer, LayerInfo, _infer
+from microbench.workload import LayerInfo, sliced_dense
 
 from .cluster import LABEL_BYTES_PER_SAMPLE, Cluster, ConfigError, Scenario
 from .collectives import schedule as collective_schedule
@@ -83,15 +86,6 @@ def check_layerwise(cluster: Cluster, scenario: Scenario, what: str) -> None:
         raise ConfigError(f"local SGD (sync every k steps) is for data parallelism, not {what}")
 
 
-def sliced_dense(info: LayerInfo, units: int) -> LayerInfo:
-    """The dense layer ``info`` with only ``units`` of its output neurons (one rank's slice):
-    shapes, parameters and FLOPs derived by the workload description itself."""
-    if info.kind != "dense":
-        raise ValueError(f"only dense layers are split, not {info.kind} ({info.name})")
-    layer = Layer("dense", info.name, {"units": units})
-    return _infer(info.index, layer, info.input_shape, info.needs_input_grad, info.name)
-
-
 @dataclass(frozen=True)
 class TensorOp:
     """One item of a rank's step, in order: its own compute, or a collective of the P ranks."""
@@ -102,6 +96,7 @@ class TensorOp:
     time_s: float
     nbytes: float = 0.0
     algorithm: str = ""
+    in_situ_s: float = 0.0  # of time_s: the excess measured inside real steps (cost.in_situ_s)
     split: bool = False  # a dense layer's slice
 
     @property
@@ -178,25 +173,33 @@ def build_tensor_plan(
         seconds = cost.compute_time(local[i], phase, batch, threads, device)
         return TensorOp("compute", layers[i].name, phase, seconds, split=local[i] is not layers[i])
 
+    def in_situ(cost: CostModel, op: str, layer: str, batch: int, nbytes: float) -> float:
+        priced = getattr(cost, "in_situ_s", None) if p > 1 else None
+        return 0.0 if priced is None else float(priced("model", op, layer, batch, int(nbytes)))
+
     ops: list[TensorOp] = []
     for i, info in enumerate(layers):
         ops.append(compute(i, "forward"))
         if local[i] is not info:
             nbytes = float(batch * info.output_shape[0] * FLOAT_BYTES)
             name, timed = allgather_schedule(cost, nbytes, placement)
-            seconds = sum(t.duration_s for t in timed)
-            ops.append(TensorOp("allgather", info.name, "forward", seconds, nbytes, name))
+            extra = in_situ(cost, "allgather", info.name, batch, nbytes)
+            seconds = sum(t.duration_s for t in timed) + extra
+            ops.append(TensorOp("allgather", info.name, "forward", seconds, nbytes, name, extra))
     if not inference:
         for i in range(len(layers) - 1, params[0] - 1, -1):
             ops.append(compute(i, "backward"))
             if local[i] is not layers[i] and layers[i].needs_input_grad:
                 nbytes = float(batch * layers[i].input_shape[0] * FLOAT_BYTES)
-                seconds = cost.collective_time("allreduce", int(nbytes), p, placement)
+                extra = in_situ(cost, "allreduce", layers[i].name, batch, nbytes)
+                seconds = cost.collective_time("allreduce", int(nbytes), p, placement) + extra
                 name, _ = collective_schedule(
                     "allreduce", nbytes, placement.nodes, placement.ranks_per_node,
                     placement.algorithm,
                 )  # fmt: skip
-                ops.append(TensorOp("allreduce", layers[i].name, "backward", seconds, nbytes, name))
+                ops.append(
+                    TensorOp("allreduce", layers[i].name, "backward", seconds, nbytes, name, extra)
+                )
         ops += [compute(i, "update") for i in params]
     h2d_s = 0.0
     if device == "gpu":
@@ -246,6 +249,7 @@ class TensorPrediction:
                     "nbytes": o.nbytes,
                     "algorithm": o.algorithm,
                     "time_s": o.time_s,
+                    "in_situ_s": o.in_situ_s,
                 }
                 for o in plan.collectives
             ],

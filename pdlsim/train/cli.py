@@ -250,8 +250,8 @@ def _validate(config: TrainConfig) -> None:
     workload = load_workload(config.model)
     train_set, _ = prepare_data(config, workload)
     if config.parallel == "model":
+        from microbench.nn.sliced import check_splittable
         from pdlsim.train.model_loop import model_steps_per_epoch
-        from pdlsim.train.model_parallel import check_splittable
 
         check_splittable(workload, config.procs)
         model_steps_per_epoch(config, len(train_set))

@@ -4,7 +4,7 @@ Batch semantics (also in the README): ``batch_per_rank`` is B, the mini-batch ea
 computes; the global batch is P x B, and one optimizer step consumes P x B samples. The learning
 rate stays as given unless ``scale_lr`` asks for the linear scaling rule (lr x P).
 
-With ``parallel="model"`` (tensor parallelism, :mod:`pdlsim.train.model_parallel`) the P ranks
+With ``parallel="model"`` (tensor parallelism, :mod:`microbench.nn.sliced`) the P ranks
 hold one model between them and all compute the SAME mini-batch of ``batch_per_rank`` samples:
 that is the global batch (strong scaling), and the learning rate is never scaled. ``inference``
 times the forward pass only (loss included; no backward, no update), in either mode.

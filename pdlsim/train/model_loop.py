@@ -4,7 +4,7 @@ Every rank takes the SAME mini-batch each step (samples ``[s*B, (s+1)*B)`` of th
 permutation, which every rank draws from the seed): B is the global batch, one optimizer step
 consumes B samples, exactly as a serial run with batch B does, and the learning rate is the one
 given (nothing is averaged: each rank's gradients are those of its own slice). The network is
-:class:`pdlsim.train.model_parallel.SlicedNetwork`.
+:class:`microbench.nn.sliced.SlicedNetwork`.
 
 Phases per step (:data:`MODEL_PHASES`, one JSON line per step and rank like the data-parallel
 loop's, so ``pdlsim validate`` reads them alike): ``data`` (gather the batch), ``h2d`` (to the
@@ -29,6 +29,7 @@ import numpy as np
 from microbench.errors import UserError
 from microbench.machine import machine_metadata
 from microbench.nn import SGD
+from microbench.nn.sliced import SlicedNetwork
 from microbench.records import RecordWriter
 from microbench.workload import load_workload
 from pdlsim.data import Dataset
@@ -41,7 +42,6 @@ from pdlsim.train.loop import (
     TrainResult,
     prepare_data,
 )
-from pdlsim.train.model_parallel import SlicedNetwork
 from pdlsim.train.runinfo import device_pool_bytes, peak_rss_bytes, run_metadata, state_parts
 
 MODEL_PHASES = (

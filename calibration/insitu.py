@@ -1,0 +1,148 @@
+"""Collectives in place: what each collective of a real training step costs where training
+calls it (``python -m microbench insitu``, :mod:`microbench.insitu`).
+
+The collectives section times each op back to back. Inside a step the same op and size cost
+more (caches filled by the layers' compute, the gather's copy into the activation): on the
+development VM 1.3-4x. That is not a property of the op and its size alone: the same 16 KiB
+allgather costs 26 us after the MLP's first layer and 110 us after the CNN's convolutions. So
+this model keeps each measured call as a point, keyed by what the simulator knows when it
+prices the call: the workload, the parallelism (``data``: the gradient allreduce; ``model``: the
+layer-wise allgathers and allreduces), the op, the layer and the batch, at the ranks measured.
+
+A point is the median over steps of the per-step minimum over ranks (the rank that arrived
+last waits for nobody: the call's own cost), with its distribution-free 95% interval and the
+mean seconds a rank spent waiting in the call beyond it. :meth:`InSituModel.seconds`
+interpolates a call's time linearly in the batch between measured batches (held at the nearest
+measured batch outside them); :class:`pdlsim.costmodel.ProfileCostModel` adds its excess over
+the back-to-back prediction to the collective, at any scale.
+
+``to_dict()``: ``{"model": "insitu", "points": [{"workload", "parallel", "op", "layer",
+"batch", "ranks", "ranks_per_node", "threads", "bytes", "median_s", "ci_low_s", "ci_high_s",
+"wait_s", "n_samples"}]}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from microbench.measurement import Measurement
+
+from .readers import _measurements
+
+__all__ = ["InSituModel", "InSituPoint"]
+
+_KEYS = ("workload", "parallel", "op", "layer", "batch", "ranks", "ranks_per_node", "threads")
+
+
+@dataclass(frozen=True)
+class InSituPoint:
+    """One collective of one step, measured in place (module docstring)."""
+
+    workload: str
+    parallel: str
+    op: str
+    layer: str
+    batch: int
+    ranks: int
+    ranks_per_node: int
+    threads: int
+    bytes: int
+    median_s: float
+    ci_low_s: float
+    ci_high_s: float
+    wait_s: float
+    n_samples: int
+
+
+class InSituModel:
+    """Every measured in-place collective (``points_``); ``fit(df)`` returns self."""
+
+    def fit(self, df: pd.DataFrame) -> InSituModel:
+        rows = _measurements(
+            df,
+            "insitu",
+            ("params.statistic", "params.model", "params.layer", "samples"),
+            "run `python -m microbench insitu` under mpiexec or `pdlsim bench`",
+        )
+        columns = {
+            "workload": "params.model", "parallel": "params.parallel", "op": "name",
+            "layer": "params.layer", "batch": "params.batch", "ranks": "params.ranks",
+            "ranks_per_node": "params.ranks_per_node", "threads": "params.threads",
+        }  # fmt: skip
+        table = pd.DataFrame({key: rows[col] for key, col in columns.items()})
+        table["statistic"], table["samples"] = rows["params.statistic"], rows["samples"]
+        table["bytes"] = rows["params.bytes"]
+        points = []
+        for key, group in table.groupby(list(_KEYS), sort=True):
+            own = group[group["statistic"] == "min_over_ranks"]
+            if own.empty:
+                continue
+            samples = np.concatenate([np.asarray(s, float) for s in own["samples"]])
+            ranks = group[group["statistic"] == "per_rank"]["samples"]
+            mean_in_call = [float(np.mean(s)) for s in ranks]
+            wait = float(np.mean(mean_in_call)) - float(np.mean(samples)) if mean_in_call else 0.0
+            measured = Measurement(samples)
+            ci = measured.median_ci()
+            fields = dict(zip(_KEYS, key, strict=True))
+            points.append(
+                InSituPoint(
+                    **{k: (v if k in ("workload", "parallel", "op", "layer") else int(v))
+                       for k, v in fields.items()},
+                    bytes=int(own["bytes"].iloc[0]),
+                    median_s=measured.median,
+                    ci_low_s=float(ci.low),
+                    ci_high_s=float(ci.high),
+                    wait_s=max(wait, 0.0),
+                    n_samples=measured.n,
+                )
+            )  # fmt: skip
+        self.points_ = points
+        return self
+
+    def calls(self, workload: str, parallel: str) -> list[InSituPoint]:
+        """The points of one workload and parallelism at the most ranks measured on one node
+        (those are the ones a node of the cluster runs like)."""
+        found = [p for p in self.points_ if p.workload == workload and p.parallel == parallel]
+        one_node = [p for p in found if p.ranks_per_node >= p.ranks] or found
+        if not one_node:
+            return []
+        most = max(p.ranks for p in one_node)
+        return [p for p in one_node if p.ranks == most]
+
+    def seconds(
+        self, workload: str, parallel: str, op: str, layer: str, batch: int
+    ) -> tuple[float, InSituPoint] | None:
+        """The call's in-place seconds at ``batch`` (interpolated, module docstring) and the
+        nearest measured point (its ranks and placement); None where it was not measured."""
+        found = sorted(
+            (p for p in self.calls(workload, parallel) if p.op == op and p.layer == layer),
+            key=lambda p: p.batch,
+        )
+        if not found:
+            return None
+        batches = np.array([p.batch for p in found], dtype=float)
+        seconds = float(np.interp(batch, batches, [p.median_s for p in found]))
+        nearest = found[int(np.argmin(np.abs(batches - batch)))]
+        return seconds, nearest
+
+    def quality_dict(self) -> dict[str, Any]:
+        """Per op: the points and the widest relative 95% interval of their medians."""
+        out: dict[str, Any] = {}
+        for op in sorted({p.op for p in self.points_}):
+            mine = [p for p in self.points_ if p.op == op]
+            widest = max((p.ci_high_s - p.ci_low_s) / p.median_s for p in mine)
+            out[op] = {"n_points": len(mine), "max_rel_ci_width": float(widest)}
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": "insitu", "points": [asdict(p) for p in self.points_]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> InSituModel:
+        model = cls()
+        model.points_ = [InSituPoint(**p) for p in data["points"]]
+        return model

@@ -1,0 +1,136 @@
+"""``python -m microbench insitu``: collectives timed inside real training steps
+(:mod:`microbench.insitu`); records to ``DIR/insitu.jsonl`` (rank 0)."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+from ..cli import (
+    UsageError,
+    add_output_arguments,
+    add_workloads_arguments,
+    checked_out_dir,
+    int_at_least,
+    start_mpi,
+)
+
+RECORDS_FILE = "insitu.jsonl"
+DEFAULT_SAMPLES, DEFAULT_WARMUP = 100, 10
+QUICK_SAMPLES, QUICK_WARMUP = 20, 5
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "insitu",
+        help="collectives timed inside real training steps (data and layer-wise parallel)",
+        description="Run each workload's data-parallel training step (gradient allreduce) and "
+        "its layer-wise model-parallel step (an allgather per split dense layer, an allreduce "
+        "per input gradient) on every rank, and time each collective where training calls it: "
+        "after the layers' compute, not back to back. Records every rank's seconds per call and "
+        "the per-step minimum over ranks (the collective's own cost, without waiting). Run it "
+        "under mpiexec -n N with N >= 2.",
+    )
+    add_workloads_arguments(
+        parser, "samples per step, one or more (default 32; model parallelism's batch is shared)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int_at_least(1),
+        default=1,
+        metavar="N",
+        help="BLAS and numba threads per rank (default 1)",
+    )
+    parser.add_argument(
+        "--samples",
+        type=int_at_least(1),
+        metavar="N",
+        help=f"timed steps per workload and batch (default {DEFAULT_SAMPLES}, "
+        f"--quick {QUICK_SAMPLES})",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int_at_least(1),
+        metavar="N",
+        help=f"untimed steps first (default {DEFAULT_WARMUP}, --quick {QUICK_WARMUP})",
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer samples, for a first look")
+    add_output_arguments(parser, RECORDS_FILE)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    mpi = start_mpi("multiple")
+
+    import numpy as np
+
+    from ..insitu import (
+        data_parallel_step,
+        gather_calls,
+        insitu_records,
+        layerwise_step,
+        sample_calls,
+        splittable,
+    )
+    from ..machine import machine_metadata
+    from ..records import RecordWriter
+    from ..threads import oversubscription, set_threads
+
+    comm = mpi.COMM_WORLD
+    ranks, root = comm.Get_size(), comm.Get_rank() == 0
+    if ranks < 2:
+        raise UsageError(
+            "insitu times collectives between ranks: run it under mpiexec -n N with N >= 2"
+        )
+    samples = args.samples or (QUICK_SAMPLES if args.quick else DEFAULT_SAMPLES)
+    warmup = args.warmup or (QUICK_WARMUP if args.quick else DEFAULT_WARMUP)
+    out = checked_out_dir(args, RECORDS_FILE, comm)
+    set_threads(args.threads)
+    machine = machine_metadata(comm=comm, threads=args.threads)  # collective
+    per_node = (machine.get("mpi") or {}).get("ranks_per_node") or ranks
+    warning = next((w for w in comm.allgather(oversubscription(per_node, args.threads)) if w), None)
+    hosts = comm.gather(socket.gethostname(), root=0)
+    settings = {
+        "models": [w.name for w in args.model], "batches": list(args.batch),
+        "threads": args.threads, "ranks": ranks, "ranks_per_node": per_node,
+        "samples": samples, "warmup": warmup, "clock": "perf_counter",
+        "oversubscribed": warning is not None, "quick": args.quick,
+    }  # fmt: skip
+    writer = None
+    if root:
+        run_info = {"command": "microbench insitu", "argv": sys.argv[1:], "settings": settings}
+        writer = RecordWriter(out / RECORDS_FILE, machine, run_info, append=args.append)
+        if warning is not None:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+    try:
+        for workload in args.model:
+            steps = [("data", data_parallel_step)]
+            if splittable(workload, ranks):
+                steps.append(("model", layerwise_step))
+            elif root and not args.quiet:
+                why = f"a dense layer has fewer neurons than {ranks} ranks (or there is none)"
+                print(f"insitu: {workload.name}: {why}; model parallelism skipped", flush=True)
+            for batch in args.batch:
+                params = {"model": workload.name, "batch": batch, "threads": args.threads,
+                          "ranks": ranks, "ranks_per_node": per_node}  # fmt: skip
+                for parallel, make in steps:
+                    step = make(workload, batch, comm)
+                    calls, local = sample_calls(step, samples, warmup, comm, parallel)
+                    table = gather_calls(local, comm)
+                    if writer is None:
+                        continue
+                    for record in insitu_records(calls, table, params, warmup, hosts):
+                        writer.write(record)
+                    if not args.quiet:
+                        own = np.median(table.min(axis=0), axis=0)
+                        shown = ", ".join(
+                            f"{c.op} {c.layer} {c.nbytes} B {t * 1e6:.1f} us"
+                            for c, t in zip(calls, own, strict=True)
+                        )
+                        print(f"insitu: {workload.name} batch {batch} {parallel}: {shown}",
+                              flush=True)  # fmt: skip
+    finally:
+        if writer is not None:
+            writer.close()
+    return 0

@@ -1,0 +1,189 @@
+"""Collectives timed where training runs them: inside a real training step, between its layers.
+
+The collectives benchmark (:mod:`microbench.collectives`) times one op back to back, the
+standard method (OSU, IMB): its buffers and MPI's shared-memory cells stay in cache and the
+ranks arrive together. Training calls the same op after a layer's compute has filled the caches
+with weights and activations, on buffers that compute just wrote. On this project's 2-core VM
+that costs 1.3-4x more for the same op and size (2 ranks, MLP batch 32: an ``Allgatherv`` of
+32 KiB in total and its copy into the activation take 40 us inside the model-parallel step, 10 us
+back to back; a cache sweep before each call reproduces the first collective of a step, not the
+ones between small layers). No synthetic pattern reproduces every case, so this benchmark runs
+the real steps, the same code training runs, and times each collective in them:
+
+* **data parallelism**: the training step of :mod:`pdlsim.train.loop` (forward, backward, a
+  barrier, one in-place ``Allreduce`` of the whole flat gradient, the SGD update);
+* **layer-wise (model) parallelism**: the step of :class:`microbench.nn.sliced.SlicedNetwork`
+  (an ``Allgatherv`` after each split dense layer's forward, an ``Allreduce`` of each input
+  gradient in backward), when every dense layer has a neuron per rank.
+
+Each step starts after a barrier; the first ``warmup`` steps are not kept. Per step and call,
+every rank's seconds in the call are kept (its wait for later ranks included), and their minimum
+over ranks: the rank that arrived last waits for nobody, so the minimum is the collective's own
+cost in place, what :mod:`calibration.insitu` fits. ``bytes`` is the total gathered or reduced,
+as the simulator's plans count it (not each rank's block, as the collectives benchmark does).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .measurement import Measurement
+from .workload import Workload
+
+__all__ = [
+    "BENCHMARK",
+    "Call",
+    "data_parallel_step",
+    "gather_calls",
+    "insitu_records",
+    "layerwise_step",
+    "sample_calls",
+    "splittable",
+]
+
+BENCHMARK = "insitu"
+STOP_REASON = "max_samples"
+Step = Callable[[], list[tuple[str, str, int, float]]]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One collective of a step, in the order the step makes it."""
+
+    op: str  # "allreduce" or "allgather"
+    layer: str  # the dense layer, or "gradients" for the data-parallel allreduce
+    nbytes: int  # gathered or reduced in total
+    parallel: str  # "data" or "model"
+
+
+class _Comm:
+    """What :class:`SlicedNetwork` needs of a communicator, over an mpi4py one (host arrays)."""
+
+    def __init__(self, comm: Any) -> None:
+        from mpi4py import MPI
+
+        self._mpi, self.mpi_comm = MPI, comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+
+    def allreduce_sum_(self, buf: np.ndarray) -> None:
+        self.mpi_comm.Allreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
+
+
+def _batch(workload: Workload, batch: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, *workload.input_shape), dtype=np.float32)
+    return x, rng.integers(0, workload.num_classes, batch)
+
+
+def data_parallel_step(workload: Workload, batch: int, comm: Any, seed: int = 0) -> Step:
+    """The data-parallel training step; returns its one call: the gradient allreduce.
+    Learning rate 0, so every step computes the same thing (as the jitter benchmark)."""
+    from .nn import SGD, Network
+
+    net, opt, mpi = Network(workload, seed=seed), SGD(lr=0.0), _Comm(comm)
+    x, y = _batch(workload, batch, seed)
+
+    def step() -> list[tuple[str, str, int, float]]:
+        net.forward(x, y)
+        net.backward()
+        comm.Barrier()
+        start = time.perf_counter()
+        mpi.allreduce_sum_(net.grads)
+        seconds = time.perf_counter() - start
+        opt.step(net.params, net.grads)
+        return [("allreduce", "gradients", int(net.grads.nbytes), seconds)]
+
+    return step
+
+
+def splittable(workload: Workload, ranks: int) -> bool:
+    """Whether every dense layer has at least one output neuron per rank (and one exists)."""
+    dense = [info for info in workload.layers if info.kind == "dense"]
+    return bool(dense) and all(info.output_shape[0] >= ranks for info in dense)
+
+
+def layerwise_step(workload: Workload, batch: int, comm: Any, seed: int = 0) -> Step:
+    """The model-parallel training step; returns its collectives, in order."""
+    from .nn import SGD
+    from .nn.sliced import SlicedNetwork
+
+    net, opt = SlicedNetwork(workload, _Comm(comm), seed=seed), SGD(lr=0.0)
+    x, y = _batch(workload, batch, seed)
+
+    def step() -> list[tuple[str, str, int, float]]:
+        net.call_log = []
+        net.forward(x, y)
+        net.backward()
+        opt.step(net.params, net.grads)
+        calls, net.call_log = net.call_log, None
+        return calls
+
+    return step
+
+
+def sample_calls(
+    step: Step, samples: int, warmup: int, comm: Any, parallel: str
+) -> tuple[list[Call], np.ndarray]:
+    """``samples`` steps after ``warmup`` untimed ones, each after a barrier: the calls (the
+    same in every step) and this rank's seconds in each, shaped (samples, calls)."""
+    if samples < 1 or warmup < 0:
+        raise ValueError(f"need samples >= 1 and warmup >= 0, got {samples} and {warmup}")
+    for _ in range(warmup):
+        comm.Barrier()
+        step()
+    rows, calls = [], None
+    for _ in range(samples):
+        comm.Barrier()
+        made = step()
+        found = [Call(op, layer, nbytes, parallel) for op, layer, nbytes, _ in made]
+        if calls is not None and found != calls:
+            raise RuntimeError("a step made different collectives than the one before it")
+        calls = found
+        rows.append([seconds for *_, seconds in made])
+    return calls or [], np.asarray(rows, dtype=np.float64).reshape(samples, len(calls or []))
+
+
+def gather_calls(local: np.ndarray, comm: Any) -> np.ndarray | None:
+    """Every rank's (samples, calls) table as (ranks, samples, calls) on rank 0; collective."""
+    local = np.ascontiguousarray(local, dtype=np.float64)
+    root = comm.Get_rank() == 0
+    table = np.empty((comm.Get_size(), *local.shape), dtype=np.float64) if root else None
+    comm.Gather(local, table, root=0)
+    return table
+
+
+def insitu_records(
+    calls: Sequence[Call],
+    table: np.ndarray,
+    params: dict[str, Any],
+    warmup: int,
+    hosts: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Per call: one "measurement" record per rank (statistic "per_rank") and one of the
+    per-step minimum over ranks ("min_over_ranks", rank None). ``params``: model, batch,
+    threads, ranks, ranks_per_node; each record adds parallel, layer, position, bytes."""
+    records = []
+    for k, call in enumerate(calls):
+        per_call = table[:, :, k]
+        rows = [(r, "per_rank", per_call[r]) for r in range(per_call.shape[0])]
+        rows.append((None, "min_over_ranks", per_call.min(axis=0)))
+        for rank, statistic, samples in rows:
+            measurement = Measurement(
+                samples,
+                benchmark=BENCHMARK,
+                name=call.op,
+                params={
+                    **params, "parallel": call.parallel, "layer": call.layer, "position": k,
+                    "bytes": call.nbytes, "rank": rank, "statistic": statistic,
+                },
+                warmup_discarded=warmup,
+                stop_reason=STOP_REASON,
+            )  # fmt: skip
+            host = hosts[rank] if hosts is not None and rank is not None else None
+            records.append(measurement.to_record(host=host, clock="perf_counter"))
+    return records

@@ -1,0 +1,73 @@
+"""What a collective costs inside a training step beyond its back-to-back time.
+
+The profile's collectives are timed back to back (warm caches, ranks arriving together); the
+same op inside a step, after the layers' compute, costs more (:mod:`calibration.insitu`). Where
+the profile measured a workload's calls in place (``python -m microbench insitu``), a call of
+the plan is priced as
+
+    T = T_back_to_back(op, bytes, placement) + max(0, T_in_place(batch) - T_back_to_back(op,
+        bytes, the placement it was measured at))
+
+with ``T_in_place`` interpolated in the batch. At the measured placement that is the measured
+time; on a larger cluster the back-to-back part follows the collective's algorithm model and
+the excess, a local cost of each rank (caches, copies), is assumed not to grow with the ranks.
+CPU ranks only (the measurements are CPU ranks'); a workload or call the profile did not
+measure in place keeps its back-to-back time, and the provenance says which applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from calibration.insitu import InSituModel
+from pdlsim.sim import Placement
+from pdlsim.sim.messages import allgather_time
+
+__all__ = ["InSituCost"]
+
+
+@dataclass(frozen=True)
+class InSituCost:
+    """The profile's in-place calls of one workload, for :class:`ProfileCostModel`."""
+
+    model: InSituModel
+    workload: str
+
+    @classmethod
+    def from_profile_model(
+        cls, model: InSituModel | None, workload: str | None, device: str
+    ) -> tuple[InSituCost | None, str]:
+        """The pricing (None where it does not apply) and a provenance line."""
+        if model is None:
+            return None, "not measured: collectives as timed back to back"
+        if device != "cpu":
+            return None, "measured on CPU ranks only: GPU collectives as timed back to back"
+        found = [c for p in ("data", "model") for c in model.calls(workload or "", p)]
+        if workload is None or not found:
+            measured = sorted({p.workload for p in model.points_})
+            return None, (
+                f"not measured for {workload or 'this workload'} (only "
+                f"{', '.join(measured) or 'none'}): collectives as timed back to back"
+            )
+        ranks = max(p.ranks for p in found)
+        batches = sorted({p.batch for p in found})
+        return cls(model, workload), (
+            f"profile: {len(found)} calls of {workload} measured in place at {ranks} ranks, "
+            f"batch {', '.join(map(str, batches))}; their excess over back to back added"
+        )
+
+    def extra_s(
+        self, cost: Any, parallel: str, op: str, layer: str, batch: int, nbytes: int
+    ) -> float:
+        """Seconds to add to the call's back-to-back time (module docstring); 0 if unmeasured."""
+        found = self.model.seconds(self.workload, parallel, op, layer, batch)
+        if found is None:
+            return 0.0
+        seconds, point = found
+        at = Placement(max(1, point.ranks // point.ranks_per_node), point.ranks_per_node)
+        if op == "allgather":
+            back_to_back = allgather_time(cost, nbytes, at)
+        else:
+            back_to_back = cost.collective_time(op, nbytes, point.ranks, at)
+        return max(0.0, seconds - back_to_back)

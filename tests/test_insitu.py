@@ -1,0 +1,250 @@
+"""Collectives in place: the benchmark under mpiexec, its records, the fitted points, and the
+excess the cost model adds to the data-parallel and layer-wise plans."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibration.insitu import InSituModel
+from microbench.insitu import Call, insitu_records, splittable
+from microbench.records import load_dataframe
+from microbench.workload import PRESETS, load_workload
+from tests.conftest import run_microbench
+
+PROG = "python -m microbench insitu"
+
+pytestmark = pytest.mark.usefixtures("no_inherited_rank")
+
+
+# ------------------------------------------------------------------------- the benchmark
+
+
+def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
+    """The MLP at 2 ranks: one gradient allreduce (data), three allgathers and two input
+    gradient allreduces (model), each with both ranks' samples and their minimum."""
+    args = ["--model", "mlp", "--batch", "8,16", "--samples", "6", "--warmup", "2"]
+    result = run_microbench("insitu", *args, "--out", str(tmp_path), ranks=2, timeout=120)
+    assert result.returncode == 0, result.stderr
+    frame = load_dataframe(tmp_path / "insitu.jsonl", type="measurement")
+    assert set(frame["benchmark"]) == {"insitu"}
+    own = frame[frame["params.statistic"] == "min_over_ranks"]
+    calls = own[own["params.batch"] == 16].sort_values(["params.parallel", "params.position"])
+    assert list(zip(calls["params.parallel"], calls["name"], calls["params.layer"],
+                    calls["params.bytes"], strict=True)) == [
+        ("data", "allreduce", "gradients", load_workload("mlp").gradient_bytes),
+        ("model", "allgather", "dense0", 16 * 256 * 4),
+        ("model", "allgather", "dense2", 16 * 128 * 4),
+        ("model", "allgather", "dense4", 16 * 10 * 4),
+        ("model", "allreduce", "dense4", 16 * 128 * 4),  # dense4's input gradient
+        ("model", "allreduce", "dense2", 16 * 256 * 4),
+    ]  # fmt: skip
+    assert all(len(s) == 6 for s in frame["samples"]) and set(own["params.batch"]) == {8, 16}
+    per_rank = frame[frame["params.statistic"] == "per_rank"]
+    assert set(per_rank["params.rank"]) == {0, 1}
+    for _, group in frame.groupby(["params.batch", "params.parallel", "params.position"]):
+        ranks = np.array([s for s in group[group["params.statistic"] == "per_rank"]["samples"]])
+        mins = group[group["params.statistic"] == "min_over_ranks"]["samples"].iloc[0]
+        assert np.allclose(ranks.min(axis=0), mins)
+    assert "allgather dense0 8192 B" in result.stdout
+
+
+def test_a_model_that_cannot_be_split_is_timed_data_parallel_only(tmp_path):
+    """A dense layer of one neuron cannot give each of 2 ranks a neuron: model parallelism is
+    skipped with a note, the gradient allreduce still measured."""
+    doc = json.loads(json.dumps(PRESETS["mlp"]))
+    doc["name"] = "narrow"
+    dense = [layer for layer in doc["layers"] if layer["kind"] == "dense"]
+    dense[1]["units"] = 1
+    path = tmp_path / "narrow.json"
+    path.write_text(json.dumps(doc))
+    assert not splittable(load_workload(path), 2) and splittable(load_workload("mlp"), 2)
+    args = ["--model", str(path), "--samples", "3", "--warmup", "1", "--out", str(tmp_path / "r")]
+    result = run_microbench("insitu", *args, ranks=2, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "model parallelism skipped" in result.stdout
+    frame = load_dataframe(tmp_path / "r" / "insitu.jsonl", type="measurement")
+    assert set(frame["params.parallel"]) == {"data"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch", "0"], "--batch"),
+        (["--model", "nosuch"], "nosuch"),
+        (["--samples", "0"], "--samples"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_status_2(tmp_path, args, message):
+    result = run_microbench("insitu", *args, "--out", str(tmp_path), timeout=60)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_one_rank_is_refused_with_how_to_run_it(tmp_path):
+    result = run_microbench("insitu", "--quick", "--out", str(tmp_path), timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"{PROG}: error: insitu times collectives between ranks: run it under mpiexec -n N "
+        "with N >= 2"
+    )
+    assert not (tmp_path / "insitu.jsonl").exists()
+
+
+# ---------------------------------------------------------------------------- the fit
+
+
+def synthetic_frame(
+    seconds: dict[tuple[str, str, int], float], ranks: int = 2, noise: float = 0.01
+) -> pd.DataFrame:
+    """Records of :func:`insitu_records` for calls keyed (op, layer, batch) -> seconds (each
+    sample off by ``noise``, relative); rank r waits r * 1 us more than the minimum."""
+    records = []
+    rng = np.random.default_rng(0)
+    for (op, layer, batch), s in seconds.items():
+        parallel = "data" if layer == "gradients" else "model"
+        own = s * (1 + noise * rng.standard_normal(50))
+        table = np.stack([own + r * 1e-6 for r in range(ranks)])[:, :, None]
+        params = {"model": "mlp", "batch": batch, "threads": 1, "ranks": ranks,
+                  "ranks_per_node": ranks}  # fmt: skip
+        call = Call(op, layer, batch * 1024, parallel)
+        records += insitu_records([call], table, params, warmup=5)
+    return pd.json_normalize(records)
+
+
+def test_points_are_the_median_of_the_per_step_minimum_with_the_mean_wait():
+    frame = synthetic_frame({("allgather", "dense0", 16): 2e-5, ("allgather", "dense0", 64): 6e-5})
+    model = InSituModel().fit(frame)
+    assert [(p.op, p.layer, p.batch) for p in model.points_] == [
+        ("allgather", "dense0", 16), ("allgather", "dense0", 64)
+    ]  # fmt: skip
+    p = model.points_[0]
+    assert p.median_s == pytest.approx(20e-6, rel=0.01) and p.ci_low_s <= p.median_s <= p.ci_high_s
+    assert p.wait_s == pytest.approx(0.5e-6, rel=1e-6)  # ranks wait 0 and 1 us beyond it
+    assert (p.bytes, p.ranks, p.n_samples) == (16 * 1024, 2, 50)
+    assert InSituModel.from_dict(json.loads(json.dumps(model.to_dict()))).points_ == model.points_
+
+
+def test_seconds_interpolate_in_the_batch_and_hold_outside():
+    frame = synthetic_frame({("allgather", "dense0", 16): 2e-5, ("allgather", "dense0", 64): 6e-5})
+    model = InSituModel().fit(frame)
+    at = {b: model.seconds("mlp", "model", "allgather", "dense0", b)[0] for b in (8, 32, 128)}
+    assert at[32] == pytest.approx(20e-6 + 40e-6 * (32 - 16) / 48, rel=0.02)
+    assert at[8] == pytest.approx(model.points_[0].median_s)  # held at the nearest batch
+    assert at[128] == pytest.approx(model.points_[1].median_s)
+    assert model.seconds("mlp", "model", "allreduce", "dense0", 32) is None
+    assert model.seconds("cnn", "model", "allgather", "dense0", 32) is None
+
+
+def test_records_without_insitu_measurements_are_a_clear_error():
+    frame = pd.DataFrame({"type": ["measurement"], "benchmark": ["collectives"]})
+    with pytest.raises(Exception, match="no 'insitu' measurements"):
+        InSituModel().fit(frame)
+
+
+# ------------------------------------------------------------------ the cost model's excess
+
+
+@pytest.fixture(scope="module")
+def insitu_profile(tmp_path_factory):
+    """The synthetic test profile plus MLP calls measured in place at 2 ranks on one node:
+    the gradient allreduce at batch 16 and 64, dense0's allgather and dense2's input-gradient
+    allreduce at batch 16, at 1 ms each (far above any back-to-back time), and dense4's
+    allgather at 1 ns (below it)."""
+    from calibration.profile import Profile
+    from tests.test_costmodel import write_synthetic_profile
+
+    profile = write_synthetic_profile(tmp_path_factory.mktemp("insitu") / "profile.json")
+    frame = synthetic_frame({
+        ("allreduce", "gradients", 16): 1e-3, ("allreduce", "gradients", 64): 2e-3,
+        ("allgather", "dense0", 16): 1e-3, ("allreduce", "dense2", 16): 1e-3,
+        ("allgather", "dense4", 16): 1e-9,
+    }, noise=0.0)  # fmt: skip
+    doc = profile.to_dict()
+    doc["models"]["insitu"] = InSituModel().fit(frame).to_dict()
+    return Profile.from_dict(doc)
+
+
+def _mlp_cost(profile, workload="mlp", device="cpu"):
+    from pdlsim.costmodel import ProfileCostModel
+    from pdlsim.presets import GPU_PRESETS, network_preset
+
+    gpu = GPU_PRESETS["h100-sxm"] if device == "gpu" else None
+    return ProfileCostModel.from_profile(
+        profile, network_preset("ib-hdr"), gpu, device, workload=workload, ranks_per_node=2
+    )
+
+
+def test_at_the_measured_placement_a_call_costs_what_was_measured(insitu_profile):
+    from pdlsim.sim import Placement
+    from pdlsim.sim.messages import allgather_time
+
+    cost, at = _mlp_cost(insitu_profile), Placement(1, 2)
+    nbytes = load_workload("mlp").gradient_bytes
+    for batch, measured in ((16, 1e-3), (64, 2e-3), (40, 1.5e-3)):  # 40: interpolated
+        extra = cost.in_situ_s("data", "allreduce", "gradients", batch, nbytes)
+        assert cost.collective_time("allreduce", nbytes, 2, at) + extra == pytest.approx(measured)
+    extra = cost.in_situ_s("model", "allgather", "dense0", 16, 16 * 256 * 4)
+    assert allgather_time(cost, 16 * 256 * 4, at) + extra == pytest.approx(1e-3)
+    assert cost.in_situ_s("model", "allgather", "dense4", 16, 640) == 0.0  # never negative
+    assert cost.in_situ_s("model", "allgather", "dense2", 16, 8192) == 0.0  # not measured
+    assert "measured in place at 2 ranks" in cost.provenance["in-place collectives"]
+
+
+@pytest.mark.parametrize(
+    ("workload", "device", "why"),
+    [("cnn", "cpu", "not measured for cnn (only mlp)"), ("mlp", "gpu", "CPU ranks only")],
+)
+def test_unmeasured_workloads_and_gpu_ranks_keep_back_to_back_times(
+    insitu_profile, workload, device, why
+):
+    cost = _mlp_cost(insitu_profile, workload, device)
+    assert cost.in_situ_s("data", "allreduce", "gradients", 16, 10**6) == 0.0
+    assert why in cost.provenance["in-place collectives"]
+
+
+def test_the_data_parallel_buckets_share_the_excess_and_the_engines_agree(insitu_profile):
+    from pdlsim.sim import Cluster, Scenario, build_plan, predict, simulate
+
+    cost = _mlp_cost(insitu_profile)
+    workload = load_workload("mlp")
+    cluster = Cluster.cpus(1, 2)
+    scenario = Scenario(workload, 16, bucket_bytes=2**16, overlap=False, iterations=4,
+                        jitter=False)  # fmt: skip
+    plan = build_plan(cluster, scenario, cost)
+    assert len(plan.buckets) > 1
+    extras = [b.schedule[-1].time_s for b in plan.buckets]
+    assert all(b.schedule[-1].step.phase == "in place" for b in plan.buckets)
+    total = cost.in_situ_s("data", "allreduce", "gradients", 16, workload.gradient_bytes)
+    assert sum(extras) == pytest.approx(total) and total > 0
+    for bucket, extra in zip(plan.buckets, extras, strict=True):
+        assert extra == pytest.approx(total * bucket.nbytes / workload.gradient_bytes)
+        assert sum(t.duration_s for t in bucket.schedule) == pytest.approx(bucket.collective_s)
+    sim, ana = simulate(cluster, scenario, cost), predict(cluster, scenario, cost)
+    assert sim.breakdown.comm_s == pytest.approx(ana.breakdown.comm_s, rel=1e-9)
+    assert sim.step_time_s == pytest.approx(ana.step_time_s, rel=1e-9)
+
+
+def test_the_layerwise_plan_adds_each_calls_excess(insitu_profile):
+    from pdlsim.sim import Cluster, Scenario
+    from pdlsim.sim.tensor import build_tensor_plan, predict_tensor, simulate_tensor
+
+    cost = _mlp_cost(insitu_profile)
+    scenario = Scenario(load_workload("mlp"), 16, iterations=3, jitter=False)
+    plan = build_tensor_plan(Cluster.cpus(1, 2), scenario, cost)
+    got = {(o.kind, o.layer): o for o in plan.collectives}
+    assert got[("allgather", "dense0")].time_s == pytest.approx(1e-3)
+    assert got[("allgather", "dense0")].in_situ_s > 0
+    assert got[("allreduce", "dense2")].time_s == pytest.approx(1e-3)
+    assert got[("allgather", "dense2")].in_situ_s == 0.0  # not measured
+    assert got[("allgather", "dense4")].in_situ_s == 0.0  # measured below back to back
+    sim = simulate_tensor(Cluster.cpus(1, 2), scenario, cost)
+    ana = predict_tensor(Cluster.cpus(1, 2), scenario, cost)
+    assert sim.step_time_s == pytest.approx(ana.step_time_s, rel=1e-9)
+    assert ana.to_dict()["collectives"][0]["in_situ_s"] == pytest.approx(
+        got[("allgather", "dense0")].in_situ_s
+    )
