@@ -17,8 +17,8 @@ measured batch outside them); :class:`pdlsim.costmodel.ProfileCostModel` adds it
 the back-to-back prediction to the collective, at any scale.
 
 ``to_dict()``: ``{"model": "insitu", "points": [{"workload", "parallel", "op", "layer",
-"batch", "ranks", "ranks_per_node", "threads", "bytes", "median_s", "ci_low_s", "ci_high_s",
-"wait_s", "n_samples"}]}``.
+"batch", "ranks", "ranks_per_node", "threads", "bytes", "median_s", "wait_s", "n_samples",
+"intervals": {"median_s": {"low", "high", "confidence"}}}]}``.
 """
 
 from __future__ import annotations
@@ -139,10 +139,20 @@ class InSituModel:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": "insitu", "points": [asdict(p) for p in self.points_]}
+        points = []
+        for p in self.points_:
+            doc = asdict(p)
+            low, high = doc.pop("ci_low_s"), doc.pop("ci_high_s")
+            doc["intervals"] = {"median_s": {"low": low, "high": high, "confidence": 0.95}}
+            points.append(doc)
+        return {"model": "insitu", "points": points}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InSituModel:
         model = cls()
-        model.points_ = [InSituPoint(**p) for p in data["points"]]
+        model.points_ = []
+        for doc in data["points"]:
+            fields = {k: v for k, v in doc.items() if k != "intervals"}
+            ci = doc["intervals"]["median_s"]
+            model.points_.append(InSituPoint(**fields, ci_low_s=ci["low"], ci_high_s=ci["high"]))
         return model
