@@ -395,9 +395,12 @@ class ProfileCostModel:
         return COPY_LATENCY_S + nbytes / (self.gpu.pcie_bytes_per_s * share)
 
     # ------------------------------------------------------------------------ uncertainty
-    def perturbed(self, rng: np.random.Generator) -> ProfileCostModel:
-        """A model with every fitted parameter drawn in its interval (module docstring)."""
-        return perturbed_cost(self, rng)
+    def perturbed(
+        self, rng: np.random.Generator, stratum: tuple[int, int] | None = None
+    ) -> ProfileCostModel:
+        """A model with every fitted parameter drawn in its interval (module docstring);
+        ``stratum`` (i, K): its drift from stratum i of K (``uncertainty.drift_draw``)."""
+        return perturbed_cost(self, rng, stratum)
 
     # ------------------------------------------------------------------------ compression
     def compression_time(

@@ -23,14 +23,17 @@ def band_step_times(
     run: Any, cluster: Any, scenario: Any, cost: Any, samples: int, seed: int, iterations: int
 ) -> list[float]:
     """The band's step times: ``samples`` runs of ``run(cluster, scenario, cost)``, each with
-    a perturbed cost model (:meth:`~pdlsim.costmodel.ProfileCostModel.perturbed`) and its own
-    jitter seed, over ``iterations`` steps."""
+    a perturbed cost model (:meth:`~pdlsim.costmodel.ProfileCostModel.perturbed`, run i with
+    the machine's speed drawn from stratum i of ``samples``) and its own jitter seed, over
+    ``iterations`` steps."""
     import numpy as np
 
     short = replace(scenario, iterations=iterations)
     rng = np.random.default_rng(seed)
     return [
-        run(cluster, replace(short, seed=seed + 1 + i), cost.perturbed(rng)).step_time_s
+        run(
+            cluster, replace(short, seed=seed + 1 + i), cost.perturbed(rng, stratum=(i, samples))
+        ).step_time_s
         for i in range(samples)
     ]
 

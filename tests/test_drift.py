@@ -122,6 +122,34 @@ def test_predictions_describe_the_typical_speed_and_the_band_the_slow_moments(tm
     assert np.mean(np.isclose(factors, 1.0)) == pytest.approx(0.6, abs=0.08)
 
 
+def test_stratified_draws_cover_the_speeds_evenly_and_hold_the_band_at_typical(tmp_path):
+    """Two speeds, 60% at typical and 40% 4/3 slower: K stratified draws take each in its
+    share, every time; the band's P50 is then the typical step whatever the seed (plain draws
+    of 20 put it at either speed: the median of 20 fair coin-like draws)."""
+    from dataclasses import replace
+
+    from microbench.workload import load_workload
+    from pdlsim.costmodel import ProfileCostModel
+    from pdlsim.prediction_doc import band_step_times
+    from pdlsim.sim import Cluster, Scenario, predict
+    from tests.test_costmodel import write_synthetic_profile
+
+    drift = _two_speed_machine(tmp_path)
+    cost = replace(
+        ProfileCostModel.from_profile(write_synthetic_profile(tmp_path / "p.json")),
+        drift_log_deviations=tuple(drift.log_deviations_),
+    )
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        factors = [cost.perturbed(rng, stratum=(i, 20)).drift_factor for i in range(20)]
+        assert sorted(np.round(factors, 9)) == [1.0] * 12 + [round(12 / 9, 9)] * 8
+    cluster, scenario = Cluster.cpus(1), Scenario(load_workload("mlp"), 32, jitter=False)
+    typical = predict(cluster, scenario, cost).step_time_s
+    for seed in range(5):
+        band = band_step_times(predict, cluster, scenario, cost, 20, seed, 3)
+        assert np.median(band) / typical == pytest.approx(1.0, abs=0.1)
+
+
 def test_microbench_speed_records_each_models_step_with_its_moment(tmp_path):
     from tests.conftest import run_microbench
 
