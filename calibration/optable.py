@@ -19,8 +19,9 @@ from microbench.measurement import Measurement
 __all__ = ["NON_OP_PHASES", "OpTime", "inconsistent_steps", "op_class", "read_op_table"]
 
 # Rows of the op table that are not one layer op: the whole step (forward + backward + update
-# back to back) and the mini-batch gather before it. Curves and op-level scaling skip them.
-NON_OP_PHASES = frozenset({"step", "data"})
+# back to back), the forward-only step and the mini-batch gather before them. Curves and
+# op-level scaling skip them.
+NON_OP_PHASES = frozenset({"step", "inference", "data"})
 
 
 def op_class(kind: str, phase: str) -> str:

@@ -13,7 +13,8 @@ Record params (benchmark "compute"; every record also has ``threads``, ``device`
 
 * name "op": ``model``, ``op`` (the op's layer names joined by "+", or "update", "step", the
   loss layer's name), ``layers``, ``kind`` (lead layer kind; "sgd" for the update, "step"),
-  ``phase`` ("forward", "backward", "loss", "update", "step"), ``batch``, ``flops``, ``bytes``.
+  ``phase`` ("forward", "backward", "loss", "update", "step", "inference": the forward-only
+  step), ``batch``, ``flops``, ``bytes``.
 * name "gemm": ``m``, ``n``, ``k``, ``flops`` (2 m n k), ``dtype``.
 * name "triad": ``bytes`` (3 arrays x 8 B x elements, per pass), ``elements``, ``dtype``.
 
@@ -244,7 +245,7 @@ def format_summary(records: Iterable[Mapping[str, Any]]) -> str:
         elif record["name"] == "op":
             key = (p["model"], p["device"], int(p["batch"]), int(p["threads"]))
             sums = steps.setdefault(key, {"ops": 0.0, "step": float("nan"), "data": float("nan")})
-            if p["phase"] in ("step", "data"):
+            if p["phase"] in ("step", "data", "inference"):
                 sums[p["phase"]] = median
             else:
                 sums["ops"] += median
@@ -256,16 +257,18 @@ def format_summary(records: Iterable[Mapping[str, Any]]) -> str:
         lines += [""] if refs else []
         lines.append(
             f"{'model':<10}{'device':>8}{'batch':>7}{'threads':>9}{'step':>12}{'sum of ops':>12}"
-            f"{'ops/step':>10}{'data':>12}"
+            f"{'ops/step':>10}{'data':>12}{'fwd only':>12}"
         )
         for (model, device, batch, t), sums in steps.items():
             measured = sums["step"] > 0  # NaN (no step record: an interrupted run) is not
             step = format_time(sums["step"]) if measured else "-"
             ratio = f"{sums['ops'] / sums['step']:.2f}" if measured else "-"
             data = format_time(sums["data"]) if sums["data"] > 0 else "-"
+            inference = sums.get("inference", 0.0)
+            forward_only = format_time(inference) if inference > 0 else "-"
             lines.append(
                 f"{model:<10}{device:>8}{batch:>7}{t:>9}{step:>12}"
-                f"{format_time(sums['ops']):>12}{ratio:>10}{data:>12}"
+                f"{format_time(sums['ops']):>12}{ratio:>10}{data:>12}{forward_only:>12}"
             )
     return "\n".join(lines)
 

@@ -6,9 +6,9 @@ and ``SGD.step``. :func:`network_points` builds the same :class:`~microbench.nn.
 optimizer, runs one whole step untimed (numba compiles every kernel variant the thread count
 uses here, never in a sample), then hands out one :class:`Point` per op and phase that repeats
 exactly that call (``op.forward(x, buf)``, ``op.backward(dy, buf)``) on the inputs the step
-produced, plus the loss, the update and the whole step. Repeating a call is harmless: forwards
-and backwards overwrite their outputs (in-place relus and masks are idempotent), the update's
-parameter drift is undone after it is measured.
+produced, plus the loss, the update, the whole step and the forward-only step. Repeating a
+call is harmless: forwards and backwards overwrite their outputs (in-place relus and masks are
+idempotent), the update's parameter drift is undone after it is measured.
 
 An op repeated alone finds its weights and buffers in cache, which inside a step the other ops
 have evicted, so the per-op medians add up to less than the measured step (about 0.8x for the
@@ -41,7 +41,11 @@ inputs and labels into reused buffers, walking a random permutation of a
 consecutive steps do. Its ``bytes`` are the rows read and written. The host's whole step (op
 :data:`STEP_WITH_GATHER`) is the step as a training loop runs it, gather first: the gather's
 traffic evicts part of what the previous step left in cache, which costs the step itself
-5-10% at small batches on the 2-core test machine (measured side by side).
+5-10% at small batches on the 2-core test machine (measured side by side). The forward-only
+step (op :data:`INFERENCE_WITH_GATHER`, phase "inference": the gather, the forward and the
+loss, what ``pdlsim train --inference`` runs) is timed the same way: its ops run back to back
+without a backward pass to evict them, so it does not cost the training step's share of its
+forward.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from microbench.workload import BYTES_PER_VALUE, LayerInfo, Workload
 
 __all__ = [
     "DATASET_SAMPLES",
+    "INFERENCE_WITH_GATHER",
     "STEP_WITH_GATHER",
     "OpGroup",
     "gather_point_fn",
@@ -71,6 +76,7 @@ __all__ = [
 LABEL_BYTES = 8  # int64 labels, as Network.forward converts them
 DATASET_SAMPLES = 8192  # the gather's data set: pdlsim train's default synthetic size
 STEP_WITH_GATHER = "data+step"  # the op name of a whole step that starts with the gather
+INFERENCE_WITH_GATHER = "data+inference"  # the same for a forward-only step
 
 
 @dataclass(frozen=True)
@@ -256,6 +262,18 @@ def network_points(
     everything = [info.name for info in workload.layers]
     name = STEP_WITH_GATHER if on_host else "step"
     points.append(point(name, everything, "step", "step", step_cost, step, restore))
+
+    def inference() -> None:
+        if gather is not None:
+            gather()
+        net.forward(x, y)
+
+    forward_cost = (
+        sum(p["flops"] for p in forward) + loss_cost[0],
+        sum(p["bytes"] for p in forward) + loss_cost[1],
+    )
+    name = INFERENCE_WITH_GATHER if on_host else "inference"
+    points.append(point(name, everything, "step", "inference", forward_cost, inference))
     if gather is not None:
         row_bytes = BYTES_PER_VALUE * int(np.prod(workload.input_shape)) + LABEL_BYTES
         points.append(point("data", [], "gather", "data", (0, 2 * batch * row_bytes), gather))

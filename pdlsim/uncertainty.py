@@ -139,6 +139,7 @@ def perturbed_cost(
         colocation_z=float(rng.standard_normal()),
         drift_factor=drift_draw(cost, rng, stratum),
         _ops_cache={},
+        _pin_cache={},
     )
 
 

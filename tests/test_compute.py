@@ -78,7 +78,8 @@ def test_one_record_per_op_and_phase_with_the_workloads_flops(quick_run, model):
         [(op, "forward") for op in OPS[model]]
         + [(LOSS[model], "loss")]
         + [(op, "backward") for op in reversed(OPS[model])]
-        + [("update", "update"), ("data+step", "step"), ("data", "data")]
+        + [("update", "update"), ("data+step", "step"), ("data+inference", "inference")]
+        + [("data", "data")]
     )
     assert got == expected
     by_name = {info.name: info for info in workload.layers}
@@ -101,6 +102,15 @@ def test_one_record_per_op_and_phase_with_the_workloads_flops(quick_run, model):
     step = next(r["params"] for r in _ops(records, model) if r["params"]["op"] == "data+step")
     fwd_bwd = workload.forward_flops_per_sample + workload.backward_flops_per_sample
     assert step["flops"] == BATCH * fwd_bwd + 2 * workload.param_count
+    forward_only = next(
+        r["params"] for r in _ops(records, model) if r["params"]["phase"] == "inference"
+    )
+    forward_and_loss = sum(
+        r["params"]["flops"]
+        for r in _ops(records, model)
+        if r["params"]["phase"] in ("forward", "loss")
+    )
+    assert (forward_only["kind"], forward_only["flops"]) == ("step", forward_and_loss)
     data = next(r["params"] for r in _ops(records, model) if r["params"]["op"] == "data")
     row_bytes = 4 * math.prod(workload.input_shape) + 8  # float32 inputs, int64 label
     assert (data["kind"], data["flops"], data["bytes"]) == ("gather", 0, 2 * BATCH * row_bytes)
@@ -164,6 +174,7 @@ def test_per_op_medians_add_up_to_the_step(quick_run, model):
         for r in _ops(records, model)
     }
     step = medians.pop(("data+step", "step")) - medians.pop(("data", "data"))
+    medians.pop(("data+inference", "inference"))
     assert 0.5 <= sum(medians.values()) / step <= 1.6, (sum(medians.values()), step)
 
 
@@ -253,7 +264,8 @@ def test_gpu_path_on_a_stand_in_for_cupy(monkeypatch, tmp_path):
     with RecordWriter(tmp_path / "compute.jsonl", {}) as writer:
         results = run_compute(plan, writer)
     _, records = read_records(tmp_path / "compute.jsonl")
-    assert len(records) == len(results) == 2 + 9  # triad, gemm; 3 ops x 2, loss, update, step
+    # triad, gemm; 3 ops x 2, loss, update, step, forward-only step
+    assert len(records) == len(results) == 2 + 10
     assert {r["params"]["device"] for r in records} == {"gpu"}
     assert {r["clock"] for r in records} == {"cuda_event"}
     assert "gpu" in format_summary(records)
