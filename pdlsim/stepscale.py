@@ -14,12 +14,12 @@ and answers:
   A model the profile did not measure (a workload file) gets the median ratio of every measured
   step at that thread count. ``z`` moves each measured step time by z standard deviations of its
   interval (sigma = width / 3.92), for the prediction band.
-* The same for a forward-only step (``inference=True``): measured forward-only step (phase
+* The same for a forward-only step (``forward_ops_s`` given): measured forward-only step (phase
   ``inference``) / sum of the predicted forward ops and loss. A forward pass alone does not
-  pay the training step's evictions: on the development VM the CNN's forward-only step is
-  close to its ops one by one where its training step is 1.05-1.25x them. Without such rows
-  (a profile from before they were measured) forward-only steps take the training step's
-  ratio, as they used to.
+  pay all of the training step's evictions: on the development VM forward-only steps take
+  1.03-1.27x their ops one by one, training steps 1.09-1.62x theirs (the MLP's most).
+  Without such rows (a profile from before they were measured) forward-only steps take the
+  training step's ratio, as they used to.
 * :meth:`StepScale.data_time_s`: the gather's seconds at a batch: a straight line in the batch
   through the model's measured rows (one row: proportional), else a straight line in bytes
   through every measured row.
