@@ -194,6 +194,27 @@ def add_workloads_arguments(parser: argparse.ArgumentParser, batch_help: str | N
         )
 
 
+def add_step_count_arguments(
+    parser: argparse.ArgumentParser, what: str, full: tuple[int, int], quick: tuple[int, int]
+) -> None:
+    """``--samples``, ``--warmup`` and ``--quick`` of a benchmark that times whole steps a fixed
+    number of times: ``full`` and ``quick`` are its (samples, warm-up) defaults, ``what`` what
+    one sample is."""
+    parser.add_argument(
+        "--samples",
+        type=int_at_least(1),
+        metavar="N",
+        help=f"timed {what} (default {full[0]}, --quick {quick[0]})",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int_at_least(1),
+        metavar="N",
+        help=f"untimed steps first (default {full[1]}, --quick {quick[1]})",
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer samples, for a first look")
+
+
 def add_sampling_arguments(
     parser: argparse.ArgumentParser, full: SamplingPolicy, quick: SamplingPolicy
 ) -> None:

@@ -10,6 +10,7 @@ import sys
 from ..cli import (
     UsageError,
     add_output_arguments,
+    add_step_count_arguments,
     add_workloads_arguments,
     checked_out_dir,
     int_at_least,
@@ -42,20 +43,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="N",
         help="BLAS and numba threads per rank (default 1)",
     )
-    parser.add_argument(
-        "--samples",
-        type=int_at_least(1),
-        metavar="N",
-        help=f"timed steps per workload and batch (default {DEFAULT_SAMPLES}, "
-        f"--quick {QUICK_SAMPLES})",
+    add_step_count_arguments(
+        parser,
+        "steps per workload and batch",
+        (DEFAULT_SAMPLES, DEFAULT_WARMUP),
+        (QUICK_SAMPLES, QUICK_WARMUP),
     )
-    parser.add_argument(
-        "--warmup",
-        type=int_at_least(1),
-        metavar="N",
-        help=f"untimed steps first (default {DEFAULT_WARMUP}, --quick {QUICK_WARMUP})",
-    )
-    parser.add_argument("--quick", action="store_true", help="fewer samples, for a first look")
     add_output_arguments(parser, RECORDS_FILE)
     return parser
 

@@ -11,8 +11,8 @@ import time
 from ..cli import (
     add_output_arguments,
     add_step_arguments,
+    add_step_count_arguments,
     checked_out_dir,
-    int_at_least,
     start_mpi,
     thread_level_name,
 )
@@ -47,19 +47,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "slowdown. Run it under mpiexec -n N.",
     )
     add_step_arguments(parser, per_rank=True)
-    parser.add_argument(
-        "--samples",
-        type=int_at_least(1),
-        metavar="N",
-        help=f"timed steps per rank (default {FULL_SAMPLES}, --quick {QUICK_SAMPLES})",
+    add_step_count_arguments(
+        parser, "steps per rank", (FULL_SAMPLES, FULL_WARMUP), (QUICK_SAMPLES, QUICK_WARMUP)
     )
-    parser.add_argument(
-        "--warmup",
-        type=int_at_least(1),
-        metavar="N",
-        help=f"untimed steps first (default {FULL_WARMUP}, --quick {QUICK_WARMUP})",
-    )
-    parser.add_argument("--quick", action="store_true", help="fewer samples, for a first look")
     add_output_arguments(parser, RECORDS_FILE, quiet=False)
     return parser
 
