@@ -173,8 +173,10 @@ def build_tensor_plan(
         seconds = cost.compute_time(local[i], phase, batch, threads, device)
         return TensorOp("compute", layers[i].name, phase, seconds, split=local[i] is not layers[i])
 
-    def in_situ(cost: CostModel, op: str, layer: str, batch: int, nbytes: float) -> float:
-        priced = getattr(cost, "in_situ_s", None) if p > 1 else None
+    priced = getattr(cost, "in_situ_s", None) if p > 1 else None
+
+    def in_situ(op: str, layer: str, nbytes: float) -> float:
+        """The call's in-place excess (module docstring); 0 without one."""
         return 0.0 if priced is None else float(priced("model", op, layer, batch, int(nbytes)))
 
     ops: list[TensorOp] = []
@@ -183,7 +185,7 @@ def build_tensor_plan(
         if local[i] is not info:
             nbytes = float(batch * info.output_shape[0] * FLOAT_BYTES)
             name, timed = allgather_schedule(cost, nbytes, placement)
-            extra = in_situ(cost, "allgather", info.name, batch, nbytes)
+            extra = in_situ("allgather", info.name, nbytes)
             seconds = sum(t.duration_s for t in timed) + extra
             ops.append(TensorOp("allgather", info.name, "forward", seconds, nbytes, name, extra))
     if not inference:
@@ -191,7 +193,7 @@ def build_tensor_plan(
             ops.append(compute(i, "backward"))
             if local[i] is not layers[i] and layers[i].needs_input_grad:
                 nbytes = float(batch * layers[i].input_shape[0] * FLOAT_BYTES)
-                extra = in_situ(cost, "allreduce", layers[i].name, batch, nbytes)
+                extra = in_situ("allreduce", layers[i].name, nbytes)
                 seconds = cost.collective_time("allreduce", int(nbytes), p, placement) + extra
                 name, _ = collective_schedule(
                     "allreduce", nbytes, placement.nodes, placement.ranks_per_node,
