@@ -14,12 +14,6 @@ and answers:
   A model the profile did not measure (a workload file) gets the median ratio of every measured
   step at that thread count. ``z`` moves each measured step time by z standard deviations of its
   interval (sigma = width / 3.92), for the prediction band.
-* The same for a forward-only step (``forward_ops_s`` given): measured forward-only step (phase
-  ``inference``) / sum of the predicted forward ops and loss. A forward pass alone does not
-  pay all of the training step's evictions: on the development VM forward-only steps take
-  1.03-1.27x their ops one by one, training steps 1.09-1.62x theirs (the MLP's most).
-  Without such rows (a profile from before they were measured) forward-only steps take the
-  training step's ratio, as they used to.
 * :meth:`StepScale.data_time_s`: the gather's seconds at a batch: a straight line in the batch
   through the model's measured rows (one row: proportional), else a straight line in bytes
   through every measured row.
@@ -36,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from microbench.network_ops import INFERENCE_WITH_GATHER, STEP_WITH_GATHER
+from microbench.network_ops import STEP_WITH_GATHER
 
 __all__ = ["StepRow", "StepScale"]
 
@@ -59,7 +53,6 @@ class StepScale:
     steps: tuple[StepRow, ...] = ()
     data: tuple[StepRow, ...] = ()  # gather rows (host only)
     data_bytes_per_sample: dict[str, float] = field(default_factory=dict)
-    inference: tuple[StepRow, ...] = ()  # forward-only steps, gather taken out as for steps
 
     @classmethod
     def from_table(cls, table: Iterable[Any]) -> StepScale:
@@ -70,34 +63,29 @@ class StepScale:
             for e in table
             if e.phase == "data"
         }
-        rows: dict[str, list[StepRow]] = {"step": [], "data": [], "inference": []}
-        per_sample = {}
+        steps, data, per_sample = [], [], {}
         for e in table:
-            if e.phase not in rows:
+            if e.phase not in ("step", "data"):
                 continue
             key = (e.device, e.model, int(e.threads), int(e.batch))
             time_s = e.time_s
-            if e.op in (STEP_WITH_GATHER, INFERENCE_WITH_GATHER):  # the gather is added apart
+            if e.phase == "step" and e.op == STEP_WITH_GATHER:  # the gather is added apart
                 time_s = max(time_s - gathers.get(key, 0.0), 0.0)
             sigma = max(e.high_s - e.low_s, 0.0) / (2 * _Z95)
-            rows[e.phase].append(
-                StepRow(e.device, e.model, int(e.threads), int(e.batch), time_s, sigma)
-            )
+            row = StepRow(e.device, e.model, int(e.threads), int(e.batch), time_s, sigma)
+            (steps if e.phase == "step" else data).append(row)
             if e.phase == "data" and e.batch > 0:
                 per_sample[e.model] = e.bytes / e.batch
-        return cls(tuple(rows["step"]), tuple(rows["data"]), per_sample, tuple(rows["inference"]))
+        return cls(tuple(steps), tuple(data), per_sample)
 
     def rescaled(self, factor: Callable[[StepRow], float]) -> StepScale:
         """The same rows with each whole step's time (and sigma) multiplied by ``factor(row)``:
         the drift model's level, from the moment measured to the typical speed."""
-
-        def moved(rows: tuple[StepRow, ...]) -> tuple[StepRow, ...]:
-            return tuple(
-                replace(r, time_s=r.time_s * factor(r), sigma_s=r.sigma_s * factor(r)) for r in rows
-            )
-
-        # a forward-only row was timed in the same moment as its step: the same level
-        return replace(self, steps=moved(self.steps), inference=moved(self.inference))
+        steps = tuple(
+            replace(r, time_s=r.time_s * factor(r), sigma_s=r.sigma_s * factor(r))
+            for r in self.steps
+        )
+        return replace(self, steps=steps)
 
     def __bool__(self) -> bool:
         return bool(self.steps or self.data)
@@ -107,23 +95,10 @@ class StepScale:
 
     # ------------------------------------------------------------------------ step ratio
     def ratio(
-        self,
-        ops_s: OpsFn,
-        device: str,
-        model: str | None,
-        batch: int,
-        threads: int,
-        z: float = 0.0,
-        forward_ops_s: OpsFn | None = None,
+        self, ops_s: OpsFn, device: str, model: str | None, batch: int, threads: int, z: float = 0.0
     ) -> float:
-        """Measured step / predicted ops (module docstring); 1 where nothing was measured.
-        With ``forward_ops_s`` (a forward-only step's predicted ops) the ratio of the
-        model's forward-only rows where the profile has them, else the training step's."""
-        rows = [r for r in self.inference if r.device == device and r.model == model]
-        if forward_ops_s is not None and rows:
-            ops_s = forward_ops_s
-        else:
-            rows = [r for r in self.steps if r.device == device]
+        """Measured step / predicted ops (module docstring); 1 where nothing was measured."""
+        rows = [r for r in self.steps if r.device == device]
         if not rows:
             return 1.0
         own = [r for r in rows if r.model == model]
@@ -142,13 +117,9 @@ class StepScale:
         ops = ops_s(row.model, row.batch, row.threads, row.device)
         return max(row.time_s + z * row.sigma_s, 0.01 * row.time_s) / ops if ops > 0 else 1.0
 
-    def source(self, device: str, model: str | None, inference: bool = False) -> str:
+    def source(self, device: str, model: str | None) -> str:
         if not any(r.device == device for r in self.steps):
             return "no whole-step rows: ops as measured one by one"
-        own = [r for r in self.inference if (r.device, r.model) == (device, model)]
-        if inference and own:
-            batches = sorted({r.batch for r in own})
-            return f"scaled to the measured {model} forward-only steps (batches {_csv(batches)})"
         if model in self.measured_models(device):
             batches = sorted({r.batch for r in self.steps if r.model == model})
             return f"scaled to the measured {model} steps (batches {_csv(batches)})"

@@ -18,14 +18,6 @@ def _row(phase, model, batch, time_s, threads=1, nbytes=0.0, half_width=0.0):
     )  # fmt: skip
 
 
-def _forward_only(model, batch, time_s):
-    """A forward-only step row, gather first, as the compute benchmark records it."""
-    return OpTime(
-        "cpu", 1, model, "data+inference", "inference", "step", batch, 0.0, 0.0,
-        time_s, time_s, time_s,
-    )  # fmt: skip
-
-
 def _ops(model, batch, threads, device):
     """Made-up per-op sums: 10 us per sample."""
     return 10e-6 * batch
@@ -55,34 +47,6 @@ def test_unmeasured_model_threads_and_device():
     assert scale.ratio(_ops, "cpu", "mlp", 32, 8) == pytest.approx(2.0)  # mlp: only T1
     assert scale.ratio(_ops, "gpu", "cnn", 32, 1) == 1.0  # nothing measured on a GPU
     assert StepScale().ratio(_ops, "cpu", "cnn", 32, 1) == 1.0
-
-
-def _forward_ops(model, batch, threads, device):
-    """Made-up forward-only sums: 4 us per sample."""
-    return 4e-6 * batch
-
-
-def test_forward_only_steps_have_their_own_ratio_where_measured():
-    """A forward-only row (phase "inference", gather taken out like the step's) scales the
-    forward ops; a model without one keeps the training step's ratio."""
-    scale = StepScale.from_table(
-        [
-            _row("step", "cnn", 32, 32 * 30e-6),
-            _row("data", "cnn", 32, 32 * 1e-6),
-            _forward_only("cnn", 32, 32 * 6e-6),
-            _row("step", "mlp", 32, 32 * 20e-6),
-        ]
-    )
-    assert scale.ratio(_ops, "cpu", "cnn", 32, 1) == pytest.approx(3.0)  # training: 30/10
-    forward = scale.ratio(_ops, "cpu", "cnn", 32, 1, forward_ops_s=_forward_ops)
-    assert forward == pytest.approx((6 - 1) / 4)  # (forward-only step - gather) / forward ops
-    assert scale.ratio(_ops, "cpu", "mlp", 32, 1, forward_ops_s=_forward_ops) == pytest.approx(2.0)
-    assert "forward-only steps (batches 32)" in scale.source("cpu", "cnn", inference=True)
-    assert "forward-only" not in scale.source("cpu", "mlp", inference=True)
-    slower = scale.rescaled(lambda r: 2.0)  # a drift level moves both kinds of rows
-    assert slower.ratio(_ops, "cpu", "cnn", 32, 1, forward_ops_s=_forward_ops) == pytest.approx(
-        2 * forward
-    )
 
 
 def test_ratio_moves_by_z_standard_deviations():
@@ -130,33 +94,6 @@ def test_cost_model_reproduces_the_measured_step_and_adds_the_gather(tmp_path):
     )
     assert total == pytest.approx(1e-3 + 40e-6)
     assert math.isclose(cost.step_ratio(32, 1) * cost._ops_s("mlp", 32, 1, "cpu"), 1e-3)
-
-
-def test_a_forward_only_cost_model_reproduces_the_measured_forward_only_step(tmp_path):
-    """Built for inference, the forward pass (every layer's forward, the loss included) adds
-    up to the measured forward-only step plus the gather; built for training, to its share of
-    the training step."""
-    from dataclasses import replace
-
-    from microbench.workload import load_workload
-    from pdlsim.costmodel import ProfileCostModel
-    from tests.test_costmodel import write_synthetic_profile
-
-    base = ProfileCostModel.from_profile(write_synthetic_profile(tmp_path / "profile.json"))
-    table = [
-        _row("step", "mlp", 32, 1e-3),
-        _row("data", "mlp", 32, 40e-6, nbytes=2 * 32 * 3144),
-        _forward_only("mlp", 32, 240e-6),
-    ]
-    layers = load_workload("mlp").layers
-    forward = {}
-    for inference in (False, True):
-        cost = replace(base, workload="mlp", scale=StepScale.from_table(table), inference=inference)
-        forward[inference] = sum(
-            cost.compute_time(info, "forward", 32, 1, "cpu") for info in layers
-        )
-    assert forward[True] == pytest.approx(240e-6)  # (240 - 40) us of forward + 40 us gather
-    assert forward[False] != pytest.approx(forward[True], rel=0.05)
 
 
 def test_calibration_names_a_step_far_from_the_sum_of_its_ops():
