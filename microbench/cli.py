@@ -215,6 +215,15 @@ def add_step_count_arguments(
     parser.add_argument("--quick", action="store_true", help="fewer samples, for a first look")
 
 
+def step_counts(
+    args: argparse.Namespace, full: tuple[int, int], quick: tuple[int, int]
+) -> tuple[int, int]:
+    """``(samples, warmup)`` from :func:`add_step_count_arguments`' flags: as given, else the
+    ``quick`` or ``full`` defaults."""
+    defaults = quick if args.quick else full
+    return args.samples or defaults[0], args.warmup or defaults[1]
+
+
 def add_sampling_arguments(
     parser: argparse.ArgumentParser, full: SamplingPolicy, quick: SamplingPolicy
 ) -> None:

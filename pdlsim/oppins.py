@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from pdlsim.stepscale import threads_row
+
 __all__ = ["OpPins"]
 
 Roofline = Callable[[str, str], float]  # (layer name, phase) -> roofline seconds
@@ -87,9 +89,7 @@ class OpPins:
             for r in self.rows
             if (r.device, r.model, r.op, r.phase) == (device, model, op, table_phase)
         ]
-        measured = sorted({r.threads for r in rows})
-        below = [t for t in measured if t <= threads]
-        at = max(below) if below else min(measured)
+        at = threads_row(sorted({r.threads for r in rows}), threads)
         rows = sorted((r for r in rows if r.threads == at), key=lambda r: r.batch)
         ratios = []
         for r in rows:

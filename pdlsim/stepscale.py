@@ -32,7 +32,7 @@ import numpy as np
 
 from microbench.network_ops import STEP_WITH_GATHER
 
-__all__ = ["StepRow", "StepScale"]
+__all__ = ["StepRow", "StepScale", "threads_row"]
 
 _Z95 = 1.959963984540054
 OpsFn = Callable[[str, int, int, str], float]  # (model, batch, threads, device) -> seconds
@@ -103,10 +103,10 @@ class StepScale:
             return 1.0
         own = [r for r in rows if r.model == model]
         if not own:
-            at = _threads_row(sorted({r.threads for r in rows}), threads)
+            at = threads_row(sorted({r.threads for r in rows}), threads)
             found = [self._one(ops_s, r, z) for r in rows if r.threads == at]
             return float(np.median(found))
-        at = _threads_row(sorted({r.threads for r in own}), threads)
+        at = threads_row(sorted({r.threads for r in own}), threads)
         own = sorted((r for r in own if r.threads == at), key=lambda r: r.batch)
         logs = np.log([r.batch for r in own])
         ratios = [self._one(ops_s, r, z) for r in own]
@@ -141,7 +141,9 @@ class StepScale:
         return _line(by_bytes, batch * bytes_per_sample)
 
 
-def _threads_row(measured: list[int], threads: int) -> int:
+def threads_row(measured: list[int], threads: int) -> int:
+    """The measured thread count that stands for ``threads``: the nearest measured at or
+    below it, else the smallest measured."""
     below = [t for t in measured if t <= threads]
     return max(below) if below else min(measured)
 

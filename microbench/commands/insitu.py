@@ -15,6 +15,7 @@ from ..cli import (
     checked_out_dir,
     int_at_least,
     start_mpi,
+    step_counts,
 )
 
 RECORDS_FILE = "insitu.jsonl"
@@ -76,8 +77,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             "insitu times collectives between ranks: run it under mpiexec -n N with N >= 2"
         )
-    samples = args.samples or (QUICK_SAMPLES if args.quick else DEFAULT_SAMPLES)
-    warmup = args.warmup or (QUICK_WARMUP if args.quick else DEFAULT_WARMUP)
+    samples, warmup = step_counts(
+        args, (DEFAULT_SAMPLES, DEFAULT_WARMUP), (QUICK_SAMPLES, QUICK_WARMUP)
+    )
     out = checked_out_dir(args, RECORDS_FILE, comm)
     set_threads(args.threads)
     machine = machine_metadata(comm=comm, threads=args.threads)  # collective

@@ -14,6 +14,7 @@ from ..cli import (
     add_step_count_arguments,
     checked_out_dir,
     start_mpi,
+    step_counts,
     thread_level_name,
 )
 from ..jitter import (
@@ -65,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
     comm = mpi.COMM_WORLD
     ranks, root = comm.Get_size(), comm.Get_rank() == 0
     workload: Workload = args.model  # argparse converts the default too
-    samples = args.samples or (QUICK_SAMPLES if args.quick else FULL_SAMPLES)
-    warmup = args.warmup or (QUICK_WARMUP if args.quick else FULL_WARMUP)
+    samples, warmup = step_counts(args, (FULL_SAMPLES, FULL_WARMUP), (QUICK_SAMPLES, QUICK_WARMUP))
     out = checked_out_dir(args, RECORDS_FILE, comm)
 
     set_threads(args.threads)
