@@ -11,14 +11,20 @@ layer-wise allgathers and allreduces), the op, the layer and the batch, at the r
 
 A point is the median over steps of the per-step minimum over ranks (the rank that arrived
 last waits for nobody: the call's own cost), with its distribution-free 95% interval and the
-mean seconds a rank spent waiting in the call beyond it. :meth:`InSituModel.seconds`
+mean seconds a rank spent waiting in the call beyond it. The benchmark takes a point's steps in
+rounds, moments seconds apart (:func:`microbench.insitu.sample_rounds`), because the same call
+costs up to 2x more at one moment than at another on a shared machine; the point's median is
+over all of them, the machine's typical state, and each round's median over it is one draw of
+the state: the pooled log-deviations (``log_deviations_``) are what the prediction band draws
+the in-place cost from (:func:`pdlsim.uncertainty.perturbed_cost`). :meth:`InSituModel.seconds`
 interpolates a call's time linearly in the batch between measured batches (held at the nearest
 measured batch outside them); :class:`pdlsim.costmodel.ProfileCostModel` adds its excess over
 the back-to-back prediction to the collective, at any scale.
 
 ``to_dict()``: ``{"model": "insitu", "points": [{"workload", "parallel", "op", "layer",
 "batch", "ranks", "ranks_per_node", "threads", "bytes", "median_s", "wait_s", "n_samples",
-"intervals": {"median_s": {"low", "high", "confidence"}}}]}``.
+"rounds", "intervals": {"median_s": {"low", "high", "confidence"}}}], "log_deviations": [...]}``
+(profiles written before rounds lack ``rounds`` and ``log_deviations``: one round, none).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from microbench.insitu import split_rounds
 from microbench.measurement import Measurement
 
 from .readers import _measurements
@@ -56,10 +63,15 @@ class InSituPoint:
     ci_high_s: float
     wait_s: float
     n_samples: int
+    rounds: int = 1  # the moments its samples were taken at
 
 
 class InSituModel:
     """Every measured in-place collective (``points_``); ``fit(df)`` returns self."""
+
+    def __init__(self) -> None:
+        self.points_: list[InSituPoint] = []
+        self.log_deviations_ = np.zeros(0)
 
     def fit(self, df: pd.DataFrame) -> InSituModel:
         rows = _measurements(
@@ -68,6 +80,7 @@ class InSituModel:
             ("params.statistic", "params.model", "params.layer", "samples"),
             "run `python -m microbench insitu` under mpiexec or `pdlsim bench`",
         )
+        rounds_of = rows["params.rounds"] if "params.rounds" in rows.columns else None
         columns = {
             "workload": "params.model", "parallel": "params.parallel", "op": "name",
             "layer": "params.layer", "batch": "params.batch", "ranks": "params.ranks",
@@ -76,12 +89,18 @@ class InSituModel:
         table = pd.DataFrame({key: rows[col] for key, col in columns.items()})
         table["statistic"], table["samples"] = rows["params.statistic"], rows["samples"]
         table["bytes"] = rows["params.bytes"]
-        points = []
+        table["rounds"] = 1 if rounds_of is None else rounds_of.fillna(1).astype(int)
+        points, deviations = [], []
         for key, group in table.groupby(list(_KEYS), sort=True):
             own = group[group["statistic"] == "min_over_ranks"]
             if own.empty:
                 continue
             samples = np.concatenate([np.asarray(s, float) for s in own["samples"]])
+            moments = [
+                float(np.median(part))
+                for s, r in zip(own["samples"], own["rounds"], strict=True)
+                for part in np.array_split(np.asarray(s, float), len(split_rounds(len(s), r)))
+            ]
             ranks = group[group["statistic"] == "per_rank"]["samples"]
             mean_in_call = [float(np.mean(s)) for s in ranks]
             wait = float(np.mean(mean_in_call)) - float(np.mean(samples)) if mean_in_call else 0.0
@@ -98,10 +117,18 @@ class InSituModel:
                     ci_high_s=float(ci.high),
                     wait_s=max(wait, 0.0),
                     n_samples=measured.n,
+                    rounds=len(moments),
                 )
             )  # fmt: skip
+            if len(moments) >= 2:
+                deviations += list(np.log(np.asarray(moments) / measured.median))
         self.points_ = points
+        self.log_deviations_ = np.sort(np.asarray(deviations, dtype=float))
         return self
+
+    def moment_sigma(self) -> float:
+        """The standard deviation of the rounds' log-deviations (0 with fewer than two)."""
+        return float(np.std(self.log_deviations_, ddof=1)) if self.log_deviations_.size > 1 else 0.0
 
     def calls(self, workload: str, parallel: str) -> list[InSituPoint]:
         """The points of one workload and parallelism at the most ranks measured on one node
@@ -136,6 +163,7 @@ class InSituModel:
             mine = [p for p in self.points_ if p.op == op]
             widest = max((p.ci_high_s - p.ci_low_s) / p.median_s for p in mine)
             out[op] = {"n_points": len(mine), "max_rel_ci_width": float(widest)}
+        out["moments"] = {"n": int(self.log_deviations_.size), "sigma": self.moment_sigma()}
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,12 +173,15 @@ class InSituModel:
             low, high = doc.pop("ci_low_s"), doc.pop("ci_high_s")
             doc["intervals"] = {"median_s": {"low": low, "high": high, "confidence": 0.95}}
             points.append(doc)
-        return {"model": "insitu", "points": points}
+        return {
+            "model": "insitu", "points": points,
+            "log_deviations": [float(d) for d in self.log_deviations_],
+        }  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InSituModel:
         model = cls()
-        model.points_ = []
+        model.log_deviations_ = np.sort(np.asarray(data.get("log_deviations", []), dtype=float))
         for doc in data["points"]:
             fields = {k: v for k, v in doc.items() if k != "intervals"}
             ci = doc["intervals"]["median_s"]

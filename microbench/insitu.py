@@ -16,7 +16,9 @@ the real steps, the same code training runs, and times each collective in them:
   (an ``Allgatherv`` after each split dense layer's forward, an ``Allreduce`` of each input
   gradient in backward), when every dense layer has a neuron per rank.
 
-Each step starts after a barrier; the first ``warmup`` steps are not kept. Per step and call,
+Each step starts after a barrier. The steps are taken in rounds through every workload, batch
+and parallelism (:func:`sample_rounds`), each round after ``warmup`` steps that are not kept, so
+that a point's samples come from several moments of the machine, not one. Per step and call,
 every rank's seconds in the call are kept (its wait for later ranks included), and their minimum
 over ranks: the rank that arrived last waits for nobody, so the minimum is the collective's own
 cost in place, what :mod:`calibration.insitu` fits. ``bytes`` is the total gathered or reduced,
@@ -43,6 +45,8 @@ __all__ = [
     "insitu_records",
     "layerwise_step",
     "sample_calls",
+    "sample_rounds",
+    "split_rounds",
     "splittable",
 ]
 
@@ -146,6 +150,40 @@ def sample_calls(
         calls = found
         rows.append([seconds for *_, seconds in made])
     return calls or [], np.asarray(rows, dtype=np.float64).reshape(samples, len(calls or []))
+
+
+def sample_rounds(
+    steps: Sequence[tuple[Step, str]], samples: int, warmup: int, rounds: int, comm: Any
+) -> list[tuple[list[Call], np.ndarray]]:
+    """Every step of ``steps`` ((step, parallel) pairs) timed ``samples`` times in all, spread
+    over ``rounds`` rounds: each round runs every step in turn, ``warmup`` untimed steps and
+    then its share of the samples (:func:`split_rounds`). Per step: its calls and this rank's
+    seconds, shaped (samples, calls), in time order, round after round.
+
+    The machine's state moves on a scale of seconds (on the development VM the same in-place
+    collective costs 70 us in one second and 150 us a few seconds later), so one block of
+    consecutive steps measures one moment; rounds measure several, as training's launches do."""
+    shares = split_rounds(samples, rounds)
+    tables: list[list[np.ndarray]] = [[] for _ in steps]
+    calls: list[list[Call]] = [[] for _ in steps]
+    for share in shares:
+        for k, (step, parallel) in enumerate(steps):
+            found, table = sample_calls(step, share, warmup, comm, parallel)
+            if tables[k] and found != calls[k]:
+                raise RuntimeError("a step made different collectives than the one before it")
+            calls[k] = found
+            tables[k].append(table)
+    return [(c, np.concatenate(t, axis=0)) for c, t in zip(calls, tables, strict=True)]
+
+
+def split_rounds(samples: int, rounds: int) -> list[int]:
+    """``samples`` split over ``rounds`` (at most one per sample) as evenly as possible, the
+    larger shares first: how :func:`sample_rounds` and :mod:`calibration.insitu` agree on
+    which samples each round took."""
+    if samples < 1 or rounds < 1:
+        raise ValueError(f"need samples >= 1 and rounds >= 1, got {samples} and {rounds}")
+    rounds = min(rounds, samples)
+    return [len(part) for part in np.array_split(np.arange(samples), rounds)]
 
 
 def gather_calls(local: np.ndarray, comm: Any) -> np.ndarray | None:

@@ -53,8 +53,9 @@
 centred on the fitted value whose 95% interval has the width of the fitted interval
 (sigma = width / 3.92), clipped at 0 (rates and efficiencies at 1% of the fitted value, so that
 nothing divides by zero; the overlap efficiency at 1); the measured whole-step times and the
-co-location factor move by one normal draw each within their intervals. Data-sheet figures and
-assumptions are not perturbed: they have no interval.
+co-location factor move by one normal draw each within their intervals; the in-place
+collectives take one of the moments their rounds measured (:func:`pdlsim.uncertainty.insitu_draw`).
+Data-sheet figures and assumptions are not perturbed: they have no interval.
 """
 
 from __future__ import annotations

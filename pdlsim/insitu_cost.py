@@ -8,9 +8,12 @@ the plan is priced as
     T = T_back_to_back(op, bytes, placement) + max(0, T_in_place(batch) - T_back_to_back(op,
         bytes, the placement it was measured at))
 
-with ``T_in_place`` interpolated in the batch. At the measured placement that is the measured
-time; on a larger cluster the back-to-back part follows the collective's algorithm model and
-the excess, a local cost of each rank (caches, copies), is assumed not to grow with the ranks.
+with ``T_in_place`` interpolated in the batch: the typical in-place time, the median over the
+moments the benchmark took its rounds at. At the measured placement that is the measured time;
+on a larger cluster the back-to-back part follows the collective's algorithm model and the
+excess, a local cost of each rank (caches, copies), is assumed not to grow with the ranks. A
+band sample multiplies ``T_in_place`` by ``factor``, one of the rounds' deviations from their
+point's median (:func:`pdlsim.uncertainty.insitu_draw`).
 CPU ranks only (the measurements are CPU ranks'); a workload or call the profile did not
 measure in place keeps its back-to-back time, and the provenance says which applies.
 """
@@ -33,6 +36,7 @@ class InSituCost:
 
     model: InSituModel
     workload: str
+    factor: float = 1.0  # this band sample's draw of the machine's moment (module docstring)
 
     @classmethod
     def from_profile_model(
@@ -65,6 +69,7 @@ class InSituCost:
         if found is None:
             return 0.0
         seconds, point = found
+        seconds *= self.factor
         at = Placement(max(1, point.ranks // point.ranks_per_node), point.ranks_per_node)
         if op == "allgather":
             back_to_back = allgather_time(cost, nbytes, at)

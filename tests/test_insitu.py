@@ -3,6 +3,7 @@ excess the cost model adds to the data-parallel and layer-wise plans."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -10,7 +11,7 @@ import pandas as pd
 import pytest
 
 from calibration.insitu import InSituModel
-from microbench.insitu import Call, insitu_records, splittable
+from microbench.insitu import Call, insitu_records, split_rounds, splittable
 from microbench.records import load_dataframe
 from microbench.workload import PRESETS, load_workload
 from tests.conftest import run_microbench
@@ -50,6 +51,15 @@ def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
         mins = group[group["params.statistic"] == "min_over_ranks"]["samples"].iloc[0]
         assert np.allclose(ranks.min(axis=0), mins)
     assert "allgather dense0 8192 B" in result.stdout
+    assert set(frame["params.rounds"]) == {5}  # the default, 6 samples: 2, 1, 1, 1, 1
+
+
+def test_samples_are_spread_over_rounds_as_evenly_as_possible():
+    assert split_rounds(10, 3) == [4, 3, 3]
+    assert split_rounds(2, 5) == [1, 1]  # at most one round per sample
+    assert split_rounds(7, 1) == [7]
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        split_rounds(5, 0)
 
 
 def test_a_model_that_cannot_be_split_is_timed_data_parallel_only(tmp_path):
@@ -76,6 +86,7 @@ def test_a_model_that_cannot_be_split_is_timed_data_parallel_only(tmp_path):
         (["--batch", "0"], "--batch"),
         (["--model", "nosuch"], "nosuch"),
         (["--samples", "0"], "--samples"),
+        (["--rounds", "0"], "--rounds"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_status_2(tmp_path, args, message):
@@ -99,18 +110,25 @@ def test_one_rank_is_refused_with_how_to_run_it(tmp_path):
 
 
 def synthetic_frame(
-    seconds: dict[tuple[str, str, int], float], ranks: int = 2, noise: float = 0.01
+    seconds: dict[tuple[str, str, int], float],
+    ranks: int = 2,
+    noise: float = 0.01,
+    moments: tuple[float, ...] = (1.0,),
 ) -> pd.DataFrame:
     """Records of :func:`insitu_records` for calls keyed (op, layer, batch) -> seconds (each
-    sample off by ``noise``, relative); rank r waits r * 1 us more than the minimum."""
+    sample off by ``noise``, relative), 50 samples in one round per entry of ``moments``, the
+    round's samples at that multiple of the seconds; rank r waits r * 1 us more than the
+    minimum."""
     records = []
     rng = np.random.default_rng(0)
+    shares = split_rounds(50, len(moments))
+    level = np.repeat(np.asarray(moments, dtype=float), shares)
     for (op, layer, batch), s in seconds.items():
         parallel = "data" if layer == "gradients" else "model"
-        own = s * (1 + noise * rng.standard_normal(50))
+        own = s * level * (1 + noise * rng.standard_normal(50))
         table = np.stack([own + r * 1e-6 for r in range(ranks)])[:, :, None]
         params = {"model": "mlp", "batch": batch, "threads": 1, "ranks": ranks,
-                  "ranks_per_node": ranks}  # fmt: skip
+                  "ranks_per_node": ranks, "rounds": len(moments)}  # fmt: skip
         call = Call(op, layer, batch * 1024, parallel)
         records += insitu_records([call], table, params, warmup=5)
     return pd.json_normalize(records)
@@ -127,6 +145,29 @@ def test_points_are_the_median_of_the_per_step_minimum_with_the_mean_wait():
     assert p.wait_s == pytest.approx(0.5e-6, rel=1e-6)  # ranks wait 0 and 1 us beyond it
     assert (p.bytes, p.ranks, p.n_samples) == (16 * 1024, 2, 50)
     assert InSituModel.from_dict(json.loads(json.dumps(model.to_dict()))).points_ == model.points_
+
+
+def test_rounds_give_the_typical_median_and_the_moments_deviations():
+    """Three rounds at 0.8, 1.0 and 1.5x: the point is the pooled median (the middle moment)
+    and each round's median over it is one log-deviation, pooled over the points."""
+    calls = {("allgather", "dense0", 16): 2e-5, ("allreduce", "dense2", 16): 4e-5}
+    model = InSituModel().fit(synthetic_frame(calls, noise=0.001, moments=(0.8, 1.0, 1.5)))
+    assert [p.rounds for p in model.points_] == [3, 3]
+    assert model.points_[0].median_s == pytest.approx(2e-5, rel=0.01)
+    expected = np.log([0.8, 0.8, 1.0, 1.0, 1.5, 1.5])
+    assert np.allclose(model.log_deviations_, expected, atol=0.01)
+    assert model.quality_dict()["moments"]["n"] == 6
+    again = InSituModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert again.points_ == model.points_
+    assert np.array_equal(again.log_deviations_, model.log_deviations_)
+    # one round: no moments to draw; a profile written before rounds loads as one round
+    single = InSituModel().fit(synthetic_frame(calls))
+    assert single.log_deviations_.size == 0 and single.moment_sigma() == 0.0
+    old = single.to_dict()
+    old.pop("log_deviations")
+    for point in old["points"]:
+        point.pop("rounds")
+    assert InSituModel.from_dict(old).points_ == single.points_
 
 
 def test_seconds_interpolate_in_the_batch_and_hold_outside():
@@ -248,3 +289,29 @@ def test_the_layerwise_plan_adds_each_calls_excess(insitu_profile):
     assert ana.to_dict()["collectives"][0]["in_situ_s"] == pytest.approx(
         got[("allgather", "dense0")].in_situ_s
     )
+
+
+def test_a_band_sample_takes_the_in_place_time_of_one_measured_moment(insitu_profile):
+    """With rounds at 0.5x and 2x, each perturbed cost prices the call at one of them (the
+    excess over back to back follows); without rounds the band leaves it alone."""
+    from calibration.profile import Profile
+
+    doc = copy.deepcopy(insitu_profile.to_dict())  # the fixture is shared
+    frame = synthetic_frame({("allgather", "dense0", 16): 1e-3}, noise=0.0, moments=(0.5, 2.0))
+    doc["models"]["insitu"] = InSituModel().fit(frame).to_dict()
+    cost = _mlp_cost(Profile.from_dict(doc))
+    typical = cost.in_situ_s("model", "allgather", "dense0", 16, 16 * 256 * 4)
+    rng = np.random.default_rng(1)
+    factors = set()
+    for _ in range(40):
+        drawn = cost.perturbed(rng)
+        factors.add(round(drawn.insitu.factor, 6))
+        extra = drawn.in_situ_s("model", "allgather", "dense0", 16, 16 * 256 * 4)
+        moved = drawn.insitu.factor * cost.insitu.model.points_[0].median_s - (
+            cost.insitu.model.points_[0].median_s - typical
+        )
+        assert extra == pytest.approx(moved, rel=0.05)  # back to back drawn too: within 5%
+    median = cost.insitu.model.points_[0].median_s
+    assert factors == {round(0.5e-3 / median, 6), round(2e-3 / median, 6)}
+    plain = _mlp_cost(insitu_profile)
+    assert {plain.perturbed(rng).insitu.factor for _ in range(5)} == {1.0}

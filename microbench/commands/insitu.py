@@ -21,6 +21,7 @@ from ..cli import (
 RECORDS_FILE = "insitu.jsonl"
 DEFAULT_SAMPLES, DEFAULT_WARMUP = 100, 10
 QUICK_SAMPLES, QUICK_WARMUP = 20, 5
+ROUNDS, QUICK_ROUNDS = 5, 2
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -50,6 +51,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         (DEFAULT_SAMPLES, DEFAULT_WARMUP),
         (QUICK_SAMPLES, QUICK_WARMUP),
     )
+    parser.add_argument(
+        "--rounds",
+        type=int_at_least(1),
+        metavar="R",
+        help="spread each step's samples over R rounds through every workload and batch, "
+        "each after its own warm-up, so that they see several moments of the machine "
+        f"(default {ROUNDS}, --quick {QUICK_ROUNDS}; at most one per sample)",
+    )
     add_output_arguments(parser, RECORDS_FILE)
     return parser
 
@@ -64,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         gather_calls,
         insitu_records,
         layerwise_step,
-        sample_calls,
+        sample_rounds,
+        split_rounds,
         splittable,
     )
     from ..machine import machine_metadata
@@ -80,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     samples, warmup = step_counts(
         args, (DEFAULT_SAMPLES, DEFAULT_WARMUP), (QUICK_SAMPLES, QUICK_WARMUP)
     )
+    rounds = len(split_rounds(samples, args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)))
     out = checked_out_dir(args, RECORDS_FILE, comm)
     set_threads(args.threads)
     machine = machine_metadata(comm=comm, threads=args.threads)  # collective
@@ -89,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     settings = {
         "models": [w.name for w in args.model], "batches": list(args.batch),
         "threads": args.threads, "ranks": ranks, "ranks_per_node": per_node,
-        "samples": samples, "warmup": warmup, "clock": "perf_counter",
+        "samples": samples, "warmup": warmup, "rounds": rounds, "clock": "perf_counter",
         "oversubscribed": warning is not None, "quick": args.quick,
     }  # fmt: skip
     writer = None
@@ -99,32 +110,33 @@ def run(args: argparse.Namespace) -> int:
         if warning is not None:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
     try:
+        points = []  # (params, step, parallel) in record order
         for workload in args.model:
-            steps = [("data", data_parallel_step)]
+            makers = [("data", data_parallel_step)]
             if splittable(workload, ranks):
-                steps.append(("model", layerwise_step))
+                makers.append(("model", layerwise_step))
             elif root and not args.quiet:
                 why = f"a dense layer has fewer neurons than {ranks} ranks (or there is none)"
                 print(f"insitu: {workload.name}: {why}; model parallelism skipped", flush=True)
             for batch in args.batch:
                 params = {"model": workload.name, "batch": batch, "threads": args.threads,
-                          "ranks": ranks, "ranks_per_node": per_node}  # fmt: skip
-                for parallel, make in steps:
-                    step = make(workload, batch, comm)
-                    calls, local = sample_calls(step, samples, warmup, comm, parallel)
-                    table = gather_calls(local, comm)
-                    if writer is None:
-                        continue
-                    for record in insitu_records(calls, table, params, warmup, hosts):
-                        writer.write(record)
-                    if not args.quiet:
-                        own = np.median(table.min(axis=0), axis=0)
-                        shown = ", ".join(
-                            f"{c.op} {c.layer} {c.nbytes} B {t * 1e6:.1f} us"
-                            for c, t in zip(calls, own, strict=True)
-                        )
-                        print(f"insitu: {workload.name} batch {batch} {parallel}: {shown}",
-                              flush=True)  # fmt: skip
+                          "ranks": ranks, "ranks_per_node": per_node, "rounds": rounds}  # fmt: skip
+                points += [(params, make(workload, batch, comm), p) for p, make in makers]
+        timed = sample_rounds([(s, p) for _, s, p in points], samples, warmup, rounds, comm)
+        for (params, _, parallel), (calls, local) in zip(points, timed, strict=True):
+            table = gather_calls(local, comm)
+            if writer is None:
+                continue
+            for record in insitu_records(calls, table, params, warmup * rounds, hosts):
+                writer.write(record)
+            if not args.quiet:
+                own = np.median(table.min(axis=0), axis=0)
+                shown = ", ".join(
+                    f"{c.op} {c.layer} {c.nbytes} B {t * 1e6:.1f} us"
+                    for c, t in zip(calls, own, strict=True)
+                )
+                print(f"insitu: {params['model']} batch {params['batch']} {parallel}: {shown}",
+                      flush=True)  # fmt: skip
     finally:
         if writer is not None:
             writer.close()
