@@ -31,6 +31,15 @@ speed checks ``pdlsim bench`` spreads over the calibration (``microbench speed``
   (degrees of freedom: measurements minus steps), a lognormal sigma with a chi-square 95%
   interval: the drift in one number, for reports.
 
+The **forward-only step** (what ``pdlsim train --inference`` computes) is timed at the same
+moments: by the compute benchmark beside its step, and by each speed check in alternation with
+the step, sample for sample (``forward_medians_s``). Its median over the step's median at one
+moment is free of that moment's speed; :meth:`DriftModel.forward_fraction`, the median of those
+ratios over the moments, is the forward-only step's share of the training step, which the
+simulator applies to the step's typical time (:mod:`pdlsim.stepscale`). A lone forward-only
+median cannot be brought to the typical speed: scaled by its own step's level, one timed on the
+other speed level of this VM put a CNN forward pass 57-70% off.
+
 Everything derives from ``medians_s``, so a profile fitted before the speed checks existed
 loads with its deviations and offset recomputed from the medians it kept.
 """
@@ -43,7 +52,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from microbench.network_ops import STEP_WITH_GATHER
+from microbench.commands.speed import FORWARD_NAME
+from microbench.network_ops import INFERENCE_WITH_GATHER, STEP_WITH_GATHER
 
 from .stats import Interval
 
@@ -61,6 +71,7 @@ class DriftModel:
         self.sigma_ = 0.0
         self.interval_ = Interval(0.0, 0.0, confidence)
         self.medians_: dict[str, dict[str, float]] = {}
+        self.forward_medians_: dict[str, dict[str, float]] = {}  # forward-only, same moments
         self.log_deviations_ = np.zeros(0)
         self.compute_log_offset_ = 0.0
 
@@ -76,19 +87,21 @@ class DriftModel:
             if r.get("params.phase") == "data"
         }
         for _, r in compute.iterrows():
-            if r.get("params.phase") != "step" or r.get("params.device") != "cpu":
+            phase = r.get("params.phase")
+            if phase not in ("step", "inference") or r.get("params.device") != "cpu":
                 continue
             median = float(np.median(r["samples"]))
-            if r.get("params.op") == STEP_WITH_GATHER:
+            if r.get("params.op") in (STEP_WITH_GATHER, INFERENCE_WITH_GATHER):
                 median -= gathers.get(_key(r), 0.0)
-            self._add(_key(r), COMPUTE_MOMENT, median)
+            into = self.medians_ if phase == "step" else self.forward_medians_
+            _add(into, _key(r), COMPUTE_MOMENT, median)
         for _, r in jitter.iterrows():
             statistic = r.get("params.statistic")
             alone = statistic == "alone"
             if not alone and not (statistic == "per_rank" and r.get("params.ranks") == 1):
                 continue
             where = f"jitter {'alone at ' + str(int(r['params.ranks'])) if alone else 'at 1'}"
-            self._add(_key(r), where, float(np.median(r["samples"])))
+            _add(self.medians_, _key(r), where, float(np.median(r["samples"])))
         return self.add_moments(rows)
 
     def add_moments(self, df: pd.DataFrame) -> DriftModel:
@@ -97,7 +110,8 @@ class DriftModel:
         extends a profile's moments over the span of its training runs."""
         rows = df[(df["type"] == "measurement") & (df["benchmark"] == "speed")]
         for _, r in rows.iterrows():
-            self._add(_key(r), str(r.get("params.moment")), float(np.median(r["samples"])))
+            into = self.forward_medians_ if r.get("name") == FORWARD_NAME else self.medians_
+            _add(into, _key(r), str(r.get("params.moment")), float(np.median(r["samples"])))
         self._derive()
         return self
 
@@ -136,9 +150,13 @@ class DriftModel:
             )
         return float(np.exp(-self.compute_log_offset_))
 
-    def _add(self, key: str, where: str, median_s: float) -> None:
-        if median_s > 0:
-            self.medians_.setdefault(key, {})[where] = median_s
+    def forward_fraction(self, model: str, batch: int, threads: int) -> float | None:
+        """The forward-only step over the training step, the median over the moments that
+        timed both (module docstring); None where none did."""
+        key = f"{model}-b{int(batch)}-t{int(threads)}"
+        steps, forwards = self.medians_.get(key, {}), self.forward_medians_.get(key, {})
+        ratios = [forwards[m] / steps[m] for m in forwards if m in steps]
+        return float(np.median(ratios)) if ratios else None
 
     def quality_dict(self) -> dict[str, Any]:
         return {"n_steps": sum(len(m) >= 2 for m in self.medians_.values())}
@@ -150,6 +168,7 @@ class DriftModel:
             "compute_log_offset": self.compute_log_offset_,
             "log_deviations": [float(d) for d in self.log_deviations_],
             "medians_s": self.medians_,
+            "forward_medians_s": self.forward_medians_,
         }
 
     @classmethod
@@ -158,8 +177,15 @@ class DriftModel:
         model.sigma_ = float(doc["sigma"])
         model.interval_ = Interval.from_dict(doc["intervals"]["sigma"])
         model.medians_ = {k: dict(v) for k, v in doc.get("medians_s", {}).items()}
+        forwards = doc.get("forward_medians_s", {})
+        model.forward_medians_ = {k: dict(v) for k, v in forwards.items()}
         model._derive()  # the stored derived fields are for readers; the medians decide
         return model
+
+
+def _add(into: dict[str, dict[str, float]], key: str, where: str, median_s: float) -> None:
+    if median_s > 0:
+        into.setdefault(key, {})[where] = median_s
 
 
 def _key(row: pd.Series) -> str:

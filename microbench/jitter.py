@@ -55,6 +55,7 @@ __all__ = [
     "jitter_records",
     "sample_alone",
     "sample_interleaved",
+    "make_step_pair",
     "make_training_step",
     "sample_steps",
 ]
@@ -75,6 +76,14 @@ def make_training_step(workload: Workload, batch: int, seed: int = 0) -> Callabl
     The same ``seed`` gives the same parameters and batch on every rank. Learning rate 0:
     see the module docstring. Nothing is allocated per call once the first call has run.
     """
+    return make_step_pair(workload, batch, seed)[0]
+
+
+def make_step_pair(
+    workload: Workload, batch: int, seed: int = 0
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """The training step of :func:`make_training_step` and the forward-only step (the forward
+    and the loss, what ``pdlsim train --inference`` computes) on the same network and batch."""
     from .nn import SGD, Network
 
     net = Network(workload, seed=seed)
@@ -88,7 +97,10 @@ def make_training_step(workload: Workload, batch: int, seed: int = 0) -> Callabl
         net.backward()
         opt.step(net.params, net.grads)
 
-    return step
+    def forward_only() -> None:
+        net.forward(x, y)
+
+    return step, forward_only
 
 
 def sample_steps(

@@ -43,11 +43,11 @@ consecutive steps do. Its ``bytes`` are the rows read and written. The host's wh
 traffic evicts part of what the previous step left in cache, which costs the step itself
 5-10% at small batches on the 2-core test machine (measured side by side). The forward-only
 step (op :data:`INFERENCE_WITH_GATHER`, phase "inference": the gather, the forward and the
-loss, what ``pdlsim train --inference`` runs) is timed the same way. It is recorded and shown,
-not used by the simulator: a single moment's figure, and the speed checks of
-:mod:`microbench.commands.speed` time only the training step, so on a machine whose speed
-moves nothing brings it to the typical speed (scaling forward-only predictions by it put a
-CNN forward pass 57-70% off in one validation on the development VM, 8-14% in another).
+loss, what ``pdlsim train --inference`` runs) is timed the same way. The simulator does not
+scale forward passes to this row alone (a single moment's figure, and on a machine whose speed
+moves, one timed on the other level put a CNN forward pass 57-70% off): its median over the
+step's is one moment of the forward-only share (:meth:`calibration.drift.DriftModel
+.forward_fraction`), which the speed checks also time, side by side with the step.
 """
 
 from __future__ import annotations

@@ -61,6 +61,7 @@ Data-sheet figures and assumptions are not perturbed: they have no interval.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -98,6 +99,7 @@ GPU_FLOPS_EFFICIENCY = 0.5  # of FP32 non-tensor peak reached by a training laye
 GPU_MEMORY_EFFICIENCY = 0.8  # of HBM bandwidth reached by a memory-bound kernel
 GPU_KERNEL_LAUNCH_S = 5e-6  # per layer per phase
 NVLINK_LATENCY_S = 2e-6
+STEP = ("forward", "backward", "update")  # the phases of a training step
 COPY_LATENCY_S = 10e-6
 PINNED_EFFICIENCY = 0.8  # of the PCIe per-direction rate
 PAGEABLE_EFFICIENCY = 0.4  # staged through a pinned driver buffer
@@ -148,10 +150,11 @@ class ProfileCostModel:
     drift_log_deviations: tuple[float, ...] = ()  # the speeds it saw, log(moment / typical)
     drift_level: float = 1.0  # without whole-step rows: exp(-the compute stage's log offset)
     drift_factor: float = 1.0  # this band sample's draw of the deviations
-    _ops_cache: dict[tuple[str, int, int, str], float] = field(default_factory=dict, repr=False)
+    _ops_cache: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)
     compression: CompressionModel | None = None  # the profile's, when it measured compression
     insitu: InSituCost | None = None  # the workload's collectives measured in place
     pins: OpPins = field(default_factory=OpPins)  # the workload's ops as measured one by one
+    inference: bool = False  # predicts forward-only steps: their rows scale compute
     _pin_cache: dict[tuple[str, str, int, int, str], float] = field(
         default_factory=dict, repr=False
     )
@@ -166,6 +169,7 @@ class ProfileCostModel:
         bucket_bytes: int = 25 * 2**20,
         workload: str | None = None,
         ranks_per_node: int = 1,
+        inference: bool = False,
     ) -> ProfileCostModel:
         compute = profile.model("compute")
         regimes = _intra_regimes(profile)
@@ -213,8 +217,6 @@ class ProfileCostModel:
             prov["jitter"] = "profile (every measured workload's steps pooled)"
         scale = StepScale.from_table(getattr(compute, "table_", []))
         compute_device = "gpu" if device == "gpu" and has_gpu_compute else "cpu"
-        if scale and (device == "cpu" or has_gpu_compute):
-            prov["compute"] += "; " + scale.source(compute_device, workload)
         colocation = profile.model("colocation") if profile.models.get("colocation") else None
         if device == "cpu" and ranks_per_node > 1:
             if colocation is None or not colocation.points_:
@@ -240,6 +242,9 @@ class ProfileCostModel:
             }
         if levels:
             scale = scale.rescaled(lambda r: levels.get(r, 1.0))
+            scale = scale.with_forward(
+                lambda r: drift.forward_fraction(r.model, r.batch, r.threads)
+            )
         elif host_drift:
             level = float(np.exp(-drift.compute_log_offset_))
         if deviations:
@@ -250,6 +255,8 @@ class ProfileCostModel:
                 f"x{max(levels.values(), default=level):.3f} to the typical speed, band "
                 f"x{low:.2f}..x{high:.2f} (P10..P90 of the moments)"
             )
+        if scale and (device == "cpu" or has_gpu_compute):
+            prov["compute"] += "; " + scale.source(compute_device, workload, inference)
         insitu_model = profile.model("insitu") if profile.models.get("insitu") else None
         insitu, prov["in-place collectives"] = InSituCost.from_profile_model(
             insitu_model, workload, device
@@ -259,7 +266,7 @@ class ProfileCostModel:
             _overlap_interval(overlap, bucket_bytes, method), prov, workload, ranks_per_node,
             scale, colocation, compression=profile.model("compression"), drift_sigma=drift_sigma,
             drift_log_deviations=deviations, drift_level=level, insitu=insitu,
-            pins=OpPins.from_table(getattr(compute, "table_", [])),
+            pins=OpPins.from_table(getattr(compute, "table_", [])), inference=inference,
         )  # fmt: skip
 
     def _workload_layers(self, model: str | None = None) -> tuple[LayerInfo, ...]:
@@ -272,22 +279,33 @@ class ProfileCostModel:
         except Exception:  # noqa: BLE001 - see the docstring
             return ()
 
-    def _ops_s(self, model: str, batch: int, threads: int, device: str) -> float:
-        """Sum of the predicted (uncorrected) ops of one training step of preset ``model``."""
-        key = (model, batch, threads, device)
+    def _ops_s(
+        self, model: str, batch: int, threads: int, device: str, phases: tuple[str, ...] = STEP
+    ) -> float:
+        """Sum of the predicted (uncorrected) ops of one training step of preset ``model``
+        (``phases``: of those phases only)."""
+        key = (model, batch, threads, device, phases)
         if key not in self._ops_cache:
             layers = self._workload_layers(model)
             self._ops_cache[key] = sum(
                 self._raw_compute(layer, phase, batch, threads, device)
                 for layer in layers
-                for phase in ("forward", "backward", "update")
+                for phase in phases
                 if phase != "update" or layer.param_count > 0
             )
         return self._ops_cache[key]
 
+    def _forward_ops_s(self, model: str, batch: int, threads: int, device: str) -> float:
+        """The forward-only step's predicted ops (the loss is a forward)."""
+        return self._ops_s(model, batch, threads, device, ("forward",))
+
     def step_ratio(self, batch: int, threads: int, device: str = "cpu") -> float:
-        """Measured step / predicted ops for this model's workload (:class:`StepScale`)."""
-        return self.scale.ratio(self._ops_s, device, self.workload, batch, threads, self.step_z)
+        """Measured step / predicted ops for this model's workload (:class:`StepScale`); of
+        the forward-only step where this model predicts one (``inference``)."""
+        forward = self._forward_ops_s if self.inference else None
+        return self.scale.ratio(
+            self._ops_s, device, self.workload, batch, threads, self.step_z, forward
+        )
 
     def colocation_factor(self, threads: int) -> float:
         """Slowdown of a CPU rank's compute with ``ranks_per_node`` ranks busy on its node."""

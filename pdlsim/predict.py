@@ -190,8 +190,9 @@ def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict
         **scenario_options(cfg),
     )
     cost = ProfileCostModel.from_profile(
-        profile, network, gpu, cluster.device, bucket_bytes, workload.name, cluster.ranks_per_node
-    )
+        profile, network, gpu, cluster.device, bucket_bytes, workload.name,
+        cluster.ranks_per_node, inference=cfg.inference,
+    )  # fmt: skip
     cost = apply_to_cost(cfg, cost)
     provenance = {"profile": profile_name, **cost.provenance}
     if gpu is not None:

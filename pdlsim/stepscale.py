@@ -14,6 +14,13 @@ and answers:
   A model the profile did not measure (a workload file) gets the median ratio of every measured
   step at that thread count. ``z`` moves each measured step time by z standard deviations of its
   interval (sigma = width / 3.92), for the prediction band.
+* The same for a forward-only step (``forward_ops_s`` given): its measured time / the sum of
+  the predicted forward ops and loss. Its rows (:meth:`StepScale.with_forward`) are the
+  step rows at the typical speed times the forward-only step's measured share of the step
+  (:meth:`calibration.drift.DriftModel.forward_fraction`, a ratio timed side by side). A
+  forward pass alone does not pay all of the training step's evictions: on the development
+  VM the CNN's forward-only step is 0.33-0.36 of its step, its forward ops 0.45-0.5 of the
+  step's ops. Without such rows forward-only steps take the training step's ratio.
 * :meth:`StepScale.data_time_s`: the gather's seconds at a batch: a straight line in the batch
   through the model's measured rows (one row: proportional), else a straight line in bytes
   through every measured row.
@@ -53,6 +60,7 @@ class StepScale:
     steps: tuple[StepRow, ...] = ()
     data: tuple[StepRow, ...] = ()  # gather rows (host only)
     data_bytes_per_sample: dict[str, float] = field(default_factory=dict)
+    inference: tuple[StepRow, ...] = ()  # forward-only steps (:meth:`with_forward`)
 
     @classmethod
     def from_table(cls, table: Iterable[Any]) -> StepScale:
@@ -87,6 +95,16 @@ class StepScale:
         )
         return replace(self, steps=steps)
 
+    def with_forward(self, fraction: Callable[[StepRow], float | None]) -> StepScale:
+        """Forward-only rows: each step row (time and sigma) times ``fraction(row)``, the
+        forward-only step's share of it; rows without a fraction get none."""
+        rows = []
+        for r in self.steps:
+            share = fraction(r)
+            if share is not None and share > 0:
+                rows.append(replace(r, time_s=r.time_s * share, sigma_s=r.sigma_s * share))
+        return replace(self, inference=tuple(rows))
+
     def __bool__(self) -> bool:
         return bool(self.steps or self.data)
 
@@ -95,10 +113,23 @@ class StepScale:
 
     # ------------------------------------------------------------------------ step ratio
     def ratio(
-        self, ops_s: OpsFn, device: str, model: str | None, batch: int, threads: int, z: float = 0.0
+        self,
+        ops_s: OpsFn,
+        device: str,
+        model: str | None,
+        batch: int,
+        threads: int,
+        z: float = 0.0,
+        forward_ops_s: OpsFn | None = None,
     ) -> float:
-        """Measured step / predicted ops (module docstring); 1 where nothing was measured."""
-        rows = [r for r in self.steps if r.device == device]
+        """Measured step / predicted ops (module docstring); 1 where nothing was measured.
+        With ``forward_ops_s`` (a forward-only step's predicted ops): the model's forward-only
+        rows' ratio where it has them, else the training step's."""
+        rows = [r for r in self.inference if r.device == device and r.model == model]
+        if forward_ops_s is not None and rows:
+            ops_s = forward_ops_s
+        else:
+            rows = [r for r in self.steps if r.device == device]
         if not rows:
             return 1.0
         own = [r for r in rows if r.model == model]
@@ -117,9 +148,16 @@ class StepScale:
         ops = ops_s(row.model, row.batch, row.threads, row.device)
         return max(row.time_s + z * row.sigma_s, 0.01 * row.time_s) / ops if ops > 0 else 1.0
 
-    def source(self, device: str, model: str | None) -> str:
+    def source(self, device: str, model: str | None, inference: bool = False) -> str:
         if not any(r.device == device for r in self.steps):
             return "no whole-step rows: ops as measured one by one"
+        own = [r for r in self.inference if (r.device, r.model) == (device, model)]
+        if inference and own:
+            batches = sorted({r.batch for r in own})
+            return (
+                f"scaled to the measured {model} steps times their forward-only share, timed "
+                f"side by side (batches {_csv(batches)})"
+            )
         if model in self.measured_models(device):
             batches = sorted({r.batch for r in self.steps if r.model == model})
             return f"scaled to the measured {model} steps (batches {_csv(batches)})"

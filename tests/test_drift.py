@@ -9,6 +9,7 @@ import pytest
 from calibration.drift import DriftModel
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter, load_dataframe
+from microbench.workload import load_workload
 
 
 def _write(writer, samples_s, benchmark, name, params):
@@ -162,15 +163,14 @@ def test_microbench_speed_records_each_models_step_with_its_moment(tmp_path):
         assert result.returncode == 0, result.stderr
         assert f"speed (check {k}): mlp batch 8" in result.stdout
     frame = load_dataframe(out, type="measurement")
-    assert list(frame["params.moment"]) == ["check 1"] * 2 + ["check 2"] * 2
-    assert list(frame["params.batch"]) == [8, 4, 8, 4]
+    assert list(frame["params.moment"]) == ["check 1"] * 4 + ["check 2"] * 4
+    assert list(frame["params.batch"]) == [8, 8, 4, 4] * 2
+    assert list(frame["name"]) == ["step_compute", "forward_compute"] * 4
     assert set(frame["benchmark"]) == {"speed"} and all(len(s) == 4 for s in frame["samples"])
     drift = DriftModel().fit(frame)
-    assert (
-        set(drift.medians_["mlp-b8-t1"])
-        == set(drift.medians_["mlp-b4-t1"])
-        == {"check 1", "check 2"}
-    )
+    for medians in (drift.medians_, drift.forward_medians_):
+        assert set(medians["mlp-b8-t1"]) == set(medians["mlp-b4-t1"]) == {"check 1", "check 2"}
+    assert 0.1 < drift.forward_fraction("mlp", 8, 1) < 1.0  # a forward pass is part of a step
     again = run_microbench("speed", "--model", "mlp", "--out", str(out))  # no --append
     assert again.returncode == 2 and "--append" in again.stderr
     bad = run_microbench("speed", "--model", "nosuch", "--out", str(tmp_path / "x"))
@@ -211,3 +211,65 @@ def test_the_cost_model_scales_the_measured_steps_to_their_typical_time():
         assert after.time_s == pytest.approx(before.time_s * level)
         levels.add(round(level, 9))
     assert len(levels) > 1  # steps timed at several moments have levels of their own
+
+
+def test_the_forward_only_share_is_the_median_ratio_of_the_moments_that_timed_both(tmp_path):
+    """cnn b32: the compute stage times the step at 12 ms and the forward-only step at 6 ms (a
+    slow moment for the forward pass only); three speed checks time both side by side, 9 and
+    3, 12 and 4, 9 and 3 ms: the share is 1/3 (median of 1/2, 1/3, 1/3, 1/3), whatever the
+    speed. A step timed without its forward-only step (mlp) has no share."""
+    base = {"device": "cpu", "threads": 1, "batch": 32, "kind": "step"}
+    with RecordWriter(tmp_path / "r.jsonl", {"hostname": "synthetic"}) as writer:
+        _write(writer, 12e-3, "compute", "op", {**base, "model": "cnn", "op": "step",
+                                                 "phase": "step"})  # fmt: skip
+        _write(writer, 6e-3, "compute", "op", {**base, "model": "cnn", "op": "inference",
+                                                "phase": "inference"})  # fmt: skip
+        _write(writer, 1e-3, "compute", "op", {**base, "model": "mlp", "op": "step",
+                                                "phase": "step"})  # fmt: skip
+        for k, (step, forward) in enumerate(((9e-3, 3e-3), (12e-3, 4e-3), (9e-3, 3e-3))):
+            params = {"model": "cnn", "batch": 32, "threads": 1, "moment": f"check {k}"}
+            _write(writer, step, "speed", "step_compute", params)
+            _write(writer, forward, "speed", "forward_compute", params)
+    drift = DriftModel().fit(load_dataframe(tmp_path, type="measurement"))
+    assert drift.forward_fraction("cnn", 32, 1) == pytest.approx(1 / 3)
+    assert len(drift.medians_["cnn-b32-t1"]) == 4  # forward-only moments are not speeds
+    assert drift.forward_fraction("mlp", 32, 1) is None
+    assert drift.forward_fraction("cnn", 64, 1) is None
+    again = DriftModel.from_dict(drift.to_dict())
+    assert again.forward_fraction("cnn", 32, 1) == pytest.approx(1 / 3)
+    old = {k: v for k, v in drift.to_dict().items() if k != "forward_medians_s"}
+    assert DriftModel.from_dict(old).forward_fraction("cnn", 32, 1) is None
+
+
+def test_forward_only_predictions_are_the_typical_step_times_its_measured_share():
+    """The packaged profile with forward-only moments added: a forward-only cost model's
+    compute for the measured workload and batch is the typical step times the share (plus
+    the mini-batch gather, priced apart); the
+    training model is unchanged, and so is a forward-only one without shares."""
+    from calibration.profile import Profile, load_profile
+    from microbench.network_ops import LABEL_BYTES
+    from pdlsim.costmodel import ProfileCostModel
+
+    profile = load_profile("xeon-2core")
+    doc = profile.to_dict()
+    drift_doc = dict(doc["models"]["drift"])
+    medians = drift_doc["medians_s"]["cnn-b32-t1"]
+    drift_doc["forward_medians_s"] = {"cnn-b32-t1": {m: 0.3 * v for m, v in medians.items()}}
+    doc = {**doc, "models": {**doc["models"], "drift": drift_doc}}
+    shared = Profile.from_dict(doc)
+    layers = load_workload("cnn").layers
+
+    def forward_s(cost):
+        return sum(cost.compute_time(layer, "forward", 32, 1, "cpu") for layer in layers)
+
+    train = ProfileCostModel.from_profile(shared, workload="cnn")
+    forward = ProfileCostModel.from_profile(shared, workload="cnn", inference=True)
+    typical = next(r for r in train.scale.steps if (r.model, r.batch, r.threads) == ("cnn", 32, 1))
+    gather = forward.scale.data_time_s("cnn", 32, layers[0].input_bytes_per_sample + LABEL_BYTES)
+    assert forward_s(forward) == pytest.approx(0.3 * typical.time_s + gather, rel=1e-6)
+    assert "forward-only share" in forward.provenance["compute"]
+    plain = ProfileCostModel.from_profile(profile, workload="cnn", inference=True)
+    assert forward_s(plain) == pytest.approx(forward_s(train), rel=1e-9)
+    assert forward_s(train) == pytest.approx(
+        forward_s(ProfileCostModel.from_profile(profile, workload="cnn")), rel=1e-9
+    )

@@ -5,19 +5,33 @@ physical core switches the speed of identical work between two levels about 1.4x
 ten seconds to a minute. A profile fitted from one moment describes whichever level that moment
 had. ``pdlsim bench`` therefore runs this command several times, spread over the whole
 calibration, each run labelled with ``--moment``: the whole training step (forward, backward,
-SGD update on a fixed batch, no communication, :func:`microbench.jitter.make_training_step`)
+SGD update on a fixed batch, no communication, :func:`microbench.jitter.make_step_pair`)
 of every workload at every batch and thread count, a fixed, small number of samples after a
 warm-up. Across moments, the median of each step's medians is its typical time and their
 spread the machine's speed distribution (:mod:`calibration.drift`).
 
-Records go to ``DIR/speed.jsonl``: benchmark "speed", name "step_compute", params model, batch,
-threads and moment, every raw sample.
+The forward-only step (forward and loss, what ``pdlsim train --inference`` computes) is timed
+with it, sample for sample in alternation on the same network: the two medians of one moment
+saw the same speed, so their ratio holds whatever the speed was, and across moments its median
+is the forward-only step's share of the training step (:meth:`calibration.drift.DriftModel
+.forward_fraction`). Timed in separate blocks seconds apart, the two can land on different
+speed levels of this VM (once a forward-only step at 1.57x its ops beside a step at 1.40x).
+
+Records go to ``DIR/speed.jsonl``: benchmark "speed", name "step_compute" (the training step)
+and "forward_compute" (the forward-only step), params model, batch, threads and moment, every
+raw sample.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from ..cli import (
     add_output_arguments,
@@ -30,6 +44,7 @@ from ..cli import (
 RECORDS_FILE = "speed.jsonl"
 BENCHMARK = "speed"
 NAME = "step_compute"
+FORWARD_NAME = "forward_compute"
 DEFAULT_SAMPLES, DEFAULT_WARMUP = 15, 3
 
 
@@ -38,8 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "speed",
         help="one moment of the machine's speed: the same training step, briefly",
         description="Time each workload's whole training step (forward, backward, SGD update "
-        "on a fixed batch, no communication) at each batch and thread count, a fixed number of "
-        "times after a warm-up, labelled "
+        "on a fixed batch, no communication) and, in alternation with it, its forward-only step "
+        "at each batch and thread count, a fixed number of times after a warm-up, labelled "
         "with --moment. Run several times, minutes apart, the medians show how the speed of "
         "identical work moves on this machine; pdlsim bench does so during a calibration.",
     )
@@ -78,7 +93,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ..jitter import make_training_step, sample_steps
+    from ..jitter import make_step_pair
     from ..machine import machine_metadata
     from ..measurement import Measurement
     from ..records import RecordWriter
@@ -101,20 +116,41 @@ def run(args: argparse.Namespace) -> int:
             set_threads(threads)
             for workload in args.model:
                 for batch in args.batch:
-                    step = make_training_step(workload, batch)
-                    samples = sample_steps(step, args.samples, args.warmup)
+                    pair = make_step_pair(workload, batch)
+                    timed = sample_alternating(pair, args.samples, args.warmup)
                     params = {"model": workload.name, "batch": batch, "threads": threads,
                               "moment": args.moment}  # fmt: skip
-                    measurement = Measurement(
-                        samples, benchmark=BENCHMARK, name=NAME, params=params,
-                        warmup_discarded=args.warmup, stop_reason="max_samples",
-                    )  # fmt: skip
-                    writer.write(measurement.to_record(clock="perf_counter"))
+                    for name, samples in zip((NAME, FORWARD_NAME), timed, strict=True):
+                        measurement = Measurement(
+                            samples, benchmark=BENCHMARK, name=name, params=params,
+                            warmup_discarded=args.warmup, stop_reason="max_samples",
+                        )  # fmt: skip
+                        writer.write(measurement.to_record(clock="perf_counter"))
                     if not args.quiet:
+                        step_ms, forward_ms = (np.median(t) * 1e3 for t in timed)
                         print(
                             f"speed ({args.moment}): {workload.name} batch {batch} x {threads} "
-                            f"thread(s): median {np.median(samples) * 1e3:.3f} ms over "
-                            f"{args.samples} steps",
+                            f"thread(s): median {step_ms:.3f} ms over {args.samples} steps, "
+                            f"forward only {forward_ms:.3f} ms",
                             flush=True,
                         )
     return 0
+
+
+def sample_alternating(
+    steps: tuple[Callable[[], object], ...], samples: int, warmup: int
+) -> list[np.ndarray]:
+    """Each of ``steps`` ``warmup`` times untimed, then ``samples`` rounds of one timed call of
+    each in turn: their seconds, one array per step."""
+    import numpy as np
+
+    for step in steps:
+        for _ in range(warmup):
+            step()
+    out = np.empty((len(steps), samples), dtype=np.float64)
+    for i in range(samples):
+        for k, step in enumerate(steps):
+            start = time.perf_counter()
+            step()
+            out[k, i] = time.perf_counter() - start
+    return list(out)
