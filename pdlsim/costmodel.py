@@ -73,14 +73,18 @@ from calibration.overlap import OverlapModel
 from calibration.profile import Profile
 from calibration.stats import Interval
 from calibration.transfer import TransferModel
-from microbench.network_ops import LABEL_BYTES, layer_bytes, update_cost
-from microbench.workload import LayerInfo
+from pdlsim.compute_cost import (
+    GPU_FLOPS_EFFICIENCY,
+    GPU_KERNEL_LAUNCH_S,
+    GPU_MEMORY_EFFICIENCY,
+    ComputeCost,
+)
 from pdlsim.insitu_cost import InSituCost
 from pdlsim.oppins import OpPins
 from pdlsim.presets import GpuPreset, NetworkPreset
 from pdlsim.sim import ConfigError, LinkCost, Placement, TimedStep, collectives
 from pdlsim.stepscale import StepScale
-from pdlsim.uncertainty import ProfileJitter, moved, perturbed_cost
+from pdlsim.uncertainty import ProfileJitter, perturbed_cost
 
 __all__ = [
     "COPY_LATENCY_S",
@@ -95,11 +99,7 @@ __all__ = [
 ]
 
 # Assumptions used with data-sheet presets (documented above; not measured, not data sheet).
-GPU_FLOPS_EFFICIENCY = 0.5  # of FP32 non-tensor peak reached by a training layer's kernels
-GPU_MEMORY_EFFICIENCY = 0.8  # of HBM bandwidth reached by a memory-bound kernel
-GPU_KERNEL_LAUNCH_S = 5e-6  # per layer per phase
 NVLINK_LATENCY_S = 2e-6
-STEP = ("forward", "backward", "update")  # the phases of a training step
 COPY_LATENCY_S = 10e-6
 PINNED_EFFICIENCY = 0.8  # of the PCIe per-direction rate
 PAGEABLE_EFFICIENCY = 0.4  # staged through a pinned driver buffer
@@ -124,9 +124,10 @@ def _overlap_interval(model: OverlapModel, nbytes: int, method: str) -> Interval
 
 
 @dataclass(frozen=True, eq=False)
-class ProfileCostModel:
+class ProfileCostModel(ComputeCost):
     """The sim's ``CostModel`` from a profile (see the module docstring). Build with
-    :meth:`from_profile`; ``device`` is the kind of the ranks the collectives run between."""
+    :meth:`from_profile`; ``device`` is the kind of the ranks the collectives run between.
+    Compute is priced by :class:`pdlsim.compute_cost.ComputeCost`."""
 
     compute: ComputeModel
     intra_regimes: tuple[CollectiveRegime, ...]
@@ -268,128 +269,6 @@ class ProfileCostModel:
             drift_log_deviations=deviations, drift_level=level, insitu=insitu,
             pins=OpPins.from_table(getattr(compute, "table_", [])), inference=inference,
         )  # fmt: skip
-
-    def _workload_layers(self, model: str | None = None) -> tuple[LayerInfo, ...]:
-        """The layers of ``model`` (default: this model's workload); none if it cannot be
-        loaded (a workload file not at hand: nothing is pinned or scaled from it)."""
-        from microbench.workload import load_workload
-
-        try:
-            return tuple(load_workload(model or self.workload).layers)
-        except Exception:  # noqa: BLE001 - see the docstring
-            return ()
-
-    def _ops_s(
-        self, model: str, batch: int, threads: int, device: str, phases: tuple[str, ...] = STEP
-    ) -> float:
-        """Sum of the predicted (uncorrected) ops of one training step of preset ``model``
-        (``phases``: of those phases only)."""
-        key = (model, batch, threads, device, phases)
-        if key not in self._ops_cache:
-            layers = self._workload_layers(model)
-            self._ops_cache[key] = sum(
-                self._raw_compute(layer, phase, batch, threads, device)
-                for layer in layers
-                for phase in phases
-                if phase != "update" or layer.param_count > 0
-            )
-        return self._ops_cache[key]
-
-    def _forward_ops_s(self, model: str, batch: int, threads: int, device: str) -> float:
-        """The forward-only step's predicted ops (the loss is a forward)."""
-        return self._ops_s(model, batch, threads, device, ("forward",))
-
-    def step_ratio(self, batch: int, threads: int, device: str = "cpu") -> float:
-        """Measured step / predicted ops for this model's workload (:class:`StepScale`); of
-        the forward-only step where this model predicts one (``inference``)."""
-        forward = self._forward_ops_s if self.inference else None
-        return self.scale.ratio(
-            self._ops_s, device, self.workload, batch, threads, self.step_z, forward
-        )
-
-    def colocation_factor(self, threads: int) -> float:
-        """Slowdown of a CPU rank's compute with ``ranks_per_node`` ranks busy on its node."""
-        if self.colocation is None or self.ranks_per_node <= 1:
-            return 1.0
-        value, ci = self.colocation.factor(self.workload or "", threads, self.ranks_per_node)
-        return moved(value, ci, self.colocation_z, 1.0)
-
-    # ---------------------------------------------------------------------------- compute
-    def compute_time(
-        self, layer: LayerInfo, phase: str, batch: int, threads: int, device: str
-    ) -> float:
-        raw = self._raw_compute(layer, phase, batch, threads, device)
-        if device == "gpu":
-            if "gpu" not in self.compute.devices:
-                return raw
-            return raw * self.step_ratio(batch, 1, "gpu")
-        seconds = raw * self.step_ratio(batch, threads)
-        if phase == "forward" and layer.index == 0:
-            seconds += self.scale.data_time_s(
-                self.workload, batch, layer.input_bytes_per_sample + LABEL_BYTES
-            )
-        return seconds * self.colocation_factor(threads) * self.drift_level * self.drift_factor
-
-    def _raw_compute(
-        self, layer: LayerInfo, phase: str, batch: int, threads: int, device: str
-    ) -> float:
-        """The layer's roofline time, pinned to its measured op where the profile has one."""
-        seconds = self._roofline_compute(layer, phase, batch, threads, device)
-        return seconds * self._pin(layer, phase, batch, threads, device) if seconds else seconds
-
-    def _pin(self, layer: LayerInfo, phase: str, batch: int, threads: int, device: str) -> float:
-        """Measured op / roofline of its layers (:mod:`pdlsim.oppins`); 1 where unmeasured."""
-        found = self.pins.op_of(device, self.workload, layer.name, layer.kind, phase)
-        if found is None:
-            return 1.0
-        op, table_phase, members = found
-        key = (op, table_phase, batch, threads, device)
-        if key not in self._pin_cache:
-            layers = self._workload_layers()
-            group = (
-                [info for info in layers if info.param_count > 0]
-                if table_phase == "update"
-                else [info for info in layers if info.name in members]
-            )
-
-            def roofline_s(b: int, t: int) -> float:
-                return sum(self._roofline_compute(info, phase, b, t, device) for info in group)
-
-            self._pin_cache[key] = self.pins.factor(
-                device, self.workload, op, table_phase, batch, threads, roofline_s
-            )
-        return self._pin_cache[key]
-
-    def _roofline_compute(
-        self, layer: LayerInfo, phase: str, batch: int, threads: int, device: str
-    ) -> float:
-        if phase == "update":
-            flops, nbytes = update_cost(layer.param_count, 0.0)
-            kind, label = "sgd", "update"
-        elif phase in ("forward", "backward"):
-            if layer.kind == "flatten":
-                return 0.0
-            flops = (
-                layer.forward_flops_per_sample
-                if phase == "forward"
-                else layer.backward_flops_per_sample
-            ) * batch
-            nbytes = layer_bytes(layer, phase, batch)
-            kind = layer.kind
-            label = "loss" if kind == "softmax_cross_entropy" else phase
-        else:
-            raise ValueError(f"unknown phase '{phase}'")
-        if device == "gpu" and "gpu" not in self.compute.devices:
-            if self.gpu is None:
-                raise ConfigError("GPU ranks need a GPU compute model or a GPU preset")
-            g = self.gpu
-            busy = max(
-                flops / (g.fp32_flops_per_s * GPU_FLOPS_EFFICIENCY),
-                nbytes / (g.hbm_bandwidth_bytes_per_s * GPU_MEMORY_EFFICIENCY),
-            )
-            return GPU_KERNEL_LAUNCH_S + busy
-        used = 1 if device == "gpu" else threads
-        return float(self.compute.predict(flops, nbytes, used, device, kind, label))
 
     # ------------------------------------------------------------------------ collectives
     def _regime(self, nbytes: float) -> CollectiveRegime:
