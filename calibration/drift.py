@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from microbench.commands.speed import FORWARD_NAME
+from microbench.jitter import FORWARD_NAME
 from microbench.network_ops import INFERENCE_WITH_GATHER, STEP_WITH_GATHER
 
 from .stats import Interval

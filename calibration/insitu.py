@@ -16,7 +16,7 @@ rounds, moments seconds apart (:func:`microbench.insitu.sample_rounds`), because
 costs up to 2x more at one moment than at another on a shared machine; the point's median is
 over all of them, the machine's typical state, and each round's median over it is one draw of
 the state: the pooled log-deviations (``log_deviations_``) are what the prediction band draws
-the in-place cost from (:func:`pdlsim.uncertainty.perturbed_cost`). :meth:`InSituModel.seconds`
+the in-place cost from (:func:`pdlsim.uncertainty.insitu_draw`). :meth:`InSituModel.seconds`
 interpolates a call's time linearly in the batch between measured batches (held at the nearest
 measured batch outside them); :class:`pdlsim.costmodel.ProfileCostModel` adds its excess over
 the back-to-back prediction to the collective, at any scale.
@@ -99,7 +99,7 @@ class InSituModel:
             moments = [
                 float(np.median(part))
                 for s, r in zip(own["samples"], own["rounds"], strict=True)
-                for part in np.array_split(np.asarray(s, float), len(split_rounds(len(s), r)))
+                for part in np.split(np.asarray(s, float), np.cumsum(split_rounds(len(s), r))[:-1])
             ]
             ranks = group[group["statistic"] == "per_rank"]["samples"]
             mean_in_call = [float(np.mean(s)) for s in ranks]

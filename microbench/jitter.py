@@ -44,6 +44,7 @@ from .measurement import Measurement
 from .workload import Workload
 
 __all__ = [
+    "FORWARD_NAME",
     "FULL_SAMPLES",
     "FULL_WARMUP",
     "QUICK_SAMPLES",
@@ -57,11 +58,13 @@ __all__ = [
     "sample_interleaved",
     "make_step_pair",
     "make_training_step",
+    "sample_alternating",
     "sample_steps",
 ]
 
 BENCHMARK = "jitter"
 NAME = "step_compute"
+FORWARD_NAME = "forward_compute"  # the forward-only step, as ``microbench speed`` records it
 FULL_SAMPLES, FULL_WARMUP = 200, 10
 QUICK_SAMPLES, QUICK_WARMUP = 40, 3
 # The fixed count is reached by construction: "max_samples" is the stop reason that says so.
@@ -133,6 +136,27 @@ def sample_steps(
         step()
         out[i] = clock() - start
     return out
+
+
+def sample_alternating(
+    steps: Sequence[Callable[[], object]],
+    samples: int,
+    warmup: int,
+    *,
+    clock: Clock = time.perf_counter,
+) -> list[np.ndarray]:
+    """Each of ``steps`` ``warmup`` times untimed, then ``samples`` rounds of one timed call of
+    each in turn: their seconds, one array per step."""
+    for step in steps:
+        for _ in range(warmup):
+            step()
+    out = np.empty((len(steps), samples), dtype=np.float64)
+    for i in range(samples):
+        for k, step in enumerate(steps):
+            start = clock()
+            step()
+            out[k, i] = clock() - start
+    return list(out)
 
 
 def sample_alone(

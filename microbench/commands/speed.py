@@ -26,12 +26,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import numpy as np
 
 from ..cli import (
     add_output_arguments,
@@ -43,8 +37,6 @@ from ..cli import (
 
 RECORDS_FILE = "speed.jsonl"
 BENCHMARK = "speed"
-NAME = "step_compute"
-FORWARD_NAME = "forward_compute"
 DEFAULT_SAMPLES, DEFAULT_WARMUP = 15, 3
 
 
@@ -93,7 +85,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ..jitter import make_step_pair
+    from ..jitter import FORWARD_NAME, NAME, make_step_pair, sample_alternating
     from ..machine import machine_metadata
     from ..measurement import Measurement
     from ..records import RecordWriter
@@ -135,22 +127,3 @@ def run(args: argparse.Namespace) -> int:
                             flush=True,
                         )
     return 0
-
-
-def sample_alternating(
-    steps: tuple[Callable[[], object], ...], samples: int, warmup: int
-) -> list[np.ndarray]:
-    """Each of ``steps`` ``warmup`` times untimed, then ``samples`` rounds of one timed call of
-    each in turn: their seconds, one array per step."""
-    import numpy as np
-
-    for step in steps:
-        for _ in range(warmup):
-            step()
-    out = np.empty((len(steps), samples), dtype=np.float64)
-    for i in range(samples):
-        for k, step in enumerate(steps):
-            start = time.perf_counter()
-            step()
-            out[k, i] = time.perf_counter() - start
-    return list(out)
