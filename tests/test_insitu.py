@@ -54,6 +54,33 @@ def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
     assert set(frame["params.rounds"]) == {5}  # the default, 6 samples: 2, 1, 1, 1, 1
 
 
+def test_rounds_visit_every_step_in_turn_each_after_its_own_warmup():
+    """Two steps, 5 samples in 2 rounds, warm-up 1: a 4 times, b 4 times (round 1: the
+    warm-up and 3 samples each), then a 3 times, b 3 times (round 2: the warm-up and 2); each
+    step's table keeps its 5 samples in time order, and its calls."""
+    from microbench.insitu import sample_rounds
+
+    class NoComm:
+        def Barrier(self):  # noqa: N802 - mpi4py's name
+            pass
+
+    trace, clock = [], iter(range(1000))
+
+    def make(name):
+        def step():
+            trace.append(name)
+            return [("allgather", name, 8, float(next(clock)))]
+
+        return step
+
+    timed = sample_rounds([(make("a"), "model"), (make("b"), "model")], 5, 1, 2, NoComm())
+    assert "".join(trace) == "aaaabbbb" + "aaabbb"
+    (calls_a, table_a), (calls_b, table_b) = timed
+    assert calls_a == [Call("allgather", "a", 8, "model")] and table_a.shape == (5, 1)
+    assert list(table_a[:, 0]) == [1, 2, 3, 9, 10]  # the warm-up steps (0, 8) are not kept
+    assert list(table_b[:, 0]) == [5, 6, 7, 12, 13]
+
+
 def test_samples_are_spread_over_rounds_as_evenly_as_possible():
     assert split_rounds(10, 3) == [4, 3, 3]
     assert split_rounds(2, 5) == [1, 1]  # at most one round per sample
