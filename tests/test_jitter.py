@@ -14,7 +14,9 @@ from microbench.jitter import (
     JitterSummary,
     format_summary,
     jitter_records,
+    make_step_pair,
     make_training_step,
+    sample_alternating,
     sample_interleaved,
     sample_steps,
 )
@@ -96,6 +98,30 @@ def test_warmup_calls_are_never_sampled():
     assert samples.tolist() == [4.0, 5.0, 6.0, 7.0, 8.0]
     with pytest.raises(ValueError):
         sample_steps(step, samples=0, warmup=1)
+
+
+def test_alternating_samples_take_one_call_of_each_step_in_turn_after_their_warmups():
+    """Step a costs 1 s, step b 10 s (after slow warm-ups of 100 s): a, a, b, b untimed, then
+    a, b, a, b, a, b timed; each step's seconds are its own."""
+    clock, calls = FakeClock(), []
+
+    def make(name, seconds):
+        def step() -> None:
+            calls.append(name)
+            warm = calls.count(name) <= 2
+            clock.now += 100.0 if warm else seconds
+
+        return step
+
+    a, b = sample_alternating((make("a", 1.0), make("b", 10.0)), 3, 2, clock=clock)
+    assert "".join(calls) == "aabb" + "ab" * 3
+    assert a.tolist() == [1.0] * 3 and b.tolist() == [10.0] * 3
+
+
+def test_the_forward_only_step_is_a_share_of_the_training_step_on_the_same_network():
+    step, forward_only = make_step_pair(load_workload("mlp"), batch=16)
+    full, forward = sample_alternating((step, forward_only), 9, 2)
+    assert 0.0 < np.median(forward) < np.median(full)
 
 
 def test_the_real_training_step_can_be_sampled():
