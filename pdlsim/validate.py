@@ -168,18 +168,22 @@ def _read_steps(run_dir: Path) -> dict[int, dict[int, dict[str, Any]]]:
 
 def measured_step_times(run_dir: Path) -> tuple[list[float], dict[str, float]]:
     """Post-warm-up step times (max over ranks per step) and the median per-phase seconds
-    (per step, the phases of the slowest rank)."""
+    (per step, the phases of the slowest rank), plus ``skew``: the median over steps of the
+    ranks' mean ``wait``. The slowest rank hardly waits; the mean over ranks is the step's
+    max less its mean, what the model calls T_sync."""
     ranks = _read_steps(run_dir)
     common = sorted(set.intersection(*(set(r) for r in ranks.values())))
     kept = common[warmup_steps(len(common)) :]
-    steps, phases = [], []
+    steps, phases, skews = [], [], []
     for step in kept:
         recs = [ranks[r][step] for r in ranks]
         slowest = max(recs, key=lambda rec: rec["step_s"])
         steps.append(slowest["step_s"])
         phases.append(slowest["phases_s"])
+        skews.append(statistics.fmean(rec["phases_s"].get("wait", 0.0) for rec in recs))
     names = list(phases[0]) if phases else []
-    return steps, {n: statistics.median(p[n] for p in phases) for n in names}
+    medians = {n: statistics.median(p[n] for p in phases) for n in names}
+    return steps, {**medians, "skew": statistics.median(skews) if skews else 0.0}
 
 
 def measured_memory(run_dir: Path) -> dict[str, int]:

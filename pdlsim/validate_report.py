@@ -39,6 +39,8 @@ __all__ = [
 ]
 
 PHASES = ("data", "h2d", "forward", "backward", "wait", "allreduce", "allgather", "update")
+# measured_skew_s: the ranks' mean wait (T_sync), beside the slowest rank's phases above
+MEASURED = (*PHASES, "skew")
 COLUMNS = (
     "model", "mode", "parallel", "inference", "procs", "threads", "batch", "oversubscribed",
     "steps",
@@ -47,7 +49,7 @@ COLUMNS = (
     "rel_error", "in_band",
     "measured_speedup", "measured_speedup_low", "measured_speedup_high",
     "predicted_speedup", "predicted_speedup_low", "predicted_speedup_high",
-    *(f"measured_{p}_s" for p in PHASES),
+    *(f"measured_{p}_s" for p in MEASURED),
     "predicted_compute_s", "predicted_comm_s", "predicted_sync_s",
     "predicted_energy_j_per_sample", "measured_activity_energy_j_per_sample",
     "predicted_memory_bytes", "measured_model_state_bytes", "measured_peak_rss_bytes",
@@ -76,7 +78,7 @@ def build_rows(results: list[tuple[Any, dict[str, Any], dict[str, Any]]], cores:
         m, p50 = row["measured_s"], row["predicted_p50_s"]
         row["rel_error"] = abs(p50 - m) / m
         row["in_band"] = bool(band["p10_s"] <= m <= band["p90_s"])
-        for phase in PHASES:
+        for phase in MEASURED:
             row[f"measured_{phase}_s"] = meas["measured_phases_s"].get(phase, 0.0)
         for term in ("compute", "comm", "sync"):
             row[f"predicted_{term}_s"] = b[f"{term}_s"]
@@ -294,24 +296,26 @@ def format_report(report: dict[str, Any]) -> str:
 def format_breakdown(rows: list[dict[str, Any]]) -> str:
     """Measured phases (slowest rank, median) against the predicted compute/comm/sync."""
     lines = [
-        "breakdown, ms: measured compute = data+forward+backward+update, comm = allreduce "
-        "(+ allgather, model parallel), "
-        "sync = wait (barrier); energy per sample, mJ: the power model on the measured "
-        "phases, and predicted; memory per rank, MiB: predicted, training's arrays, peak RSS",
+        "breakdown, ms: measured phases of the slowest rank (median over steps): compute = "
+        "data+forward+backward+update, comm = allreduce (+ allgather, model parallel); "
+        "measured sync = the ranks' mean wait at the barrier (the slowest rank's own is in "
+        "'wait'; model parallel: waits inside the collectives are in comm); energy per sample, "
+        "mJ: the power model on the measured phases, and predicted; memory per rank, MiB: "
+        "predicted, training's arrays, peak RSS",
         f"{'configuration':30} {'data':>6} {'fwd':>7} {'bwd':>7} {'upd':>6} {'wait':>6} "
         f"{'allred':>6} | {'meas comp':>9} {'pred comp':>9} {'meas comm':>9} {'pred comm':>9} "
         f"{'meas sync':>9} {'pred sync':>9} | {'meas mJ':>7} {'pred mJ':>7} | "
         f"{'pred':>6} {'arrays':>6} {'rss':>6}",
     ]
     for r in rows:
-        g = {p: 1e3 * r[f"measured_{p}_s"] for p in PHASES}
+        g = {p: 1e3 * r.get(f"measured_{p}_s", 0.0) for p in MEASURED}
         comp = g["data"] + g["forward"] + g["backward"] + g["update"] + g["h2d"]
         comm = g["allreduce"] + g["allgather"]
         lines.append(
             f"{_name(r):30} {g['data']:6.3f} {g['forward']:7.3f} {g['backward']:7.3f} "
             f"{g['update']:6.3f} {g['wait']:6.3f} {g['allreduce']:6.3f} | {comp:9.3f} "
             f"{1e3 * r['predicted_compute_s']:9.3f} {comm:9.3f} "
-            f"{1e3 * r['predicted_comm_s']:9.3f} {g['wait']:9.3f} "
+            f"{1e3 * r['predicted_comm_s']:9.3f} {g['skew']:9.3f} "
             f"{1e3 * r['predicted_sync_s']:9.3f} | "
             f"{1e3 * r['measured_activity_energy_j_per_sample']:7.3f} "
             f"{1e3 * r['predicted_energy_j_per_sample']:7.3f} | "

@@ -124,6 +124,32 @@ def test_out_is_a_file(tmp_path: Path, capsys) -> None:
     assert len(err.splitlines()) == 1 and "is a file" in err
 
 
+def test_measured_sync_is_the_ranks_mean_wait_not_the_slowest_ranks(tmp_path: Path) -> None:
+    """Two ranks, 20 steps (the first 5 discarded): rank 1 computes 3.5 ms and waits 0, rank
+    0 computes 2.5 ms and waits 1 ms (its records say 0.1 ms less in all). The step is the
+    slowest rank's (rank 1, 3.5 ms), its phases are rank 1's (wait 0), and the skew is the
+    mean wait over ranks, 0.5 ms."""
+    from pdlsim.validate import measured_step_times
+
+    for rank, (compute, wait) in enumerate(((2.5e-3, 1e-3), (3.5e-3, 0.0))):
+        lines = [
+            json.dumps(
+                {
+                    "type": "train_step",
+                    "rank": rank,
+                    "global_step": step,
+                    "step_s": compute + wait - 1e-4 * (rank == 0),
+                    "phases_s": {"forward": compute, "wait": wait},
+                }
+            )  # fmt: skip
+            for step in range(20)
+        ]
+        (tmp_path / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    steps, phases = measured_step_times(tmp_path)
+    assert len(steps) == 15 and steps == pytest.approx([3.5e-3] * 15)
+    assert phases == pytest.approx({"forward": 3.5e-3, "wait": 0.0, "skew": 0.5e-3})
+
+
 def test_breakdown_table_has_a_line_per_configuration(tiny: tuple[Path, dict]) -> None:
     from pdlsim.validate_report import format_breakdown
 
