@@ -143,7 +143,7 @@ class DriftModel:
         """Typical time / the compute stage's time of this step: the median of its moments
         over its compute moment when it has at least :data:`MIN_MOMENTS` of them, else the
         compute stage's offset over every step, exp(-``compute_log_offset``)."""
-        moments = self.medians_.get(f"{model}-b{int(batch)}-t{int(threads)}", {})
+        moments = self.medians_.get(_step_key(model, batch, threads), {})
         if len(moments) >= MIN_MOMENTS and COMPUTE_MOMENT in moments:
             return float(
                 np.exp(np.median(np.log(list(moments.values())))) / moments[COMPUTE_MOMENT]
@@ -153,7 +153,7 @@ class DriftModel:
     def forward_fraction(self, model: str, batch: int, threads: int) -> float | None:
         """The forward-only step over the training step, the median over the moments that
         timed both (module docstring); None where none did."""
-        key = f"{model}-b{int(batch)}-t{int(threads)}"
+        key = _step_key(model, batch, threads)
         steps, forwards = self.medians_.get(key, {}), self.forward_medians_.get(key, {})
         ratios = [forwards[m] / steps[m] for m in forwards if m in steps]
         return float(np.median(ratios)) if ratios else None
@@ -189,4 +189,9 @@ def _add(into: dict[str, dict[str, float]], key: str, where: str, median_s: floa
 
 
 def _key(row: pd.Series) -> str:
-    return f"{row['params.model']}-b{int(row['params.batch'])}-t{int(row['params.threads'])}"
+    return _step_key(row["params.model"], row["params.batch"], row["params.threads"])
+
+
+def _step_key(model: str, batch: Any, threads: Any) -> str:
+    """The key of one step's medians: ``mlp-b32-t1``."""
+    return f"{model}-b{int(batch)}-t{int(threads)}"
