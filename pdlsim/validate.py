@@ -290,6 +290,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     from microbench.threads import available_cores
     from pdlsim.validate_calibrate import calibrate_now, profile_provenance
     from pdlsim.validate_checkpoint import validate_checkpoint
+    from pdlsim.validate_floor import add_noise_floor
     from pdlsim.validate_report import add_calibration_only, build_rows, summarize, write_outputs
     from pdlsim.validate_speed import CHECK_EVERY_LAUNCHES, SpeedChecks, span_profile
 
@@ -330,6 +331,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     ]
     rows = build_rows(results, cores)
     add_calibration_only(rows, calibrated)
+    floor = add_noise_floor(rows, checks.out, cfg.repeats)  # pdlsim.validate_floor
     provenance["speed_checks"] = (
         f"{checks.done} runs of 'microbench speed' between the training launches (never a "
         f"training run) added to the drift model: {spanned.profile}; the calibration_* "
@@ -345,7 +347,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         "speedup": "throughput / throughput of P1T1 at the same batch per rank; model "
         "parallel: serial step / step at the same global batch (inference: serial forward)",
         "elapsed_s": time.perf_counter() - started,
-        "summary": summarize(rows),
+        "summary": {**summarize(rows), "noise_floor": floor},
         "rows": rows,
         "checkpoint": validate_checkpoint(cfg, log),  # pdlsim.validate_checkpoint
     }

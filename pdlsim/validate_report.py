@@ -34,6 +34,7 @@ __all__ = [
     "add_calibration_only",
     "build_rows",
     "format_breakdown",
+    "format_floor",
     "format_report",
     "summarize",
 ]
@@ -55,7 +56,7 @@ COLUMNS = (
     "predicted_memory_bytes", "measured_model_state_bytes", "measured_peak_rss_bytes",
     "steal_max",
     "calibration_p50_s", "calibration_p10_s", "calibration_p90_s", "calibration_rel_error",
-    "calibration_in_band",
+    "calibration_in_band", "noise_floor_rel_error",
 )  # fmt: skip
 
 
@@ -285,12 +286,27 @@ def format_report(report: dict[str, Any]) -> str:
                 f"{100 * s['median_rel_error']:.1f}%, worst {100 * s['worst_rel_error']:.1f}% "
                 f"({s['worst_configuration']}), inside P10-P90 {100 * s['in_band_fraction']:.0f}%"
             )
+    floor = report["summary"].get("noise_floor", {"configurations": 0})
+    if floor["configurations"]:
+        lines.append(format_floor(floor))
     if report.get("checkpoint"):  # pdlsim.validate_checkpoint
         from pdlsim.validate_checkpoint import format_checkpoint_check
 
         lines.append(format_checkpoint_check(report["checkpoint"]))
     lines.append(f"elapsed {report['elapsed_s']:.0f} s; files: {', '.join(report['files'])}")
     return "\n".join(lines)
+
+
+def format_floor(floor: dict[str, Any]) -> str:
+    """The summary line of :mod:`pdlsim.validate_floor`."""
+    med, worst = floor["median_rel_error"], floor["worst_rel_error"]
+    return (
+        f"machine noise floor (a perfect model of the typical step, the median of "
+        f"{floor['repeats']} launches at speed levels drawn from this span's speed checks; "
+        f"{floor['configurations']} configurations): median error {100 * med['p50']:.1f}% "
+        f"[P10-P90 {100 * med['p10']:.1f}-{100 * med['p90']:.1f}%], worst "
+        f"{100 * worst['p50']:.1f}% [{100 * worst['p10']:.1f}-{100 * worst['p90']:.1f}%]"
+    )
 
 
 def format_breakdown(rows: list[dict[str, Any]]) -> str:

@@ -264,6 +264,10 @@ def test_speed_checks_between_launches_extend_the_drift_model(tiny: tuple[Path, 
     assert {"validation 1", "validation 2"} <= set(drift.medians_["mlp-b16-t1"])
     assert "2 runs of 'microbench speed'" in report["provenance"]["speed_checks"]
     assert "calibration_moments_only" in report["summary"]
+    floor = report["summary"]["noise_floor"]  # pdlsim.validate_floor, from those checks
+    assert floor["configurations"] == 2 and floor["repeats"] == 2
+    assert all(r["noise_floor_rel_error"] >= 0.0 for r in report["rows"])
+    assert "machine noise floor" in format_report(report)
     for row in report["rows"]:
         assert row["calibration_p10_s"] <= row["calibration_p50_s"] <= row["calibration_p90_s"]
 

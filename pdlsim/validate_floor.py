@@ -1,0 +1,114 @@
+"""The machine's noise floor: the error a perfect model would show in a validation.
+
+A row's prediction is of the typical step over the validation's span (the drift model's typical
+speed, :mod:`pdlsim.validate_speed`); its measurement is the median of a few launches, each of
+which caught the machine at one moment. Where the machine's speed switches between levels (the
+2-core test machine's does, by 30% and more), even a model that knew the typical step exactly
+would be off by however far the median of those launches fell from it. This module estimates
+that error from the validation's own speed checks, never from a training run:
+
+* each check's median step over the median of every check of that step is one moment's speed
+  level (:func:`speed_levels`, per record name, workload and batch);
+* a perfect model's relative error for one row is ``|median of R levels - 1|``, R the launches
+  per configuration, the levels drawn with replacement from that row's step (the forward-only
+  step for inference rows; the serial step at the row's batch for every mode, since the checks
+  time nothing else);
+* drawn for every row at once, ``draws`` times (:func:`floor_errors`): the median and the worst
+  over the rows of each draw are what a perfect model's summary line could have read, and
+  :func:`summarize_floor` gives their P10, P50 and P90.
+
+Two assumptions, which the report states: a launch sees the machine as one speed check does
+(on four full validations of the test machine, launch medians lay 1.8-5.6% from their
+configuration's median, triples of speed checks 3.2-4.9%: the median deviations), and a
+configuration's speed moves with its workload's serial step at its batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FLOOR_DRAWS", "add_noise_floor", "floor_errors", "speed_levels", "summarize_floor"]
+
+FLOOR_DRAWS = 2000
+_STEP, _FORWARD = "step_compute", "forward_compute"  # microbench.jitter.NAME, FORWARD_NAME
+Levels = dict[tuple[str, str, int], np.ndarray]
+
+
+def speed_levels(speed_dir: Path) -> Levels:
+    """{(record name, model, batch): each speed check's median over their median} for the
+    ``microbench speed`` records under ``speed_dir``; empty when there are none."""
+    from microbench.records import load_dataframe
+
+    try:
+        df = load_dataframe(speed_dir, type="measurement")
+    except FileNotFoundError:
+        return {}
+    if df.empty or "benchmark" not in df:
+        return {}
+    df = df[df["benchmark"] == "speed"]
+    out: Levels = {}
+    for (name, model, batch), group in df.groupby(["name", "params.model", "params.batch"]):
+        medians = np.array([np.median(s) for s in group["samples"]], dtype=float)
+        out[(str(name), str(model), int(batch))] = medians / np.median(medians)
+    return out
+
+
+def _row_levels(row: dict[str, Any], levels: Levels) -> np.ndarray | None:
+    key = (str(row["model"]), int(row["batch"]))
+    forward = levels.get((_FORWARD, *key)) if row["inference"] else None
+    return forward if forward is not None else levels.get((_STEP, *key))
+
+
+def floor_errors(
+    rows: list[dict[str, Any]],
+    levels: Levels,
+    repeats: int,
+    draws: int = FLOOR_DRAWS,
+    seed: int = 0,
+) -> np.ndarray:
+    """Rows x ``draws``: a perfect model's relative error per row and draw (module docstring);
+    a row whose step no speed check timed is NaN."""
+    if repeats < 1 or draws < 1:
+        raise ValueError(f"repeats and draws must be >= 1, got {repeats} and {draws}")
+    rng = np.random.default_rng(seed)
+    out = np.full((len(rows), draws), np.nan)
+    for i, row in enumerate(rows):
+        level = _row_levels(row, levels)
+        if level is None or level.size == 0:
+            continue
+        picks = level[rng.integers(0, level.size, size=(draws, repeats))]
+        out[i] = np.abs(np.median(picks, axis=1) - 1.0)
+    return out
+
+
+def summarize_floor(errors: np.ndarray, repeats: int) -> dict[str, Any]:
+    """P10/P50/P90 over the draws of the median and worst error over the rows that have a
+    floor (all-NaN rows are left out); ``{"configurations": 0}`` when none has."""
+    kept = errors[~np.all(np.isnan(errors), axis=1)] if errors.size else errors
+    if kept.size == 0:
+        return {"configurations": 0, "repeats": repeats}
+
+    def spread(values: np.ndarray) -> dict[str, float]:
+        p10, p50, p90 = np.quantile(values, (0.1, 0.5, 0.9))
+        return {"p10": float(p10), "p50": float(p50), "p90": float(p90)}
+
+    return {
+        "configurations": int(kept.shape[0]),
+        "repeats": repeats,
+        "draws": int(kept.shape[1]),
+        "median_rel_error": spread(np.median(kept, axis=0)),
+        "worst_rel_error": spread(np.max(kept, axis=0)),
+    }
+
+
+def add_noise_floor(rows: list[dict[str, Any]], speed_dir: Path, repeats: int) -> dict[str, Any]:
+    """Each row's ``noise_floor_rel_error`` (the median over draws; None without a speed
+    check of its step), and the summary over the rows that fit the cores."""
+    errors = floor_errors(rows, speed_levels(speed_dir), repeats)
+    for row, errs in zip(rows, errors, strict=True):
+        row["noise_floor_rel_error"] = None if np.all(np.isnan(errs)) else float(np.median(errs))
+    fits = np.array([not r["oversubscribed"] for r in rows], dtype=bool)
+    return summarize_floor(errors[fits] if rows else errors, repeats)
