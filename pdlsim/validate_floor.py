@@ -18,8 +18,9 @@ that error from the validation's own speed checks, never from a training run:
   :func:`summarize_floor` gives their P10, P50 and P90.
 
 Two assumptions, which the report states: a launch sees the machine as one speed check does
-(on four full validations of the test machine, launch medians lay 1.8-5.6% from their
-configuration's median, triples of speed checks 3.2-4.9%: the median deviations), and a
+(each report checks it, :func:`add_noise_floor`: on five full validations of the test
+machine, launch medians lay 1.8-5.6% from their configuration's median, drawn check levels
+1.8-3.5% from theirs, so if anything launches vary more and the floor is low), and a
 configuration's speed moves with its workload's serial step at its batch.
 """
 
@@ -30,7 +31,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FLOOR_DRAWS", "add_noise_floor", "floor_errors", "speed_levels", "summarize_floor"]
+__all__ = [
+    "FLOOR_DRAWS",
+    "add_noise_floor",
+    "deviation",
+    "floor_errors",
+    "speed_levels",
+    "summarize_floor",
+]
 
 FLOOR_DRAWS = 2000
 _STEP, _FORWARD = "step_compute", "forward_compute"  # microbench.jitter.NAME, FORWARD_NAME
@@ -62,6 +70,21 @@ def _row_levels(row: dict[str, Any], levels: Levels) -> np.ndarray | None:
     return forward if forward is not None else levels.get((_STEP, *key))
 
 
+def _picks(
+    rows: list[dict[str, Any]], levels: Levels, repeats: int, draws: int, seed: int
+) -> list[np.ndarray | None]:
+    """Per row, ``draws`` x ``repeats`` levels drawn with replacement (None: no check)."""
+    if repeats < 1 or draws < 1:
+        raise ValueError(f"repeats and draws must be >= 1, got {repeats} and {draws}")
+    rng = np.random.default_rng(seed)
+    out: list[np.ndarray | None] = []
+    for row in rows:
+        level = _row_levels(row, levels)
+        ok = level is not None and level.size > 0
+        out.append(level[rng.integers(0, level.size, size=(draws, repeats))] if ok else None)
+    return out
+
+
 def floor_errors(
     rows: list[dict[str, Any]],
     levels: Levels,
@@ -71,17 +94,19 @@ def floor_errors(
 ) -> np.ndarray:
     """Rows x ``draws``: a perfect model's relative error per row and draw (module docstring);
     a row whose step no speed check timed is NaN."""
-    if repeats < 1 or draws < 1:
-        raise ValueError(f"repeats and draws must be >= 1, got {repeats} and {draws}")
-    rng = np.random.default_rng(seed)
     out = np.full((len(rows), draws), np.nan)
-    for i, row in enumerate(rows):
-        level = _row_levels(row, levels)
-        if level is None or level.size == 0:
-            continue
-        picks = level[rng.integers(0, level.size, size=(draws, repeats))]
-        out[i] = np.abs(np.median(picks, axis=1) - 1.0)
+    for i, picks in enumerate(_picks(rows, levels, repeats, draws, seed)):
+        if picks is not None:
+            out[i] = np.abs(np.median(picks, axis=1) - 1.0)
     return out
+
+
+def deviation(groups: list[np.ndarray]) -> float | None:
+    """The median over every member of every group (a row's launches, or one draw of levels
+    for it) of |member / its group's median - 1|; None when no group has two members."""
+    devs = [np.abs(g / np.median(g, axis=-1, keepdims=True) - 1.0).ravel() for g in groups]
+    devs = [d for d, g in zip(devs, groups, strict=True) if np.shape(g)[-1] > 1]
+    return float(np.median(np.concatenate(devs))) if devs else None
 
 
 def summarize_floor(errors: np.ndarray, repeats: int) -> dict[str, Any]:
@@ -106,9 +131,20 @@ def summarize_floor(errors: np.ndarray, repeats: int) -> dict[str, Any]:
 
 def add_noise_floor(rows: list[dict[str, Any]], speed_dir: Path, repeats: int) -> dict[str, Any]:
     """Each row's ``noise_floor_rel_error`` (the median over draws; None without a speed
-    check of its step), and the summary over the rows that fit the cores."""
-    errors = floor_errors(rows, speed_levels(speed_dir), repeats)
+    check of its step), and the summary over the rows that fit the cores, with the check of
+    its first assumption: how far launches lie from their row's median (``launch_deviation``)
+    against drawn levels from theirs (``check_deviation``), both over the rows with a floor."""
+    levels = speed_levels(speed_dir)
+    errors = floor_errors(rows, levels, repeats)
     for row, errs in zip(rows, errors, strict=True):
         row["noise_floor_rel_error"] = None if np.all(np.isnan(errs)) else float(np.median(errs))
-    fits = np.array([not r["oversubscribed"] for r in rows], dtype=bool)
-    return summarize_floor(errors[fits] if rows else errors, repeats)
+    fits = [i for i, r in enumerate(rows) if not r["oversubscribed"]]
+    summary = summarize_floor(errors[fits] if fits else errors[:0], repeats)
+    if summary["configurations"]:
+        picks = _picks([rows[i] for i in fits], levels, repeats, FLOOR_DRAWS, seed=1)
+        floored = [i for i, p in zip(fits, picks, strict=True) if p is not None]
+        summary["launch_deviation"] = deviation(
+            [np.asarray(rows[i]["launch_medians_s"], dtype=float) for i in floored]
+        )
+        summary["check_deviation"] = deviation([p for p in picks if p is not None])
+    return summary

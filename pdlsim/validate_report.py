@@ -306,6 +306,18 @@ def format_floor(floor: dict[str, Any]) -> str:
         f"{floor['configurations']} configurations): median error {100 * med['p50']:.1f}% "
         f"[P10-P90 {100 * med['p10']:.1f}-{100 * med['p90']:.1f}%], worst "
         f"{100 * worst['p50']:.1f}% [{100 * worst['p10']:.1f}-{100 * worst['p90']:.1f}%]"
+        + _deviations(floor)
+    )
+
+
+def _deviations(floor: dict[str, Any]) -> str:
+    """The floor's assumption, checked: launches spread about their median like checks do."""
+    launches, checks = floor.get("launch_deviation"), floor.get("check_deviation")
+    if launches is None or checks is None:
+        return ""
+    return (
+        f"; launches lay {100 * launches:.1f}% from their configuration's median, "
+        f"drawn checks {100 * checks:.1f}% (median deviations)"
     )
 
 

@@ -10,7 +10,13 @@ import pytest
 
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter
-from pdlsim.validate_floor import add_noise_floor, floor_errors, speed_levels, summarize_floor
+from pdlsim.validate_floor import (
+    add_noise_floor,
+    deviation,
+    floor_errors,
+    speed_levels,
+    summarize_floor,
+)
 from pdlsim.validate_report import format_floor
 
 
@@ -26,7 +32,10 @@ def _checks(out: Path, steps_s: dict[tuple[str, str, int], list[float]]) -> Path
 
 
 def _row(model: str = "cnn", batch: int = 32, inference: bool = False, over: bool = False):
-    return {"model": model, "batch": batch, "inference": inference, "oversubscribed": over}
+    return {
+        "model": model, "batch": batch, "inference": inference, "oversubscribed": over,
+        "launch_medians_s": [0.9, 1.0, 1.2],
+    }  # fmt: skip
 
 
 def test_levels_are_each_check_over_the_median_of_its_step(tmp_path: Path) -> None:
@@ -80,8 +89,21 @@ def test_rows_take_their_own_step_and_unchecked_ones_are_left_out(tmp_path: Path
     assert summary["repeats"] == 1
     med, worst = summary["median_rel_error"], summary["worst_rel_error"]
     assert 0.0 <= med["p10"] <= med["p50"] <= med["p90"] <= worst["p50"] <= 1.0
+    # launches [0.9, 1.0, 1.2] lie 10%, 0% and 20% from their median
+    assert summary["launch_deviation"] == pytest.approx(0.1)
+    assert summary["check_deviation"] is None  # one launch per draw: nothing to spread
     line = format_floor(summary)
     assert "median of 1 launches" in line and "3 configurations" in line
+
+
+def test_deviation_is_the_median_distance_from_each_groups_median() -> None:
+    """The floor's assumption, checked: launches spread about their row's median as drawn
+    check levels do about theirs."""
+    assert deviation([np.array([0.9, 1.0, 1.2]), np.array([2.0, 2.0, 2.0])]) == pytest.approx(0.0)
+    assert deviation([np.array([0.9, 1.0, 1.2])]) == pytest.approx(0.1)
+    assert deviation([np.array([[1.0, 2.0, 4.0], [1.0, 1.0, 1.0]])]) == pytest.approx(0.0)
+    assert deviation([np.array([1.0, 2.0, 4.0])]) == pytest.approx(0.5)
+    assert deviation([np.array([1.0])]) is None
 
 
 def test_no_checked_rows_give_an_empty_summary() -> None:
