@@ -250,13 +250,15 @@ def test_forward_only_predictions_are_the_typical_step_times_its_measured_share(
     from microbench.network_ops import LABEL_BYTES
     from pdlsim.costmodel import ProfileCostModel
 
-    profile = load_profile("xeon-2core")
-    doc = profile.to_dict()
-    drift_doc = dict(doc["models"]["drift"])
-    medians = drift_doc["medians_s"]["cnn-b32-t1"]
-    drift_doc["forward_medians_s"] = {"cnn-b32-t1": {m: 0.3 * v for m, v in medians.items()}}
-    doc = {**doc, "models": {**doc["models"], "drift": drift_doc}}
-    shared = Profile.from_dict(doc)
+    doc = load_profile("xeon-2core").to_dict()
+
+    def with_shares(shares: dict) -> Profile:
+        drift_doc = {**doc["models"]["drift"], "forward_medians_s": shares}
+        return Profile.from_dict({**doc, "models": {**doc["models"], "drift": drift_doc}})
+
+    medians = doc["models"]["drift"]["medians_s"]["cnn-b32-t1"]
+    shared = with_shares({"cnn-b32-t1": {m: 0.3 * v for m, v in medians.items()}})
+    profile = with_shares({})
     layers = load_workload("cnn").layers
 
     def forward_s(cost):
