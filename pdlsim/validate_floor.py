@@ -31,6 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from microbench.jitter import FORWARD_NAME
+from microbench.jitter import NAME as STEP_NAME
+
 __all__ = [
     "FLOOR_DRAWS",
     "add_noise_floor",
@@ -41,7 +44,6 @@ __all__ = [
 ]
 
 FLOOR_DRAWS = 2000
-_STEP, _FORWARD = "step_compute", "forward_compute"  # microbench.jitter.NAME, FORWARD_NAME
 Levels = dict[tuple[str, str, int], np.ndarray]
 
 
@@ -66,8 +68,8 @@ def speed_levels(speed_dir: Path) -> Levels:
 
 def _row_levels(row: dict[str, Any], levels: Levels) -> np.ndarray | None:
     key = (str(row["model"]), int(row["batch"]))
-    forward = levels.get((_FORWARD, *key)) if row["inference"] else None
-    return forward if forward is not None else levels.get((_STEP, *key))
+    forward = levels.get((FORWARD_NAME, *key)) if row["inference"] else None
+    return forward if forward is not None else levels.get((STEP_NAME, *key))
 
 
 def _picks(
