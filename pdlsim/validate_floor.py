@@ -96,10 +96,14 @@ def floor_errors(
 ) -> np.ndarray:
     """Rows x ``draws``: a perfect model's relative error per row and draw (module docstring);
     a row whose step no speed check timed is NaN."""
-    out = np.full((len(rows), draws), np.nan)
-    for i, picks in enumerate(_picks(rows, levels, repeats, draws, seed)):
-        if picks is not None:
-            out[i] = np.abs(np.median(picks, axis=1) - 1.0)
+    return _errors(_picks(rows, levels, repeats, draws, seed), draws)
+
+
+def _errors(picks: list[np.ndarray | None], draws: int) -> np.ndarray:
+    out = np.full((len(picks), draws), np.nan)
+    for i, row_picks in enumerate(picks):
+        if row_picks is not None:
+            out[i] = np.abs(np.median(row_picks, axis=1) - 1.0)
     return out
 
 
@@ -136,17 +140,16 @@ def add_noise_floor(rows: list[dict[str, Any]], speed_dir: Path, repeats: int) -
     check of its step), and the summary over the rows that fit the cores, with the check of
     its first assumption: how far launches lie from their row's median (``launch_deviation``)
     against drawn levels from theirs (``check_deviation``), both over the rows with a floor."""
-    levels = speed_levels(speed_dir)
-    errors = floor_errors(rows, levels, repeats)
+    picks = _picks(rows, speed_levels(speed_dir), repeats, FLOOR_DRAWS, seed=0)
+    errors = _errors(picks, FLOOR_DRAWS)
     for row, errs in zip(rows, errors, strict=True):
         row["noise_floor_rel_error"] = None if np.all(np.isnan(errs)) else float(np.median(errs))
     fits = [i for i, r in enumerate(rows) if not r["oversubscribed"]]
     summary = summarize_floor(errors[fits] if fits else errors[:0], repeats)
     if summary["configurations"]:
-        picks = _picks([rows[i] for i in fits], levels, repeats, FLOOR_DRAWS, seed=1)
-        floored = [i for i, p in zip(fits, picks, strict=True) if p is not None]
+        floored = [i for i in fits if picks[i] is not None]
         summary["launch_deviation"] = deviation(
             [np.asarray(rows[i]["launch_medians_s"], dtype=float) for i in floored]
         )
-        summary["check_deviation"] = deviation([p for p in picks if p is not None])
+        summary["check_deviation"] = deviation([picks[i] for i in floored])
     return summary
