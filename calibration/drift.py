@@ -101,6 +101,8 @@ class DriftModel:
             if not alone and not (statistic == "per_rank" and r.get("params.ranks") == 1):
                 continue
             where = f"jitter {'alone at ' + str(int(r['params.ranks'])) if alone else 'at 1'}"
+            moment = r.get("params.moment")
+            where += f" ({moment})" if isinstance(moment, str) else ""
             _add(self.medians_, _key(r), where, float(np.median(r["samples"])))
         return self.add_moments(rows)
 

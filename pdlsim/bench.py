@@ -21,10 +21,15 @@ from typing import TextIO
 from microbench.cpustat import cpu_times, steal_fraction
 from microbench.errors import UserError
 from microbench.fileio import atomic_write_text
+from microbench.jitter import FULL_SAMPLES
 from microbench.threads import available_cores, oversubscription, thread_env
 from pdlsim.launch import mpiexec_command, run_supervised
 
 PLAN_FILE = "bench.json"
+# The jitter step at P >= 2 is timed at this many moments of the bench (one with --quick): a
+# run of it sees one moment of a machine whose noise comes and goes, and calibration takes
+# the typical moment's skew (calibration.jitter).
+JITTER_MOMENTS = 3
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,41 @@ def _microbench(*args: str) -> list[str]:
     return ["-m", "microbench", *args]
 
 
+def _jitter_stages(
+    plan: BenchPlan, procs: int, models: list[str], threads: int, moment: tuple[int, int]
+) -> list[Stage]:
+    """The jitter step of every model at ``procs`` ranks, moment k of n (n > 1: labelled, and
+    each with 1/n of the samples, so that the n moments together take one run's)."""
+    k, n = moment
+    out = str(plan.out / f"ranks{procs}")
+    quick = ["--quick"] if plan.quick else []
+    label = (
+        [] if n == 1 else ["--moment", f"jitter {k} of {n}", "--samples", str(FULL_SAMPLES // n)]
+    )
+    suffix = "" if n == 1 else f"-m{k}"
+    return [
+        Stage(
+            f"jitter-p{procs}-{Path(model).stem}{suffix}",
+            f"step jitter of {model} at {procs} rank(s) x {threads} thread(s)"
+            + ("" if n == 1 else f", moment {k} of {n}"),
+            tuple(
+                mpiexec_command(
+                    procs,
+                    _microbench(
+                        "jitter",
+                        *("--model", model, "--batch", str(plan.jitter_batch)),
+                        *("--threads", str(threads), "--out", out, *quick, *label),
+                        *(["--append"] if i or k > 1 else []),
+                    ),
+                )
+            ),
+            ranks=procs,
+            threads=threads,
+        )
+        for i, model in enumerate(models)
+    ]
+
+
 def plan_stages(plan: BenchPlan) -> list[Stage]:
     """The stages, in the order they run: compute and copies on one process, then per P
     collectives, per model the jitter step (the same step at every P: its slowdown from one
@@ -119,26 +159,8 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
                 threads=1,
             )
         )
-        for i, model in enumerate(models):
-            stages.append(
-                Stage(
-                    f"jitter-p{procs}-{Path(model).stem}",
-                    f"step jitter of {model} at {procs} rank(s) x {jitter_threads} thread(s)",
-                    tuple(
-                        mpiexec_command(
-                            procs,
-                            _microbench(
-                                "jitter",
-                                *("--model", model, "--batch", str(plan.jitter_batch)),
-                                *("--threads", str(jitter_threads), "--out", out, *quick),
-                                *(["--append"] if i else []),
-                            ),
-                        )
-                    ),
-                    ranks=procs,
-                    threads=jitter_threads,
-                )
-            )
+        moments = JITTER_MOMENTS if procs >= 2 and not plan.quick else 1
+        stages += _jitter_stages(plan, procs, models, jitter_threads, (1, moments))
         if procs >= 2:
             stages.append(
                 Stage(
@@ -157,6 +179,8 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
                     threads=jitter_threads,
                 )
             )  # fmt: skip
+            if moments > 1:
+                stages += _jitter_stages(plan, procs, models, jitter_threads, (2, moments))
         speed_checks.append(len(stages))
     overlap_procs = max(plan.procs)
     if overlap_procs >= 2:
@@ -174,6 +198,11 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
                 threads=1,
             )
         )
+    for procs in plan.procs:  # the last moment of the jitter at P >= 2, after everything
+        if procs >= 2 and JITTER_MOMENTS > 2 and not plan.quick:
+            stages += _jitter_stages(
+                plan, procs, models, jitter_threads, (JITTER_MOMENTS, JITTER_MOMENTS)
+            )
     speed_checks.append(len(stages))  # and one after everything else
     for k, at in reversed(list(enumerate(sorted(set(speed_checks)), start=1))):
         stages.insert(at, _speed_stage(plan, k, len(set(speed_checks))))

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from microbench.jitter import FULL_SAMPLES
 from microbench.records import load_dataframe
 from pdlsim.bench import BenchPlan, oversubscription_warnings, plan_stages
 from tests.conftest import run_pdlsim
@@ -42,7 +43,10 @@ def test_the_plan_runs_compute_once_and_mpi_stages_per_process_count(tmp_path):
         "collectives-p2",
         "collectives-p4",
     ]
-    assert names[-2:] == ["interference-p4", "speed-5"]
+    assert names[-6:] == [  # the jitter's last moments at P >= 2 after everything else
+        "interference-p4", "jitter-p2-mlp-m3", "jitter-p2-cnn-m3", "jitter-p4-mlp-m3",
+        "jitter-p4-cnn-m3", "speed-5",
+    ]  # fmt: skip
     assert "--quick" not in stages[0].command
     compute = list(stages[0].command)
     assert compute[compute.index("--batch") + 1] == "16,32,64"
@@ -61,14 +65,35 @@ def test_collectives_in_place_at_every_multi_rank_count_and_every_batch(tmp_path
 
 
 def test_the_jitter_step_of_every_model_at_every_process_count_in_one_file(tmp_path):
+    """At one rank one run; at P >= 2 three labelled moments spread over the bench (before and
+    after the in-place collectives, and after everything), each a third of one run's samples;
+    --quick: one run at every P."""
     stages = plan_stages(BenchPlan(out=tmp_path, model="mlp,cnn", procs=(1, 2)))
+    names = [s.name for s in stages]
     jitter = [s for s in stages if s.name.startswith("jitter")]
-    assert [s.name for s in jitter] == ["jitter-p1-mlp", "jitter-p1-cnn", "jitter-p2-mlp",
-                                        "jitter-p2-cnn"]  # fmt: skip
+    assert [s.name for s in jitter] == [
+        "jitter-p1-mlp", "jitter-p1-cnn", "jitter-p2-mlp-m1", "jitter-p2-cnn-m1",
+        "jitter-p2-mlp-m2", "jitter-p2-cnn-m2", "jitter-p2-mlp-m3", "jitter-p2-cnn-m3",
+    ]  # fmt: skip
+    assert names.index("jitter-p2-cnn-m1") < names.index("insitu-p2")
+    assert names.index("insitu-p2") < names.index("jitter-p2-mlp-m2")
+    assert names.index("interference-p2") < names.index("jitter-p2-mlp-m3")
     for stage in jitter:
         command = list(stage.command)
         assert command[command.index("--batch") + 1] == "32"  # the middle batch
-        assert ("--append" in command) == stage.name.endswith("cnn")  # second model appends
+        first = stage.name.endswith(("p1-mlp", "p2-mlp-m1"))  # each file's first run creates it
+        assert ("--append" in command) == (not first)
+        if stage.ranks >= 2:
+            k = int(stage.name[-1])
+            assert command[command.index("--moment") + 1] == f"jitter {k} of 3"
+            assert command[command.index("--samples") + 1] == str(FULL_SAMPLES // 3)
+        else:
+            assert "--moment" not in command and "--samples" not in command
+    quick = plan_stages(BenchPlan(out=tmp_path, model="mlp,cnn", procs=(1, 2), quick=True))
+    assert [s.name for s in quick if s.name.startswith("jitter")] == [
+        "jitter-p1-mlp", "jitter-p1-cnn", "jitter-p2-mlp", "jitter-p2-cnn"
+    ]  # fmt: skip
+    assert not any("--moment" in s.command for s in quick if s.name.startswith("jitter"))
 
 
 def test_oversubscribed_configurations_warn_once_each(tmp_path):
@@ -122,7 +147,7 @@ def test_speed_checks_are_spread_over_the_calibration_in_one_file(tmp_path):
     names = [s.name for s in stages]
     speed = [i for i, n in enumerate(names) if n.startswith("speed")]
     assert [names[i - 1] for i in speed] == [
-        "storage", "jitter-p1-cnn", "insitu-p2", "interference-p2"
+        "storage", "jitter-p1-cnn", "jitter-p2-cnn-m2", "jitter-p2-cnn-m3"
     ]  # fmt: skip
     moments = []
     for k, i in enumerate(speed):

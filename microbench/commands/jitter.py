@@ -51,6 +51,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_step_count_arguments(
         parser, "steps per rank", (FULL_SAMPLES, FULL_WARMUP), (QUICK_SAMPLES, QUICK_WARMUP)
     )
+    parser.add_argument(
+        "--moment",
+        default=None,
+        metavar="LABEL",
+        help="label of this run in the records, when one step is timed at several moments, "
+        "e.g. 'jitter 2 of 3' (calibration takes the typical moment's skew)",
+    )
     add_output_arguments(parser, RECORDS_FILE, quiet=False)
     return parser
 
@@ -81,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         "threads": args.threads,
         "ranks": ranks,
         "ranks_per_node": per_node,
+        **({"moment": args.moment} if args.moment is not None else {}),
     }
     settings = {
         **params,
