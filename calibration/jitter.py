@@ -20,11 +20,22 @@ or by the Kolmogorov-Smirnov statistic).
 the median step. It is checked against the measured per-step maximum over ranks when the
 records have one.
 
+**The typical moment.** How noisy a step is depends on the moment: on the 2-core test machine
+the same two ranks' per-step skew (each rank against its own median, the max over ranks less
+their mean, averaged over steps) was 10% of the step in one calibration's run and 1.5-2% in
+training launches of the same hour. So the bench times the step at P >= 2 at several moments
+(``params.moment``), and each run at P >= 2 gives its measured skew over what the pooled fit
+predicts for P iid draws. Their median is ``scale``, and every factor x the model gives (the
+expected maxima, the draws) is ``1 + scale * (x - 1)``: the distribution shrunk or stretched
+about its median, so that its sync at the measured P is the typical moment's while the shape
+of its tail still extrapolates to more ranks. Without runs at P >= 2, ``scale`` is 1.
+
 ``to_dict()`` (``models.jitter``): ``family``, ``criterion``, ``params`` (the family's, with
 ``intervals``), ``candidates`` (each family's params, AIC, KS statistic and p-value),
 ``median_s``, ``n_samples``, ``empirical_max_ranks``, ``quantile_summary``, ``quantiles`` (the
-atoms), ``sync_table`` (ranks 1..1024 and their sync fraction, for reading), ``checks``,
-``quality``.
+atoms, before ``scale``), ``scale`` and ``moments`` (each run at P >= 2: its label, ranks,
+measured skew and the iid prediction), ``sync_table`` (ranks 1..1024 and their sync fraction,
+for reading), ``checks``, ``quality``.
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ FAMILIES: dict[str, tuple[Any, dict[str, float], tuple[str, ...]]] = {
 }
 MAX_ATOMS = 2000
 MIN_TAIL_SAMPLES = 20
+MAX_SCALE = 2.0  # the typical moment's skew over the iid prediction, at most (docstring)
 QUANTILE_PROBS = (0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
 SYNC_TABLE_RANKS = tuple(2**k for k in range(11))
 _CONFIG_KEYS = ("params.model", "params.batch", "params.threads", "params.ranks")
@@ -136,6 +148,7 @@ class JitterModel:
         if per_rank.empty:
             raise UserError("jitter records hold no per-rank samples to fit a distribution to")
         self.fit_samples([np.asarray(s, dtype=float) for s in per_rank["samples"]])
+        self._fit_scale(per_rank)
         # Check E[max over the measured ranks] against the measured per-step maximum, per run
         # configuration (key columns as text, so that missing values group too).
         keys = [c for c in _CONFIG_KEYS if c in rows]
@@ -187,7 +200,32 @@ class JitterModel:
         fitted_q = _frozen(self.family_, self.params_).ppf(probs)
         self.quality_ = fit_quality(np.quantile(x, probs), fitted_q).to_dict()
         self.checks_ = []
+        self.scale_, self.moments_ = 1.0, []
         return self
+
+    def _fit_scale(self, per_rank: pd.DataFrame) -> None:
+        """``scale`` and ``moments`` from the runs at P >= 2 (module docstring)."""
+        keys = [c for c in (*_CONFIG_KEYS, "params.moment") if c in per_rank]
+        ranks = per_rank.get("params.ranks", pd.Series(1, index=per_rank.index)).fillna(1)
+        multi = per_rank[ranks.astype(int) >= 2]
+        self.moments_ = []
+        for _, run in multi.groupby([multi[k].astype(str) for k in keys]) if keys else []:
+            samples = [np.asarray(x, dtype=float) for x in run["samples"]]
+            n = min(len(x) for x in samples)
+            if len(samples) < 2 or n < 2:
+                continue
+            table = np.array([x[:n] / np.median(x[:n]) for x in samples])
+            moment = run.iloc[0].get("params.moment")
+            self.moments_.append(
+                {
+                    "moment": moment if isinstance(moment, str) else None,
+                    "ranks": len(samples),
+                    "measured_skew": float(np.mean(table.max(axis=0) - table.mean(axis=0))),
+                    "iid_skew": float(self._raw_max(len(samples)) - self._raw_max(1)),
+                }
+            )
+        ratios = [m["measured_skew"] / m["iid_skew"] for m in self.moments_ if m["iid_skew"] > 0]
+        self.scale_ = float(np.clip(np.median(ratios), 0.0, MAX_SCALE)) if ratios else 1.0
 
     def _bootstrap(self, x: np.ndarray) -> dict[str, Interval]:
         """Percentile bootstrap of the chosen family's parameters (widened to hold the value)."""
@@ -221,7 +259,12 @@ class JitterModel:
     # ------------------------------------------------------------------------ predicting
 
     def expected_max_factor(self, ranks: int | Sequence[int] | np.ndarray) -> float | np.ndarray:
-        """E[max of ``ranks`` iid draws] over the median step (1.0 means no cost)."""
+        """E[max of ``ranks`` iid draws] over the median step (1.0 means no cost), the draws
+        scaled about the median by ``scale`` (module docstring)."""
+        return 1.0 + self.scale_ * (self._raw_max(ranks) - 1.0)
+
+    def _raw_max(self, ranks: int | Sequence[int] | np.ndarray) -> float | np.ndarray:
+        """E[max of ``ranks`` iid draws] of the fitted distribution itself, before ``scale``."""
         p = np.atleast_1d(np.asarray(ranks))
         if p.size and (np.any(p < 1) or np.any(p != np.floor(p))):
             raise ValueError(f"ranks must be integers >= 1, got {ranks!r}")
@@ -244,12 +287,20 @@ class JitterModel:
     def sample(
         self, rng: np.random.Generator, size: int | tuple[int, ...], source: str = "fitted"
     ) -> np.ndarray:
-        """Draws of step time over the median: from the fitted family, or resampled atoms."""
+        """Draws of step time over the median: from the fitted family, or resampled atoms,
+        scaled about the median by ``scale``."""
         if source == "empirical":
-            return rng.choice(self.atoms_, size=size, replace=True)
-        if source != "fitted":
+            raw = rng.choice(self.atoms_, size=size, replace=True)
+        elif source == "fitted":
+            raw = _frozen(self.family_, self.params_).rvs(size=size, random_state=rng)
+        else:
             raise ValueError(f"source must be 'fitted' or 'empirical', got {source!r}")
-        return _frozen(self.family_, self.params_).rvs(size=size, random_state=rng)
+        return self.scaled(raw)
+
+    def scaled(self, raw: Any) -> np.ndarray:
+        """Factors of the fitted distribution scaled about the median: 1 + scale (x - 1),
+        never below 0."""
+        return np.maximum(1.0 + self.scale_ * (np.asarray(raw, dtype=float) - 1.0), 0.0)
 
     # ------------------------------------------------------------------------ serialising
 
@@ -279,6 +330,8 @@ class JitterModel:
                 )
             ),
             "quantiles": self.atoms_.tolist(),
+            "scale": self.scale_,
+            "moments": self.moments_,
             "sync_table": {"ranks": ranks.tolist(), "fraction": self.sync_fraction(ranks).tolist()},
             "checks": self.checks_,
             "quality": self.quality_dict(),
@@ -300,6 +353,8 @@ class JitterModel:
         model.empirical_max_ranks_ = int(doc["empirical_max_ranks"])
         model.atoms_ = np.asarray(doc["quantiles"], dtype=float)
         model.checks_ = list(doc.get("checks") or [])
+        model.scale_ = float(doc.get("scale", 1.0))  # profiles before moments: unscaled
+        model.moments_ = list(doc.get("moments") or [])
         quality = dict(doc.get("quality") or {})
         quality.pop("max_over_ranks_rel_error", None)
         model.quality_ = quality

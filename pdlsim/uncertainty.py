@@ -41,7 +41,8 @@ def moved(value: float, ci: Interval | None, z: float, floor: float = 0.0) -> fl
 @dataclass(frozen=True, eq=False)
 class ProfileJitter:
     """A fitted :class:`JitterModel` as the simulator's ``Jitter`` (plus ``ppf``/``isf``, so the
-    slowest of P is drawn exactly from the fitted family)."""
+    slowest of P is drawn exactly from the fitted family; all of them scaled about the median
+    by the model's ``scale``, an order-preserving map, so the maxima follow)."""
 
     model: JitterModel
 
@@ -56,10 +57,10 @@ class ProfileJitter:
         return np.asarray(self.model.sample(rng, size), dtype=float)
 
     def ppf(self, q: Any) -> np.ndarray:
-        return self._dist().ppf(q)
+        return self.model.scaled(self._dist().ppf(q))
 
     def isf(self, tail: Any) -> np.ndarray:
-        return self._dist().isf(tail)
+        return self.model.scaled(self._dist().isf(tail))
 
     def expected_max_factor(self, ranks: int) -> float:
         return float(self.model.expected_max_factor(int(ranks)))

@@ -103,7 +103,7 @@ def test_sample_draws_relative_step_times(tmp_path):
     draws = model.sample(rng, 20_000)
     assert np.median(draws) == pytest.approx(1.0, rel=0.01)
     assert np.std(np.log(draws)) == pytest.approx(SIGMA, rel=0.05)
-    assert set(model.sample(rng, 100, source="empirical")) <= set(model.atoms_)
+    assert set(model.sample(rng, 100, source="empirical")) <= set(model.scaled(model.atoms_))
 
 
 def test_round_trip_through_json(tmp_path):
@@ -120,3 +120,54 @@ def test_no_records_is_a_user_error(tmp_path):
         writer.write(Measurement([1.0, 2.0], "compute", "op", {}).to_record())
     with pytest.raises(UserError, match="no jitter records"):
         JitterModel().fit(load_dataframe(tmp_path))
+
+
+def write_moments(path, tables: dict[str, np.ndarray], model: str = "cnn"):
+    """Per-rank records of one 2-rank step timed at several labelled moments, as the bench's
+    jitter stages at P >= 2 append them."""
+    with RecordWriter(path / "jitter.jsonl", {"hostname": "test"}) as writer:
+        for moment, table in tables.items():
+            ranks = table.shape[0]
+            params = {"model": model, "batch": 32, "threads": 1, "ranks": ranks, "moment": moment}
+            for r in range(ranks):
+                p = {**params, "rank": r, "statistic": "per_rank"}
+                writer.write(Measurement(table[r], "jitter", "step_compute", p).to_record())
+    return load_dataframe(path)
+
+
+def test_the_sync_is_the_typical_moments_skew(tmp_path):
+    """Two calm moments, where the ranks' noise is mostly shared (common factor of sigma 0.1,
+    own noise 0.02), and one noisy moment of independent noise (0.1): every sample is
+    lognormal of about 0.1 alike, so the pooled fit alone would give every moment the noisy
+    moment's skew. The model's 2-rank sync is the median moment's measured skew, and its draws
+    and expected maxima stay one distribution (the max of two draws averages to it)."""
+    rng = np.random.default_rng(7)
+    n = 400
+
+    def calm():
+        return 0.02 * rng.lognormal(0.0, 0.1, n) * rng.lognormal(0.0, 0.02, (2, n))
+
+    noisy = 0.02 * rng.lognormal(0.0, 0.1, (2, n))
+    tables = {"jitter 1 of 3": calm(), "jitter 2 of 3": noisy, "jitter 3 of 3": calm()}
+    model = JitterModel(n_boot=0).fit(write_moments(tmp_path, tables))
+    skews = sorted(m["measured_skew"] for m in model.moments_)
+    assert [m["moment"] for m in model.moments_] == list(tables)
+    assert skews[0] < 0.02 and skews[2] > 0.04  # calm moments skew a fraction of the noisy
+    assert model.sync_fraction(2) == pytest.approx(skews[1], rel=1e-9)
+    assert 0.1 < model.scale_ < 0.5
+    draws = model.sample(np.random.default_rng(1), (200_000, 2))
+    assert draws.max(axis=1).mean() == pytest.approx(model.expected_max_factor(2), rel=0.005)
+    again = JitterModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert again.sync_fraction(8) == pytest.approx(model.sync_fraction(8), rel=1e-12)
+    old = {k: v for k, v in model.to_dict().items() if k not in ("scale", "moments")}
+    assert JitterModel.from_dict(old).scale_ == 1.0  # profiles from before the moments
+
+
+def test_one_run_of_independent_ranks_keeps_the_iid_extrapolation(tmp_path):
+    model = JitterModel(n_boot=0).fit(write_jitter(tmp_path, lognormal_table(11, ranks=2)))
+    assert len(model.moments_) == 1 and model.moments_[0]["moment"] is None
+    assert model.scale_ == pytest.approx(1.0, abs=0.15)
+    (tmp_path / "one").mkdir()
+    one_rank = write_jitter(tmp_path / "one", lognormal_table(11, ranks=1))
+    single = JitterModel(n_boot=0).fit(one_rank)
+    assert single.scale_ == 1.0 and single.moments_ == []
