@@ -259,3 +259,14 @@ def test_each_record_is_on_disk_before_close(tmp_path):
     writer.close()
     writer.close()
     assert writer.closed
+
+
+def test_write_many_writes_every_record_in_order_or_none_when_one_is_bad(tmp_path):
+    path = tmp_path / "many.jsonl"
+    with RecordWriter(path, MACHINE) as writer:
+        writer.write(measurement("first"))
+        writer.write_many([])
+        with pytest.raises(ValueError, match="non-empty string 'type'"):
+            writer.write_many([measurement("never"), {"value": 1}])
+        writer.write_many(measurement(name) for name in ("b", "c", "d"))
+        assert [r["name"] for r in read_records(path)[1]] == ["first", "b", "c", "d"]

@@ -8,7 +8,9 @@ learning rate divided by P (the mean gradient, without a pass to divide it).
 That makes P ranks of batch B compute exactly the update one process computes with batch P x B,
 up to float32 rounding: the loss curves agree, and the tests check it.
 
-Each phase is timed on every rank and written, one JSON line per step, to the rank's records.
+Each phase is timed on every rank and written, one JSON line per step, to the rank's records
+(held in memory until the epoch ends or a checkpoint is taken: :class:`~pdlsim.train.runinfo
+.StepLog`, so that no system call falls between two timed steps).
 The barrier separates waiting for the slowest rank (``wait``) from the reduction itself
 (``allreduce``); it costs one small-message latency per step.
 With ``config.inference`` a step is the data, the copy and the forward (loss included)
@@ -39,7 +41,13 @@ from pdlsim.data import Dataset, load_dataset
 from pdlsim.train.checkpoint import records_path, restore, save_checkpoint
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.device import Device, pinned_empty
-from pdlsim.train.runinfo import device_pool_bytes, peak_rss_bytes, run_metadata, state_parts
+from pdlsim.train.runinfo import (
+    StepLog,
+    device_pool_bytes,
+    peak_rss_bytes,
+    run_metadata,
+    state_parts,
+)
 
 PHASES = ("data", "h2d", "forward", "backward", "wait", "allreduce", "update")
 SYNTHETIC_TRAIN_SAMPLES = 8192
@@ -170,7 +178,10 @@ def train(
     machine = machine_metadata(comm=comm.mpi_comm, threads=config.threads)
     records = records_path(run_dir, rank, resumed=resume is not None)
 
-    with RecordWriter(records, machine=machine, run=run_info) as writer:
+    with (
+        RecordWriter(records, machine=machine, run=run_info) as writer,
+        StepLog(writer) as step_log,
+    ):
 
         def checkpoint(epoch: int, step: int, rng_state: dict, sums: dict[str, Any]) -> None:
             header = {
@@ -181,6 +192,7 @@ def train(
                 "epoch_sums": sums,
                 "epochs": [asdict(e) for e in result.epochs],
             }
+            step_log.flush()
             if rank == 0:
                 start = time.perf_counter()
                 path = save_checkpoint(run_dir, header, net.params, opt.velocity)
@@ -203,7 +215,7 @@ def train(
                 sums.loss += loss
                 sums.correct += correct
                 result.step_losses.append(loss)
-                writer.write(
+                step_log.add(
                     {
                         "type": "train_step",
                         "rank": rank,
@@ -224,6 +236,7 @@ def train(
                     partial["phases_s"] = dict(zip(PHASES, total[2:], strict=True))
                     checkpoint(epoch, step + 1, rng_state, partial)
             epoch_time = sums.elapsed_s + time.perf_counter() - epoch_start
+            step_log.flush()
             test_correct, test_count = _evaluate(net, test_set, rank, size, device)
             rss_bytes, pool_bytes = peak_rss_bytes(), device_pool_bytes(device)
             per_rank = np.zeros(2 * size)  # each rank fills its slot: the sum gathers them

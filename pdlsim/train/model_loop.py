@@ -42,7 +42,13 @@ from pdlsim.train.loop import (
     TrainResult,
     prepare_data,
 )
-from pdlsim.train.runinfo import device_pool_bytes, peak_rss_bytes, run_metadata, state_parts
+from pdlsim.train.runinfo import (
+    StepLog,
+    device_pool_bytes,
+    peak_rss_bytes,
+    run_metadata,
+    state_parts,
+)
 
 MODEL_PHASES = (
     "data", "h2d", "wait", "forward", "allgather", "backward", "allreduce", "update",
@@ -134,7 +140,8 @@ def train_model_parallel(
     run_info = run_metadata(config, workload, train_set, steps, comm, device)
     run_info.update(batch_semantics=BATCH_NOTE, split_layers=net.split_layers())
     machine = machine_metadata(comm=comm.mpi_comm, threads=config.threads)
-    with RecordWriter(records_path(run_dir, rank, False), machine=machine, run=run_info) as out:
+    records = records_path(run_dir, rank, False)
+    with RecordWriter(records, machine=machine, run=run_info) as out, StepLog(out) as step_log:
         for epoch in range(config.epochs):
             permutation = order.permutation(len(train_set))
             loss_sum = correct_sum = 0.0
@@ -147,7 +154,7 @@ def train_model_parallel(
                 loss_sum += loss
                 correct_sum += correct
                 result.step_losses.append(loss)
-                out.write(
+                step_log.add(
                     {
                         "type": "train_step", "rank": rank, "epoch": epoch, "step": step,
                         "global_step": epoch * steps + step, "batch": batch, "loss": loss,
@@ -156,6 +163,7 @@ def train_model_parallel(
                     }
                 )  # fmt: skip
             epoch_time = time.perf_counter() - epoch_start
+            step_log.flush()
             test_correct, test_count = _evaluate(net, test_set, device)
             rss_bytes, pool_bytes = peak_rss_bytes(), device_pool_bytes(device)
             per_rank = np.zeros(2 * size)
