@@ -14,7 +14,13 @@ the real steps, the same code training runs, and times each collective in them:
   barrier, one in-place ``Allreduce`` of the whole flat gradient, the SGD update);
 * **layer-wise (model) parallelism**: the step of :class:`microbench.nn.sliced.SlicedNetwork`
   (an ``Allgatherv`` after each split dense layer's forward, an ``Allreduce`` of each input
-  gradient in backward), when every dense layer has a neuron per rank.
+  gradient in backward), when every dense layer has a neuron per rank, and the barrier that
+  ends it (:mod:`pdlsim.train.model_loop` starts each step with one, right after the update).
+
+The barriers are timed too (op ``barrier``, layer ``step``): back to back a 2-rank barrier takes
+2 us on the development VM, but the rank that reaches it last after a step's compute spends
+11-20 us in it (the training loop's records say the same), a cost no other term of the model
+holds.
 
 Each step starts after a barrier. The steps are taken in rounds through every workload, batch
 and parallelism (:func:`sample_rounds`), each round after ``warmup`` steps that are not kept, so
@@ -59,8 +65,8 @@ Step = Callable[[], list[tuple[str, str, int, float]]]
 class Call:
     """One collective of a step, in the order the step makes it."""
 
-    op: str  # "allreduce" or "allgather"
-    layer: str  # the dense layer, or "gradients" for the data-parallel allreduce
+    op: str  # "allreduce", "allgather" or "barrier"
+    layer: str  # the dense layer, "gradients" (the data-parallel allreduce) or "step" (barrier)
     nbytes: int  # gathered or reduced in total
     parallel: str  # "data" or "model"
 
@@ -85,8 +91,9 @@ def _batch(workload: Workload, batch: int, seed: int) -> tuple[np.ndarray, np.nd
 
 
 def data_parallel_step(workload: Workload, batch: int, comm: Any, seed: int = 0) -> Step:
-    """The data-parallel training step; returns its one call: the gradient allreduce.
-    Learning rate 0, so every step computes the same thing (as the jitter benchmark)."""
+    """The data-parallel training step; returns its calls: the barrier after the backward and
+    the gradient allreduce. Learning rate 0, so every step computes the same thing (as the
+    jitter benchmark)."""
     from .nn import SGD, Network
 
     net, opt, mpi = Network(workload, seed=seed), SGD(lr=0.0), _Comm(comm)
@@ -95,12 +102,17 @@ def data_parallel_step(workload: Workload, batch: int, comm: Any, seed: int = 0)
     def step() -> list[tuple[str, str, int, float]]:
         net.forward(x, y)
         net.backward()
-        comm.Barrier()
         start = time.perf_counter()
+        comm.Barrier()
+        reduce = time.perf_counter()
         mpi.allreduce_sum_(net.grads)
-        seconds = time.perf_counter() - start
+        end = time.perf_counter()
         opt.step(net.params, net.grads)
-        return [("allreduce", "gradients", int(net.grads.nbytes), seconds)]
+        nbytes = int(net.grads.nbytes)
+        return [
+            ("barrier", "step", 0, reduce - start),
+            ("allreduce", "gradients", nbytes, end - reduce),
+        ]
 
     return step
 
@@ -112,7 +124,8 @@ def splittable(workload: Workload, ranks: int) -> bool:
 
 
 def layerwise_step(workload: Workload, batch: int, comm: Any, seed: int = 0) -> Step:
-    """The model-parallel training step; returns its collectives, in order."""
+    """The model-parallel training step; returns its collectives, in order, the barrier that
+    ends it last."""
     from .nn import SGD
     from .nn.sliced import SlicedNetwork
 
@@ -125,7 +138,9 @@ def layerwise_step(workload: Workload, batch: int, comm: Any, seed: int = 0) -> 
         net.backward()
         opt.step(net.params, net.grads)
         calls, net.call_log = net.call_log, None
-        return calls
+        start = time.perf_counter()
+        comm.Barrier()  # the step boundary, as the training loop's next step begins
+        return [*calls, ("barrier", "step", 0, time.perf_counter() - start)]
 
     return step
 

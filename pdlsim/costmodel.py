@@ -21,7 +21,8 @@
   triad bandwidth for CPU ranks, the preset's HBM for GPU ranks.
 * **Collectives in place.** A training step's collectives cost more than the same ones back to
   back; where the profile measured the workload's calls inside real steps, :meth:`in_situ_s`
-  gives the excess the engines add to each call (:mod:`pdlsim.insitu_cost`).
+  gives the excess the engines add to each call (:mod:`pdlsim.insitu_cost`), and
+  :meth:`step_barrier_s` the training loop's barrier per step, where it was timed in place.
 * **Whole-step correction.** Ops timed one at a time do not add up to the same ops run back to
   back as one training step (caches, allocator state, per-call overheads). Where the profile's
   compute table holds whole-step rows (phase ``step``, per model, batch and threads, measured
@@ -316,6 +317,13 @@ class ProfileCostModel(ComputeCost):
         if self.insitu is None:
             return 0.0
         return self.insitu.extra_s(self, parallel, op, layer, batch, nbytes)
+
+    def step_barrier_s(self, parallel: str, batch: int, ranks: int, placement: Placement) -> float:
+        """Seconds of the training loop's barrier per step, where the profile timed it in place
+        (:mod:`pdlsim.insitu_cost`); else 0."""
+        if self.insitu is None:
+            return 0.0
+        return self.insitu.barrier_s(self, parallel, batch, ranks, placement)
 
     # ----------------------------------------------------------------------------- copies
     def transfer_time(self, direction: str, nbytes: int, pinned: bool) -> float:

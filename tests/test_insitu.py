@@ -36,12 +36,14 @@ def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
     calls = own[own["params.batch"] == 16].sort_values(["params.parallel", "params.position"])
     assert list(zip(calls["params.parallel"], calls["name"], calls["params.layer"],
                     calls["params.bytes"], strict=True)) == [
+        ("data", "barrier", "step", 0),  # the training loop's, after the backward
         ("data", "allreduce", "gradients", load_workload("mlp").gradient_bytes),
         ("model", "allgather", "dense0", 16 * 256 * 4),
         ("model", "allgather", "dense2", 16 * 128 * 4),
         ("model", "allgather", "dense4", 16 * 10 * 4),
         ("model", "allreduce", "dense4", 16 * 128 * 4),  # dense4's input gradient
         ("model", "allreduce", "dense2", 16 * 256 * 4),
+        ("model", "barrier", "step", 0),  # the step boundary
     ]  # fmt: skip
     assert all(len(s) == 6 for s in frame["samples"]) and set(own["params.batch"]) == {8, 16}
     per_rank = frame[frame["params.statistic"] == "per_rank"]
@@ -141,22 +143,23 @@ def synthetic_frame(
     ranks: int = 2,
     noise: float = 0.01,
     moments: tuple[float, ...] = (1.0,),
+    parallel: str | None = None,
 ) -> pd.DataFrame:
     """Records of :func:`insitu_records` for calls keyed (op, layer, batch) -> seconds (each
     sample off by ``noise``, relative), 50 samples in one round per entry of ``moments``, the
     round's samples at that multiple of the seconds; rank r waits r * 1 us more than the
-    minimum."""
+    minimum. The parallelism is ``data`` for the gradients, else ``model``, unless given."""
     records = []
     rng = np.random.default_rng(0)
     shares = split_rounds(50, len(moments))
     level = np.repeat(np.asarray(moments, dtype=float), shares)
     for (op, layer, batch), s in seconds.items():
-        parallel = "data" if layer == "gradients" else "model"
+        kind = parallel or ("data" if layer == "gradients" else "model")
         own = s * level * (1 + noise * rng.standard_normal(50))
         table = np.stack([own + r * 1e-6 for r in range(ranks)])[:, :, None]
         params = {"model": "mlp", "batch": batch, "threads": 1, "ranks": ranks,
                   "ranks_per_node": ranks, "rounds": len(moments)}  # fmt: skip
-        call = Call(op, layer, batch * 1024, parallel)
+        call = Call(op, layer, 0 if op == "barrier" else batch * 1024, kind)
         records += insitu_records([call], table, params, warmup=5)
     return pd.json_normalize(records)
 
@@ -342,3 +345,62 @@ def test_a_band_sample_takes_the_in_place_time_of_one_measured_moment(insitu_pro
     assert factors == {round(0.5e-3 / median, 6), round(2e-3 / median, 6)}
     plain = _mlp_cost(insitu_profile)
     assert {plain.perturbed(rng).insitu.factor for _ in range(5)} == {1.0}
+
+
+def _with_barriers(profile, seconds: dict[str, float]):
+    """``profile`` (the fixture's) plus the step's barrier timed in place at batch 16 for each
+    parallelism in ``seconds``."""
+    from calibration.profile import Profile
+
+    doc = copy.deepcopy(profile.to_dict())
+    frames = [synthetic_frame({("allreduce", "gradients", 16): 1e-3}, noise=0.0)]
+    frames += [
+        synthetic_frame({("barrier", "step", 16): s}, noise=0.0, parallel=parallel)
+        for parallel, s in seconds.items()
+    ]
+    doc["models"]["insitu"] = InSituModel().fit(pd.concat(frames, ignore_index=True)).to_dict()
+    return Profile.from_dict(doc)
+
+
+def test_the_step_barrier_costs_what_was_measured_and_grows_as_a_tiny_allreduce(insitu_profile):
+    from pdlsim.insitu_cost import BARRIER_PROXY_BYTES
+    from pdlsim.sim import Placement
+
+    cost = _mlp_cost(_with_barriers(insitu_profile, {"data": 2e-5}))
+    at, wide = Placement(1, 2), Placement(8, 2)
+    assert cost.step_barrier_s("data", 16, 2, at) == pytest.approx(2e-5)
+    proxy = [cost.collective_time("allreduce", BARRIER_PROXY_BYTES, r, p) for r, p in
+             ((2, at), (16, wide))]  # fmt: skip
+    assert proxy[1] > proxy[0]  # more rounds, and across nodes
+    assert cost.step_barrier_s("data", 16, 16, wide) == pytest.approx(2e-5 - proxy[0] + proxy[1])
+    assert cost.step_barrier_s("data", 16, 1, Placement(1, 1)) == 0.0
+    assert cost.step_barrier_s("model", 16, 2, at) == 0.0  # not timed for model parallelism
+    assert _mlp_cost(insitu_profile).step_barrier_s("data", 16, 2, at) == 0.0  # nor at all
+
+
+def test_both_plans_put_the_step_barrier_on_the_critical_path(insitu_profile):
+    """Data parallel: in the buckets' in-place share, beside the allreduce's excess; layer-wise:
+    the op that ends the step. Either engine, the step is longer by the barrier."""
+    from pdlsim.sim import Cluster, Scenario, build_plan, predict
+    from pdlsim.sim.tensor import build_tensor_plan, predict_tensor, simulate_tensor
+
+    barrier_s = 2e-5
+    cluster, workload = Cluster.cpus(1, 2), load_workload("mlp")
+    timed = _mlp_cost(_with_barriers(insitu_profile, {"data": barrier_s, "model": barrier_s}))
+    untimed = _mlp_cost(_with_barriers(insitu_profile, {}))
+    data = Scenario(workload, 16, overlap=False, iterations=3, jitter=False)
+    shares = [
+        sum(b.schedule[-1].time_s for b in build_plan(cluster, data, c).buckets)
+        for c in (timed, untimed)
+    ]
+    assert shares[0] - shares[1] == pytest.approx(barrier_s)
+    steps = [predict(cluster, data, c).step_time_s for c in (timed, untimed)]
+    assert steps[0] - steps[1] == pytest.approx(barrier_s)
+    model = Scenario(workload, 16, iterations=3, jitter=False)
+    plan = build_tensor_plan(cluster, model, timed)
+    assert plan.ops[-1].kind == "barrier" and plan.ops[-1].time_s == pytest.approx(barrier_s)
+    assert "barrier" not in {o.kind for o in build_tensor_plan(cluster, model, untimed).ops}
+    sim, ana = simulate_tensor(cluster, model, timed), predict_tensor(cluster, model, timed)
+    assert sim.step_time_s == pytest.approx(ana.step_time_s, rel=1e-9)
+    without = predict_tensor(cluster, model, untimed).step_time_s
+    assert ana.step_time_s - without == pytest.approx(barrier_s)

@@ -309,10 +309,17 @@ def _buckets(
             groups.append((open_layers, open_bytes, position))
             open_layers, open_bytes = [], 0
     total = sum(nbytes for _, nbytes, _ in groups)
-    extra_s = 0.0  # the in-place excess of the whole gradient's allreduce (CostModel docstring)
+    # The in-place excess of the whole gradient's allreduce, and the training loop's barrier
+    # before it, where the profile timed them in place (CostModel docstring).
+    extra_s = 0.0
     priced = getattr(cost, "in_situ_s", None)
     if priced is not None and cluster.ranks > 1 and scenario.compression is None:
-        extra_s = float(priced("data", "allreduce", "gradients", scenario.batch_per_rank, total))
+        batch = scenario.batch_per_rank
+        extra_s = float(priced("data", "allreduce", "gradients", batch, total))
+        barrier = getattr(cost, "step_barrier_s", None)
+        if barrier is not None:
+            placement = cluster.placement(scenario.algorithm)
+            extra_s += float(barrier("data", batch, cluster.ranks, placement))
     buckets = []
     for index, (names, nbytes, position) in enumerate(groups):
         w = wire(

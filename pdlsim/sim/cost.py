@@ -17,6 +17,10 @@ seconds a training step's collective costs beyond its back-to-back time (measure
 steps: caches filled by the layers' compute, the gather's copy). The data-parallel plan adds it
 to the gradient buckets (each its share, as one more step of its collective), the layer-wise
 plan to each allgather and allreduce. Without it, collectives cost their back-to-back time.
+Likewise ``step_barrier_s(parallel, batch, ranks, placement)``: the seconds of the training
+loop's barrier per step, where it was measured in place; the data-parallel plan adds it to the
+buckets' in-place share, the layer-wise plan as the op that ends the step. Without it (or 0),
+no barrier.
 """
 
 from __future__ import annotations

@@ -90,9 +90,9 @@ def check_layerwise(cluster: Cluster, scenario: Scenario, what: str) -> None:
 class TensorOp:
     """One item of a rank's step, in order: its own compute, or a collective of the P ranks."""
 
-    kind: str  # "compute", "allgather" or "allreduce"
+    kind: str  # "compute", "allgather", "allreduce" or "barrier" (the step's, measured in place)
     layer: str
-    phase: str  # "forward", "backward" or "update"
+    phase: str  # "forward", "backward", "update" or "step" (the barrier between steps)
     time_s: float
     nbytes: float = 0.0
     algorithm: str = ""
@@ -203,6 +203,10 @@ def build_tensor_plan(
                     TensorOp("allreduce", layers[i].name, "backward", seconds, nbytes, name, extra)
                 )
         ops += [compute(i, "update") for i in params]
+    barrier = getattr(cost, "step_barrier_s", None) if p > 1 else None
+    barrier_s = 0.0 if barrier is None else float(barrier("model", batch, p, placement))
+    if barrier_s > 0:  # the loop's barrier between two steps, where it was timed in place
+        ops.append(TensorOp("barrier", "step", "step", barrier_s, 0.0, "in place", barrier_s))
     h2d_s = 0.0
     if device == "gpu":
         per_sample = layers[0].input_bytes_per_sample + (0 if inference else LABEL_BYTES_PER_SAMPLE)
