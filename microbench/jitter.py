@@ -143,19 +143,29 @@ def sample_alternating(
     samples: int,
     warmup: int,
     *,
+    block: int = 1,
     clock: Clock = time.perf_counter,
 ) -> list[np.ndarray]:
-    """Each of ``steps`` ``warmup`` times untimed, then ``samples`` rounds of one timed call of
-    each in turn: their seconds, one array per step."""
+    """Each of ``steps`` ``warmup`` times untimed, then rounds through them in turn until each
+    has ``samples`` timed calls: its seconds, one array per step. ``block`` 1: one timed call
+    of each per round. ``block`` k > 1: per round each step has one untimed call, that puts the
+    caches back as a loop of that step keeps them, and then k timed calls (the last round
+    fewer), so that each step is timed as it runs back to back, not as it runs right after
+    the other one."""
+    if block < 1:
+        raise ValueError(f"need block >= 1, got {block}")
     for step in steps:
         for _ in range(warmup):
             step()
     out = np.empty((len(steps), samples), dtype=np.float64)
-    for i in range(samples):
+    for first in range(0, samples, block):
         for k, step in enumerate(steps):
-            start = clock()
-            step()
-            out[k, i] = clock() - start
+            if block > 1:
+                step()
+            for i in range(first, min(first + block, samples)):
+                start = clock()
+                step()
+                out[k, i] = clock() - start
     return list(out)
 
 

@@ -118,6 +118,26 @@ def test_alternating_samples_take_one_call_of_each_step_in_turn_after_their_warm
     assert a.tolist() == [1.0] * 3 and b.tolist() == [10.0] * 3
 
 
+def test_alternating_in_blocks_rewarms_each_step_then_times_a_run_of_it():
+    """Blocks of 2, 5 samples: per round each step once untimed, then 2 timed (the last round
+    1); a call right after the other step costs 100 s, the timed ones their own seconds."""
+    clock, calls = FakeClock(), []
+
+    def make(name, seconds):
+        def step() -> None:
+            cold = bool(calls) and calls[-1] != name
+            calls.append(name)
+            clock.now += 100.0 if cold else seconds
+
+        return step
+
+    a, b = sample_alternating((make("a", 1.0), make("b", 10.0)), 5, 0, block=2, clock=clock)
+    assert "".join(calls) == "aaabbb" * 2 + "aabb"
+    assert a.tolist() == [1.0] * 5 and b.tolist() == [10.0] * 5
+    with pytest.raises(ValueError, match="block >= 1"):
+        sample_alternating((make("a", 1.0),), 3, 0, block=0, clock=clock)
+
+
 def test_the_forward_only_step_is_a_share_of_the_training_step_on_the_same_network():
     step, forward_only = make_step_pair(load_workload("mlp"), batch=16)
     full, forward = sample_alternating((step, forward_only), 9, 2)

@@ -11,11 +11,16 @@ warm-up. Across moments, the median of each step's medians is its typical time a
 spread the machine's speed distribution (:mod:`calibration.drift`).
 
 The forward-only step (forward and loss, what ``pdlsim train --inference`` computes) is timed
-with it, sample for sample in alternation on the same network: the two medians of one moment
-saw the same speed, so their ratio holds whatever the speed was, and across moments its median
-is the forward-only step's share of the training step (:meth:`calibration.drift.DriftModel
-.forward_fraction`). Timed in separate blocks seconds apart, the two can land on different
-speed levels of this VM (once a forward-only step at 1.57x its ops beside a step at 1.40x).
+with it, in alternation on the same network, in blocks of :data:`BLOCK` calls of each, each
+block after one untimed call: the two medians of one moment saw the same speed, so their ratio
+holds whatever the speed was, and across moments its median is the forward-only step's share
+of the training step (:meth:`calibration.drift.DriftModel.forward_fraction`). Timed in
+separate runs seconds apart, the two can land on different speed levels of this VM (once a
+forward-only step at 1.57x its ops beside a step at 1.40x). Alternated call for call, each
+forward pass ran right after a training step's backward and update had evicted its weights:
+it put the share at 0.39-0.44 (CNN) and 0.41-0.48 (MLP) in the 2026-11-22 15:17 validation,
+where the compute stage, timing each step in its own block, gave 0.36 and 0.35, and the
+trainer's forward-only loop ran at 0.30-0.33 of the training loop's step (CNN).
 
 Records go to ``DIR/speed.jsonl``: benchmark "speed", name "step_compute" (the training step)
 and "forward_compute" (the forward-only step), params model, batch, threads and moment, every
@@ -38,6 +43,7 @@ from ..cli import (
 RECORDS_FILE = "speed.jsonl"
 BENCHMARK = "speed"
 DEFAULT_SAMPLES, DEFAULT_WARMUP = 15, 3
+BLOCK = 3  # timed calls of one step in a row (module docstring)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -109,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             for workload in args.model:
                 for batch in args.batch:
                     pair = make_step_pair(workload, batch)
-                    timed = sample_alternating(pair, args.samples, args.warmup)
+                    timed = sample_alternating(pair, args.samples, args.warmup, block=BLOCK)
                     params = {"model": workload.name, "batch": batch, "threads": threads,
                               "moment": args.moment}  # fmt: skip
                     for name, samples in zip((NAME, FORWARD_NAME), timed, strict=True):
