@@ -15,7 +15,12 @@ the real steps, the same code training runs, and times each collective in them:
 * **layer-wise (model) parallelism**: the step of :class:`microbench.nn.sliced.SlicedNetwork`
   (an ``Allgatherv`` after each split dense layer's forward, an ``Allreduce`` of each input
   gradient in backward), when every dense layer has a neuron per rank, and the barrier that
-  ends it (:mod:`pdlsim.train.model_loop` starts each step with one, right after the update).
+  ends it (:mod:`pdlsim.train.model_loop` starts each step with one, right after the update);
+* **its forward-only step** (parallelism :data:`MODEL_INFERENCE`: the allgathers and the
+  barrier, what ``pdlsim train --parallel model --inference`` runs). A loop of forward passes
+  leaves more in cache than training steps do: on the development VM the MLP's allgathers of a
+  forward-only step cost about half what the training step's do, and priced at the training
+  step's they made 35% of a 2-rank forward pass's prediction error.
 
 The barriers are timed too (op ``barrier``, layer ``step``): back to back a 2-rank barrier takes
 2 us on the development VM, but the rank that reaches it last after a step's compute spends
@@ -45,6 +50,7 @@ from .workload import Workload
 
 __all__ = [
     "BENCHMARK",
+    "MODEL_INFERENCE",
     "Call",
     "data_parallel_step",
     "gather_calls",
@@ -57,6 +63,7 @@ __all__ = [
 ]
 
 BENCHMARK = "insitu"
+MODEL_INFERENCE = "model-inference"  # the parallelism of the layer-wise forward-only step
 STOP_REASON = "max_samples"
 Step = Callable[[], list[tuple[str, str, int, float]]]
 
@@ -68,7 +75,7 @@ class Call:
     op: str  # "allreduce", "allgather" or "barrier"
     layer: str  # the dense layer, "gradients" (the data-parallel allreduce) or "step" (barrier)
     nbytes: int  # gathered or reduced in total
-    parallel: str  # "data" or "model"
+    parallel: str  # "data", "model" or MODEL_INFERENCE
 
 
 class _Comm:
@@ -123,9 +130,11 @@ def splittable(workload: Workload, ranks: int) -> bool:
     return bool(dense) and all(info.output_shape[0] >= ranks for info in dense)
 
 
-def layerwise_step(workload: Workload, batch: int, comm: Any, seed: int = 0) -> Step:
-    """The model-parallel training step; returns its collectives, in order, the barrier that
-    ends it last."""
+def layerwise_step(
+    workload: Workload, batch: int, comm: Any, seed: int = 0, inference: bool = False
+) -> Step:
+    """The model-parallel training step (``inference``: its forward pass and loss only);
+    returns its collectives, in order, the barrier that ends it last."""
     from .nn import SGD
     from .nn.sliced import SlicedNetwork
 
@@ -135,8 +144,9 @@ def layerwise_step(workload: Workload, batch: int, comm: Any, seed: int = 0) -> 
     def step() -> list[tuple[str, str, int, float]]:
         net.call_log = []
         net.forward(x, y)
-        net.backward()
-        opt.step(net.params, net.grads)
+        if not inference:
+            net.backward()
+            opt.step(net.params, net.grads)
         calls, net.call_log = net.call_log, None
         start = time.perf_counter()
         comm.Barrier()  # the step boundary, as the training loop's next step begins

@@ -26,6 +26,10 @@ term. Where the profile timed it in place (op ``barrier``, layer ``step``),
 :data:`BARRIER_PROXY_BYTES` (a barrier's rounds grow with the ranks as that allreduce's do; the
 simulator has no barrier algorithm of its own) plus the in-place excess over that allreduce at
 the placement measured. Unmeasured, the barrier is left out, as before profiles timed it.
+
+A layer-wise forward-only step (parallelism ``model-inference``) takes the calls timed in the
+benchmark's forward-only step, which leaves more in cache than a training step does; a profile
+that did not time them prices them as the training step's calls.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibration.insitu import InSituModel
+from microbench.insitu import MODEL_INFERENCE
 from pdlsim.sim import Placement
 from pdlsim.sim.messages import allgather_time
 
@@ -59,7 +64,8 @@ class InSituCost:
             return None, "not measured: collectives as timed back to back"
         if device != "cpu":
             return None, "measured on CPU ranks only: GPU collectives as timed back to back"
-        found = [c for p in ("data", "model") for c in model.calls(workload or "", p)]
+        kinds = ("data", "model", MODEL_INFERENCE)
+        found = [c for p in kinds for c in model.calls(workload or "", p)]
         if workload is None or not found:
             measured = sorted({p.workload for p in model.points_})
             return None, (
@@ -77,7 +83,7 @@ class InSituCost:
         self, cost: Any, parallel: str, op: str, layer: str, batch: int, nbytes: int
     ) -> float:
         """Seconds to add to the call's back-to-back time (module docstring); 0 if unmeasured."""
-        found = self.model.seconds(self.workload, parallel, op, layer, batch)
+        found = self._seconds(parallel, op, layer, batch)
         if found is None:
             return 0.0
         seconds, point = found
@@ -96,10 +102,15 @@ class InSituCost:
     ) -> float:
         """The step's barrier at ``ranks`` ranks on ``placement`` (module docstring); 0 where
         the profile did not time it in place or with one rank."""
-        if (
-            ranks < 2
-            or self.model.seconds(self.workload, parallel, "barrier", "step", batch) is None
-        ):
+        if ranks < 2 or self._seconds(parallel, "barrier", "step", batch) is None:
             return 0.0
         proxy = cost.collective_time("allreduce", BARRIER_PROXY_BYTES, ranks, placement)
         return proxy + self.extra_s(cost, parallel, "barrier", "step", batch, 0)
+
+    def _seconds(self, parallel: str, op: str, layer: str, batch: int) -> Any:
+        """:meth:`InSituModel.seconds`; a forward-only step's call the profile did not time
+        in a forward-only step takes the training step's (profiles from before it did)."""
+        found = self.model.seconds(self.workload, parallel, op, layer, batch)
+        if found is None and parallel == MODEL_INFERENCE:
+            found = self.model.seconds(self.workload, "model", op, layer, batch)
+        return found

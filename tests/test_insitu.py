@@ -25,8 +25,9 @@ pytestmark = pytest.mark.usefixtures("no_inherited_rank")
 
 
 def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
-    """The MLP at 2 ranks: one gradient allreduce (data), three allgathers and two input
-    gradient allreduces (model), each with both ranks' samples and their minimum."""
+    """The MLP at 2 ranks: the barrier and the gradient allreduce (data), three allgathers, two
+    input gradient allreduces and the barrier (model), and the three allgathers and the barrier
+    of the forward pass alone, each with both ranks' samples and their minimum."""
     args = ["--model", "mlp", "--batch", "8,16", "--samples", "6", "--warmup", "2"]
     result = run_microbench("insitu", *args, "--out", str(tmp_path), ranks=2, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -44,6 +45,10 @@ def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
         ("model", "allreduce", "dense4", 16 * 128 * 4),  # dense4's input gradient
         ("model", "allreduce", "dense2", 16 * 256 * 4),
         ("model", "barrier", "step", 0),  # the step boundary
+        ("model-inference", "allgather", "dense0", 16 * 256 * 4),  # the forward pass alone
+        ("model-inference", "allgather", "dense2", 16 * 128 * 4),
+        ("model-inference", "allgather", "dense4", 16 * 10 * 4),
+        ("model-inference", "barrier", "step", 0),
     ]  # fmt: skip
     assert all(len(s) == 6 for s in frame["samples"]) and set(own["params.batch"]) == {8, 16}
     per_rank = frame[frame["params.statistic"] == "per_rank"]
@@ -404,3 +409,35 @@ def test_both_plans_put_the_step_barrier_on_the_critical_path(insitu_profile):
     assert sim.step_time_s == pytest.approx(ana.step_time_s, rel=1e-9)
     without = predict_tensor(cluster, model, untimed).step_time_s
     assert ana.step_time_s - without == pytest.approx(barrier_s)
+
+
+def test_a_forward_only_plan_takes_the_forward_only_steps_calls_else_the_training_steps(
+    insitu_profile,
+):
+    """dense0's allgather timed at 1 ms in the training step and 0.3 ms in the forward-only
+    step: an inference plan prices it at 0.3 ms, a training plan at 1 ms; dense2's, timed in
+    the training step only, costs the same in both."""
+    from calibration.profile import Profile
+    from pdlsim.sim import Cluster, Scenario
+    from pdlsim.sim.tensor import build_tensor_plan
+
+    doc = copy.deepcopy(insitu_profile.to_dict())
+    frames = [
+        synthetic_frame({("allgather", "dense0", 16): 1e-3, ("allgather", "dense2", 16): 1e-3},
+                        noise=0.0),
+        synthetic_frame({("allgather", "dense0", 16): 3e-4}, noise=0.0,
+                        parallel="model-inference"),
+    ]  # fmt: skip
+    doc["models"]["insitu"] = InSituModel().fit(pd.concat(frames, ignore_index=True)).to_dict()
+    cost = _mlp_cost(Profile.from_dict(doc))
+    scenario = Scenario(load_workload("mlp"), 16, iterations=3, jitter=False)
+    cluster = Cluster.cpus(1, 2)
+
+    def allgathers(inference):
+        plan = build_tensor_plan(cluster, scenario, cost, inference=inference)
+        return {o.layer: o.time_s for o in plan.collectives if o.kind == "allgather"}
+
+    training, forward_only = allgathers(False), allgathers(True)
+    assert training["dense0"] == pytest.approx(1e-3)
+    assert forward_only["dense0"] == pytest.approx(3e-4)
+    assert forward_only["dense2"] == pytest.approx(training["dense2"]) == pytest.approx(1e-3)

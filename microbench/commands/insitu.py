@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+from functools import partial
 
 from ..cli import (
     UsageError,
@@ -30,10 +31,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="collectives timed inside real training steps (data and layer-wise parallel)",
         description="Run each workload's data-parallel training step (gradient allreduce) and "
         "its layer-wise model-parallel step (an allgather per split dense layer, an allreduce "
-        "per input gradient) on every rank, and time each collective where training calls it: "
-        "after the layers' compute, not back to back. Records every rank's seconds per call and "
-        "the per-step minimum over ranks (the collective's own cost, without waiting). Run it "
-        "under mpiexec -n N with N >= 2.",
+        "per input gradient) and that step's forward pass alone on every rank, and time each "
+        "collective where training calls it: after the layers' compute, not back to back. "
+        "Records every rank's seconds per call and the per-step minimum over ranks (the "
+        "collective's own cost, without waiting). Run it under mpiexec -n N with N >= 2.",
     )
     add_workloads_arguments(
         parser, "samples per step, one or more (default 32; model parallelism's batch is shared)"
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from ..insitu import (
+        MODEL_INFERENCE,
         data_parallel_step,
         gather_calls,
         insitu_records,
@@ -115,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             makers = [("data", data_parallel_step)]
             if splittable(workload, ranks):
                 makers.append(("model", layerwise_step))
+                makers.append((MODEL_INFERENCE, partial(layerwise_step, inference=True)))
             elif root and not args.quiet:
                 why = f"a dense layer has fewer neurons than {ranks} ranks (or there is none)"
                 print(f"insitu: {workload.name}: {why}; model parallelism skipped", flush=True)

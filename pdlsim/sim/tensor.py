@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from microbench.insitu import MODEL_INFERENCE
 from microbench.workload import LayerInfo, sliced_dense
 
 from .cluster import LABEL_BYTES_PER_SAMPLE, Cluster, ConfigError, Scenario
@@ -174,10 +175,11 @@ def build_tensor_plan(
         return TensorOp("compute", layers[i].name, phase, seconds, split=local[i] is not layers[i])
 
     priced = getattr(cost, "in_situ_s", None) if p > 1 else None
+    parallel = MODEL_INFERENCE if inference else "model"  # as the profile's in-place calls
 
     def in_situ(op: str, layer: str, nbytes: float) -> float:
         """The call's in-place excess (module docstring); 0 without one."""
-        return 0.0 if priced is None else float(priced("model", op, layer, batch, int(nbytes)))
+        return 0.0 if priced is None else float(priced(parallel, op, layer, batch, int(nbytes)))
 
     ops: list[TensorOp] = []
     for i, info in enumerate(layers):
@@ -204,7 +206,7 @@ def build_tensor_plan(
                 )
         ops += [compute(i, "update") for i in params]
     barrier = getattr(cost, "step_barrier_s", None) if p > 1 else None
-    barrier_s = 0.0 if barrier is None else float(barrier("model", batch, p, placement))
+    barrier_s = 0.0 if barrier is None else float(barrier(parallel, batch, p, placement))
     if barrier_s > 0:  # the loop's barrier between two steps, where it was timed in place
         ops.append(TensorOp("barrier", "step", "step", barrier_s, 0.0, "in place", barrier_s))
     h2d_s = 0.0
