@@ -29,18 +29,30 @@ def _measurements(records: list[dict[str, Any]], benchmark: str) -> list[dict[st
 
 
 def jitter_summaries(records: list[dict[str, Any]]) -> list[str]:
-    """One jitter table per (model, batch, threads, ranks), from the per-rank records."""
-    groups: dict[tuple, list[tuple[int, list[float]]]] = defaultdict(list)
+    """One jitter table per (model, batch, threads, ranks), from the per-rank records. The
+    moments the bench timed it at (``params.moment``) are pooled, each rank's samples one
+    after the other, and each moment's own expected wait follows on a line."""
+    groups: dict[tuple, dict[str, dict[int, list[float]]]] = defaultdict(dict)
     for record in _measurements(records, jitter.BENCHMARK):
         p = record["params"]
         if p.get("statistic") == "per_rank":
             key = (p["model"], p["batch"], p["threads"], p["ranks"])
-            groups[key].append((p["rank"], record["samples"]))
+            moment = groups[key].setdefault(str(p.get("moment") or ""), {})
+            moment[int(p["rank"])] = list(record["samples"])
     tables = []
-    for (model, batch, threads, _), rows in sorted(groups.items()):
-        table = np.array([samples for _, samples in sorted(rows)])
-        summary = jitter.JitterSummary.from_samples(table)
-        tables.append(jitter.format_summary(summary, model, batch, threads))
+    for (model, batch, threads, _), moments in sorted(groups.items()):
+        tables_by_moment = {m: np.array([r[k] for k in sorted(r)]) for m, r in moments.items()}
+        table = np.concatenate(list(tables_by_moment.values()), axis=1)
+        text = jitter.format_summary(
+            jitter.JitterSummary.from_samples(table), model, batch, threads
+        )
+        if len(tables_by_moment) > 1:
+            waits = (
+                f"{m}: {jitter.JitterSummary.from_samples(t).expected_wait_rel:.1%}"
+                for m, t in sorted(tables_by_moment.items())
+            )
+            text += "\nexpected wait at each moment (of its median): " + ", ".join(waits)
+        tables.append(text)
     return tables
 
 
