@@ -210,18 +210,25 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
 
 
 def speed_command(
-    models: str, batches: tuple[int, ...], moment: str, out: Path, append: bool, quick: bool = False
+    models: str,
+    batches: tuple[int, ...],
+    moment: str,
+    out: Path,
+    append: bool,
+    quick: bool = False,
+    threads: tuple[int, ...] = (1,),
 ) -> list[str]:
-    """``python -m microbench speed`` for the steps of ``models`` at ``batches``, one thread,
-    labelled ``moment``, into ``out/speed.jsonl``: the bench's checks and validate's use it.
-    One thread: the jitter step this command times gains nothing from a second thread here,
-    where the compute stage's and training's do, so steps at more threads take the pooled
-    offset (:mod:`calibration.drift`)."""
+    """``python -m microbench speed`` for the steps of ``models`` at ``batches`` and
+    ``threads``, labelled ``moment``, into ``out/speed.jsonl``: the bench's checks and
+    validate's use it. Every thread count the compute stage times, so that each of its steps
+    gets its own typical time (:mod:`calibration.drift`): a step at 2 threads on this 2-core VM
+    does not move with the 1-thread step (its single compute moment put the CNN's 2-thread rows
+    15-30% fast in two validations)."""
     return [
         sys.executable, *_microbench(
-            "speed", "--model", models, "--batch", ",".join(map(str, batches)), "--threads", "1",
-            "--moment", moment, "--out", str(out), *(["--samples", "8"] if quick else []),
-            *(["--append"] if append else []),
+            "speed", "--model", models, "--batch", ",".join(map(str, batches)),
+            "--threads", ",".join(map(str, threads)), "--moment", moment, "--out", str(out),
+            *(["--samples", "8"] if quick else []), *(["--append"] if append else []),
         ),
     ]  # fmt: skip
 
@@ -231,10 +238,11 @@ def _speed_stage(plan: BenchPlan, k: int, of: int) -> Stage:
     the machine's speed (:func:`speed_command`; :mod:`calibration.drift` takes each step's
     typical time and the speed's spread from these moments)."""
     moment = f"check {k} of {of}"
+    threads = tuple(plan.threads)
     command = speed_command(
-        plan.model, plan.batches, moment, plan.out / "ranks1", k > 1, plan.quick
+        plan.model, plan.batches, moment, plan.out / "ranks1", k > 1, plan.quick, threads
     )
-    return Stage(f"speed-{k}", f"machine speed now ({moment})", tuple(command), 1, 1)
+    return Stage(f"speed-{k}", f"machine speed now ({moment})", tuple(command), 1, max(threads))
 
 
 def check_out_dir(out: Path) -> None:

@@ -309,7 +309,8 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         steps_for(cfg, pred["band"]["p50_s"], spec.oversubscribed(cores))
         for spec, pred in zip(specs, calibrated, strict=True)
     ]
-    checks = SpeedChecks(cfg.out / "speed", cfg.models, tuple(sorted(cfg.batches)))
+    fitting = sorted({s.threads for s in specs if not s.oversubscribed(cores)} or {1})
+    checks = SpeedChecks(cfg.out / "speed", cfg.models, tuple(sorted(cfg.batches)), tuple(fitting))
     checks.run()
     launches: list[list[dict[str, Any]]] = [[] for _ in specs]
     for k in range(cfg.repeats):  # round-robin: a configuration's launches minutes apart

@@ -44,12 +44,12 @@ __all__ = [
 ]
 
 FLOOR_DRAWS = 2000
-Levels = dict[tuple[str, str, int], np.ndarray]
+Levels = dict[tuple[str, str, int, int], np.ndarray]  # (record name, model, batch, threads)
 
 
 def speed_levels(speed_dir: Path) -> Levels:
-    """{(record name, model, batch): each speed check's median over their median} for the
-    ``microbench speed`` records under ``speed_dir``; empty when there are none."""
+    """{(record name, model, batch, threads): each speed check's median over their median} for
+    the ``microbench speed`` records under ``speed_dir``; empty when there are none."""
     from microbench.records import load_dataframe
 
     try:
@@ -60,16 +60,25 @@ def speed_levels(speed_dir: Path) -> Levels:
         return {}
     df = df[df["benchmark"] == "speed"]
     out: Levels = {}
-    for (name, model, batch), group in df.groupby(["name", "params.model", "params.batch"]):
+    if "params.threads" not in df:
+        df = df.assign(**{"params.threads": 1})
+    keys = ["name", "params.model", "params.batch", "params.threads"]
+    for (name, model, batch, threads), group in df.groupby(keys):
         medians = np.array([np.median(s) for s in group["samples"]], dtype=float)
-        out[(str(name), str(model), int(batch))] = medians / np.median(medians)
+        out[(str(name), str(model), int(batch), int(threads))] = medians / np.median(medians)
     return out
 
 
 def _row_levels(row: dict[str, Any], levels: Levels) -> np.ndarray | None:
-    key = (str(row["model"]), int(row["batch"]))
-    forward = levels.get((FORWARD_NAME, *key)) if row["inference"] else None
-    return forward if forward is not None else levels.get((STEP_NAME, *key))
+    """The levels of the row's step: forward-only for inference, at its thread count where the
+    checks timed it, else at one thread (every mode moves with the serial step)."""
+    names = (FORWARD_NAME, STEP_NAME) if row["inference"] else (STEP_NAME,)
+    for threads in dict.fromkeys((int(row.get("threads", 1)), 1)):
+        for name in names:
+            found = levels.get((name, str(row["model"]), int(row["batch"]), threads))
+            if found is not None:
+                return found
+    return None
 
 
 def _picks(

@@ -5,7 +5,8 @@ machine whose speed switches between levels (:mod:`calibration.drift`) the two m
 mostly one level and the runs mostly the other, and every prediction is then off by the ratio
 of the levels however right the model is. So ``pdlsim validate`` runs the same brief speed
 check the calibration runs (``python -m microbench speed``: each workload's step at every
-validated batch, one thread) before the first launch, after every
+validated batch and at every thread count of the runs that fit the cores) before the first
+launch, after every
 :data:`CHECK_EVERY_LAUNCHES` launches and after the last, into ``OUT/speed/speed.jsonl``,
 and predicts from the calibrated profile with those moments added to its drift model
 (:func:`span_profile`, written to ``OUT/profile-span.json``): each step's typical time and the
@@ -29,8 +30,14 @@ CHECK_EVERY_LAUNCHES = 5
 class SpeedChecks:
     """Numbered speed checks into ``out/speed.jsonl`` (the first creates it)."""
 
-    def __init__(self, out: Path, models: tuple[str, ...], batches: tuple[int, ...]) -> None:
-        self.out, self.models, self.batches = out, models, batches
+    def __init__(
+        self,
+        out: Path,
+        models: tuple[str, ...],
+        batches: tuple[int, ...],
+        threads: tuple[int, ...] = (1,),
+    ) -> None:
+        self.out, self.models, self.batches, self.threads = out, models, batches, threads
         self.done = 0
 
     def run(self) -> None:
@@ -41,11 +48,11 @@ class SpeedChecks:
         self.done += 1
         command = speed_command(
             ",".join(self.models), self.batches, f"validation {self.done}", self.out,
-            append=self.done > 1,
+            append=self.done > 1, threads=self.threads,
         )  # fmt: skip
         self.out.mkdir(parents=True, exist_ok=True)
         log = self.out / "speed.log"
-        env = {**os.environ, **thread_env(1)}
+        env = {**os.environ, **thread_env(max(self.threads))}
         with log.open("a") as handle:
             status = run_supervised(command, env, stdout=handle, stderr=handle)
         if status != 0:

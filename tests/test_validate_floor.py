@@ -20,21 +20,25 @@ from pdlsim.validate_floor import (
 from pdlsim.validate_report import format_floor
 
 
-def _checks(out: Path, steps_s: dict[tuple[str, str, int], list[float]]) -> Path:
-    """One ``microbench speed`` record per check and step, as ``pdlsim validate`` writes them."""
+def _checks(out: Path, steps_s: dict[tuple, list[float]]) -> Path:
+    """One ``microbench speed`` record per check and step, as ``pdlsim validate`` writes them;
+    keys (name, model, batch), or with the thread count last (default 1)."""
     with RecordWriter(out / "speed.jsonl", {"hostname": "synthetic"}) as writer:
-        for (name, model, batch), medians in steps_s.items():
+        for (name, model, batch, *threads), medians in steps_s.items():
             for k, median in enumerate(medians, 1):
-                params = {"model": model, "batch": batch, "threads": 1, "moment": f"v {k}"}
+                params = {"model": model, "batch": batch, "threads": threads[0] if threads else 1,
+                          "moment": f"v {k}"}  # fmt: skip
                 samples = [0.9 * median, median, 1.1 * median]
                 writer.write(Measurement(samples, "speed", name, params).to_record())
     return out
 
 
-def _row(model: str = "cnn", batch: int = 32, inference: bool = False, over: bool = False):
+def _row(
+    model: str = "cnn", batch: int = 32, inference: bool = False, over: bool = False, threads=1
+):
     return {
         "model": model, "batch": batch, "inference": inference, "oversubscribed": over,
-        "launch_medians_s": [0.9, 1.0, 1.2],
+        "threads": threads, "launch_medians_s": [0.9, 1.0, 1.2],
     }  # fmt: skip
 
 
@@ -42,8 +46,8 @@ def test_levels_are_each_check_over_the_median_of_its_step(tmp_path: Path) -> No
     levels = speed_levels(
         _checks(tmp_path, {("step_compute", "cnn", 32): [0.02, 0.03, 0.02, 0.03, 0.03]})
     )
-    assert list(levels) == [("step_compute", "cnn", 32)]
-    np.testing.assert_allclose(levels[("step_compute", "cnn", 32)], [2 / 3, 1, 2 / 3, 1, 1])
+    assert list(levels) == [("step_compute", "cnn", 32, 1)]
+    np.testing.assert_allclose(levels[("step_compute", "cnn", 32, 1)], [2 / 3, 1, 2 / 3, 1, 1])
     assert speed_levels(tmp_path / "missing") == {}
 
 
@@ -56,7 +60,7 @@ def test_a_steady_machine_has_no_floor(tmp_path: Path) -> None:
 def test_a_two_level_machine_floor_is_the_chance_that_most_launches_are_slow() -> None:
     """Levels 1 (p = 0.6) and 1.5 (p = 0.4): one launch is 50% off with probability 0.4; the
     median of three is, with probability 3 * 0.4^2 * 0.6 + 0.4^3 = 0.352."""
-    levels = {("step_compute", "cnn", 32): np.array([1.0, 1.0, 1.0, 1.5, 1.5])}
+    levels = {("step_compute", "cnn", 32, 1): np.array([1.0, 1.0, 1.0, 1.5, 1.5])}
     one = floor_errors([_row()], levels, repeats=1, draws=20_000, seed=1)
     three = floor_errors([_row()], levels, repeats=3, draws=20_000, seed=1)
     assert set(np.unique(one)) == {0.0, 0.5}
@@ -94,6 +98,21 @@ def test_rows_take_their_own_step_and_unchecked_ones_are_left_out(tmp_path: Path
     assert summary["check_deviation"] is None  # one launch per draw: nothing to spread
     line = format_floor(summary)
     assert "median of 1 launches" in line and "3 configurations" in line
+
+
+def test_rows_take_the_checks_at_their_thread_count_else_at_one_thread(tmp_path: Path) -> None:
+    """The 2-thread CNN step was checked (steady), the 2-thread MLP step was not: the CNN's
+    2-thread row has no floor, the MLP's moves with its 1-thread step."""
+    checks = {
+        ("step_compute", "cnn", 32, 1): [1.0, 1.0, 1.5, 1.5, 1.5],
+        ("step_compute", "cnn", 32, 2): [1.0] * 5,
+        ("step_compute", "mlp", 32, 1): [1.0, 1.0, 1.0, 1.5, 1.5],
+    }
+    out = _checks(tmp_path, {k: [1e-3 * v for v in vs] for k, vs in checks.items()})
+    levels = speed_levels(out)
+    assert set(levels) == {(n, m, b, t) for n, m, b, t in checks}
+    cnn, mlp = floor_errors([_row(threads=2), _row("mlp", threads=2)], levels, 1, draws=500)
+    assert np.all(cnn == 0.0) and set(np.unique(mlp)) == {0.0, 0.5}
 
 
 def test_deviation_is_the_median_distance_from_each_groups_median() -> None:
