@@ -24,8 +24,8 @@ the real steps, the same code training runs, and times each collective in them:
 
 The barriers are timed too (op ``barrier``, layer ``step``): back to back a 2-rank barrier takes
 2 us on the development VM, but the rank that reaches it last after a step's compute spends
-11-20 us in it (the training loop's records say the same), a cost no other term of the model
-holds.
+7-20 us in it after the MLP's step and 30-50 us after the CNN's (the training loop's records
+say the same), a cost no other term of the model holds.
 
 Each step starts after a barrier. The steps are taken in rounds through every workload, batch
 and parallelism (:func:`sample_rounds`), each round after ``warmup`` steps that are not kept, so

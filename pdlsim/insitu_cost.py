@@ -19,9 +19,9 @@ measure in place keeps its back-to-back time, and the provenance says which appl
 
 **The step's barrier.** ``pdlsim train`` calls one barrier per step (data parallel: before the
 gradient allreduce, to tell waiting from reducing; model parallel: at the step's start). The
-rank that reaches it last, after the step's compute, spends 11-20 us in it on the development
-VM where a barrier back to back takes 2 us: a tenth of the MLP's 2-rank wait, and in no other
-term. Where the profile timed it in place (op ``barrier``, layer ``step``),
+rank that reaches it last, after the step's compute, spends 7-20 us in it (MLP) on the
+development VM where a barrier back to back takes 2 us: a third of the MLP's 2-rank wait, and
+in no other term. Where the profile timed it in place (op ``barrier``, layer ``step``),
 :meth:`InSituCost.barrier_s` prices it as a latency-bound allreduce of
 :data:`BARRIER_PROXY_BYTES` (a barrier's rounds grow with the ranks as that allreduce's do; the
 simulator has no barrier algorithm of its own) plus the in-place excess over that allreduce at
