@@ -205,10 +205,23 @@ class JitterModel:
 
     def _fit_scale(self, per_rank: pd.DataFrame) -> None:
         """``scale`` and ``moments`` from the runs at P >= 2 (module docstring)."""
+        self.moments_ = []
+        self._add_runs(per_rank)
+
+    def add_moments(self, df: pd.DataFrame) -> JitterModel:
+        """Add the jitter runs at 2 or more ranks of ``df`` (one moment each) to ``moments``
+        and take ``scale`` again over all of them; the fitted distribution stays: how
+        ``pdlsim validate`` extends a profile's sync over the span of its training runs."""
+        rows = df[(df["type"] == "measurement") & (df["benchmark"] == "jitter")]
+        if not rows.empty:
+            statistic = rows.get("params.statistic", pd.Series("per_rank", index=rows.index))
+            self._add_runs(rows[statistic.fillna("per_rank") == "per_rank"])
+        return self
+
+    def _add_runs(self, per_rank: pd.DataFrame) -> None:
         keys = [c for c in (*_CONFIG_KEYS, "params.moment") if c in per_rank]
         ranks = per_rank.get("params.ranks", pd.Series(1, index=per_rank.index)).fillna(1)
         multi = per_rank[ranks.astype(int) >= 2]
-        self.moments_ = []
         for _, run in multi.groupby([multi[k].astype(str) for k in keys]) if keys else []:
             samples = [np.asarray(x, dtype=float) for x in run["samples"]]
             n = min(len(x) for x in samples)

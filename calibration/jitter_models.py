@@ -38,6 +38,14 @@ class JitterModels:
             self.models_[name] = JitterModel(n_boot=self.n_boot, seed=self.seed).fit(group)
         return self
 
+    def add_moments(self, df: pd.DataFrame) -> JitterModels:
+        """Each workload's jitter runs of ``df`` added to its model's moments
+        (:meth:`JitterModel.add_moments`); workloads without a model are left out."""
+        if "params.model" in df:
+            for name, model in self.models_.items():
+                model.add_moments(df[df["params.model"].astype(str) == name])
+        return self
+
     def get(self, name: str | None) -> JitterModel | None:
         return self.models_.get(name) if name is not None else None
 

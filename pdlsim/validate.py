@@ -310,7 +310,14 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         for spec, pred in zip(specs, calibrated, strict=True)
     ]
     fitting = sorted({s.threads for s in specs if not s.oversubscribed(cores)} or {1})
-    checks = SpeedChecks(cfg.out / "speed", cfg.models, tuple(sorted(cfg.batches)), tuple(fitting))
+    pairs = [s for s in specs if s.procs == 2 and s.threads == 1 and not s.oversubscribed(cores)]
+    checks = SpeedChecks(
+        cfg.out / "speed",
+        cfg.models,
+        tuple(sorted(cfg.batches)),
+        tuple(fitting),
+        jitter_ranks=2 if pairs else 1,
+    )
     checks.run()
     launches: list[list[dict[str, Any]]] = [[] for _ in specs]
     for k in range(cfg.repeats):  # round-robin: a configuration's launches minutes apart

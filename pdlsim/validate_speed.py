@@ -10,9 +10,13 @@ launch, after every
 :data:`CHECK_EVERY_LAUNCHES` launches and after the last, into ``OUT/speed/speed.jsonl``,
 and predicts from the calibrated profile with those moments added to its drift model
 (:func:`span_profile`, written to ``OUT/profile-span.json``): each step's typical time and the
-band are then those of the hour the runs took. This is a microbenchmark like the
-calibration's, never a training run; the report keeps the predictions from the calibration's
-moments alone next to these.
+band are then those of the hour the runs took. Where the runs include 2 ranks that fit the
+cores, each check also times the jitter step at 2 ranks (``microbench jitter --moment``), and
+its moments join the jitter models' (:meth:`calibration.jitter.JitterModel.add_moments`): the
+2-rank sync is then the typical skew of the span, not of the calibration's three moments, two
+minutes long (the CNN's skew moved between 3.6% and 8.5% from one moment to the next). These
+are microbenchmarks like the calibration's, never a training run; the report keeps the
+predictions from the calibration's moments alone next to these.
 """
 
 from __future__ import annotations
@@ -27,8 +31,13 @@ __all__ = ["CHECK_EVERY_LAUNCHES", "SpeedChecks", "span_profile"]
 CHECK_EVERY_LAUNCHES = 5
 
 
+JITTER_CHECK_SAMPLES = 33  # steps per rank of a check's 2-rank jitter run (the bench's: 66)
+
+
 class SpeedChecks:
-    """Numbered speed checks into ``out/speed.jsonl`` (the first creates it)."""
+    """Numbered speed checks into ``out/speed.jsonl`` (the first creates it); with
+    ``jitter_ranks`` 2 or more, each check also times the jitter step at that many ranks into
+    ``out/jitter.jsonl``, labelled with the same moment."""
 
     def __init__(
         self,
@@ -36,8 +45,10 @@ class SpeedChecks:
         models: tuple[str, ...],
         batches: tuple[int, ...],
         threads: tuple[int, ...] = (1,),
+        jitter_ranks: int = 1,
     ) -> None:
         self.out, self.models, self.batches, self.threads = out, models, batches, threads
+        self.jitter_ranks = jitter_ranks
         self.done = 0
 
     def run(self) -> None:
@@ -53,10 +64,32 @@ class SpeedChecks:
         self.out.mkdir(parents=True, exist_ok=True)
         log = self.out / "speed.log"
         env = {**os.environ, **thread_env(max(self.threads))}
+        commands = [command, *self._jitter_commands()]
         with log.open("a") as handle:
-            status = run_supervised(command, env, stdout=handle, stderr=handle)
-        if status != 0:
-            raise UserError(f"speed check {self.done} failed with status {status}; see {log}")
+            for command in commands:
+                status = run_supervised(command, env, stdout=handle, stderr=handle)
+                if status != 0:
+                    raise UserError(
+                        f"speed check {self.done} failed with status {status}; see {log}"
+                    )
+
+    def _jitter_commands(self) -> list[list[str]]:
+        """The jitter step of every model at ``jitter_ranks`` ranks, one thread, at the
+        bench's jitter batch (the middle one), labelled with this check's moment."""
+        if self.jitter_ranks < 2:
+            return []
+        from pdlsim.launch import mpiexec_command
+
+        batch = sorted(self.batches)[len(self.batches) // 2]
+        return [
+            mpiexec_command(self.jitter_ranks, [
+                "-m", "microbench", "jitter", "--model", model, "--batch", str(batch),
+                "--threads", "1", "--moment", f"validation {self.done}",
+                "--samples", str(JITTER_CHECK_SAMPLES), "--out", str(self.out),
+                *(["--append"] if self.done > 1 or k else []),
+            ])
+            for k, model in enumerate(self.models)
+        ]  # fmt: skip
 
 
 def span_profile(profile: str, speed_dir: Path, out: Path) -> Path:
@@ -68,13 +101,14 @@ def span_profile(profile: str, speed_dir: Path, out: Path) -> Path:
     from pdlsim.predict import resolve_profile
 
     base, _ = resolve_profile(profile)
+    records = load_dataframe(speed_dir, type="measurement")
     drift = base.model("drift") if base.models.get("drift") else DriftModel()
-    drift.add_moments(load_dataframe(speed_dir, type="measurement"))
+    models = {**base.models, "drift": drift.add_moments(records)}
+    quality = {**base.fit_quality, "drift": drift.quality_dict()}
+    for name in ("jitter", "jitter_models"):  # the span's 2-rank jitter moments (SpeedChecks)
+        if base.models.get(name):
+            models[name] = base.model(name).add_moments(records)
+            quality[name] = models[name].quality_dict()
     _, sources = read_sources([speed_dir])
-    spanned = Profile.from_models(
-        {**base.models, "drift": drift},
-        base.machine,
-        (*base.sources, *sources),
-        {**base.fit_quality, "drift": drift.quality_dict()},
-    )
+    spanned = Profile.from_models(models, base.machine, (*base.sources, *sources), quality)
     return spanned.save(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from calibration.jitter import JitterModel
@@ -171,3 +172,50 @@ def test_one_run_of_independent_ranks_keeps_the_iid_extrapolation(tmp_path):
     one_rank = write_jitter(tmp_path / "one", lognormal_table(11, ranks=1))
     single = JitterModel(n_boot=0).fit(one_rank)
     assert single.scale_ == 1.0 and single.moments_ == []
+
+
+def test_span_moments_join_the_calibrations_and_move_the_sync_not_the_fit(tmp_path):
+    """A calibration with one noisy moment of independent noise, then three calm moments
+    from a validation's span (the ranks' noise mostly shared): the fitted distribution stays,
+    the scale becomes the median over all four moments, a calm one's."""
+    rng = np.random.default_rng(3)
+    n = 300
+
+    def calm():
+        return 0.02 * rng.lognormal(0.0, 0.1, n) * rng.lognormal(0.0, 0.02, (2, n))
+
+    model = JitterModel(n_boot=0).fit(
+        write_moments(tmp_path, {"jitter 1 of 1": 0.02 * rng.lognormal(0.0, 0.1, (2, n))})
+    )
+    before = model.to_dict()
+    (tmp_path / "span").mkdir()
+    span = write_moments(tmp_path / "span", {f"validation {k}": calm() for k in (1, 2, 3)})
+    model.add_moments(span)
+    assert [m["moment"] for m in model.moments_] == [
+        "jitter 1 of 1", "validation 1", "validation 2", "validation 3",
+    ]  # fmt: skip
+    ratios = sorted(m["measured_skew"] / m["iid_skew"] for m in model.moments_)
+    assert model.scale_ == pytest.approx((ratios[1] + ratios[2]) / 2) and model.scale_ < 0.5
+    assert model.family_ == before["family"] and before["scale"] > 0.8
+    assert {k: model.params_[k] for k in model.params_} == {
+        k: v for k, v in before["params"].items() if k in model.params_
+    }
+    assert model.add_moments(span.iloc[0:0]).scale_ == model.scale_  # nothing to add
+
+
+def test_each_workloads_model_takes_its_own_span_moments(tmp_path):
+    from calibration.jitter_models import JitterModels
+
+    rng = np.random.default_rng(4)
+    tables = {"jitter 1 of 1": 0.02 * rng.lognormal(0.0, 0.1, (2, 200))}
+    (tmp_path / "mlp").mkdir()
+    frame = pd.concat(
+        [write_moments(tmp_path, tables), write_moments(tmp_path / "mlp", tables, model="mlp")]
+    )
+    models = JitterModels(n_boot=0).fit(frame)
+    (tmp_path / "span").mkdir()
+    span = write_moments(
+        tmp_path / "span", {"validation 1": 0.02 * rng.lognormal(0.0, 0.1, (2, 200))}
+    )
+    models.add_moments(span)  # cnn's only
+    assert len(models.get("cnn").moments_) == 2 and len(models.get("mlp").moments_) == 1

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pdlsim.cli import main
@@ -295,3 +296,47 @@ def test_a_slower_machine_during_the_runs_raises_the_predictions(tmp_path: Path)
     drift = load_profile(spanned).model("drift")
     assert drift.medians_["cnn-b32-t1"]["validation 1"] == pytest.approx(slow)
     assert after["step_time_s"] > 1.2 * before
+
+
+def test_speed_checks_time_the_2_rank_jitter_only_where_2_ranks_are_validated(tmp_path: Path):
+    """Each check's jitter runs: one per model at the middle batch, labelled with the check's
+    moment, appending after the first; none without 2-rank runs."""
+    from pdlsim.validate_speed import SpeedChecks
+
+    checks = SpeedChecks(tmp_path, ("mlp", "cnn"), (16, 32, 64), (1, 2), jitter_ranks=2)
+    checks.done = 1
+    first = checks._jitter_commands()
+    assert len(first) == 2 and all(c[c.index("-n") + 1] == "2" for c in first)
+    assert [c[c.index("--model") + 1] for c in first] == ["mlp", "cnn"]
+    assert all(c[c.index("--batch") + 1] == "32" for c in first)
+    assert all(c[c.index("--moment") + 1] == "validation 1" for c in first)
+    assert ["--append" in c for c in first] == [False, True]
+    checks.done = 2
+    assert all("--append" in c for c in checks._jitter_commands())
+    assert SpeedChecks(tmp_path, ("mlp",), (32,), (1,))._jitter_commands() == []
+
+
+def test_the_spans_jitter_moments_set_the_2_rank_sync(tmp_path: Path) -> None:
+    """Span checks whose 2-rank cnn steps never skew (both ranks alike) pull the scale, and
+    with it the predicted sync of a 2-rank row, down."""
+    from calibration.profile import load_profile
+    from microbench.measurement import Measurement
+    from microbench.records import RecordWriter
+    from pdlsim.validate_speed import span_profile
+
+    moments = len(load_profile(PROFILE).model("jitter_models").get("cnn").moments_)
+    rng = np.random.default_rng(0)
+    with RecordWriter(tmp_path / "speed" / "jitter.jsonl", {"hostname": "synthetic"}) as writer:
+        for k in range(1, 2 * moments + 2):
+            steps = 0.02 * rng.lognormal(0.0, 0.05, 33)
+            for rank in (0, 1):
+                params = {"model": "cnn", "batch": 32, "threads": 1, "ranks": 2, "rank": rank,
+                          "statistic": "per_rank", "moment": f"validation {k}"}  # fmt: skip
+                writer.write(Measurement(steps, "jitter", "step_compute", params).to_record())
+    spanned = load_profile(span_profile(PROFILE, tmp_path / "speed", tmp_path / "span.json"))
+    assert spanned.model("jitter_models").get("cnn").scale_ == 0.0
+    spec = RunSpec("cnn", 2, 1, 32)
+    before = predict_spec(spec, ValidateConfig(out=tmp_path, profile=PROFILE, band_samples=4))
+    cfg = ValidateConfig(out=tmp_path, profile=str(tmp_path / "span.json"), band_samples=4)
+    after = predict_spec(spec, cfg)
+    assert after["breakdown"]["sync_s"] == 0.0 < before["breakdown"]["sync_s"]
