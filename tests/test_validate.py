@@ -340,3 +340,31 @@ def test_the_spans_jitter_moments_set_the_2_rank_sync(tmp_path: Path) -> None:
     cfg = ValidateConfig(out=tmp_path, profile=str(tmp_path / "span.json"), band_samples=4)
     after = predict_spec(spec, cfg)
     assert after["breakdown"]["sync_s"] == 0.0 < before["breakdown"]["sync_s"]
+
+
+def test_elapsed_counts_the_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --profile, the reported time is what the user waited for: calibration included
+    (a calibration that takes an hour on validate's clock, and returns the packaged profile)."""
+    import time
+    from types import SimpleNamespace
+
+    import pdlsim.validate
+    import pdlsim.validate_calibrate as validate_calibrate
+
+    hour_s = [0.0]
+    clock = SimpleNamespace(perf_counter=lambda: time.perf_counter() + hour_s[0])
+    monkeypatch.setattr(pdlsim.validate, "time", clock)
+
+    def hour_long_calibration(cfg: ValidateConfig, log: object) -> str:
+        hour_s[0] = 3600.0
+        return PROFILE
+
+    monkeypatch.setattr(validate_calibrate, "calibrate_now", hour_long_calibration)
+    cfg = ValidateConfig(
+        out=tmp_path / "report", profile=None, repeats=1, steps=4, models=("mlp",),
+        modes=((1, 1),), batches=(16,), band_samples=2, target_run_s=0.01, max_steps=4,
+        parallel=("data",),
+    )  # fmt: skip
+    report = run_validation(cfg, log=lambda s: None)
+    assert 3600.0 < report["elapsed_s"] < 3600.0 + 300.0
+    assert report["provenance"]["profile"] == PROFILE
