@@ -317,6 +317,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         tuple(sorted(cfg.batches)),
         tuple(fitting),
         jitter_ranks=2 if pairs else 1,
+        jitter_every=2 if cfg.quick else 1,
     )
     checks.run()
     launches: list[list[dict[str, Any]]] = [[] for _ in specs]

@@ -314,6 +314,12 @@ def test_speed_checks_time_the_2_rank_jitter_only_where_2_ranks_are_validated(tm
     checks.done = 2
     assert all("--append" in c for c in checks._jitter_commands())
     assert SpeedChecks(tmp_path, ("mlp",), (32,), (1,))._jitter_commands() == []
+    every_other = SpeedChecks(tmp_path, ("mlp",), (32,), (1,), jitter_ranks=2, jitter_every=2)
+    timed = []
+    for done in range(1, 6):
+        every_other.done = done
+        timed.append(len(every_other._jitter_commands()))
+    assert timed == [1, 0, 1, 0, 1]  # --quick: the first check, then every other one
 
 
 def test_the_spans_jitter_moments_set_the_2_rank_sync(tmp_path: Path) -> None:
