@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .errors import UserError
+from .fileio import write_problem
 from .sampling import SamplingPolicy
 
 __all__ = [
@@ -335,13 +336,9 @@ def checked_out_dir(args: argparse.Namespace, records_file: str, comm: Any = Non
 
 def out_dir_problem(out: Path, file_name: str, append: bool) -> str | None:
     """Why ``out/file_name`` cannot be written as a new records file (None when it can)."""
-    for parent in (out, *out.parents):
-        if parent.exists():
-            if not parent.is_dir():
-                return f"--out {out}: {parent} is a file, not a directory"
-            if not os.access(parent, os.W_OK | os.X_OK):
-                return f"--out {out}: {parent} is not writable"
-            break
+    problem = write_problem(out, "dir")
+    if problem is not None:
+        return f"--out {problem}"
     target = out / file_name
     if target.exists() and not append:
         return f"{target} exists; pass --append to add to it, or choose another --out"

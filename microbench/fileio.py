@@ -6,6 +6,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from .errors import UserError
+
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same directory and a rename.
@@ -55,3 +57,39 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def write_problem(path: str | Path, kind: str = "dir") -> str | None:
+    """Why ``path`` cannot be written as a directory (``kind`` "dir") or a file ("file"), or
+    None when it can: checked before a long run, so that its results are not lost at the end.
+
+    The nearest existing directory is probed by creating and removing a temporary file in it,
+    because permission bits do not tell (root passes every check; /proc, read-only mounts and
+    full disks refuse anyway). A directory that does not exist yet is created later, as usual.
+    """
+    path = Path(path)
+    if kind not in ("dir", "file"):
+        raise ValueError(f"kind must be 'dir' or 'file', got {kind!r}")
+    if kind == "dir" and path.exists() and not path.is_dir():
+        return f"{path} is a file; give a directory"
+    if kind == "file" and path.is_dir():
+        return f"{path} is a directory; give a file name"
+    start = path if kind == "dir" else path.parent
+    existing = next((p for p in (start, *start.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        return f"{path}: {existing} is a file, not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".pdlsim-write-probe-")
+    except OSError as exc:
+        return f"{path}: cannot write in {existing} ({exc.strerror}); give a writable place"
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def check_writable(path: str | Path, kind: str, flag: str, purpose: str = "") -> None:
+    """:func:`write_problem` as a :class:`UserError` naming ``flag`` (and what the place is
+    ``purpose``-d for, e.g. "for the run's records"): a command's check before its work."""
+    problem = write_problem(path, kind)
+    if problem is not None:
+        raise UserError(f"{flag} {problem}{' ' + purpose if purpose else ''}")

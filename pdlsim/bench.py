@@ -20,7 +20,7 @@ from typing import TextIO
 
 from microbench.cpustat import cpu_times, steal_fraction
 from microbench.errors import UserError
-from microbench.fileio import atomic_write_text
+from microbench.fileio import atomic_write_text, check_writable
 from microbench.jitter import FULL_SAMPLES
 from microbench.threads import available_cores, oversubscription, thread_env
 from pdlsim.launch import mpiexec_command, run_supervised
@@ -247,8 +247,7 @@ def _speed_stage(plan: BenchPlan, k: int, of: int) -> Stage:
 
 def check_out_dir(out: Path) -> None:
     """Refuse an output that is a file or a directory that already holds records."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file; give a directory for the benchmark records")
+    check_writable(out, "dir", "--out", "for the benchmark records")
     if out.is_dir() and any(out.rglob("*.jsonl")):
         raise UserError(
             f"--out {out} already holds records; choose a new directory (nothing is overwritten)"

@@ -15,10 +15,11 @@ import warnings
 from pathlib import Path
 
 from microbench.errors import UserError
+from microbench.fileio import check_writable
 
 
 def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
-    from pdlsim.cli import int_list, positive_int
+    from pdlsim.cli import int_list, positive_int, seed
 
     p = commands.add_parser(
         "calibrate",
@@ -45,11 +46,13 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
         "--batch", type=int_list, default=(16, 32, 64), metavar="B,...", help="for bench"
     )
     p.add_argument("--bootstrap", type=positive_int, default=None, help="bootstrap rounds")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--seed", type=seed, default=0, help="bootstrap seed")
     p.set_defaults(handler=run_calibrate_command)
 
 
 def run_calibrate_command(args: argparse.Namespace) -> int:
+    if args.out is not None:  # before the benchmarks, so that their fits are not lost at the end
+        check_writable(args.out, "file", "--out")
     if args.from_dir is not None:
         run_dir = args.from_dir
         if not run_dir.is_dir():
@@ -64,8 +67,6 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
         if status != 0:
             return status
     profile_path = args.out or run_dir / "profile.json"
-    if profile_path.exists() and profile_path.is_dir():
-        raise UserError(f"--out {profile_path} is a directory; give the profile's file name")
     return _fit_and_write(run_dir, profile_path, args)
 
 

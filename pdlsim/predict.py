@@ -166,9 +166,9 @@ def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict
     workload = load_workload(cfg.model)
     has_inter = any(r.inter is not None for r in _regimes(profile))
     network = resolve_network(cfg, has_inter)
-    gpu = None
-    if cfg.gpus > 0 and cfg.gpu_preset != "none":
-        gpu = gpu_preset(cfg.gpu_preset)
+    # looked up even for CPU ranks, which use none: a typo fails either way
+    preset = None if cfg.gpu_preset == "none" else gpu_preset(cfg.gpu_preset)
+    gpu = preset if cfg.gpus > 0 else None
     if cfg.gpus > 0:
         cluster = Cluster.gpus(cfg.nodes, cfg.gpus)
     else:

@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any
 
+from microbench.fileio import check_writable
 from pdlsim.energy import add_power_options, format_energy
 from pdlsim.parallel_predict import add_parallel_options
 from pdlsim.predict import PredictConfig, resolve_profile, run_prediction
@@ -99,7 +100,7 @@ def format_prediction(out: dict[str, Any]) -> str:
 
 
 def add_common_options(p: argparse.ArgumentParser) -> None:
-    from pdlsim.cli import non_negative_float
+    from pdlsim.cli import non_negative_float, positive_int, seed
 
     p.add_argument("--model", default="cnn", metavar="NAME|PATH", help="workload (cnn)")
     p.add_argument("--profile", default=None, metavar="NAME|PATH", help="default: packaged")
@@ -116,9 +117,9 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pageable", dest="pinned", action="store_false")
     p.add_argument("--prefetch", action="store_true", help="copy the next batch during this step")
     p.add_argument("--algorithm", default=None, help="force an allreduce algorithm")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0, help="jitter and band seed")
     p.add_argument("--samples", type=int, default=20, help="band samples (20)")
-    p.add_argument("--dataset-samples", type=int, default=None, help="samples per epoch")
+    p.add_argument("--dataset-samples", type=positive_int, default=None, help="samples per epoch")
     add_power_options(p)
     add_parallel_options(p)
     add_whatif_options(p)
@@ -146,6 +147,8 @@ def config_from_args(args: argparse.Namespace, **override: Any) -> PredictConfig
 
 def run_predict_command(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    if args.trace is not None:
+        check_writable(args.trace, "file", "--trace")
     out = run_prediction(cfg, trace=args.trace)
     warning = cores_warning(cfg)
     if warning:

@@ -87,8 +87,16 @@ def prediction_document(
         **extra,
         "provenance": provenance,
     }
+    warnings = []
     if cluster.device == "gpu" and gpu is not None and memory["total"] > gpu.memory_bytes:
-        out["warning"] = f"needs {memory['total']:,} B per rank, more than the {gpu.name}'s"
+        warnings.append(f"needs {memory['total']:,} B per rank, more than the {gpu.name}'s")
+    if samples_per_step > dataset:
+        warnings.append(
+            f"a step takes {samples_per_step:,} samples, more than the dataset's {dataset:,}: "
+            "the epoch is one step (give a smaller --batch, or --dataset-samples)"
+        )
+    if warnings:
+        out["warning"] = "; ".join(warnings)
     checkpoint = checkpoint_for_prediction(cfg, out)
     if checkpoint is not None:
         out["checkpoint"] = checkpoint

@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from microbench.errors import UserError
+from microbench.fileio import check_writable
 from pdlsim.knobs import KNOBS, parse_vary, run_vary
 from pdlsim.predict import PredictConfig, run_prediction
 from pdlsim.predict_cli import add_common_options, config_from_args, cores_warning
@@ -70,8 +70,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     warning = cores_warning(replace(cfg, procs_per_node=max(args.procs_per_node)))
     if warning and not gpus:
         print(warning, file=sys.stderr)
-    if args.out.exists() and not args.out.is_dir():
-        raise UserError(f"--out {args.out} is a file; give a directory for sweep.csv and the plot")
+    check_writable(args.out, "dir", "--out", "for sweep.csv and the plot")
     if args.vary:
         return run_vary(args, cfg)
     frame = sweep(cfg, args.nodes, gpus or args.procs_per_node, args.batch)

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
+from microbench.fileio import check_writable
 
 __all__ = [
     "RunSpec",
@@ -365,8 +366,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
 
 
 def check_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file; give a directory")
+    check_writable(out, "dir", "--out")
     if any(
         (out / d).exists() and any((out / d).iterdir()) for d in ("runs", "calibration", "speed")
     ):

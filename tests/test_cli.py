@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +50,10 @@ def test_workload_show_prints_the_layer_table():
         (["workload", "show", "nope.json"], "no workload preset or file named 'nope.json'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["workload"], "the following arguments are required"),
+        (["train", "--seed", "-1"], "argument --seed: expected an integer >= 0, got -1"),
+        (["calibrate", "--quick", "--seed", "-1"], "argument --seed: expected an integer >= 0"),
+        (["predict", "--nodes", "2", "--seed", "-1"], "argument --seed: expected an integer >= 0"),
+        (["predict", "--nodes", "2", "--dataset-samples", "0"], "expected a positive integer"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_status_2(args, message):
@@ -56,6 +61,34 @@ def test_bad_input_is_one_line_and_exit_status_2(args, message):
     assert result.returncode == 2
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+UNWRITABLE = Path("/proc/pdlsim-test")  # mkdir and file creation fail there, even for root
+
+
+@pytest.mark.skipif(
+    not Path("/proc").is_dir(), reason="needs Linux's /proc as a place that refuses writes"
+)
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["predict", "--nodes", "2", "--trace", str(UNWRITABLE / "trace.json")], "--trace"),
+        (["sweep", "--nodes", "1,2", "--out", str(UNWRITABLE / "sweep")], "--out"),
+        (["train", "--model", "mlp", "--epochs", "1", "--out", str(UNWRITABLE / "run")], "--out"),
+        (["calibrate", "--quick", "--out", str(UNWRITABLE / "profile.json")], "--out"),
+        (["bench", "--quick", "--out", str(UNWRITABLE / "bench")], "--out"),
+        (["validate", "--quick", "--out", str(UNWRITABLE / "validate")], "--out"),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(args, flag):
+    """Checked first: a calibration or a training run must not end in a traceback at its last
+    write (calibrate, bench and validate would otherwise run for minutes here)."""
+    result = run_pdlsim(*args, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"pdlsim: error: {flag} {UNWRITABLE}")
+    assert "cannot write in /proc" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stdout == ""
 
 
 def test_building_the_parser_does_not_load_numpy():

@@ -217,7 +217,7 @@ def test_out_that_is_a_file_gets_one_line_and_exit_2(tmp_path):
     (tmp_path / "file").write_text("")
     proc = microbench("compute", "--quick", "--out", str(tmp_path / "file"))
     assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and "is a file, not a directory" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "is a file; give a directory" in proc.stderr
 
 
 # ------------------------------------------------------------------------- in-process

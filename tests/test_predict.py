@@ -76,6 +76,7 @@ def test_predict_exactly_as_documented_on_a_fresh_install():
         ["--nodes", "2", "--inter-lat", "2 parsecs"],
         ["--nodes", "2", "--procs-per-node", "0"],
         ["--nodes", "2", "--model", "no-such-model"],
+        ["--nodes", "2", "--gpu-preset", "tpu"],  # a typo, even where CPU ranks use no preset
     ],
 )
 def test_nonsense_is_one_line_and_exit_2(profile_path, args, capsys):
@@ -97,6 +98,17 @@ def test_unreadable_profile_is_exit_2(tmp_path, capsys):
         assert main(["predict", "--nodes", "2", "--profile", profile]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_step_larger_than_the_dataset_is_flagged(profile_path):
+    """The epoch is then one step, not dataset / samples per step of them."""
+    args = ["--nodes", "2", "--batch", "40000", "--profile", profile_path, "--json"]
+    out = json.loads(_cli("predict", *args).stdout)
+    assert out["samples_per_step"] == 80_000 and out["dataset_samples"] == 50_000
+    assert out["epoch_time_s"] == out["step_time_s"]
+    assert "a step takes 80,000 samples, more than the dataset's 50,000" in out["warning"]
+    fits = json.loads(_cli("predict", *args[:3], "20000", *args[4:]).stdout)
+    assert "warning" not in fits
 
 
 def test_parsing_units():

@@ -5,7 +5,6 @@ a summary line at the end. The written files are removed."""
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from ..cli import (
     checked_out_dir,
     policy_from_args,
 )
+from ..fileio import write_problem
 from ..sizes import SizeError, format_bytes, parse_sizes
 from ..storage import DEFAULT_SIZES, FULL_POLICY, QUICK_POLICY, QUICK_SIZES
 
@@ -67,10 +67,9 @@ def dir_problem(directory: Path, largest_bytes: int, flag: str = "--dir") -> str
     existing = next((p for p in (directory, *directory.parents) if p.exists()), Path("."))
     if flag == "--dir" and existing != directory:
         return f"--dir {directory}: no such directory; create it or give another"
-    if not existing.is_dir():
-        return f"{flag} {directory}: {existing} is a file, not a directory"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{flag} {directory}: not writable; give a directory you can write to"
+    problem = write_problem(directory, "dir")
+    if problem is not None:
+        return f"{flag} {problem}"
     free = shutil.disk_usage(existing).free
     if free < 2 * largest_bytes + HEADROOM_BYTES:
         return (

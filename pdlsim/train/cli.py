@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
-from microbench.fileio import atomic_write_text
+from microbench.fileio import atomic_write_text, check_writable
 from microbench.threads import oversubscription, set_threads
 from pdlsim.launch import Stopped, launch_ranks, under_mpi_launcher
 from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def add_train_parser(commands: Any) -> None:
-    from pdlsim.cli import non_negative_float, positive_int
+    from pdlsim.cli import non_negative_float, positive_int, seed
 
     p = commands.add_parser(
         "train",
@@ -57,7 +57,7 @@ def add_train_parser(commands: Any) -> None:
     )
     p.add_argument("--momentum", type=non_negative_float, default=0.0, help="SGD momentum")
     p.add_argument("--scale-lr", action="store_true", help="linear scaling rule: lr x P")
-    p.add_argument("--seed", type=int, default=0, help="initialisation, data and order seed")
+    p.add_argument("--seed", type=seed, default=0, help="initialisation, data and order seed")
     p.add_argument(
         "--data",
         default="synthetic",
@@ -169,8 +169,7 @@ def default_run_dir(config: TrainConfig) -> Path:
 
 def check_run_dir(run_dir: Path) -> None:
     """Refuse a run directory that is a file or already holds records: never overwrite."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"--out {run_dir} is a file; give a directory for the run's records")
+    check_writable(run_dir, "dir", "--out", "for the run's records")
     if run_dir.is_dir() and any(run_dir.glob("*.jsonl")):
         from pdlsim.train.checkpoint import list_checkpoints
 

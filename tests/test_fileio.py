@@ -1,0 +1,45 @@
+"""Output paths are checked before a long run, so that its results are not lost at the end."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from microbench import fileio
+from microbench.fileio import write_problem
+
+
+def test_a_new_nested_directory_is_writable_and_the_check_creates_nothing(tmp_path):
+    target = tmp_path / "a" / "b"
+    assert write_problem(target, "dir") is None
+    assert write_problem(target / "profile.json", "file") is None
+    assert list(tmp_path.iterdir()) == []  # the probe is removed, nothing is made
+
+
+def test_a_file_where_a_directory_goes_and_the_reverse(tmp_path):
+    a_file = tmp_path / "f"
+    a_file.write_text("keep")
+    assert write_problem(a_file, "dir") == f"{a_file} is a file; give a directory"
+    assert write_problem(tmp_path, "file") == f"{tmp_path} is a directory; give a file name"
+    assert (
+        write_problem(a_file / "x", "dir") == f"{a_file / 'x'}: {a_file} is a file, not a directory"
+    )
+    assert a_file.read_text() == "keep"
+
+
+def test_a_place_that_refuses_writes_is_named_with_the_reason(tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fileio.tempfile, "mkstemp", full)
+    problem = write_problem(tmp_path / "new" / "trace.json", "file")
+    assert problem == (
+        f"{tmp_path / 'new' / 'trace.json'}: cannot write in {tmp_path} "
+        "(No space left on device); give a writable place"
+    )
+
+
+def test_kind_must_be_dir_or_file(tmp_path):
+    with pytest.raises(ValueError, match="kind must be"):
+        write_problem(tmp_path, "link")
