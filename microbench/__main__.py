@@ -10,7 +10,7 @@ import importlib
 import sys
 import traceback
 
-from .threads import quiet_idle_blas_threads
+from .threads import quiet_idle_blas_threads, size_numba_pool
 
 quiet_idle_blas_threads()  # before numpy loads: BLAS reads it once, and timings must match training
 
@@ -46,6 +46,9 @@ def _abort_mpi(status: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     prog = f"python -m microbench {args.command}"
+    threads = getattr(args, "threads", None)  # one count, or a list of them
+    if threads:
+        size_numba_pool(max(threads) if isinstance(threads, (list, tuple)) else threads)
     try:
         return int(args.run(args))
     except UsageError as e:

@@ -9,6 +9,7 @@ threads busy-wait), so every process sets its thread count on purpose instead of
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 # Environment variables read by the BLAS libraries numpy may be linked against, by OpenMP
@@ -53,6 +54,15 @@ def quiet_idle_blas_threads() -> None:
     """
     for name, value in BLAS_IDLE_ENV.items():
         os.environ.setdefault(name, value)
+
+
+def size_numba_pool(threads: int) -> None:
+    """Let numba run ``threads`` threads in this process even above the cores, where a run
+    asks for that on purpose: numba sizes its pool once, from ``NUMBA_NUM_THREADS`` (default:
+    the cores), when it loads, so call this before; afterwards it changes nothing. A value the
+    user set is kept."""
+    if "numba" not in sys.modules and threads > available_cores():
+        os.environ.setdefault("NUMBA_NUM_THREADS", str(threads))
 
 
 def set_threads(threads: int) -> None:

@@ -5,7 +5,6 @@ table at the end."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from ..cli import (
@@ -140,10 +139,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        if "numba" not in sys.modules:  # numba sizes its pool once, from this, when it loads
-            os.environ.setdefault("NUMBA_NUM_THREADS", str(max(threads)))
 
-    from ..reference import last_level_cache_bytes  # loads numba: after NUMBA_NUM_THREADS
+    # loads numba: after NUMBA_NUM_THREADS, which microbench's main sets for --threads
+    from ..reference import last_level_cache_bytes
 
     plan = ComputePlan(
         workloads=args.model,

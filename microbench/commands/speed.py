@@ -95,9 +95,12 @@ def run(args: argparse.Namespace) -> int:
     from ..machine import machine_metadata
     from ..measurement import Measurement
     from ..records import RecordWriter
-    from ..threads import set_threads
+    from ..threads import oversubscription, set_threads
 
     out = checked_out_dir(args, RECORDS_FILE)
+    warning = oversubscription(1, max(args.threads))
+    if warning is not None:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     settings = {
         "models": [w.name for w in args.model],
         "batches": list(args.batch),
@@ -106,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         "warmup": args.warmup,
         "moment": args.moment,
         "clock": "perf_counter",
+        "oversubscribed": warning is not None,
     }
     run_info = {"command": "microbench speed", "argv": sys.argv[1:], "settings": settings}
     machine = machine_metadata(threads=max(args.threads))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
 from microbench.fileio import atomic_write_text, check_writable
-from microbench.threads import oversubscription, set_threads
+from microbench.threads import oversubscription, set_threads, size_numba_pool
 from pdlsim.launch import Stopped, launch_ranks, under_mpi_launcher
 from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig
 
@@ -195,6 +195,8 @@ def resume_checkpoint(run_dir: Path | None, config: TrainConfig) -> Path:
 def run_train_command(args: argparse.Namespace) -> int:
     if under_mpi_launcher():
         return _run_as_rank(args)
+    if args.procs in (None, 1):  # this process trains: numba's pool as asked (warned below)
+        size_numba_pool(args.threads)
     config = config_from_args(args, procs=args.procs or 1)
     run_dir = args.out or default_run_dir(config)
     resume = resume_checkpoint(args.out, config) if args.resume else None

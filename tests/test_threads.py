@@ -1,0 +1,44 @@
+"""Thread counts are set on purpose, above the cores too, where a run asks for that."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from microbench.threads import available_cores
+from tests.conftest import run_pdlsim
+
+POOL = (
+    "import sys; from microbench.threads import size_numba_pool; {before}"
+    "size_numba_pool({threads}); import numba; print(numba.config.NUMBA_NUM_THREADS)"
+)
+
+
+def _pool(threads: int, before: str = "", env: dict | None = None) -> int:
+    clean = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}
+    code = POOL.format(before=before, threads=threads)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={**clean, **(env or {})},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout)
+
+
+def test_numba_pool_grows_to_an_oversubscribed_count_before_numba_loads():
+    cores = available_cores()
+    assert _pool(cores + 3) == cores + 3
+    assert _pool(1) == cores  # fewer than the cores: numba's default, the cores
+    assert _pool(cores + 3, before="import numba; ") == cores  # too late: unchanged
+    assert _pool(cores + 3, env={"NUMBA_NUM_THREADS": "1"}) == 1  # the user's choice is kept
+
+
+def test_serial_training_above_the_cores_warns_once_in_one_line(tmp_path):
+    """One oversubscription warning, and numba runs the threads asked for (no pool warning)."""
+    threads = str(available_cores() + 1)
+    args = ("--model", "mlp", "--epochs", "1", "--samples", "64", "--batch", "32")
+    result = run_pdlsim("train", *args, "--threads", threads, "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(warnings) == 1 and "oversubscribed" in warnings[0], result.stderr
