@@ -249,6 +249,18 @@ def _mpi(comm: Any) -> dict[str, Any]:
     return info
 
 
+def machine_identity() -> dict[str, Any]:
+    """CPU model, available cores and architecture as :func:`machine_metadata` has them,
+    cheaply: no BLAS, MPI or GPU probes. Machines that differ in these do not time the same code
+    alike."""
+    uname = _safe(platform.uname)
+    return {
+        "cpu_model": _safe(_cpu_model),
+        "cores_available": _safe(_cores_available),
+        "arch": uname.machine if uname else None,
+    }
+
+
 def machine_metadata(
     comm: Any = None, threads: int | None = None, extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:

@@ -303,6 +303,8 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     if calibrated_now:
         cfg = replace(cfg, profile=str(calibrate_now(cfg, log)))
     provenance = profile_provenance(cfg.profile, calibrated_now)
+    if "machine_warning" in provenance:  # before the runs, so the user can stop them
+        log(f"pdlsim: warning: {provenance['machine_warning']}")
     cores = available_cores()
     specs = plan_matrix(cfg)
     calibrated = [predict_spec(spec, cfg) for spec in specs]

@@ -15,7 +15,13 @@ from typing import Any
 
 from microbench.errors import UserError
 
-__all__ = ["CALIBRATION_PROCS", "STEAL_WARNING", "calibrate_now", "profile_provenance"]
+__all__ = [
+    "CALIBRATION_PROCS",
+    "STEAL_WARNING",
+    "calibrate_now",
+    "machine_difference",
+    "profile_provenance",
+]
 
 STEAL_WARNING = 0.05  # CPU steal above which a measurement is flagged
 CALIBRATION_PROCS = (1, 2)  # calibrate with up to 2 ranks; the matrix also predicts 4
@@ -50,18 +56,42 @@ def calibrate_now(cfg: Any, log: Any = print) -> Path:
     return profile.save(run_dir / "profile.json")
 
 
+def machine_difference(measured_on: dict[str, Any], here: dict[str, Any]) -> str | None:
+    """How the profile's machine differs from this one (CPU model, cores, architecture), or
+    None where they agree or a side does not say."""
+    labels = {"cpu_model": "CPU", "cores_available": "cores", "arch": "architecture"}
+    diffs = [
+        f"{label} {measured_on[key]} there, {here[key]} here"
+        for key, label in labels.items()
+        if measured_on.get(key) is not None
+        and here.get(key) is not None
+        and measured_on[key] != here[key]
+    ]
+    return "; ".join(diffs) or None
+
+
 def profile_provenance(profile: str | None, calibrated_now: bool = False) -> dict[str, Any]:
+    from microbench.machine import machine_identity
     from pdlsim.predict import resolve_profile
 
     prof, name = resolve_profile(profile)
     when = "run by this validation just before the training runs" if calibrated_now else "given"
+    machine = prof.machine
     out = {
         "profile": name,
         "created_utc": prof.created_utc,
         "source": "microbenchmarks only (pdlsim bench/calibrate); no training run is fitted",
         "calibration": when,
+        "measured_on": f"{machine.get('cpu_model')}, {machine.get('cores_available')} cores, "
+        f"host {machine.get('hostname')}",
         "benchmarks": sorted({b for s in prof.sources for b in s.benchmark.split(",")}),
     }
+    difference = machine_difference(machine, machine_identity())
+    if difference is not None:
+        out["machine_warning"] = (
+            f"the profile was measured on another machine ({difference}): the predictions "
+            "are that machine's and the runs this one's; drop --profile to calibrate here"
+        )
     if prof.models.get("insitu"):
         ranks = sorted({p["ranks"] for p in prof.models["insitu"]["points"]})
         out["in_place_collectives"] = (

@@ -246,7 +246,8 @@ def format_report(report: dict[str, Any]) -> str:
     prov = report["provenance"]
     lines = [
         f"profile {prov['profile']} (created {prov['created_utc']}; {prov['source']}; "
-        f"calibration {prov.get('calibration', 'given')})",
+        f"calibration {prov.get('calibration', 'given')}; measured on {prov.get('measured_on')})",
+        *([f"warning: {prov['machine_warning']}"] if prov.get("machine_warning") else []),
         *([f"speed checks: {prov['speed_checks']}"] if prov.get("speed_checks") else []),
         *(
             [f"collectives in place: {prov['in_place_collectives']}"]

@@ -389,3 +389,42 @@ def test_elapsed_counts_the_calibration(tmp_path: Path, monkeypatch: pytest.Monk
     assert 3600.0 < report["elapsed_s"] < 3600.0 + 300.0
     assert report["provenance"]["profile"] == PROFILE
 
+
+def test_machine_difference_names_what_differs_and_ignores_what_is_unknown() -> None:
+    from pdlsim.validate_calibrate import machine_difference
+
+    here = {"cpu_model": "Xeon", "cores_available": 2, "arch": "x86_64"}
+    assert machine_difference(dict(here), here) is None
+    assert machine_difference({"cpu_model": None, "cores_available": 2}, here) is None
+    there = {**here, "cpu_model": "EPYC", "cores_available": 64}
+    assert machine_difference(there, here) == "CPU EPYC there, Xeon here; cores 64 there, 2 here"
+
+
+@pytest.mark.parametrize("same_machine", [True, False])
+def test_a_profile_from_another_machine_is_flagged_before_the_runs(
+    tmp_path: Path, same_machine: bool
+) -> None:
+    from microbench.machine import machine_identity
+
+    doc = json.loads(Path(PROFILE).read_text())
+    doc["machine"].update(machine_identity())
+    if not same_machine:
+        doc["machine"].update(cpu_model="Imaginary CPU 9000", cores_available=128)
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(doc))
+    cfg = ValidateConfig(
+        out=tmp_path / "report", profile=str(profile), repeats=1, steps=4, models=("mlp",),
+        modes=((1, 1),), batches=(16,), band_samples=2, target_run_s=0.01, max_steps=4,
+        parallel=("data",),
+    )  # fmt: skip
+    log: list[str] = []
+    report = run_validation(cfg, log=log.append)
+    prov = report["provenance"]
+    assert prov["measured_on"].startswith(f"{doc['machine']['cpu_model']}, ")
+    warnings = [line for line in log if "measured on another machine" in line]
+    if same_machine:
+        assert warnings == [] and "machine_warning" not in prov
+        return
+    assert len(warnings) == 1 and log.index(warnings[0]) < 2  # before any run
+    assert "CPU Imaginary CPU 9000 there" in warnings[0] and "cores 128 there" in warnings[0]
+    assert f"warning: {prov['machine_warning']}" in format_report(report)
