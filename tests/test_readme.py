@@ -1,0 +1,135 @@
+"""The README's ``pdlsim predict``, ``sweep`` and ``workload`` outputs are what the code prints.
+
+Those commands are deterministic for a given profile and seed, so every example a newcomer
+reads is run again here against the packaged profile: a change to the model or a refreshed
+``xeon-2core`` profile that leaves the README behind fails this test instead of misleading
+readers. Measurements (``bench``, ``train``, ``validate``) are not rerun: they are this
+machine's moments. A line ``...`` in an example elides output; the shown runs of lines must
+appear in that order, each run contiguous.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pdlsim.cli import main
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+RERUN = ("predict", "sweep", "workload")  # deterministic subcommands
+
+
+@dataclass(frozen=True)
+class Example:
+    line: int  # where the command stands in the README, 1-based
+    command: str  # as shown, continuation lines joined
+    shown: tuple[str, ...]  # the output lines that follow it
+
+    @property
+    def id(self) -> str:
+        return f"README:{self.line}"
+
+
+def readme_examples(text: str) -> list[Example]:
+    """Every ``$ pdlsim <RERUN> ...`` line in a fenced block, with the lines it shows."""
+    examples: list[Example] = []
+    lines = text.splitlines()
+    in_block, i = False, 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            in_block = not in_block
+            i += 1
+            continue
+        if not (in_block and line.startswith("$ pdlsim ")):
+            i += 1
+            continue
+        start, command = i + 1, line[2:]
+        while command.endswith("\\"):
+            i += 1
+            command = command[:-1].rstrip() + " " + lines[i].strip()
+        shown = []
+        i += 1
+        while i < len(lines) and not lines[i].startswith(("$ ", "```")):
+            shown.append(lines[i].rstrip())
+            i += 1
+        if command.split()[1] in RERUN:
+            examples.append(Example(start, command.split("#")[0].strip(), tuple(shown)))
+    return examples
+
+
+def apply_filter(output: list[str], stage: str) -> list[str]:
+    """The shell filters the README pipes into: ``sed -n A,Bp`` / ``sed -n Ap``, ``grep W``."""
+    words = shlex.split(stage)
+    if words[:2] == ["sed", "-n"] and (m := re.fullmatch(r"(\d+)(?:,(\d+))?p", words[2])):
+        first = int(m.group(1))
+        last = int(m.group(2) or first)
+        return output[first - 1 : last]
+    if words[0] == "grep" and len(words) == 2:
+        return [line for line in output if words[1] in line]
+    raise ValueError(f"README example pipes into {stage!r}, which this test cannot replay")
+
+
+def runs_of_lines(shown: tuple[str, ...]) -> list[list[str]]:
+    """The shown lines split at ``...``, blank runs dropped."""
+    runs: list[list[str]] = [[]]
+    for line in shown:
+        if line.strip() == "...":
+            runs.append([])
+        else:
+            runs[-1].append(line)
+    return [r for r in runs if r]
+
+
+def appears_in_order(runs: list[list[str]], output: list[str]) -> bool:
+    at = 0
+    for run in runs:
+        for k in range(at, len(output) - len(run) + 1):
+            if output[k : k + len(run)] == run:
+                at = k + len(run)
+                break
+        else:
+            return False
+    return True
+
+
+EXAMPLES = readme_examples(README.read_text())
+
+
+def test_the_readme_has_the_examples_this_test_is_for():
+    commands = [e.command.split()[1] for e in EXAMPLES]
+    assert commands.count("predict") >= 8 and "sweep" in commands and "workload" in commands
+    assert all(e.shown for e in EXAMPLES), [e.id for e in EXAMPLES if not e.shown]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e.id)
+def test_readme_example_output_is_what_the_code_prints(example, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # sweep --out writes relative to where it runs
+    command, *filters = example.command.split("|")
+    assert main(shlex.split(command)[1:]) == 0, capsys.readouterr().err
+    output = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    for stage in filters:
+        output = apply_filter(output, stage)
+    runs = runs_of_lines(example.shown)
+    if len(runs) == 1 and "..." not in (s.strip() for s in example.shown):
+        assert output == runs[0], f"{example.id}: {example.command}"
+    else:
+        assert appears_in_order(runs, output), f"{example.id}: {example.command}\n" + "\n".join(
+            output
+        )
+
+
+def test_elided_runs_must_appear_in_order_and_whole():
+    output = ["a", "b", "c", "d"]
+    assert appears_in_order([["a", "b"], ["d"]], output)
+    assert not appears_in_order([["d"], ["a"]], output)
+    assert not appears_in_order([["a", "c"]], output)
+    assert apply_filter(output, " sed -n 2,3p") == ["b", "c"]
+    assert apply_filter(output, "sed -n 4p") == ["d"]
+    assert apply_filter(["x ok", "y"], "grep ok") == ["x ok"]
+    with pytest.raises(ValueError, match="cannot replay"):
+        apply_filter(output, "awk '{print $1}'")
