@@ -12,6 +12,7 @@ import ctypes
 import sys
 import time
 import types
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,12 @@ class DeviceArray(np.ndarray):
     @property
     def data(self) -> Any:  # type: ignore[override]
         return types.SimpleNamespace(ptr=self.ctypes.data)
+
+    def set(self, arr: np.ndarray, stream: Any = None) -> None:
+        """CuPy's host-to-device copy (asynchronous on ``stream``; done at once here)."""
+        if stream is not None:
+            stream.copies += 1
+        self[...] = arr
 
 
 def _device(a: np.ndarray) -> DeviceArray:
@@ -43,10 +50,15 @@ class _Event:
 
 
 class _Stream:
+    """A CUDA stream: counts the copies issued on it and the waits for it."""
+
     ptr = 0
 
+    def __init__(self, non_blocking: bool = False) -> None:
+        self.copies = self.waits = 0
+
     def synchronize(self) -> None:
-        pass
+        self.waits += 1
 
 
 class _Device:
@@ -109,6 +121,7 @@ def make_module() -> types.ModuleType:
     )
     cupy.cuda = types.SimpleNamespace(
         Event=_Event,
+        Stream=_Stream,
         Device=_Device,
         runtime=runtime,
         get_current_stream=lambda: stream,
@@ -120,8 +133,32 @@ def make_module() -> types.ModuleType:
 def install(monkeypatch: Any) -> types.ModuleType:
     """Put the fake ``cupy`` and ``cupyx`` into ``sys.modules`` for the test."""
     cupy = make_module()
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "cupyx", make_cupyx())
+    return cupy
+
+
+_SHIM = """# made by tests/fake_cupy.py: a process that imports {name} gets the stand-in
+import sys
+
+sys.path.insert(0, {repo!r})
+from tests import fake_cupy
+
+sys.modules[__name__] = fake_cupy.{maker}()
+"""
+
+
+def make_cupyx() -> types.ModuleType:
     cupyx = types.ModuleType("cupyx")
     cupyx.empty_pinned = lambda shape, dtype=float: np.empty(shape, dtype=dtype)
-    monkeypatch.setitem(sys.modules, "cupy", cupy)
-    monkeypatch.setitem(sys.modules, "cupyx", cupyx)
-    return cupy
+    return cupyx
+
+
+def write_importable(directory: Path) -> Path:
+    """``cupy.py`` and ``cupyx.py`` in ``directory`` that load the stand-in, for processes the
+    test starts (put ``directory`` first on their PYTHONPATH): the directory."""
+    repo = str(Path(__file__).resolve().parent.parent)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, maker in (("cupy", "make_module"), ("cupyx", "make_cupyx")):
+        (directory / f"{name}.py").write_text(_SHIM.format(name=name, repo=repo, maker=maker))
+    return directory

@@ -69,6 +69,12 @@ def add_train_parser(commands: Any) -> None:
     p.add_argument("--max-steps", type=positive_int, default=None, help="steps per epoch cap")
     p.add_argument("--init", choices=("he", "xavier"), default="he", help="weight init")
     p.add_argument("--pinned", action="store_true", help="GPU: copy batches from pinned memory")
+    p.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="GPU, with --pinned: copy the next mini-batch on a copy stream while this step "
+        "computes (the h2d phase then times only the wait for it)",
+    )
     p.add_argument("--out", type=Path, default=None, help="run directory for the records")
     p.add_argument(
         "--checkpoint-every",
@@ -104,6 +110,12 @@ def config_from_args(args: argparse.Namespace, procs: int) -> TrainConfig:
     if args.lr == 0:
         raise UserError("--lr must be above 0")
     checkpointing = args.checkpoint_every is not None or args.resume
+    if args.prefetch and args.device != "gpu":
+        raise UserError("--prefetch copies mini-batches to a GPU: add --device gpu --pinned")
+    if args.prefetch and not args.pinned:
+        raise UserError(
+            "--prefetch needs --pinned: a copy from pageable memory cannot run behind the compute"
+        )
     if args.parallel == "model" and args.scale_lr:
         raise UserError(
             "--scale-lr is for data parallelism (its global batch grows with P); model "
@@ -134,6 +146,7 @@ def config_from_args(args: argparse.Namespace, procs: int) -> TrainConfig:
         test_samples=args.test_samples,
         max_steps_per_epoch=args.max_steps,
         pinned=args.pinned,
+        prefetch=args.prefetch,
         init=args.init,
         checkpoint_every=args.checkpoint_every,
         parallel=args.parallel,
@@ -156,6 +169,7 @@ def config_to_args(config: TrainConfig, out: Path, resume: bool = False) -> list
     if config.checkpoint_every is not None:
         args += ["--checkpoint-every", str(config.checkpoint_every)]
     args += ["--scale-lr"] * config.scale_lr + ["--pinned"] * config.pinned
+    args += ["--prefetch"] * config.prefetch
     args += ["--parallel", config.parallel] + ["--inference"] * config.inference
     return args + ["--resume"] * resume
 

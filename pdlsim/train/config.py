@@ -36,6 +36,7 @@ class TrainConfig:
     test_samples: int = 1024
     max_steps_per_epoch: int | None = None
     pinned: bool = False  # GPU: stage each mini-batch through page-locked host memory
+    prefetch: bool = False  # GPU, pinned: copy the next mini-batch behind this step's compute
     init: str = "he"
     checkpoint_every: int | None = None  # write a checkpoint every N optimizer steps (global)
     parallel: str = "data"  # data (replicas, batch per rank) or model (dense layers split)

@@ -40,7 +40,8 @@ from microbench.workload import Workload, load_workload
 from pdlsim.data import Dataset, load_dataset
 from pdlsim.train.checkpoint import records_path, restore, save_checkpoint
 from pdlsim.train.config import TrainConfig
-from pdlsim.train.device import Device, pinned_empty
+from pdlsim.train.device import Device
+from pdlsim.train.feed import BatchFeed, step_indices
 from pdlsim.train.runinfo import (
     StepLog,
     device_pool_bytes,
@@ -150,9 +151,8 @@ def train(
     # applies their mean without another pass over the gradients (with momentum too: the
     # velocity is then P times larger and the step the same).
     opt = SGD(config.effective_lr / size, config.momentum, xp=device.xp)
-    step_once = _Stepper(
-        net, opt, comm, device, train_set, batch, config.pinned, inference=config.inference
-    )
+    feed = BatchFeed(train_set, batch, device, config.pinned, config.prefetch)
+    step_once = _Stepper(net, opt, comm, device, feed, inference=config.inference)
     order = np.random.default_rng(config.seed)  # the data order: one permutation per epoch
     result = TrainResult(config=config, run_dir=run_dir)
     first_epoch, first_step, carried, resumed_from = 0, 0, None, None
@@ -208,8 +208,9 @@ def train(
             sums = _EpochSums.carried(carried if epoch == first_epoch else None)
             epoch_start = time.perf_counter()
             for step in range(first_step if epoch == first_epoch else 0, steps):
-                start = step * config.global_batch + rank * batch
-                loss, correct, phases = step_once(permutation[start : start + batch])
+                stride, offset = config.global_batch, rank * batch
+                samples = step_indices(permutation, step, steps, stride, offset, batch)
+                loss, correct, phases = step_once(*samples)
                 for name, seconds in phases.items():
                     sums.phases_s[name] += seconds
                 sums.loss += loss
@@ -300,32 +301,28 @@ class _Stepper:
         opt: SGD,
         comm: Any,
         device: Device,
-        data: Dataset,
-        batch: int,
-        pinned: bool,
+        feed: BatchFeed,
         inference: bool = False,
     ) -> None:
-        self.net, self.opt, self.comm, self.device, self.data = net, opt, comm, device, data
+        self.net, self.opt, self.comm, self.device, self.feed = net, opt, comm, device, feed
         self.inference = inference  # forward (and loss) only: no backward, exchange or update
-        self.x_host = np.empty((batch, *data.x.shape[1:]), dtype=np.float32)
-        self.y_host = np.empty(batch, dtype=data.y.dtype)
-        self.staging = None
-        if device.kind == "gpu" and pinned:
-            self.staging = pinned_empty(self.x_host.shape, self.x_host.dtype)
+        batch = feed.batch
         # The training workspace, allocated now rather than in the first forward, while it
         # holds only its own arrays (forward adds references to its input); one conv buffer
         # may serve twice, so each array counts once.
         owned = {id(a): a for buf in net.workspace(batch) for a in buf.values() if a is not None}
         self.workspace_bytes = int(sum(a.nbytes for a in owned.values()))
 
-    def __call__(self, index: np.ndarray) -> tuple[float, int, dict[str, float]]:
-        """Train on samples ``index``: (local mean loss, correct predictions, phase seconds)."""
-        net, comm, device, sync = self.net, self.comm, self.device, self.device.synchronize
+    def __call__(
+        self, index: np.ndarray, next_index: np.ndarray | None = None
+    ) -> tuple[float, int, dict[str, float]]:
+        """Train on samples ``index`` (``next_index``: the next step's, for prefetch): (local
+        mean loss, correct predictions, phase seconds)."""
+        net, comm, sync = self.net, self.comm, self.device.synchronize
         t0 = time.perf_counter()
-        np.take(self.data.x, index, axis=0, out=self.x_host)
-        np.take(self.data.y, index, axis=0, out=self.y_host)
+        self.feed.gather(index, next_index)
         t1 = time.perf_counter()
-        x, y = device.to_device(self.x_host, self.staging), device.to_device(self.y_host)
+        x, y = self.feed.to_device()
         sync()
         t2 = time.perf_counter()
         loss, correct = net.forward(x, y)

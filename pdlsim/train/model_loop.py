@@ -35,7 +35,8 @@ from microbench.workload import load_workload
 from pdlsim.data import Dataset
 from pdlsim.train.checkpoint import records_path
 from pdlsim.train.config import TrainConfig
-from pdlsim.train.device import Device, pinned_empty
+from pdlsim.train.device import Device
+from pdlsim.train.feed import BatchFeed, step_indices
 from pdlsim.train.loop import (
     EVAL_CHUNK,
     EpochResult,
@@ -76,25 +77,22 @@ class _Stepper:
     """One model-parallel step on this rank, timed phase by phase (:data:`MODEL_PHASES`)."""
 
     def __init__(
-        self, net: SlicedNetwork, opt: SGD, comm: Any, device: Device, data: Dataset,
-        batch: int, pinned: bool, inference: bool,
+        self, net: SlicedNetwork, opt: SGD, comm: Any, device: Device, feed: BatchFeed,
+        inference: bool,
     ) -> None:  # fmt: skip
-        self.net, self.opt, self.comm, self.device, self.data = net, opt, comm, device, data
+        self.net, self.opt, self.comm, self.device, self.feed = net, opt, comm, device, feed
         self.inference = inference
-        self.x_host = np.empty((batch, *data.x.shape[1:]), dtype=np.float32)
-        self.y_host = np.empty(batch, dtype=data.y.dtype)
-        self.staging = None
-        if device.kind == "gpu" and pinned:
-            self.staging = pinned_empty(self.x_host.shape, self.x_host.dtype)
+        batch = feed.batch
         self.workspace_bytes = net.workspace_bytes(batch, training=not inference)
 
-    def __call__(self, index: np.ndarray) -> tuple[float, int, dict[str, float]]:
+    def __call__(
+        self, index: np.ndarray, next_index: np.ndarray | None = None
+    ) -> tuple[float, int, dict[str, float]]:
         net, sync = self.net, self.device.synchronize
         t0 = time.perf_counter()
-        np.take(self.data.x, index, axis=0, out=self.x_host)
-        np.take(self.data.y, index, axis=0, out=self.y_host)
+        self.feed.gather(index, next_index)
         t1 = time.perf_counter()
-        x, y = self.device.to_device(self.x_host, self.staging), self.device.to_device(self.y_host)
+        x, y = self.feed.to_device()
         sync()
         t2 = time.perf_counter()
         if self.comm.size > 1:
@@ -134,7 +132,8 @@ def train_model_parallel(
         device.synchronize,
     )  # fmt: skip
     opt = SGD(config.lr, config.momentum, xp=device.xp)
-    step_once = _Stepper(net, opt, comm, device, train_set, batch, config.pinned, config.inference)
+    feed = BatchFeed(train_set, batch, device, config.pinned, config.prefetch)
+    step_once = _Stepper(net, opt, comm, device, feed, config.inference)
     order = np.random.default_rng(config.seed)
     result = TrainResult(config=config, run_dir=run_dir)
     run_info = run_metadata(config, workload, train_set, steps, comm, device)
@@ -148,7 +147,8 @@ def train_model_parallel(
             phase_sums = dict.fromkeys(MODEL_PHASES, 0.0)
             epoch_start = time.perf_counter()
             for step in range(steps):
-                loss, correct, phases = step_once(permutation[step * batch : (step + 1) * batch])
+                samples = step_indices(permutation, step, steps, batch, 0, batch)
+                loss, correct, phases = step_once(*samples)
                 for name, seconds in phases.items():
                     phase_sums[name] += seconds
                 loss_sum += loss

@@ -97,12 +97,11 @@ def state_parts(net: Any, opt: Any, stepper: Any, extra_buffer_bytes: int = 0) -
     weights, gradients (this rank's, a slice under model parallelism), optimizer_state (the
     momentum velocity), activations (the training workspace at this batch: layer outputs,
     input gradients, im2col columns, pool indices, gathered activations, the loss gradient),
-    buffers (the host batch, its pinned staging, on a GPU the batch's device copy, plus
+    buffers (the host batch, its pinned staging, on a GPU the batch's device copy, two of each
+    with prefetch: :attr:`pdlsim.train.feed.BatchFeed.buffer_bytes`, plus
     ``extra_buffer_bytes``) and their total. Evaluation's workspaces and what the libraries
     allocate are not counted."""
-    host_batch = stepper.x_host.nbytes + stepper.y_host.nbytes
-    buffers = host_batch * (2 if stepper.device.kind == "gpu" else 1) + extra_buffer_bytes
-    buffers += 0 if stepper.staging is None else stepper.staging.nbytes
+    buffers = stepper.feed.buffer_bytes + extra_buffer_bytes
     parts = {
         "weights": int(net.params.nbytes),
         "gradients": int(net.grads.nbytes),
