@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -40,6 +41,7 @@ class BenchPlan:
     threads: tuple[int, ...] = (1, 2)
     batches: tuple[int, ...] = (16, 32, 64)  # per-rank batches the compute kernels are timed at
     quick: bool = False
+    gpu_batches: tuple[int, ...] | None = None  # on a GPU (None: microbench compute's default)
 
     @property
     def jitter_batch(self) -> int:
@@ -79,6 +81,10 @@ class BenchResult:
 
 def _microbench(*args: str) -> list[str]:
     return ["-m", "microbench", *args]
+
+
+def _csv(values: Iterable[int]) -> str:
+    return ",".join(map(str, values))
 
 
 def _jitter_stages(
@@ -122,8 +128,7 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
     rank to P is the co-location factor) and, at P >= 2, the collectives inside the training
     steps at every batch (``insitu``)."""
     quick = ["--quick"] if plan.quick else []
-    threads = ",".join(map(str, plan.threads))
-    batches = ",".join(map(str, plan.batches))
+    threads, batches = _csv(plan.threads), _csv(plan.batches)
     models = [m for m in plan.model.split(",") if m]
     ranks1 = str(plan.out / "ranks1")
     stages = [
@@ -134,6 +139,7 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
                 sys.executable,
                 *_microbench("compute", "--model", plan.model, "--threads", threads),
                 *("--batch", batches, "--out", ranks1, *quick),
+                *(("--gpu-batch", _csv(plan.gpu_batches)) if plan.gpu_batches else ()),
             ),
             ranks=1,
             threads=max(plan.threads),
@@ -226,8 +232,8 @@ def speed_command(
     15-30% fast in two validations)."""
     return [
         sys.executable, *_microbench(
-            "speed", "--model", models, "--batch", ",".join(map(str, batches)),
-            "--threads", ",".join(map(str, threads)), "--moment", moment, "--out", str(out),
+            "speed", "--model", models, "--batch", _csv(batches),
+            "--threads", _csv(threads), "--moment", moment, "--out", str(out),
             *(["--samples", "8"] if quick else []), *(["--append"] if append else []),
         ),
     ]  # fmt: skip

@@ -31,6 +31,13 @@ is the global batch, so their speedup is strong scaling: ``T_serial / T_config``
 batch, measured against the serial (P1T1, data) run's step (for inference rows, that run's data
 + h2d + forward phases: the serial forward pass), predicted against the layer-wise prediction's
 own one-rank step. ``--quick`` adds two: the first workload, P = 2, the largest batch.
+
+GPU configurations (``gpu``: "auto" adds them where a GPU is found and the profile has a GPU
+model; "on" insists, "off" leaves them out): for every workload and batch of the data rows, one
+GPU trained with pageable copies in turn and with pinned copies prefetched behind the compute
+(``pdlsim train --device gpu [--pinned --prefetch]``), predicted with ``PredictConfig(gpus=1,
+pinned=..., prefetch=...)``. Their speedup is the serial CPU run's step over theirs. No speed
+check times a GPU step, so they have no noise floor.
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ __all__ = [
 ]
 
 MODES = {(1, 1): "serial", (1, 2): "threads", (2, 1): "mpi", (2, 2): "hybrid", (4, 1): "mpi"}
+GPU_CHOICES = ("auto", "on", "off")
 FULL_BATCHES = (16, 32, 64)
 TEST_SAMPLES = 64  # the held-out evaluation after the epoch is not timed; keep it short
 
@@ -68,7 +76,9 @@ TEST_SAMPLES = 64  # the held-out evaluation after the epoch is not timed; keep 
 @dataclass(frozen=True)
 class RunSpec:
     """One configuration: a workload, P ranks x T threads, batch per rank (with ``parallel``
-    "model": the batch all ranks share), training or forward-only ``inference``."""
+    "model": the batch all ranks share), training or forward-only ``inference``; on the CPU, or
+    (``device`` "gpu", one rank) on a GPU, copying each batch in turn from pageable memory or,
+    with ``prefetch``, from pinned memory one step ahead."""
 
     model: str
     procs: int
@@ -76,17 +86,31 @@ class RunSpec:
     batch: int
     parallel: str = "data"
     inference: bool = False
+    device: str = "cpu"
+    prefetch: bool = False
 
     @property
     def mode(self) -> str:
+        if self.device == "gpu":
+            return "gpu+prefetch" if self.prefetch else "gpu"
         if self.parallel == "model":
             return "model"
         return MODES.get((self.procs, self.threads), "hybrid" if self.threads > 1 else "mpi")
 
     @property
     def label(self) -> str:
+        if self.device == "gpu":
+            return f"{self.model}-gpu-b{self.batch}" + "-prefetch" * self.prefetch
         tags = "-model" * (self.parallel == "model") + "-inference" * self.inference
         return f"{self.model}-p{self.procs}t{self.threads}-b{self.batch}{tags}"
+
+    @property
+    def train_flags(self) -> tuple[str, ...]:
+        """What ``pdlsim train`` needs beyond model, ranks, threads and batch."""
+        flags = ("--parallel", self.parallel, *(["--inference"] if self.inference else []))
+        if self.device == "gpu":
+            flags += ("--device", "gpu", *(["--pinned", "--prefetch"] if self.prefetch else []))
+        return flags
 
     def oversubscribed(self, cores: int) -> bool:
         return self.procs * self.threads > cores
@@ -107,6 +131,7 @@ class ValidateConfig:
     max_steps: int = 300
     parallel: tuple[str, ...] = ("data", "model")
     model_procs: tuple[int, ...] = (2,)  # ranks of the model-parallel configurations
+    gpu: str = "auto"  # GPU configurations: auto (where a GPU and a GPU model are), on, off
 
 
 def steps_for(cfg: ValidateConfig, predicted_step_s: float, oversubscribed: bool = False) -> int:
@@ -120,13 +145,14 @@ def steps_for(cfg: ValidateConfig, predicted_step_s: float, oversubscribed: bool
     return int(min(max(wanted, cfg.steps), max(cfg.max_steps, cfg.steps)))
 
 
-def plan_matrix(cfg: ValidateConfig) -> list[RunSpec]:
+def plan_matrix(cfg: ValidateConfig, gpu: bool = False) -> list[RunSpec]:
     """Every (model, mode, batch); --quick keeps all batches for the first model only and the
     middle batch for the others (so at least one workload still has three batch sizes).
 
     With "model" in ``cfg.parallel``, model-parallel training and inference at each of
     ``cfg.model_procs`` for every (model, batch); --quick: the first model's largest batch
-    only. Without "data", the serial runs alone stay, as their baseline."""
+    only. Without "data", the serial runs alone stay, as their baseline. With ``gpu``, one GPU
+    without and with prefetch at every (model, batch) of the serial runs."""
     specs = []
     modes = cfg.modes if "data" in cfg.parallel else ((1, 1),)
     for i, model in enumerate(cfg.models):
@@ -136,6 +162,11 @@ def plan_matrix(cfg: ValidateConfig) -> list[RunSpec]:
         for batch in batches:
             for procs, threads in modes:
                 specs.append(RunSpec(model, procs, threads, batch))
+            if gpu:
+                specs += [
+                    RunSpec(model, 1, 1, batch, device="gpu", prefetch=ahead)
+                    for ahead in (False, True)
+                ]
     if "model" in cfg.parallel:
         models, batches = cfg.models, cfg.batches
         if cfg.quick:
@@ -215,8 +246,7 @@ def launch_train(spec: RunSpec, steps: int, run_dir: Path, extra: tuple[str, ...
         sys.executable, "-m", "pdlsim", "train", "--model", spec.model,
         "--procs", str(spec.procs), "--threads", str(spec.threads), "--batch", str(spec.batch),
         "--epochs", "1", "--max-steps", str(steps), "--samples", str(samples),
-        "--test-samples", str(TEST_SAMPLES), "--out", str(run_dir),
-        "--parallel", spec.parallel, *(["--inference"] if spec.inference else []), *extra,
+        "--test-samples", str(TEST_SAMPLES), "--out", str(run_dir), *spec.train_flags, *extra,
     ]  # fmt: skip
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = run_dir.parent / f"{run_dir.name}.log"
@@ -266,19 +296,22 @@ def summarize_launches(launches: list[dict[str, Any]], steps: int) -> dict[str, 
 
 def predict_spec(spec: RunSpec, cfg: ValidateConfig) -> dict[str, Any]:
     """The prediction of what ``pdlsim train`` runs: one bucket with every gradient, no
-    overlap, CPU ranks on one node; model parallelism and inference through
-    :mod:`pdlsim.parallel_predict` (``parallel``, ``inference``)."""
+    overlap, CPU ranks on one node or one GPU (copies pinned and prefetched, or neither); model
+    parallelism and inference through :mod:`pdlsim.parallel_predict` (``parallel``,
+    ``inference``)."""
     from microbench.threads import available_cores
     from microbench.workload import load_workload
     from pdlsim.predict import PredictConfig, run_prediction
 
     grad_mb = load_workload(spec.model).gradient_bytes / 2**20
     pcfg = PredictConfig(
-        nodes=1, gpus=0, procs_per_node=spec.procs, threads=spec.threads, model=spec.model,
-        batch=spec.batch, profile=cfg.profile, bucket_mb=math.ceil(grad_mb) + 1.0,
-        overlap=False, iterations=50, samples=cfg.band_samples,
+        nodes=1, gpus=int(spec.device == "gpu"), procs_per_node=spec.procs,
+        threads=spec.threads, model=spec.model, batch=spec.batch, profile=cfg.profile,
+        bucket_mb=math.ceil(grad_mb) + 1.0, overlap=False, iterations=50,
+        samples=cfg.band_samples,
         cpu_sockets=(1, available_cores()),  # this machine: one socket of its cores
         parallel=spec.parallel, inference=spec.inference,
+        pinned=spec.prefetch, prefetch=spec.prefetch,
     )  # fmt: skip
     return run_prediction(pcfg)
 
@@ -289,7 +322,12 @@ SPAN = "profile-span.json"  # the profile with the validation's speed checks (va
 def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     """Measure and predict every configuration of :func:`plan_matrix`; write the report."""
     from microbench.threads import available_cores
-    from pdlsim.validate_calibrate import calibrate_now, profile_provenance
+    from pdlsim.validate_calibrate import (
+        calibrate_now,
+        check_gpu_choice,
+        gpu_configurations,
+        profile_provenance,
+    )
     from pdlsim.validate_checkpoint import validate_checkpoint
     from pdlsim.validate_floor import add_noise_floor
     from pdlsim.validate_report import add_calibration_only, build_rows, summarize, write_outputs
@@ -298,6 +336,11 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     check_out(cfg.out)
     if cfg.repeats < 1 or cfg.steps < 2:
         raise UserError("--repeats must be at least 1 and --steps at least 2")
+    if cfg.gpu not in GPU_CHOICES:
+        raise UserError(f"--gpu: expected one of {', '.join(GPU_CHOICES)}, got '{cfg.gpu}'")
+    problem = check_gpu_choice(cfg.gpu)  # before the calibration: "on" without a GPU
+    if problem is not None:
+        raise UserError(problem)
     started = time.perf_counter()  # what the user waits for: the calibration included
     calibrated_now = cfg.profile is None
     if calibrated_now:
@@ -306,7 +349,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     if "machine_warning" in provenance:  # before the runs, so the user can stop them
         log(f"pdlsim: warning: {provenance['machine_warning']}")
     cores = available_cores()
-    specs = plan_matrix(cfg)
+    specs = plan_matrix(cfg, gpu=gpu_configurations(cfg.gpu, cfg.profile, log))
     calibrated = [predict_spec(spec, cfg) for spec in specs]
     steps = [
         steps_for(cfg, pred["band"]["p50_s"], spec.oversubscribed(cores))

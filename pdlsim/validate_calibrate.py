@@ -19,6 +19,8 @@ __all__ = [
     "CALIBRATION_PROCS",
     "STEAL_WARNING",
     "calibrate_now",
+    "check_gpu_choice",
+    "gpu_configurations",
     "machine_difference",
     "profile_provenance",
 ]
@@ -31,6 +33,7 @@ def calibrate_now(cfg: Any, log: Any = print) -> Path:
     """Benchmark this machine now and fit a profile: ``OUT/calibration/profile.json``."""
     from calibration.optable import inconsistent_steps
     from calibration.pipeline import fit_profile
+    from microbench.compute import GPU_BATCHES
     from pdlsim.bench import BenchPlan, run_bench
 
     run_dir = cfg.out / "calibration"
@@ -38,6 +41,7 @@ def calibrate_now(cfg: Any, log: Any = print) -> Path:
     plan = BenchPlan(
         out=run_dir, model=",".join(cfg.models), procs=CALIBRATION_PROCS, threads=threads,
         batches=tuple(sorted(set(cfg.batches))), quick=cfg.quick,
+        gpu_batches=tuple(sorted(set(GPU_BATCHES) | set(cfg.batches))),  # where a GPU is
     )  # fmt: skip
     log(f"calibrating from microbenchmarks into {run_dir} ...")
     result = run_bench(plan, progress=sys.stderr)
@@ -101,3 +105,41 @@ def profile_provenance(profile: str | None, calibrated_now: bool = False) -> dic
             "beyond them it is extrapolated"
         )
     return out
+
+
+def check_gpu_choice(choice: str) -> str | None:
+    """Why ``--gpu`` ``choice`` cannot be, before any work (None where it can): "on" with no
+    GPU here."""
+    if choice != "on":
+        return None
+    from microbench.gpu import find_gpu
+
+    gpu, why = find_gpu()
+    return None if gpu is not None else f"--gpu on: no GPU here ({why}); use --gpu auto or off"
+
+
+def gpu_configurations(choice: str, profile: str, log: Any = print) -> bool:
+    """Whether validate adds the GPU configurations: ``choice`` "off" never, "auto" where a GPU
+    is found and ``profile`` has a GPU model (else one line says why not), "on" the same but
+    a missing GPU model is a :class:`UserError`."""
+    if choice == "off":
+        return False
+    from microbench.gpu import find_gpu
+    from pdlsim.predict import resolve_profile
+
+    gpu, why = find_gpu()
+    if gpu is None:
+        log(f"no GPU here ({why}): the GPU configurations are left out")
+        return False
+    prof, name = resolve_profile(profile)
+    devices = (prof.models.get("compute") or {}).get("devices", {})
+    if "gpu" not in devices:
+        message = (
+            f"the profile {name} has no GPU model (its compute was measured on "
+            f"{', '.join(devices) or 'nothing'}); calibrate on this machine (drop --profile)"
+        )
+        if choice == "on":
+            raise UserError(f"--gpu on: {message}")
+        log(f"{message}: the GPU configurations are left out")
+        return False
+    return True

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
-from pdlsim.validate import ValidateConfig, run_validation
+from pdlsim.validate import GPU_CHOICES, ValidateConfig, run_validation
 
 __all__ = ["add_validate_parser", "run_validate_command"]
 
@@ -38,6 +38,14 @@ def add_validate_parser(commands: argparse._SubParsersAction) -> None:
         metavar="MODE,...",
         help="data (the modes above), model (P=2 tensor parallel, training and inference); "
         "default both",
+    )
+    p.add_argument(
+        "--gpu",
+        choices=GPU_CHOICES,
+        default="auto",
+        help="one GPU, copying in turn and pinned with prefetch, at every workload and batch: "
+        "auto (default) where a GPU is found and the profile has a GPU model, on (an error "
+        "otherwise), off",
     )
     p.add_argument("--breakdown", action="store_true", help="print measured vs predicted phases")
     p.add_argument("--out", type=Path, default=None, metavar="DIR", help="report directory")
@@ -81,6 +89,7 @@ def run_validate_command(args: argparse.Namespace) -> int:
         models=tuple(m for m in args.models.split(",") if m),
         band_samples=10 if args.quick else 20,
         parallel=parallel,
+        gpu=args.gpu,
         **extra,
     )
     report = run_validation(cfg, log=lambda s: print(s, file=sys.stderr))

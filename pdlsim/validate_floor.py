@@ -71,7 +71,10 @@ def speed_levels(speed_dir: Path) -> Levels:
 
 def _row_levels(row: dict[str, Any], levels: Levels) -> np.ndarray | None:
     """The levels of the row's step: forward-only for inference, at its thread count where the
-    checks timed it, else at one thread (every mode moves with the serial step)."""
+    checks timed it, else at one thread (every mode moves with the serial step); None for a GPU
+    row (the checks time the host's steps, not a GPU's)."""
+    if row.get("device", "cpu") == "gpu":
+        return None
     names = (FORWARD_NAME, STEP_NAME) if row["inference"] else (STEP_NAME,)
     for threads in dict.fromkeys((int(row.get("threads", 1)), 1)):
         for name in names:

@@ -43,7 +43,8 @@ PHASES = ("data", "h2d", "forward", "backward", "wait", "allreduce", "allgather"
 # measured_skew_s: the ranks' mean wait (T_sync), beside the slowest rank's phases above
 MEASURED = (*PHASES, "skew")
 COLUMNS = (
-    "model", "mode", "parallel", "inference", "procs", "threads", "batch", "oversubscribed",
+    "model", "mode", "parallel", "inference", "device", "prefetch", "procs", "threads", "batch",
+    "oversubscribed",
     "steps",
     "measured_s", "measured_low_s", "measured_high_s",
     "predicted_p50_s", "predicted_p10_s", "predicted_p90_s", "predicted_step_s",
@@ -67,7 +68,8 @@ def build_rows(results: list[tuple[Any, dict[str, Any], dict[str, Any]]], cores:
         band, b = pred["band"], pred["breakdown"]
         row: dict[str, Any] = {
             "model": spec.model, "mode": spec.mode, "parallel": spec.parallel,
-            "inference": spec.inference, "procs": spec.procs,
+            "inference": spec.inference, "device": spec.device, "prefetch": spec.prefetch,
+            "procs": spec.procs,
             "threads": spec.threads, "batch": spec.batch,
             "oversubscribed": spec.oversubscribed(cores), "steps": meas["steps"],
             "measured_s": meas["measured_s"], "measured_low_s": meas["measured_low_s"],
@@ -100,7 +102,7 @@ def _energy(spec: Any, meas: dict[str, Any], pred: dict[str, Any]) -> dict[str, 
 
     energy = pred["energy"]
     activity = StepActivity.from_phases(
-        meas["measured_phases_s"], meas["measured_s"], spec.procs, spec.threads
+        meas["measured_phases_s"], meas["measured_s"], spec.procs, spec.threads, spec.device
     )
     measured = estimate_energy(
         activity,
@@ -115,7 +117,8 @@ def _energy(spec: Any, meas: dict[str, Any], pred: dict[str, Any]) -> dict[str, 
 
 
 def _add_speedups(rows: list[dict[str, Any]]) -> None:
-    """Throughput over that of P1T1 at the same model and batch per rank (NaN without one).
+    """Throughput over that of P1T1 at the same model and batch per rank (NaN without one);
+    a GPU row's is the serial CPU run's step over its own.
 
     Model-parallel rows (same global batch, so no factor P): measured against the serial
     data-parallel run's step, or its data + h2d + forward phases for inference; predicted
@@ -123,7 +126,10 @@ def _add_speedups(rows: list[dict[str, Any]]) -> None:
     serial = {
         (r["model"], r["batch"]): r
         for r in rows
-        if (r["procs"], r["threads"]) == (1, 1) and r["parallel"] == "data" and not r["inference"]
+        if (r["procs"], r["threads"]) == (1, 1)
+        and r["parallel"] == "data"
+        and not r["inference"]
+        and r.get("device", "cpu") == "cpu"
     }
     for r in rows:
         base = serial.get((r["model"], r["batch"]))
@@ -192,6 +198,8 @@ def _stolen(r: dict[str, Any]) -> bool:
 
 
 def _name(r: dict[str, Any]) -> str:
+    if r.get("device", "cpu") == "gpu":
+        return f"{r['model']} {r['mode']} b{r['batch']}"
     tags = " model" * (r["parallel"] == "model") + " inference" * bool(r["inference"])
     return f"{r['model']} P{r['procs']}T{r['threads']} b{r['batch']}{tags}"
 
@@ -259,13 +267,13 @@ def format_report(report: dict[str, Any]) -> str:
         f"interval = {report['interval']}",
         f"speedup = {report['speedup']}",
         "",
-        f"{'model':5} {'mode':9} {'P':>2} {'T':>2} {'batch':>5} {'over':>4} "
+        f"{'model':5} {'mode':12} {'P':>2} {'T':>2} {'batch':>5} {'over':>4} "
         f"{'meas ms':>8} {'[min..max]':>19} {'pred P50':>8} {'[P10..P90]':>19} "
         f"{'err':>6} {'band':>4} {'S meas':>6} {'S pred':>6} {'steal':>5}",
     ]
     for r in report["rows"]:
         lines.append(
-            f"{r['model']:5} {_mode(r):9} {r['procs']:>2} {r['threads']:>2} {r['batch']:>5} "
+            f"{r['model']:5} {_mode(r):12} {r['procs']:>2} {r['threads']:>2} {r['batch']:>5} "
             f"{'yes' if r['oversubscribed'] else 'no':>4} {_ms(r['measured_s'])} "
             f"[{_ms(r['measured_low_s'])}..{_ms(r['measured_high_s'])}] "
             f"{_ms(r['predicted_p50_s'])} "
@@ -326,7 +334,7 @@ def format_breakdown(rows: list[dict[str, Any]]) -> str:
     """Measured phases (slowest rank, median) against the predicted compute/comm/sync."""
     lines = [
         "breakdown, ms: measured phases of the slowest rank (median over steps): compute = "
-        "data+forward+backward+update, comm = allreduce (+ allgather, model parallel); "
+        "data+h2d+forward+backward+update, comm = allreduce (+ allgather, model parallel); "
         "measured sync = the ranks' mean wait at the barrier (the slowest rank's own is in "
         "'wait'; model parallel: waits inside the collectives are in comm; the barrier's own "
         "cost, where the profile timed it in place, is in the predicted comm); energy per sample, "

@@ -14,28 +14,42 @@ from pdlsim.plots.axes import COLOURS, DPI
 __all__ = ["parity_figure", "plot_validation", "speedup_figure"]
 
 
-def _config(r: dict[str, Any]) -> str:
-    return f"P{r['procs']}T{r['threads']}"
+def _config(r: dict[str, Any]) -> tuple[int, ...]:
+    """Where a row stands on the speedup plot's axis: CPU configurations by the cores they
+    use, then one GPU copying in turn and one prefetching."""
+    if r.get("device", "cpu") == "gpu":
+        return (1, int(bool(r.get("prefetch"))))
+    return (0, r["procs"] * r["threads"], r["procs"], r["threads"])
+
+
+def _config_label(config: tuple[int, ...], oversubscribed: bool) -> str:
+    if config[0] == 1:
+        return "1 GPU" + ("\npinned,\nprefetch" if config[1] else "\npageable")
+    return f"P{config[2]}T{config[3]}" + ("\n(oversub.)" if oversubscribed else "")
 
 
 def speedup_figure(rows: Sequence[dict[str, Any]], model: str) -> Figure:
     """Speedup vs configuration for one workload: a predicted line with its P10-P90 band shaded
     and measured points with min..max error bars, one colour per batch per rank."""
     mine = [r for r in rows if r["model"] == model]
-    configs = sorted({(r["procs"], r["threads"]) for r in mine}, key=lambda c: (c[0] * c[1], c))
+    configs = sorted({_config(r) for r in mine})
     xpos = {c: i for i, c in enumerate(configs)}
     figure = Figure(figsize=(7, 4.2))
     ax = figure.subplots()
     for k, batch in enumerate(sorted({r["batch"] for r in mine})):
-        group = sorted((r for r in mine if r["batch"] == batch), key=lambda r: xpos[
-            (r["procs"], r["threads"])])  # fmt: skip
-        x = np.array([xpos[(r["procs"], r["threads"])] for r in group], dtype=float)
+        group = sorted((r for r in mine if r["batch"] == batch), key=lambda r: xpos[_config(r)])
+        x = np.array([xpos[_config(r)] for r in group], dtype=float)
         colour = COLOURS[k % len(COLOURS)]
-        pred = np.array([r["predicted_speedup"] for r in group])
-        low = np.array([r["predicted_speedup_low"] for r in group])
-        high = np.array([r["predicted_speedup_high"] for r in group])
-        ax.plot(x, pred, color=colour, label=f"predicted, batch {batch}")
-        ax.fill_between(x, low, high, color=colour, alpha=0.2, linewidth=0)
+        for device in ("cpu", "gpu"):  # one line each: a GPU does not continue the CPU's
+            part = [i for i, r in enumerate(group) if r.get("device", "cpu") == device]
+            if not part:
+                continue
+            ax.plot(x[part], [group[i]["predicted_speedup"] for i in part], color=colour,
+                    marker="_" if len(part) == 1 else None,
+                    label=f"predicted, batch {batch}" if device == "cpu" else None)  # fmt: skip
+            low = [group[i]["predicted_speedup_low"] for i in part]
+            high = [group[i]["predicted_speedup_high"] for i in part]
+            ax.fill_between(x[part], low, high, color=colour, alpha=0.2, linewidth=0)
         meas = np.array([r["measured_speedup"] for r in group])
         err = np.array(
             [
@@ -46,15 +60,12 @@ def speedup_figure(rows: Sequence[dict[str, Any]], model: str) -> Figure:
         shift = 0.06 * (k - 1)
         ax.errorbar(x + shift, meas, yerr=np.clip(err, 0, None), fmt="o", color=colour,
                     capsize=3, label=f"measured, batch {batch}")  # fmt: skip
-    labels = []
-    for procs, threads in configs:
-        over = any(
-            r["oversubscribed"] for r in mine if (r["procs"], r["threads"]) == (procs, threads)
-        )
-        labels.append(f"P{procs}T{threads}" + ("\n(oversub.)" if over else ""))
+    labels = [
+        _config_label(c, any(r["oversubscribed"] for r in mine if _config(r) == c)) for c in configs
+    ]
     ax.set_xticks(range(len(configs)), labels)
     ax.axhline(1.0, color="0.6", linestyle=":", linewidth=1)
-    ax.set_xlabel("configuration (P ranks x T threads)")
+    ax.set_xlabel("configuration (P ranks x T threads, or one GPU)")
     ax.set_ylabel("speedup vs P1T1 at the same batch/rank")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="x-small", ncol=2)
