@@ -51,6 +51,8 @@ def test_workload_show_prints_the_layer_table():
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["workload"], "the following arguments are required"),
         (["train", "--seed", "-1"], "argument --seed: expected an integer >= 0, got -1"),
+        (["train", "--prefetch"], "--prefetch copies mini-batches to a GPU: add --device gpu"),
+        (["train", "--device", "gpu", "--prefetch"], "--prefetch needs --pinned"),
         (["calibrate", "--quick", "--seed", "-1"], "argument --seed: expected an integer >= 0"),
         (["predict", "--nodes", "2", "--seed", "-1"], "argument --seed: expected an integer >= 0"),
         (["predict", "--nodes", "2", "--dataset-samples", "0"], "expected a positive integer"),
