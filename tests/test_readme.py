@@ -6,12 +6,21 @@ reads is run again here against the packaged profile: a change to the model or a
 readers. Measurements (``bench``, ``train``, ``validate``) are not rerun: they are this
 machine's moments. A line ``...`` in an example elides output; the shown runs of lines must
 appear in that order, each run contiguous.
+
+After a change that moves these outputs on purpose, ``python tests/test_readme.py --update``
+rewrites the README's examples from what the code prints now (an elided example keeps its
+shape: its first run is the output's first lines, a last run after ``...`` its last lines).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import re
 import shlex
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,21 +115,72 @@ def test_the_readme_has_the_examples_this_test_is_for():
     assert all(e.shown for e in EXAMPLES), [e.id for e in EXAMPLES if not e.shown]
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e.id)
-def test_readme_example_output_is_what_the_code_prints(example, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)  # sweep --out writes relative to where it runs
+def printed(example: Example) -> list[str]:
+    """What the example's command prints now (through its filters), run in a scratch
+    directory: ``sweep --out`` writes relative to where it runs."""
     command, *filters = example.command.split("|")
-    assert main(shlex.split(command)[1:]) == 0, capsys.readouterr().err
-    output = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    here, out = Path.cwd(), io.StringIO()
+    with tempfile.TemporaryDirectory() as scratch:
+        os.chdir(scratch)
+        try:
+            with contextlib.redirect_stdout(out):
+                status = main(shlex.split(command)[1:])
+        finally:
+            os.chdir(here)
+    if status != 0:
+        raise AssertionError(f"{example.id}: {example.command} exited with {status}")
+    output = [line.rstrip() for line in out.getvalue().splitlines()]
     for stage in filters:
         output = apply_filter(output, stage)
+    return output
+
+
+def elided(example: Example) -> bool:
+    return any(line.strip() == "..." for line in example.shown)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e.id)
+def test_readme_example_output_is_what_the_code_prints(example):
+    output = printed(example)
     runs = runs_of_lines(example.shown)
-    if len(runs) == 1 and "..." not in (s.strip() for s in example.shown):
+    if not elided(example):
         assert output == runs[0], f"{example.id}: {example.command}"
     else:
         assert appears_in_order(runs, output), f"{example.id}: {example.command}\n" + "\n".join(
             output
         )
+
+
+def refreshed(example: Example, output: list[str]) -> list[str]:
+    """The example's shown lines made from ``output``, in the example's shape."""
+    if not elided(example):
+        return output
+    shape = [line.strip() == "..." for line in example.shown]
+    runs = runs_of_lines(example.shown)
+    if len(runs) > 2 or (len(runs) == 2 and shape[-1]) or shape[0]:
+        raise ValueError(f"{example.id}: only a head, '...' and a tail can be refreshed")
+    head = output[: len(runs[0])]
+    if len(runs) == 1:
+        return [*head, "..."]
+    return [*head, "...", *output[len(output) - len(runs[1]) :]]
+
+
+def update_readme(path: Path = README) -> int:
+    """Rewrite every example's shown lines in ``path`` from the code: how many changed."""
+    lines = path.read_text().splitlines(keepends=True)
+    changed = 0
+    for example in sorted(readme_examples("".join(lines)), key=lambda e: -e.line):
+        # the command's last line (continued with a backslash), then its output
+        start = next(
+            i for i in range(example.line - 1, len(lines)) if not lines[i].rstrip().endswith("\\")
+        )
+        new = [f"{line}\n" for line in refreshed(example, printed(example))]
+        old = lines[start + 1 : start + 1 + len(example.shown)]
+        if new != old:
+            lines[start + 1 : start + 1 + len(example.shown)] = new
+            changed += 1
+    path.write_text("".join(lines))
+    return changed
 
 
 def test_elided_runs_must_appear_in_order_and_whole():
@@ -133,3 +193,9 @@ def test_elided_runs_must_appear_in_order_and_whole():
     assert apply_filter(["x ok", "y"], "grep ok") == ["x ok"]
     with pytest.raises(ValueError, match="cannot replay"):
         apply_filter(output, "awk '{print $1}'")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--update"]:
+        sys.exit("usage: python tests/test_readme.py --update")
+    print(f"{update_readme()} README examples rewritten from the code")
