@@ -7,14 +7,12 @@ ways: the empirical distribution (sorted atoms, thinned to at most :data:`MAX_AT
 parametric family (lognormal, gamma or normal, fitted by maximum likelihood and chosen by AIC
 or by the Kolmogorov-Smirnov statistic).
 
-``expected_max_factor(P)`` is E[max of P iid draws] in units of the median step:
-
-* empirical, exact for the atoms: sum_i x_(i) ((i/n)^P - ((i-1)/n)^P), used while the top
-  1/P of the distribution still holds :data:`MIN_TAIL_SAMPLES` samples (P <= n / 20);
-* beyond, the fitted family: the integral of P x F(x)^(P-1) f(x) dx, computed as
-  the integral over v in (0, 1) of Q(v^(1/P)) (substitute u = F(x), v = u^P), which keeps the
-  integrand smooth however large P is, by tanh-sinh quadrature (vectorised over P); shifted by
-  its difference from the empirical value at the switch so that the curve is continuous.
+``expected_max_factor(P)`` is E[max of P iid draws] in units of the median step, of one
+distribution (:class:`calibration.splice.Spliced`): the atoms up to the quantile level whose
+upper tail holds :data:`MIN_TAIL_SAMPLES` samples (1 - 20/n), the fitted family's tail above,
+shifted to meet them. The simulator draws from the same distribution (:meth:`sample`,
+:meth:`quantile`, :meth:`upper_quantile`), so that its slowest rank is the one the expected
+maxima price.
 
 ``sync_fraction(P) = expected_max_factor(P) - expected_max_factor(1)``: T_sync as a fraction of
 the median step. It is checked against the measured per-step maximum over ranks when the
@@ -50,6 +48,7 @@ from scipy import stats
 
 from microbench.errors import UserError
 
+from .splice import Spliced
 from .stats import Interval, fit_quality
 
 __all__ = ["FAMILIES", "JitterModel"]
@@ -81,39 +80,6 @@ def _mle(family: str, x: np.ndarray) -> dict[str, float]:
     if family == "normal":
         return {"loc": float(fitted[0]), "scale": float(fitted[1])}
     return {names[0]: float(fitted[0]), "scale": float(fitted[2])}
-
-
-def _empirical_max(atoms: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    """E[max of P draws] from equally weighted sorted atoms, exact, for each P in ``ranks``."""
-    n = atoms.size
-    grid = np.arange(n + 1) / n
-    weights = np.diff(grid[np.newaxis, :] ** ranks[:, np.newaxis], axis=1)
-    return weights @ atoms
-
-
-def _tanh_sinh_nodes(step: float = 1 / 16, half_width: float = 3.5) -> tuple[np.ndarray, ...]:
-    """log v and weights of tanh-sinh quadrature on v in (0, 1) (Takahasi & Mori): exact to
-    ~1e-12 for the integrands here, endpoint singularities included, with v's logarithm kept
-    accurate next to 1 (v = 1 / (1 + exp(-2u)), u = pi/2 sinh t)."""
-    t = np.arange(-half_width, half_width + step / 2, step)
-    u = np.pi / 2 * np.sinh(t)
-    decay = np.exp(-2 * np.abs(u))
-    weights = step * np.pi * np.cosh(t) * decay / (1 + decay) ** 2
-    return -np.log1p(np.exp(-2 * u)), weights
-
-
-_LOG_V, _WEIGHTS = _tanh_sinh_nodes()
-
-
-def _family_max(family: str, params: dict[str, float], ranks: np.ndarray) -> np.ndarray:
-    """E[max of P draws] = the integral of P x F(x)^(P-1) f(x) dx; with u = F(x) and v = u^P
-    it is the integral over v in (0, 1) of Q(v^(1/P)), smooth however large P is."""
-    frozen = _frozen(family, params)
-    log_u = _LOG_V[np.newaxis, :] / np.asarray(ranks, dtype=float)[:, np.newaxis]
-    upper = -np.expm1(log_u)  # 1 - u, accurate where u is next to 1
-    low = frozen.ppf(np.exp(np.minimum(log_u, 0.0)))
-    x = np.where(upper < 0.5, frozen.isf(np.clip(upper, 0.0, 0.5)), low)
-    return x @ _WEIGHTS
 
 
 class JitterModel:
@@ -237,6 +203,14 @@ class JitterModel:
                     "iid_skew": float(self._raw_max(len(samples)) - self._raw_max(1)),
                 }
             )
+        self._rescale()
+
+    def _rescale(self) -> None:
+        """``scale`` from ``moments``, each against this distribution's iid skew (recomputed,
+        so that a profile written when the distribution was read otherwise gets the scale
+        that matches it now)."""
+        for m in self.moments_:
+            m["iid_skew"] = float(self._raw_max(int(m["ranks"])) - self._raw_max(1))
         ratios = [m["measured_skew"] / m["iid_skew"] for m in self.moments_ if m["iid_skew"] > 0]
         self.scale_ = float(np.clip(np.median(ratios), 0.0, MAX_SCALE)) if ratios else 1.0
 
@@ -277,38 +251,47 @@ class JitterModel:
         return 1.0 + self.scale_ * (self._raw_max(ranks) - 1.0)
 
     def _raw_max(self, ranks: int | Sequence[int] | np.ndarray) -> float | np.ndarray:
-        """E[max of ``ranks`` iid draws] of the fitted distribution itself, before ``scale``."""
+        """E[max of ``ranks`` iid draws] of the distribution itself, before ``scale``."""
         p = np.atleast_1d(np.asarray(ranks))
         if p.size and (np.any(p < 1) or np.any(p != np.floor(p))):
             raise ValueError(f"ranks must be integers >= 1, got {ranks!r}")
-        p = p.astype(np.int64)
-        p0 = self.empirical_max_ranks_
-        out = np.empty(p.shape, dtype=float)
-        small = p <= p0
-        if small.any():
-            out[small] = _empirical_max(self.atoms_, p[small])
-        if (~small).any():
-            shift = float(_empirical_max(self.atoms_, np.array([p0]))[0])
-            shift -= float(_family_max(self.family_, self.params_, np.array([p0]))[0])
-            out[~small] = _family_max(self.family_, self.params_, p[~small]) + shift
+        out = self.spliced().expected_max(p.astype(np.int64))
         return float(out[0]) if np.ndim(ranks) == 0 else out
+
+    def spliced(self) -> Spliced:
+        """The atoms below the top 1 / ``empirical_max_ranks`` of the distribution, the fitted
+        family's tail above (module docstring), before ``scale``."""
+        p0 = self.empirical_max_ranks_
+        switch = 1.0 - 1.0 / p0 if p0 > 1 else 0.0
+        return Spliced(self.atoms_, _frozen(self.family_, self.params_), switch)
 
     def sync_fraction(self, ranks: int | Sequence[int] | np.ndarray) -> float | np.ndarray:
         """E[max of P] - E[one draw], over the median step: T_sync(P) / median step time."""
         return self.expected_max_factor(ranks) - float(self.expected_max_factor(1))
 
     def sample(
-        self, rng: np.random.Generator, size: int | tuple[int, ...], source: str = "fitted"
+        self, rng: np.random.Generator, size: int | tuple[int, ...], source: str = "model"
     ) -> np.ndarray:
-        """Draws of step time over the median: from the fitted family, or resampled atoms,
-        scaled about the median by ``scale``."""
-        if source == "empirical":
+        """Draws of step time over the median, scaled about the median by ``scale``: from the
+        model's distribution (atoms and fitted tail, the one the expected maxima are of), the
+        fitted family alone, or resampled atoms."""
+        if source == "model":
+            raw = self.spliced().sample(rng, size)
+        elif source == "empirical":
             raw = rng.choice(self.atoms_, size=size, replace=True)
         elif source == "fitted":
             raw = _frozen(self.family_, self.params_).rvs(size=size, random_state=rng)
         else:
-            raise ValueError(f"source must be 'fitted' or 'empirical', got {source!r}")
+            raise ValueError(f"source must be 'model', 'fitted' or 'empirical', got {source!r}")
         return self.scaled(raw)
+
+    def quantile(self, u: Any) -> np.ndarray:
+        """The scaled factor at quantile level ``u`` of the model's distribution."""
+        return self.scaled(self.spliced().quantile(u))
+
+    def upper_quantile(self, tail: Any) -> np.ndarray:
+        """The scaled factor exceeded with probability ``tail``, accurate for tiny tails."""
+        return self.scaled(self.spliced().upper_quantile(tail))
 
     def scaled(self, raw: Any) -> np.ndarray:
         """Factors of the fitted distribution scaled about the median: 1 + scale (x - 1),
@@ -367,7 +350,9 @@ class JitterModel:
         model.atoms_ = np.asarray(doc["quantiles"], dtype=float)
         model.checks_ = list(doc.get("checks") or [])
         model.scale_ = float(doc.get("scale", 1.0))  # profiles before moments: unscaled
-        model.moments_ = list(doc.get("moments") or [])
+        model.moments_ = [dict(m) for m in doc.get("moments") or []]
+        if model.moments_:
+            model._rescale()
         quality = dict(doc.get("quality") or {})
         quality.pop("max_over_ranks_rel_error", None)
         model.quality_ = quality

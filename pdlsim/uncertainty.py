@@ -40,9 +40,10 @@ def moved(value: float, ci: Interval | None, z: float, floor: float = 0.0) -> fl
 
 @dataclass(frozen=True, eq=False)
 class ProfileJitter:
-    """A fitted :class:`JitterModel` as the simulator's ``Jitter`` (plus ``ppf``/``isf``, so the
-    slowest of P is drawn exactly from the fitted family; all of them scaled about the median
-    by the model's ``scale``, an order-preserving map, so the maxima follow)."""
+    """A fitted :class:`JitterModel` as the simulator's ``Jitter``: draws, ``ppf`` and ``isf``
+    (so that the slowest of P is drawn exactly) of the model's own distribution, the one its
+    expected maxima are of (the atoms and the fitted tail, :mod:`calibration.splice`), all
+    scaled about the median by the model's ``scale``, an order-preserving map."""
 
     model: JitterModel
 
@@ -57,10 +58,10 @@ class ProfileJitter:
         return np.asarray(self.model.sample(rng, size), dtype=float)
 
     def ppf(self, q: Any) -> np.ndarray:
-        return self.model.scaled(self._dist().ppf(q))
+        return self.model.quantile(q)
 
     def isf(self, tail: Any) -> np.ndarray:
-        return self.model.scaled(self._dist().isf(tail))
+        return self.model.upper_quantile(tail)
 
     def expected_max_factor(self, ranks: int) -> float:
         return float(self.model.expected_max_factor(int(ranks)))

@@ -219,3 +219,51 @@ def test_each_workloads_model_takes_its_own_span_moments(tmp_path):
     )
     models.add_moments(span)  # cnn's only
     assert len(models.get("cnn").moments_) == 2 and len(models.get("mlp").moments_) == 1
+
+
+def heavy_tailed(seed: int, n: int = 4000) -> np.ndarray:
+    """Steps as a shared VM times them: a narrow core and 5% slow steps up to 1.5x."""
+    rng = np.random.default_rng(seed)
+    steps = rng.lognormal(0.0, 0.02, n)
+    slow = rng.random(n) < 0.05
+    steps[slow] *= rng.uniform(1.05, 1.5, int(slow.sum()))
+    return steps
+
+
+def test_the_simulators_draws_have_the_maxima_the_model_prices():
+    """The analytic model prices the slowest of P ranks with expected_max_factor, the simulator
+    draws ranks (every one, or the slowest by its tail quantile): one distribution for both,
+    where the fitted family alone would have drawn a core too wide for this machine's steps."""
+    from pdlsim.sim.cost import max_of_draws
+    from pdlsim.uncertainty import ProfileJitter
+
+    model = JitterModel(n_boot=0).fit_samples([heavy_tailed(0)])
+    model.scale_ = 0.6  # as a typical moment's skew sets it
+    jitter, rng = ProfileJitter(model), np.random.default_rng(1)
+    for ranks in (1, 2, 4, 16, 64, 512):
+        drawn = max_of_draws(jitter, rng, ranks, 200_000).mean()
+        assert drawn == pytest.approx(model.expected_max_factor(ranks), rel=2e-3), ranks
+    every = jitter.sample(rng, (200_000, 2))
+    sync = every.max(axis=1).mean() - every.mean()
+    assert sync == pytest.approx(model.sync_fraction(2), rel=0.03)
+    family = model.sample(rng, (200_000, 2), source="fitted")
+    assert family.max(axis=1).mean() - family.mean() > 1.3 * model.sync_fraction(2)
+
+
+def test_the_spliced_distribution_is_the_atoms_below_the_switch_and_the_tail_above():
+    model = JitterModel(n_boot=0).fit_samples([heavy_tailed(2)])
+    spliced = model.spliced()
+    assert spliced.switch == pytest.approx(1 - 20 / 4000)
+    u = np.linspace(0.0, 1.0 - 1e-9, 20_001)
+    q = spliced.quantile(u)
+    assert np.all(np.diff(q) >= 0)  # monotone across the switch
+    below = u <= spliced.switch
+    assert set(q[below]) <= set(model.atoms_)
+    assert spliced.quantile(spliced.switch + 1e-12) == pytest.approx(
+        spliced.quantile(spliced.switch), rel=1e-6
+    )  # the tail meets the atoms
+    tails = np.array([0.3, 1e-3, 1e-6, 1e-12])
+    np.testing.assert_allclose(spliced.upper_quantile(tails[:2]), spliced.quantile(1 - tails[:2]))
+    assert np.all(np.diff(spliced.upper_quantile(tails)) > 0)  # tiny tails stay resolved
+    # E[max of one draw] is the mean of the atoms, but for the top 1/200 taken from the tail
+    assert spliced.expected_max(1)[0] == pytest.approx(np.mean(model.atoms_), rel=2e-3)

@@ -242,7 +242,7 @@ def _max_panel(ax: Axes, model: Any, rows: pd.DataFrame, statistic: pd.Series) -
     ax.plot(ranks, model.expected_max_factor(ranks), color=COLOURS[0], lw=1.8, label=model_label)
     switch = int(model.empirical_max_ranks_)
     if 1 < switch < ranks[-1]:
-        label = f"exact from samples up to P={switch}, fitted family beyond"
+        label = f"from P={switch}: the slowest mostly in the fitted tail"
         ax.axvline(switch, color="0.5", lw=0.8, ls=":", label=label)
     points = _measured_maxima(rows, statistic) or [
         (int(c["ranks"]), float(c["measured_factor"]), 0.0) for c in model.checks_
