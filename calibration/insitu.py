@@ -21,10 +21,17 @@ interpolates a call's time linearly in the batch between measured batches (held 
 measured batch outside them); :class:`pdlsim.costmodel.ProfileCostModel` adds its excess over
 the back-to-back prediction to the collective, at any scale.
 
+**The step's skew.** The benchmark also times each rank's compute before the step's barrier
+(op ``compute``, not a collective, so not a point). Its median over ranks and steps goes on
+the barrier's point as ``compute_s``, and :meth:`InSituModel.wait_fraction` is the barrier's
+mean wait over it: the ranks' skew as a share of the step's compute, measured in the step
+training runs (:func:`pdlsim.insitu_cost.in_place_sync` sizes the jitter model's sync by it).
+
 ``to_dict()``: ``{"model": "insitu", "points": [{"workload", "parallel", "op", "layer",
 "batch", "ranks", "ranks_per_node", "threads", "bytes", "median_s", "wait_s", "n_samples",
 "rounds", "intervals": {"median_s": {"low", "high", "confidence"}}}], "log_deviations": [...]}``
-(profiles written before rounds lack ``rounds`` and ``log_deviations``: one round, none).
+and ``compute_s`` on barrier points (profiles written before rounds lack ``rounds`` and
+``log_deviations``: one round, none; before the compute was timed, ``compute_s``).
 """
 
 from __future__ import annotations
@@ -64,6 +71,22 @@ class InSituPoint:
     wait_s: float
     n_samples: int
     rounds: int = 1  # the moments its samples were taken at
+    compute_s: float | None = None  # barrier points: the ranks' compute before it (median)
+
+
+def _step_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A point's key (:data:`_KEYS`) without its op and layer: the step it was timed in."""
+    return key[:2] + key[4:]
+
+
+def _compute_medians(table: pd.DataFrame) -> dict[tuple[Any, ...], float]:
+    """Per step (:func:`_step_key`): the median of every rank's compute before the barrier."""
+    rows = table[(table["op"] == "compute") & (table["statistic"] == "per_rank")]
+    out = {}
+    for key, group in rows.groupby(list(_KEYS), sort=True):
+        samples = np.concatenate([np.asarray(s, dtype=float) for s in group["samples"]])
+        out[_step_key(key)] = float(np.median(samples))
+    return out
 
 
 class InSituModel:
@@ -91,9 +114,10 @@ class InSituModel:
         table["bytes"] = rows["params.bytes"]
         table["rounds"] = 1 if rounds_of is None else rounds_of.fillna(1).astype(int)
         points, deviations = [], []
+        computes = _compute_medians(table)
         for key, group in table.groupby(list(_KEYS), sort=True):
             own = group[group["statistic"] == "min_over_ranks"]
-            if own.empty:
+            if own.empty or key[2] == "compute":
                 continue
             samples = np.concatenate([np.asarray(s, float) for s in own["samples"]])
             moments = [
@@ -118,6 +142,7 @@ class InSituModel:
                     wait_s=max(wait, 0.0),
                     n_samples=measured.n,
                     rounds=len(moments),
+                    compute_s=computes.get(_step_key(key)) if key[2] == "barrier" else None,
                 )
             )  # fmt: skip
             if len(moments) >= 2:
@@ -156,6 +181,23 @@ class InSituModel:
         nearest = found[int(np.argmin(np.abs(batches - batch)))]
         return seconds, nearest
 
+    def wait_fraction(
+        self, workload: str, parallel: str, batch: int
+    ) -> tuple[float, InSituPoint] | None:
+        """The step barrier's mean wait over the ranks' compute before it at ``batch``
+        (interpolated in the batch like :meth:`seconds`) and the nearest measured point; None
+        where the profile did not time the compute with the barrier."""
+        found = sorted(
+            (p for p in self.calls(workload, parallel) if p.op == "barrier" and p.compute_s),
+            key=lambda p: p.batch,
+        )
+        if not found:
+            return None
+        batches = np.array([p.batch for p in found], dtype=float)
+        fractions = [p.wait_s / p.compute_s for p in found]
+        nearest = found[int(np.argmin(np.abs(batches - batch)))]
+        return float(np.interp(batch, batches, fractions)), nearest
+
     def quality_dict(self) -> dict[str, Any]:
         """Per op: the points and the widest relative 95% interval of their medians."""
         out: dict[str, Any] = {}
@@ -170,6 +212,8 @@ class InSituModel:
         points = []
         for p in self.points_:
             doc = asdict(p)
+            if doc["compute_s"] is None:
+                del doc["compute_s"]
             low, high = doc.pop("ci_low_s"), doc.pop("ci_high_s")
             doc["intervals"] = {"median_s": {"low": low, "high": high, "confidence": 0.95}}
             points.append(doc)

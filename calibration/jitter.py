@@ -38,6 +38,7 @@ for reading), ``checks``, ``quality``.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -264,6 +265,16 @@ class JitterModel:
         p0 = self.empirical_max_ranks_
         switch = 1.0 - 1.0 / p0 if p0 > 1 else 0.0
         return Spliced(self.atoms_, _frozen(self.family_, self.params_), switch)
+
+    def with_sync(self, ranks: int, fraction: float) -> JitterModel:
+        """A copy whose sync at ``ranks`` ranks is ``fraction`` of the median step (its
+        ``scale`` set so, within [0, :data:`MAX_SCALE`]): the distribution's shape, and so how
+        the sync grows with the ranks, stays."""
+        raw = float(self._raw_max(ranks) - self._raw_max(1))
+        new = copy.copy(self)
+        if raw > 0:
+            new.scale_ = float(np.clip(fraction / raw, 0.0, MAX_SCALE))
+        return new
 
     def sync_fraction(self, ranks: int | Sequence[int] | np.ndarray) -> float | np.ndarray:
         """E[max of P] - E[one draw], over the median step: T_sync(P) / median step time."""

@@ -96,7 +96,7 @@ class Spliced:
     def expected_max(self, ranks: Any) -> np.ndarray:
         """E[max of P iid draws] for each P in ``ranks`` (module docstring)."""
         p = np.atleast_1d(np.asarray(ranks, dtype=float))
-        v_switch = self.switch ** p  # where the atoms end, on the v scale
+        v_switch = self.switch**p  # where the atoms end, on the v scale
         n = self.atoms.size
         levels = np.arange(n + 1) / n
         with np.errstate(divide="ignore"):

@@ -25,7 +25,12 @@ the real steps, the same code training runs, and times each collective in them:
 The barriers are timed too (op ``barrier``, layer ``step``): back to back a 2-rank barrier takes
 2 us on the development VM, but the rank that reaches it last after a step's compute spends
 7-20 us in it after the MLP's step and 30-50 us after the CNN's (the training loop's records
-say the same), a cost no other term of the model holds.
+say the same), a cost no other term of the model holds. So is each rank's compute before the
+barrier (op ``compute``, layer ``step``: not a collective; data parallel the forward and
+backward, layer-wise the step outside its collectives), the time the barrier's wait is a
+share of: the wait of the ranks that arrive first is the step's skew (T_sync) measured where
+training has it, which on the development VM is a third to a half of what ranks timing the same
+step without collectives between steps show.
 
 Each step starts after a barrier. The steps are taken in rounds through every workload, batch
 and parallelism (:func:`sample_rounds`), each round after ``warmup`` steps that are not kept, so
@@ -72,8 +77,8 @@ Step = Callable[[], list[tuple[str, str, int, float]]]
 class Call:
     """One collective of a step, in the order the step makes it."""
 
-    op: str  # "allreduce", "allgather" or "barrier"
-    layer: str  # the dense layer, "gradients" (the data-parallel allreduce) or "step" (barrier)
+    op: str  # "allreduce", "allgather", "barrier" or "compute" (the rank's own, no collective)
+    layer: str  # the dense layer, "gradients" (the data-parallel allreduce) or "step"
     nbytes: int  # gathered or reduced in total
     parallel: str  # "data", "model" or MODEL_INFERENCE
 
@@ -107,6 +112,7 @@ def data_parallel_step(workload: Workload, batch: int, comm: Any, seed: int = 0)
     x, y = _batch(workload, batch, seed)
 
     def step() -> list[tuple[str, str, int, float]]:
+        begin = time.perf_counter()
         net.forward(x, y)
         net.backward()
         start = time.perf_counter()
@@ -119,6 +125,7 @@ def data_parallel_step(workload: Workload, batch: int, comm: Any, seed: int = 0)
         return [
             ("barrier", "step", 0, reduce - start),
             ("allreduce", "gradients", nbytes, end - reduce),
+            ("compute", "step", 0, start - begin),  # what the barrier's wait is a share of
         ]
 
     return step
@@ -143,6 +150,7 @@ def layerwise_step(
 
     def step() -> list[tuple[str, str, int, float]]:
         net.call_log = []
+        begin = time.perf_counter()
         net.forward(x, y)
         if not inference:
             net.backward()
@@ -150,7 +158,12 @@ def layerwise_step(
         calls, net.call_log = net.call_log, None
         start = time.perf_counter()
         comm.Barrier()  # the step boundary, as the training loop's next step begins
-        return [*calls, ("barrier", "step", 0, time.perf_counter() - start)]
+        compute = start - begin - sum(seconds for *_, seconds in calls)
+        return [
+            *calls,
+            ("barrier", "step", 0, time.perf_counter() - start),
+            ("compute", "step", 0, compute),  # the step outside its collectives
+        ]
 
     return step
 

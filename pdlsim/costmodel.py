@@ -80,7 +80,7 @@ from pdlsim.compute_cost import (
     GPU_MEMORY_EFFICIENCY,
     ComputeCost,
 )
-from pdlsim.insitu_cost import InSituCost
+from pdlsim.insitu_cost import InSituCost, in_place_sync
 from pdlsim.oppins import OpPins
 from pdlsim.presets import GpuPreset, NetworkPreset
 from pdlsim.sim import ConfigError, LinkCost, Placement, TimedStep, collectives
@@ -172,7 +172,12 @@ class ProfileCostModel(ComputeCost):
         workload: str | None = None,
         ranks_per_node: int = 1,
         inference: bool = False,
+        batch: int | None = None,
+        parallel: str | None = None,
     ) -> ProfileCostModel:
+        """The cost model of ``workload`` from ``profile``; ``batch`` and ``parallel`` (the
+        in-place step, :func:`pdlsim.insitu_cost.sync_parallelism`) size the sync where the
+        profile timed that step's skew in place."""
         compute = profile.model("compute")
         regimes = _intra_regimes(profile)
         cpu_curves = [r for (d, _), r in sorted(compute.curves_.items()) if d == "cpu"]
@@ -205,18 +210,26 @@ class ProfileCostModel(ComputeCost):
         hidden = overlap.hidden_fraction(bucket_bytes, method)
         efficiency = float(np.clip(1.0 if hidden is None else hidden, 0.0, 1.0))
         prov["overlap"] = f"profile ({method} method, {bucket_bytes} B)"
-        jitter_doc = profile.models.get("jitter")
-        jitter = ProfileJitter(profile.model("jitter")) if jitter_doc else None
+        insitu_model = profile.model("insitu") if profile.models.get("insitu") else None
+        jitter_model = profile.model("jitter") if profile.models.get("jitter") else None
         own = (
             profile.model("jitter_models").get(workload)
             if profile.models.get("jitter_models")
             else None
         )
         if own is not None:
-            jitter = ProfileJitter(own)
+            jitter_model = own
             prov["jitter"] = f"profile ({workload}'s own steps)"
-        elif jitter is not None:
+        elif jitter_model is not None:
             prov["jitter"] = "profile (every measured workload's steps pooled)"
+        jitter = None
+        if jitter_model is not None:
+            if device == "cpu":  # the in-place steps ran on CPU ranks
+                jitter_model, note = in_place_sync(
+                    jitter_model, insitu_model, workload, parallel, batch
+                )
+                prov["jitter"] += f"; {note}" if note else ""
+            jitter = ProfileJitter(jitter_model)
         scale = StepScale.from_table(getattr(compute, "table_", []))
         compute_device = "gpu" if device == "gpu" and has_gpu_compute else "cpu"
         colocation = profile.model("colocation") if profile.models.get("colocation") else None
@@ -259,7 +272,6 @@ class ProfileCostModel(ComputeCost):
             )
         if scale and (device == "cpu" or has_gpu_compute):
             prov["compute"] += "; " + scale.source(compute_device, workload, inference)
-        insitu_model = profile.model("insitu") if profile.models.get("insitu") else None
         insitu, prov["in-place collectives"] = InSituCost.from_profile_model(
             insitu_model, workload, device
         )

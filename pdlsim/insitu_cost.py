@@ -30,6 +30,17 @@ the placement measured. Unmeasured, the barrier is left out, as before profiles 
 A layer-wise forward-only step (parallelism ``model-inference``) takes the calls timed in the
 benchmark's forward-only step, which leaves more in cache than a training step does; a profile
 that did not time them prices them as the training step's calls.
+
+**The step's skew** (:func:`in_place_sync`). The jitter model's sync (T_sync: the slowest rank's
+compute over the typical one's) is sized by the jitter benchmark's ranks, which time the step
+alone between barriers. The ranks of a training step, with its collectives between steps,
+skew less: on the development VM the CNN's 2-rank trainer waited 0.8% of its compute at the
+barrier where the jitter model said 2.2% and the simulator, drawing from the fitted family,
+3.5%; ``microbench insitu``'s own barrier, in the same step as training, waited 0.7-1.6%.
+Where the profile timed the ranks' compute with the barrier, the sync at the ranks measured is
+the barrier's mean wait over that compute (:meth:`calibration.insitu.InSituModel.wait_fraction`,
+per parallelism and interpolated in the batch), and the distribution keeps its shape for more
+ranks (:meth:`calibration.jitter.JitterModel.with_sync`).
 """
 
 from __future__ import annotations
@@ -38,11 +49,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibration.insitu import InSituModel
+from calibration.jitter import JitterModel
 from microbench.insitu import MODEL_INFERENCE
 from pdlsim.sim import Placement
 from pdlsim.sim.messages import allgather_time
 
-__all__ = ["BARRIER_PROXY_BYTES", "InSituCost"]
+__all__ = ["BARRIER_PROXY_BYTES", "InSituCost", "in_place_sync", "sync_parallelism"]
 
 BARRIER_PROXY_BYTES = 4  # one float32: the allreduce whose latency stands in for a barrier's
 
@@ -114,3 +126,38 @@ class InSituCost:
         if found is None and parallel == MODEL_INFERENCE:
             found = self.model.seconds(self.workload, "model", op, layer, batch)
         return found
+
+
+def sync_parallelism(parallel: str, inference: bool) -> str | None:
+    """The in-place step whose barrier sizes the sync of a ``parallel`` (``inference``)
+    prediction; None where no rank waits for another (data-parallel inference) or none was
+    timed (pipelines)."""
+    if parallel == "data":
+        return None if inference else "data"
+    if parallel == "model":
+        return MODEL_INFERENCE if inference else "model"
+    return None
+
+
+def in_place_sync(
+    jitter: JitterModel,
+    insitu: InSituModel | None,
+    workload: str | None,
+    parallel: str | None,
+    batch: int | None,
+) -> tuple[JitterModel, str | None]:
+    """``jitter`` with its sync at the ranks measured in place set to the step barrier's
+    measured wait there (module docstring), and a provenance note; unchanged, with None,
+    where the profile did not time that step's compute and barrier."""
+    if insitu is None or workload is None or parallel is None or batch is None:
+        return jitter, None
+    found = insitu.wait_fraction(workload, parallel, batch)
+    if found is None:
+        return jitter, None
+    fraction, point = found
+    sized = jitter.with_sync(point.ranks, fraction)
+    return sized, (
+        f"sync at {point.ranks} ranks sized to the {parallel} step's barrier wait in place, "
+        f"{100 * fraction:.2f}% of its compute at batch {batch} (the jitter benchmark's "
+        f"{100 * float(jitter.sync_fraction(point.ranks)):.2f}%)"
+    )

@@ -149,6 +149,7 @@ def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict
     """The cluster, scenario and cost model of a configuration, and where the numbers came from."""
     from microbench.workload import load_workload
     from pdlsim.costmodel import ProfileCostModel
+    from pdlsim.insitu_cost import sync_parallelism
     from pdlsim.sim import Cluster, Scenario
 
     if cfg.nodes < 1:
@@ -191,7 +192,8 @@ def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict
     )
     cost = ProfileCostModel.from_profile(
         profile, network, gpu, cluster.device, bucket_bytes, workload.name,
-        cluster.ranks_per_node, inference=cfg.inference,
+        cluster.ranks_per_node, inference=cfg.inference, batch=cfg.batch,
+        parallel=sync_parallelism(cfg.parallel, cfg.inference),
     )  # fmt: skip
     cost = apply_to_cost(cfg, cost)
     provenance = {"profile": profile_name, **cost.provenance}

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.usefixtures("no_inherited_rank")
 def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
     """The MLP at 2 ranks: the barrier and the gradient allreduce (data), three allgathers, two
     input gradient allreduces and the barrier (model), and the three allgathers and the barrier
-    of the forward pass alone, each with both ranks' samples and their minimum."""
+    of the forward pass alone, each with both ranks' samples and their minimum; and each step's
+    compute before its barrier, what the barrier's wait is a share of."""
     args = ["--model", "mlp", "--batch", "8,16", "--samples", "6", "--warmup", "2"]
     result = run_microbench("insitu", *args, "--out", str(tmp_path), ranks=2, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -39,17 +40,22 @@ def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
                     calls["params.bytes"], strict=True)) == [
         ("data", "barrier", "step", 0),  # the training loop's, after the backward
         ("data", "allreduce", "gradients", load_workload("mlp").gradient_bytes),
+        ("data", "compute", "step", 0),  # the forward and backward before the barrier
         ("model", "allgather", "dense0", 16 * 256 * 4),
         ("model", "allgather", "dense2", 16 * 128 * 4),
         ("model", "allgather", "dense4", 16 * 10 * 4),
         ("model", "allreduce", "dense4", 16 * 128 * 4),  # dense4's input gradient
         ("model", "allreduce", "dense2", 16 * 256 * 4),
         ("model", "barrier", "step", 0),  # the step boundary
+        ("model", "compute", "step", 0),  # the step outside its collectives
         ("model-inference", "allgather", "dense0", 16 * 256 * 4),  # the forward pass alone
         ("model-inference", "allgather", "dense2", 16 * 128 * 4),
         ("model-inference", "allgather", "dense4", 16 * 10 * 4),
         ("model-inference", "barrier", "step", 0),
+        ("model-inference", "compute", "step", 0),
     ]  # fmt: skip
+    computes = frame[frame["name"] == "compute"]["samples"]
+    assert all(min(s) > 0 for s in computes)
     assert all(len(s) == 6 for s in frame["samples"]) and set(own["params.batch"]) == {8, 16}
     per_rank = frame[frame["params.statistic"] == "per_rank"]
     assert set(per_rank["params.rank"]) == {0, 1}
@@ -214,6 +220,27 @@ def test_seconds_interpolate_in_the_batch_and_hold_outside():
     assert at[128] == pytest.approx(model.points_[1].median_s)
     assert model.seconds("mlp", "model", "allreduce", "dense0", 32) is None
     assert model.seconds("cnn", "model", "allgather", "dense0", 32) is None
+
+
+def test_the_barrier_wait_over_the_compute_before_it_is_the_steps_skew():
+    """Ranks wait 0 and 1 us beyond the barrier's own cost (mean wait 0.5 us) after 100 us of
+    compute at batch 16 and 250 us at 64: a skew of 0.5% and 0.2%, interpolated in the batch;
+    the compute is no collective, so no point of its own."""
+    frame = pd.concat([
+        synthetic_frame({("barrier", "step", 16): 1e-5, ("barrier", "step", 64): 1e-5,
+                         ("compute", "step", 16): 1e-4 - 0.5e-6,
+                         ("compute", "step", 64): 2.5e-4 - 0.5e-6}, noise=0.0, parallel="data"),
+        synthetic_frame({("barrier", "step", 16): 1e-5}, noise=0.0, parallel="model"),
+    ])  # fmt: skip
+    model = InSituModel().fit(frame)
+    assert {p.op for p in model.points_} == {"barrier"}
+    fraction, point = model.wait_fraction("mlp", "data", 16)
+    assert fraction == pytest.approx(0.005, rel=1e-6) and point.batch == 16
+    assert model.wait_fraction("mlp", "data", 40)[0] == pytest.approx(0.0035, rel=1e-6)
+    assert model.wait_fraction("mlp", "model", 16) is None  # its compute was not timed
+    again = InSituModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert again.points_ == model.points_
+    assert "compute_s" not in again.to_dict()["points"][-1]  # the model point: none
 
 
 def test_records_without_insitu_measurements_are_a_clear_error():
@@ -441,3 +468,46 @@ def test_a_forward_only_plan_takes_the_forward_only_steps_calls_else_the_trainin
     assert training["dense0"] == pytest.approx(1e-3)
     assert forward_only["dense0"] == pytest.approx(3e-4)
     assert forward_only["dense2"] == pytest.approx(training["dense2"]) == pytest.approx(1e-3)
+
+
+def test_the_sync_at_the_measured_ranks_is_the_in_place_barriers_share_of_the_compute(
+    insitu_profile,
+):
+    """The barrier's ranks wait 0.5 us on average after 250 us of compute (0.2%): a data-parallel
+    prediction at that batch takes 0.2% as its 2-rank sync, and keeps the jitter model's shape
+    beyond 2 ranks; model parallelism (its compute untimed here) or a cost model built without
+    the step keep the jitter benchmark's sync, and so does a profile without the compute."""
+    from calibration.profile import Profile
+    from pdlsim.costmodel import ProfileCostModel
+    from pdlsim.presets import network_preset
+
+    doc = copy.deepcopy(insitu_profile.to_dict())
+    frame = synthetic_frame(
+        {("barrier", "step", 16): 1e-5, ("compute", "step", 16): 2.5e-4 - 0.5e-6},
+        noise=0.0, parallel="data",
+    )  # fmt: skip
+    doc["models"]["insitu"] = InSituModel().fit(frame).to_dict()
+    profile = Profile.from_dict(doc)
+
+    def cost(**step):
+        return ProfileCostModel.from_profile(
+            profile, network_preset("ib-hdr"), None, "cpu", workload="mlp", ranks_per_node=2,
+            **step,
+        )  # fmt: skip
+
+    benchmark = cost().jitter
+    sized = cost(batch=16, parallel="data")
+    sync = sized.jitter.expected_max_factor(2) - sized.jitter.expected_max_factor(1)
+    assert sync == pytest.approx(0.002, rel=1e-6)
+    assert "barrier wait in place, 0.20% of its compute at batch 16" in sized.provenance["jitter"]
+    shape = [
+        j.expected_max_factor(64) - j.expected_max_factor(1) for j in (sized.jitter, benchmark)
+    ]
+    raw_2 = benchmark.expected_max_factor(2) - benchmark.expected_max_factor(1)
+    assert shape[0] / shape[1] == pytest.approx(sync / raw_2, rel=1e-6)  # the same tail
+    for other in (cost(batch=16, parallel="model"), cost(batch=16)):
+        assert other.jitter.expected_max_factor(2) == benchmark.expected_max_factor(2)
+    doc["models"]["insitu"]["points"][0].pop("compute_s")
+    old = ProfileCostModel.from_profile(Profile.from_dict(doc), workload="mlp", batch=16,
+                                        parallel="data")  # fmt: skip
+    assert old.jitter.expected_max_factor(2) == benchmark.expected_max_factor(2)

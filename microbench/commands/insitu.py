@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             if not args.quiet:
                 own = np.median(table.min(axis=0), axis=0)
                 shown = ", ".join(
-                    f"{c.op} {c.layer} {c.nbytes} B {t * 1e6:.1f} us"
+                    f"{c.op} {c.layer}{f' {c.nbytes} B' * (c.op != 'compute')} {t * 1e6:.1f} us"
                     for c, t in zip(calls, own, strict=True)
                 )
                 print(f"insitu: {params['model']} batch {params['batch']} {parallel}: {shown}",
