@@ -152,6 +152,16 @@ class DriftModel:
             )
         return float(np.exp(-self.compute_log_offset_))
 
+    def typical_log_sigma(self, model: str, batch: int, threads: int) -> float | None:
+        """The standard error of :meth:`step_level`'s typical time, in log units: how well its
+        median over the step's moments is known (1.2533 x their standard deviation / sqrt(n),
+        the median's under a normal law); None where :meth:`step_level` does not use them."""
+        moments = self.medians_.get(_step_key(model, batch, threads), {})
+        if len(moments) < MIN_MOMENTS or COMPUTE_MOMENT not in moments:
+            return None
+        logs = np.log(list(moments.values()))
+        return float(1.2533 * np.std(logs, ddof=1) / np.sqrt(logs.size))
+
     def forward_fraction(self, model: str, batch: int, threads: int) -> float | None:
         """The forward-only step over the training step, the median over the moments that
         timed both (module docstring); None where none did."""

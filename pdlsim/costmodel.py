@@ -84,7 +84,7 @@ from pdlsim.insitu_cost import InSituCost, in_place_sync
 from pdlsim.oppins import OpPins
 from pdlsim.presets import GpuPreset, NetworkPreset
 from pdlsim.sim import ConfigError, LinkCost, Placement, TimedStep, collectives
-from pdlsim.stepscale import StepScale
+from pdlsim.stepscale import StepRow, StepScale
 from pdlsim.uncertainty import ProfileJitter, perturbed_cost
 
 __all__ = [
@@ -257,6 +257,9 @@ class ProfileCostModel(ComputeCost):
             }
         if levels:
             scale = scale.rescaled(lambda r: levels.get(r, 1.0))
+            scale = scale.with_sigma(
+                lambda r: _typical_sigma_s(drift, r) if r.device == "cpu" else None
+            )
             scale = scale.with_forward(
                 lambda r: drift.forward_fraction(r.model, r.batch, r.threads)
             )
@@ -378,3 +381,9 @@ class ProfileCostModel(ComputeCost):
         return compression_seconds(
             self.compression, method, nbytes, phase, ranks, hbm, GPU_KERNEL_LAUNCH_S
         )
+
+
+def _typical_sigma_s(drift: Any, row: StepRow) -> float | None:
+    """Seconds of the row's typical-time uncertainty (:meth:`DriftModel.typical_log_sigma`)."""
+    sigma = drift.typical_log_sigma(row.model, row.batch, row.threads)
+    return None if sigma is None else row.time_s * sigma

@@ -12,8 +12,12 @@ and answers:
   the profile measured: at the thread count (else the nearest measured one below, else the
   smallest), interpolated linearly in log(batch) between measured batches and held beyond them.
   A model the profile did not measure (a workload file) gets the median ratio of every measured
-  step at that thread count. ``z`` moves each measured step time by z standard deviations of its
-  interval (sigma = width / 3.92), for the prediction band.
+  step at that thread count. ``z`` moves each measured step time by z standard deviations, in
+  log units, for the prediction band: of its interval (sigma = width / 3.92), or, where the
+  drift model set its typical time from the step's moments, of that typical time
+  (:meth:`StepScale.with_sigma`; the moments' own spread is the band's drift draw). A --quick
+  compute stage once timed the CNN's 2-thread step at 10.8 ms [10.2, 35.6]: moved by its
+  interval, the band's P10 was 1.5 ms.
 * The same for a forward-only step (``forward_ops_s`` given): its measured time / the sum of
   the predicted forward ops and loss. Its rows (:meth:`StepScale.with_forward`) are the
   step rows at the typical speed times the forward-only step's measured share of the step
@@ -95,6 +99,15 @@ class StepScale:
         )
         return replace(self, steps=steps)
 
+    def with_sigma(self, sigma: Callable[[StepRow], float | None]) -> StepScale:
+        """The same rows with each whole step's sigma replaced by ``sigma(row)`` where that is
+        not None: the uncertainty of its typical time, once the drift model has set it."""
+        steps = []
+        for r in self.steps:
+            new = sigma(r)
+            steps.append(r if new is None else replace(r, sigma_s=float(new)))
+        return replace(self, steps=tuple(steps))
+
     def with_forward(self, fraction: Callable[[StepRow], float | None]) -> StepScale:
         """Forward-only rows: each step row (time and sigma) times ``fraction(row)``, the
         forward-only step's share of it; rows without a fraction get none."""
@@ -145,8 +158,13 @@ class StepScale:
 
     @staticmethod
     def _one(ops_s: OpsFn, row: StepRow, z: float) -> float:
+        """The row's step over its ops, the step moved by ``z`` sigmas in log units (a time
+        never reaches 0, however wide a few samples' interval was)."""
         ops = ops_s(row.model, row.batch, row.threads, row.device)
-        return max(row.time_s + z * row.sigma_s, 0.01 * row.time_s) / ops if ops > 0 else 1.0
+        if ops <= 0:
+            return 1.0
+        moved = row.time_s * np.exp(z * row.sigma_s / row.time_s) if row.time_s > 0 else 0.0
+        return float(moved) / ops
 
     def source(self, device: str, model: str | None, inference: bool = False) -> str:
         if not any(r.device == device for r in self.steps):

@@ -195,6 +195,19 @@ def test_each_step_gets_its_own_level_when_timed_often_enough():
     assert drift.step_level("mlp", 32, 2) == pytest.approx(pooled)
 
 
+def test_the_typical_times_standard_error_comes_from_its_moments():
+    """cnn b32's four checks and the compute stage: 1.2533 sd / sqrt(5) of their logs; a step
+    with only the compute stage has none (its level is the pooled offset)."""
+    drift = DriftModel()
+    times = {"compute step": 12.0, "c0": 9.0, "c1": 9.5, "c2": 12.0, "c3": 9.0}
+    drift.medians_ = {"cnn-b32-t1": times, "cnn-b64-t1": {"compute step": 40.0}}
+    drift._derive()
+    logs = np.log(list(times.values()))
+    expected = 1.2533 * np.std(logs, ddof=1) / np.sqrt(5)
+    assert drift.typical_log_sigma("cnn", 32, 1) == pytest.approx(expected)
+    assert drift.typical_log_sigma("cnn", 64, 1) is None
+
+
 def test_the_cost_model_scales_the_measured_steps_to_their_typical_time():
     from calibration.profile import load_profile
     from pdlsim.costmodel import ProfileCostModel
@@ -210,6 +223,9 @@ def test_the_cost_model_scales_the_measured_steps_to_their_typical_time():
         level = drift.step_level(before.model, before.batch, before.threads)
         assert after.time_s == pytest.approx(before.time_s * level)
         levels.add(round(level, 9))
+        sigma = drift.typical_log_sigma(before.model, before.batch, before.threads)
+        if sigma is not None:  # the band moves the typical time by how well it is known
+            assert after.sigma_s == pytest.approx(after.time_s * sigma)
     assert len(levels) > 1  # steps timed at several moments have levels of their own
 
 

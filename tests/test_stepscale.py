@@ -49,10 +49,26 @@ def test_unmeasured_model_threads_and_device():
     assert StepScale().ratio(_ops, "cpu", "cnn", 32, 1) == 1.0
 
 
-def test_ratio_moves_by_z_standard_deviations():
+def test_ratio_moves_by_z_standard_deviations_in_log_units():
     half = 1.959963984540054 * 1e-5  # a 95% half-width of 1.96 sigma with sigma = 10 us
     scale = StepScale.from_table([_row("step", "mlp", 32, 320e-6, half_width=half)])
-    assert scale.ratio(_ops, "cpu", "mlp", 32, 1, z=2.0) == pytest.approx(340e-6 / 320e-6)
+    moved = 320e-6 * math.exp(2.0 * 10 / 320)  # 340.6 us: 340 to first order
+    assert scale.ratio(_ops, "cpu", "mlp", 32, 1, z=2.0) == pytest.approx(moved / 320e-6)
+    # a wide interval from few samples moves the step a lot, but never to nothing
+    wide = StepScale.from_table([_row("step", "mlp", 32, 320e-6, half_width=300e-6)])
+    assert wide.ratio(_ops, "cpu", "mlp", 32, 1, z=-2.4) > 0.2
+
+
+def test_with_sigma_replaces_the_interval_where_the_typical_time_is_known():
+    half = 1.959963984540054 * 1e-5
+    scale = StepScale.from_table(
+        [_row("step", "mlp", 32, 320e-6, half_width=half), _row("step", "cnn", 32, 1e-3)]
+    )
+    typical = scale.with_sigma(lambda r: 1e-6 if r.model == "mlp" else None)
+    assert [r.sigma_s for r in typical.steps] == [1e-6, scale.steps[1].sigma_s]
+    assert typical.ratio(_ops, "cpu", "mlp", 32, 1, z=2.0) == pytest.approx(
+        math.exp(2.0 / 320) * 320e-6 / 320e-6
+    )
 
 
 def test_gather_line_in_batch_per_model_and_in_bytes_otherwise():
