@@ -115,13 +115,17 @@ def check_gpu_choice(choice: str) -> str | None:
     from microbench.gpu import find_gpu
 
     gpu, why = find_gpu()
-    return None if gpu is not None else f"--gpu on: no GPU here ({why}); use --gpu auto or off"
+    return None if gpu is not None else _no_gpu_for_on(why)
+
+
+def _no_gpu_for_on(why: str) -> str:
+    return f"--gpu on: no GPU here ({why}); use --gpu auto or off"
 
 
 def gpu_configurations(choice: str, profile: str, log: Any = print) -> bool:
     """Whether validate adds the GPU configurations: ``choice`` "off" never, "auto" where a GPU
     is found and ``profile`` has a GPU model (else one line says why not), "on" the same but
-    a missing GPU model is a :class:`UserError`."""
+    a missing GPU or GPU model is a :class:`UserError`."""
     if choice == "off":
         return False
     from microbench.gpu import find_gpu
@@ -129,6 +133,8 @@ def gpu_configurations(choice: str, profile: str, log: Any = print) -> bool:
 
     gpu, why = find_gpu()
     if gpu is None:
+        if choice == "on":
+            raise UserError(_no_gpu_for_on(why))
         log(f"no GPU here ({why}): the GPU configurations are left out")
         return False
     prof, name = resolve_profile(profile)
