@@ -6,9 +6,10 @@ Builds ``benchmarks/c_allreduce/allreduce.c`` with the ``mpicc`` beside this Pyt
 wheel's) into ``build/c_allreduce/``, as a program and as a shared library, then measures under
 ``mpiexec -n RANKS``, ``--runs`` times:
 
-- separate launches: the C program, then this script's Python worker (the Allreduce of
-  :func:`microbench.collectives.make_operation`, timed by :func:`microbench.sampling.time_loop`),
-  alternating which goes first;
+- separate launches: the C program, then this script's Python worker (mpi4py's buffer
+  ``Allreduce``, out of place as the C program's, timed by :func:`microbench.sampling.time_loop`;
+  microbench itself times it in place, :mod:`microbench.collectives`), alternating which goes
+  first;
 - same processes: one Python launch that takes C samples (the library, through ctypes, on the
   same numpy buffers) and Python samples alternately. On a shared virtual machine the speed of
   a launch varies by tens of percent from one launch to the next (where the host places the
@@ -94,7 +95,6 @@ def worker(args: argparse.Namespace) -> None:
     from mpi4py import MPI
 
     sys.path.insert(0, str(REPO))
-    from microbench.collectives import make_operation
     from microbench.sampling import time_loop
 
     comm = MPI.COMM_WORLD
@@ -110,18 +110,14 @@ def worker(args: argparse.Namespace) -> None:
         reps = repetitions_for(nbytes)
         count = nbytes // 4
         copies, step = copies_for(nbytes, args.off_cache)
-        if copies == 1:  # exactly the benchmark's Allreduce call
-            operation = make_operation("allreduce", nbytes, comm)
-            (send, recv), calls = operation.buffers, [operation.call]
-        else:
-            send = np.full(copies * step, rank + 1, dtype=np.float32)
-            recv = np.full(copies * step, -1.0, dtype=np.float32)
-            calls = [
-                functools.partial(
-                    comm.Allreduce, send[i * step :][:count], recv[i * step :][:count], MPI.SUM
-                )
-                for i in range(copies)
-            ]
+        send = np.full(copies * step, rank + 1, dtype=np.float32)
+        recv = np.full(copies * step, -1.0, dtype=np.float32)
+        calls = [
+            functools.partial(
+                comm.Allreduce, send[i * step :][:count], recv[i * step :][:count], MPI.SUM
+            )
+            for i in range(copies)
+        ]
         py_samples: list[float] = []
         c_samples: list[float] = []
         c_args = (send.ctypes.data, recv.ctypes.data, count, reps, copies, step)

@@ -107,6 +107,7 @@ def test_quick_run_at_two_ranks_writes_every_point(quick_run):
             params = point["params"]
             assert params["op"] == op and params["ranks"] == 2
             assert params["ranks_per_node"] == 2 and params["algorithm"] is None
+            assert params["in_place"] is (op == "allreduce")  # as training loops call it
             wide = op in ("allgather", "reduce_scatter")
             assert params["total_bytes"] == params["bytes"] * (2 if wide else 1)
             assert point["stop_reason"] in STOP_REASONS
@@ -171,6 +172,13 @@ CHECKS = textwrap.dedent(
             before = operation.check() if op not in ("barrier", "bcast") or comm.rank else None
             operation.call()
             ok[f"{op}:{nbytes}"] = (before, operation.check())
+    # In place, as training calls it: one buffer, zeroed once the checked call passed, so the
+    # sums of the repetitions that follow stay finite.
+    operation = make_operation("allreduce", 4096, comm)
+    repetition = _checked_once(operation, comm)
+    for _ in range(300):
+        repetition()
+    in_place = [len(operation.buffers), bool((operation.buffers[0] == 0.0).all())]
     # A wrong result on rank 1 only must fail on every rank, at the first repetition.
     operation = make_operation("allreduce", 64, comm)
     wrong = dataclasses.replace(operation, check=lambda: comm.rank != 1)
@@ -179,7 +187,7 @@ CHECKS = textwrap.dedent(
         raised = None
     except CollectiveCheckError as e:
         raised = str(e)
-    everyone = comm.gather((ok, raised), root=0)
+    everyone = comm.gather((ok, raised, in_place), root=0)
     if comm.rank == 0:
         print(json.dumps(everyone))
     """
@@ -189,11 +197,12 @@ CHECKS = textwrap.dedent(
 def test_each_collective_checks_its_result_and_a_wrong_one_fails_everywhere():
     result = run_mpi_python(CHECKS)
     assert result.returncode == 0, result.stderr
-    for ok, raised in json.loads(result.stdout):
+    for ok, raised, in_place in json.loads(result.stdout):
         for point, (before, after) in ok.items():
             assert after is True, point
             assert before in (False, None) or point.startswith(("barrier", "pingpong")), point
         assert "allreduce at 64 B returned wrong data" in raised
+        assert in_place == [1, True]
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -252,6 +261,7 @@ def test_one_rank_skips_the_pingpong_and_append_adds_to_the_file(tmp_path):
         "ranks": 1,
         "ranks_per_node": 1,
         "algorithm": None,
+        "in_place": False,
     }
 
 
