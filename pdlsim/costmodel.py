@@ -326,12 +326,21 @@ class ProfileCostModel(ComputeCost):
     def collective_time(self, op: str, nbytes: int, ranks: int, placement: Placement) -> float:
         return collectives.total_time_s(self.collective_schedule(op, nbytes, ranks, placement))
 
-    def in_situ_s(self, parallel: str, op: str, layer: str, batch: int, nbytes: int) -> float:
-        """Seconds a training step's collective costs beyond its back-to-back time, where the
-        profile measured it in place (:mod:`pdlsim.insitu_cost`); else 0."""
+    def in_situ_s(
+        self,
+        parallel: str,
+        op: str,
+        layer: str,
+        batch: int,
+        nbytes: int,
+        back_to_back_s: float | None = None,
+    ) -> float:
+        """Seconds a training step's collective costs beyond its back-to-back time
+        ``back_to_back_s`` (negative: less), where the profile measured it in place
+        (:mod:`pdlsim.insitu_cost`); else 0."""
         if self.insitu is None:
             return 0.0
-        return self.insitu.extra_s(self, parallel, op, layer, batch, nbytes)
+        return self.insitu.extra_s(self, parallel, op, layer, batch, nbytes, back_to_back_s)
 
     def step_barrier_s(self, parallel: str, batch: int, ranks: int, placement: Placement) -> float:
         """Seconds of the training loop's barrier per step, where the profile timed it in place

@@ -293,7 +293,16 @@ def test_at_the_measured_placement_a_call_costs_what_was_measured(insitu_profile
         assert cost.collective_time("allreduce", nbytes, 2, at) + extra == pytest.approx(measured)
     extra = cost.in_situ_s("model", "allgather", "dense0", 16, 16 * 256 * 4)
     assert allgather_time(cost, 16 * 256 * 4, at) + extra == pytest.approx(1e-3)
-    assert cost.in_situ_s("model", "allgather", "dense4", 16, 640) == 0.0  # never negative
+    # dense4's allgather ran faster in place: at the placement measured, the measured time;
+    # elsewhere a fixed saving, but never a larger share of the call than where measured.
+    back_to_back = allgather_time(cost, 640, at)
+    saving = cost.in_situ_s("model", "allgather", "dense4", 16, 640)
+    assert back_to_back + saving == pytest.approx(1e-9) and saving < 0
+    for scale in (2.0, 0.5):
+        priced = scale * back_to_back
+        extra = cost.in_situ_s("model", "allgather", "dense4", 16, 640, priced)
+        share_kept = priced * 1e-9 / back_to_back
+        assert priced + extra == pytest.approx(max(priced + saving, share_kept))
     assert cost.in_situ_s("model", "allgather", "dense2", 16, 8192) == 0.0  # not measured
     assert "measured in place at 2 ranks" in cost.provenance["in-place collectives"]
 
@@ -332,6 +341,37 @@ def test_the_data_parallel_buckets_share_the_excess_and_the_engines_agree(insitu
     assert sim.step_time_s == pytest.approx(ana.step_time_s, rel=1e-9)
 
 
+def test_a_gradient_allreduce_faster_in_place_takes_the_same_share_off_every_bucket(
+    insitu_profile,
+):
+    """Measured in place at half its back-to-back time: every bucket's schedule keeps half of
+    each step, the schedules still sum to the buckets' times, and the engines agree."""
+    from calibration.profile import Profile
+    from pdlsim.sim import Cluster, Placement, Scenario, build_plan, predict, simulate
+
+    workload = load_workload("mlp")
+    whole = _mlp_cost(insitu_profile).collective_time(
+        "allreduce", workload.gradient_bytes, 2, Placement(1, 2)
+    )
+    doc = copy.deepcopy(insitu_profile.to_dict())  # the fixture is shared
+    frame = synthetic_frame({("allreduce", "gradients", 16): 0.5 * whole}, noise=0.0)
+    doc["models"]["insitu"] = InSituModel().fit(frame).to_dict()
+    cost = _mlp_cost(Profile.from_dict(doc))
+    plain = _mlp_cost(Profile.from_dict(doc | {"models": {**doc["models"], "insitu": None}}))
+    cluster = Cluster.cpus(1, 2)
+    scenario = Scenario(workload, 16, bucket_bytes=2**16, overlap=False, iterations=4,
+                        jitter=False)  # fmt: skip
+    kept = 0.5  # the measured time over the back-to-back one
+    ours, theirs = build_plan(cluster, scenario, cost), build_plan(cluster, scenario, plain)
+    assert len(ours.buckets) == len(theirs.buckets) > 1
+    for bucket, back_to_back in zip(ours.buckets, theirs.buckets, strict=True):
+        assert bucket.collective_s == pytest.approx(kept * back_to_back.collective_s, rel=0.01)
+        assert sum(t.duration_s for t in bucket.schedule) == pytest.approx(bucket.collective_s)
+        assert all(t.step.phase != "in place" for t in bucket.schedule)  # no excess step
+    sim, ana = simulate(cluster, scenario, cost), predict(cluster, scenario, cost)
+    assert sim.breakdown.comm_s == pytest.approx(ana.breakdown.comm_s, rel=1e-9)
+
+
 def test_the_layerwise_plan_adds_each_calls_excess(insitu_profile):
     from pdlsim.sim import Cluster, Scenario
     from pdlsim.sim.tensor import build_tensor_plan, predict_tensor, simulate_tensor
@@ -344,7 +384,8 @@ def test_the_layerwise_plan_adds_each_calls_excess(insitu_profile):
     assert got[("allgather", "dense0")].in_situ_s > 0
     assert got[("allreduce", "dense2")].time_s == pytest.approx(1e-3)
     assert got[("allgather", "dense2")].in_situ_s == 0.0  # not measured
-    assert got[("allgather", "dense4")].in_situ_s == 0.0  # measured below back to back
+    assert got[("allgather", "dense4")].time_s == pytest.approx(1e-9)  # faster in place
+    assert got[("allgather", "dense4")].in_situ_s < 0
     sim = simulate_tensor(Cluster.cpus(1, 2), scenario, cost)
     ana = predict_tensor(Cluster.cpus(1, 2), scenario, cost)
     assert sim.step_time_s == pytest.approx(ana.step_time_s, rel=1e-9)

@@ -39,7 +39,7 @@ What-ifs (all off by default):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from microbench.workload import Workload
 
@@ -309,16 +309,19 @@ def _buckets(
             groups.append((open_layers, open_bytes, position))
             open_layers, open_bytes = [], 0
     total = sum(nbytes for _, nbytes, _ in groups)
-    # The in-place excess of the whole gradient's allreduce, and the training loop's barrier
-    # before it, where the profile timed them in place (CostModel docstring).
-    extra_s = 0.0
+    # The in-place excess of the whole gradient's allreduce (a saving: its share of the
+    # back-to-back time, off every bucket), and the training loop's barrier before it, where the
+    # profile timed them in place (CostModel docstring).
+    extra_s, kept = 0.0, 1.0
     priced = getattr(cost, "in_situ_s", None)
     if priced is not None and cluster.ranks > 1 and scenario.compression is None:
-        batch = scenario.batch_per_rank
-        extra_s = float(priced("data", "allreduce", "gradients", batch, total))
+        batch, placement = scenario.batch_per_rank, cluster.placement(scenario.algorithm)
+        whole_s = cost.collective_time("allreduce", total, cluster.ranks, placement)
+        extra_s = float(priced("data", "allreduce", "gradients", batch, total, whole_s))
+        if extra_s < 0 and whole_s > 0:
+            extra_s, kept = 0.0, 1.0 + extra_s / whole_s
         barrier = getattr(cost, "step_barrier_s", None)
         if barrier is not None:
-            placement = cluster.placement(scenario.algorithm)
             extra_s += float(barrier("data", batch, cluster.ranks, placement))
     buckets = []
     for index, (names, nbytes, position) in enumerate(groups):
@@ -331,6 +334,9 @@ def _buckets(
             scenario.algorithm,
         )
         schedule, collective_s = w.schedule, w.collective_s
+        if kept < 1.0:  # what the step saves in place, the same share of every step
+            schedule = tuple(replace(t, time_s=t.time_s * kept) for t in schedule)
+            collective_s *= kept
         if extra_s > 0:  # each bucket its share, as one more step of its collective
             share = TimedStep(Step(0.0, "intra", phase="in place"), extra_s * nbytes / total)
             schedule, collective_s = (*schedule, share), collective_s + share.time_s

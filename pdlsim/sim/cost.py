@@ -12,11 +12,13 @@ analytic model adds up, :meth:`CostModel.collective_schedule` the same collectiv
 (:class:`pdlsim.sim.collectives.TimedStep`) that the simulator plays on its links. The contract:
 the schedule's durations sum to ``collective_time``. Everything is seconds and bytes.
 
-Optional: a cost model may also answer ``in_situ_s(parallel, op, layer, batch, nbytes)``, the
-seconds a training step's collective costs beyond its back-to-back time (measured inside real
-steps: caches filled by the layers' compute, the gather's copy). The data-parallel plan adds it
-to the gradient buckets (each its share, as one more step of its collective), the layer-wise
-plan to each allgather and allreduce. Without it, collectives cost their back-to-back time.
+Optional: a cost model may also answer ``in_situ_s(parallel, op, layer, batch, nbytes,
+back_to_back_s)``, the seconds a training step's collective costs beyond its back-to-back time
+``back_to_back_s`` at the placement priced (measured inside real steps: caches filled by the
+layers' compute, the gather's copy; negative where the call ran faster in place). The
+data-parallel plan adds an excess to the gradient buckets (each its share, as one more step of
+its collective) and takes a saving off every step of their schedules alike; the layer-wise plan
+adds it to each allgather and allreduce. Without it, collectives cost their back-to-back time.
 Likewise ``step_barrier_s(parallel, batch, ranks, placement)``: the seconds of the training
 loop's barrier per step, where it was measured in place; the data-parallel plan adds it to the
 buckets' in-place share, the layer-wise plan as the op that ends the step. Without it (or 0),

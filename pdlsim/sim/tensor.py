@@ -177,9 +177,12 @@ def build_tensor_plan(
     priced = getattr(cost, "in_situ_s", None) if p > 1 else None
     parallel = MODEL_INFERENCE if inference else "model"  # as the profile's in-place calls
 
-    def in_situ(op: str, layer: str, nbytes: float) -> float:
-        """The call's in-place excess (module docstring); 0 without one."""
-        return 0.0 if priced is None else float(priced(parallel, op, layer, batch, int(nbytes)))
+    def in_situ(op: str, layer: str, nbytes: float, back_to_back_s: float) -> float:
+        """The call's in-place excess over ``back_to_back_s`` (module docstring; negative: a
+        saving); 0 without one."""
+        if priced is None:
+            return 0.0
+        return float(priced(parallel, op, layer, batch, int(nbytes), back_to_back_s))
 
     ops: list[TensorOp] = []
     for i, info in enumerate(layers):
@@ -187,16 +190,18 @@ def build_tensor_plan(
         if local[i] is not info:
             nbytes = float(batch * info.output_shape[0] * FLOAT_BYTES)
             name, timed = allgather_schedule(cost, nbytes, placement)
-            extra = in_situ("allgather", info.name, nbytes)
-            seconds = sum(t.duration_s for t in timed) + extra
+            back_to_back = sum(t.duration_s for t in timed)
+            extra = in_situ("allgather", info.name, nbytes, back_to_back)
+            seconds = back_to_back + extra
             ops.append(TensorOp("allgather", info.name, "forward", seconds, nbytes, name, extra))
     if not inference:
         for i in range(len(layers) - 1, params[0] - 1, -1):
             ops.append(compute(i, "backward"))
             if local[i] is not layers[i] and layers[i].needs_input_grad:
                 nbytes = float(batch * layers[i].input_shape[0] * FLOAT_BYTES)
-                extra = in_situ("allreduce", layers[i].name, nbytes)
-                seconds = cost.collective_time("allreduce", int(nbytes), p, placement) + extra
+                back_to_back = cost.collective_time("allreduce", int(nbytes), p, placement)
+                extra = in_situ("allreduce", layers[i].name, nbytes, back_to_back)
+                seconds = back_to_back + extra
                 name, _ = collective_schedule(
                     "allreduce", nbytes, placement.nodes, placement.ranks_per_node,
                     placement.algorithm,
