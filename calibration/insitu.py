@@ -27,15 +27,23 @@ the barrier's point as ``compute_s``, and :meth:`InSituModel.wait_fraction` is t
 mean wait over it: the ranks' skew as a share of the step's compute, measured in the step
 training runs (:func:`pdlsim.insitu_cost.in_place_sync` sizes the jitter model's sync by it).
 
+**The update in place.** Data parallel, the benchmark also times the SGD update after the
+allreduce (op ``update``), which the ranks run together on what the reduction just wrote. Its
+median over ranks and steps goes on the barrier's point as ``update_s``, and
+:meth:`InSituModel.update_fraction` is its share of the compute before the barrier: both taken
+in the same steps, so the share holds whatever the machine's speed was.
+
 ``to_dict()``: ``{"model": "insitu", "points": [{"workload", "parallel", "op", "layer",
 "batch", "ranks", "ranks_per_node", "threads", "bytes", "median_s", "wait_s", "n_samples",
 "rounds", "intervals": {"median_s": {"low", "high", "confidence"}}}], "log_deviations": [...]}``
-and ``compute_s`` on barrier points (profiles written before rounds lack ``rounds`` and
-``log_deviations``: one round, none; before the compute was timed, ``compute_s``).
+and ``compute_s`` and ``update_s`` on barrier points (profiles written before rounds lack
+``rounds`` and ``log_deviations``: one round, none; before the compute or the update was
+timed, ``compute_s`` or ``update_s``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,6 +58,7 @@ from .readers import _measurements
 __all__ = ["InSituModel", "InSituPoint"]
 
 _KEYS = ("workload", "parallel", "op", "layer", "batch", "ranks", "ranks_per_node", "threads")
+OWN_WORK = ("compute", "update")  # a rank's own work in the step: not a collective, not a point
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,7 @@ class InSituPoint:
     n_samples: int
     rounds: int = 1  # the moments its samples were taken at
     compute_s: float | None = None  # barrier points: the ranks' compute before it (median)
+    update_s: float | None = None  # data-parallel barrier points: the update in place (median)
 
 
 def _step_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -79,9 +89,10 @@ def _step_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
     return key[:2] + key[4:]
 
 
-def _compute_medians(table: pd.DataFrame) -> dict[tuple[Any, ...], float]:
-    """Per step (:func:`_step_key`): the median of every rank's compute before the barrier."""
-    rows = table[(table["op"] == "compute") & (table["statistic"] == "per_rank")]
+def _own_medians(table: pd.DataFrame, op: str) -> dict[tuple[Any, ...], float]:
+    """Per step (:func:`_step_key`): the median over every rank and step of its own work
+    ``op`` (:data:`OWN_WORK`)."""
+    rows = table[(table["op"] == op) & (table["statistic"] == "per_rank")]
     out = {}
     for key, group in rows.groupby(list(_KEYS), sort=True):
         samples = np.concatenate([np.asarray(s, dtype=float) for s in group["samples"]])
@@ -114,10 +125,10 @@ class InSituModel:
         table["bytes"] = rows["params.bytes"]
         table["rounds"] = 1 if rounds_of is None else rounds_of.fillna(1).astype(int)
         points, deviations = [], []
-        computes = _compute_medians(table)
+        computes, updates = _own_medians(table, "compute"), _own_medians(table, "update")
         for key, group in table.groupby(list(_KEYS), sort=True):
             own = group[group["statistic"] == "min_over_ranks"]
-            if own.empty or key[2] == "compute":
+            if own.empty or key[2] in OWN_WORK:
                 continue
             samples = np.concatenate([np.asarray(s, float) for s in own["samples"]])
             moments = [
@@ -143,6 +154,7 @@ class InSituModel:
                     n_samples=measured.n,
                     rounds=len(moments),
                     compute_s=computes.get(_step_key(key)) if key[2] == "barrier" else None,
+                    update_s=updates.get(_step_key(key)) if key[2] == "barrier" else None,
                 )
             )  # fmt: skip
             if len(moments) >= 2:
@@ -187,14 +199,35 @@ class InSituModel:
         """The step barrier's mean wait over the ranks' compute before it at ``batch``
         (interpolated in the batch like :meth:`seconds`) and the nearest measured point; None
         where the profile did not time the compute with the barrier."""
+        return self._share_of_compute(workload, parallel, batch, lambda p: p.wait_s)
+
+    def update_fraction(
+        self, workload: str, parallel: str, batch: int
+    ) -> tuple[float, InSituPoint] | None:
+        """The update in place over the ranks' compute before the barrier at ``batch``
+        (interpolated like :meth:`seconds`) and the nearest measured point; None where the
+        profile did not time the update (module docstring)."""
+        return self._share_of_compute(workload, parallel, batch, lambda p: p.update_s)
+
+    def _share_of_compute(
+        self,
+        workload: str,
+        parallel: str,
+        batch: int,
+        part: Callable[[InSituPoint], float | None],
+    ) -> tuple[float, InSituPoint] | None:
         found = sorted(
-            (p for p in self.calls(workload, parallel) if p.op == "barrier" and p.compute_s),
+            (
+                p
+                for p in self.calls(workload, parallel)
+                if p.op == "barrier" and p.compute_s and part(p) is not None
+            ),
             key=lambda p: p.batch,
         )
         if not found:
             return None
         batches = np.array([p.batch for p in found], dtype=float)
-        fractions = [p.wait_s / p.compute_s for p in found]
+        fractions = [part(p) / p.compute_s for p in found]
         nearest = found[int(np.argmin(np.abs(batches - batch)))]
         return float(np.interp(batch, batches, fractions)), nearest
 
@@ -212,8 +245,9 @@ class InSituModel:
         points = []
         for p in self.points_:
             doc = asdict(p)
-            if doc["compute_s"] is None:
-                del doc["compute_s"]
+            for optional in ("compute_s", "update_s"):
+                if doc[optional] is None:
+                    del doc[optional]
             low, high = doc.pop("ci_low_s"), doc.pop("ci_high_s")
             doc["intervals"] = {"median_s": {"low": low, "high": high, "confidence": 0.95}}
             points.append(doc)

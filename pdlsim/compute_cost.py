@@ -99,10 +99,19 @@ class ComputeCost:
             return raw * self.step_ratio(batch, 1, "gpu")
         seconds = raw * self.step_ratio(batch, threads)
         if phase == "forward" and layer.index == 0:
-            seconds += self.scale.data_time_s(
-                self.workload, batch, layer.input_bytes_per_sample + LABEL_BYTES
-            )
+            seconds += self._gather_s(layer, batch)
         return seconds * self.colocation_factor(threads) * self.drift_level * self.drift_factor
+
+    def gather_s(self, first: LayerInfo, batch: int, threads: int) -> float:
+        """Of a CPU rank's first-layer forward (``first``), the mini-batch gather's share,
+        priced as :meth:`compute_time` prices it."""
+        factor = self.colocation_factor(threads) * self.drift_level * self.drift_factor
+        return self._gather_s(first, batch) * factor
+
+    def _gather_s(self, first: LayerInfo, batch: int) -> float:
+        return self.scale.data_time_s(
+            self.workload, batch, first.input_bytes_per_sample + LABEL_BYTES
+        )
 
     def _raw_compute(
         self, layer: LayerInfo, phase: str, batch: int, threads: int, device: str

@@ -74,6 +74,7 @@ from calibration.overlap import OverlapModel
 from calibration.profile import Profile
 from calibration.stats import Interval
 from calibration.transfer import TransferModel
+from microbench.workload import LayerInfo
 from pdlsim.compute_cost import (
     GPU_FLOPS_EFFICIENCY,
     GPU_KERNEL_LAUNCH_S,
@@ -341,6 +342,17 @@ class ProfileCostModel(ComputeCost):
         if self.insitu is None:
             return 0.0
         return self.insitu.extra_s(self, parallel, op, layer, batch, nbytes, back_to_back_s)
+
+    def in_place_update_s(
+        self, parallel: str, batch: int, threads: int, first: LayerInfo, compute_s: float
+    ) -> float | None:
+        """Seconds of a CPU rank's update after the step's collectives, given its forward and
+        backward ``compute_s`` (the gather in ``first``'s forward included), where the profile
+        timed it in place (:mod:`pdlsim.insitu_cost`); else None."""
+        if self.insitu is None:
+            return None
+        gather_s = self.gather_s(first, batch, threads)
+        return self.insitu.update_s(parallel, batch, compute_s - gather_s)
 
     def step_barrier_s(self, parallel: str, batch: int, ranks: int, placement: Placement) -> float:
         """Seconds of the training loop's barrier per step, where the profile timed it in place

@@ -49,6 +49,15 @@ Where the profile timed the ranks' compute with the barrier, the sync at the ran
 the barrier's mean wait over that compute (:meth:`calibration.insitu.InSituModel.wait_fraction`,
 per parallelism and interpolated in the batch), and the distribution keeps its shape for more
 ranks (:meth:`calibration.jitter.JitterModel.with_sync`).
+
+**The update in place** (:meth:`InSituCost.update_s`). Data parallel, the ranks update their
+parameters together right after the allreduce. On the development VM the MLP's 2-rank trainer
+spent 1.3-1.5x its serial update there (0.065-0.077 ms against 0.042-0.056 ms, four
+validations), while the CNN's, memory-bound either way, took 1.0-1.1x. Where the profile timed
+the update in place, a data-parallel step with two or more ranks prices it as its share of the
+compute before the barrier (:meth:`calibration.insitu.InSituModel.update_fraction`: update and
+compute timed in the same steps) times the step's forward and backward, the gather left out
+as the benchmark has none; else as the layers' update times.
 """
 
 from __future__ import annotations
@@ -138,6 +147,13 @@ class InSituCost:
             return 0.0
         proxy = cost.collective_time("allreduce", BARRIER_PROXY_BYTES, ranks, placement)
         return proxy + self.extra_s(cost, parallel, "barrier", "step", batch, 0, proxy)
+
+    def update_s(self, parallel: str, batch: int, compute_s: float) -> float | None:
+        """Seconds of the update after the step's collectives, given the rank's forward and
+        backward ``compute_s`` (gather excluded); None where the profile did not time it in
+        place (module docstring)."""
+        found = self.model.update_fraction(self.workload, parallel, batch)
+        return None if found is None else found[0] * compute_s
 
     def _seconds(self, parallel: str, op: str, layer: str, batch: int) -> Any:
         """:meth:`InSituModel.seconds`; a forward-only step's call the profile did not time

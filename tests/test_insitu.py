@@ -28,7 +28,8 @@ def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
     """The MLP at 2 ranks: the barrier and the gradient allreduce (data), three allgathers, two
     input gradient allreduces and the barrier (model), and the three allgathers and the barrier
     of the forward pass alone, each with both ranks' samples and their minimum; and each step's
-    compute before its barrier, what the barrier's wait is a share of."""
+    compute before its barrier, what the barrier's wait is a share of, and the data-parallel
+    update after the allreduce."""
     args = ["--model", "mlp", "--batch", "8,16", "--samples", "6", "--warmup", "2"]
     result = run_microbench("insitu", *args, "--out", str(tmp_path), ranks=2, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -41,6 +42,7 @@ def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
         ("data", "barrier", "step", 0),  # the training loop's, after the backward
         ("data", "allreduce", "gradients", load_workload("mlp").gradient_bytes),
         ("data", "compute", "step", 0),  # the forward and backward before the barrier
+        ("data", "update", "step", 0),  # the SGD update after the allreduce
         ("model", "allgather", "dense0", 16 * 256 * 4),
         ("model", "allgather", "dense2", 16 * 128 * 4),
         ("model", "allgather", "dense4", 16 * 10 * 4),
@@ -54,7 +56,7 @@ def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
         ("model-inference", "barrier", "step", 0),
         ("model-inference", "compute", "step", 0),
     ]  # fmt: skip
-    computes = frame[frame["name"] == "compute"]["samples"]
+    computes = frame[frame["name"].isin(["compute", "update"])]["samples"]
     assert all(min(s) > 0 for s in computes)
     assert all(len(s) == 6 for s in frame["samples"]) and set(own["params.batch"]) == {8, 16}
     per_rank = frame[frame["params.statistic"] == "per_rank"]
@@ -243,6 +245,35 @@ def test_the_barrier_wait_over_the_compute_before_it_is_the_steps_skew():
     assert "compute_s" not in again.to_dict()["points"][-1]  # the model point: none
 
 
+def test_the_update_in_place_is_a_share_of_the_compute_before_the_barrier():
+    """After 100 us of compute the update takes 30 us at batch 16, after 250 us 25 us at 64:
+    shares of 0.3 and 0.1, interpolated in the batch; kept on the barrier's point, through the
+    profile's JSON; none where the update was not timed (model parallel, older profiles)."""
+    frame = pd.concat([
+        synthetic_frame({("barrier", "step", 16): 1e-5, ("barrier", "step", 64): 1e-5,
+                         ("compute", "step", 16): 1e-4 - 0.5e-6,
+                         ("compute", "step", 64): 2.5e-4 - 0.5e-6,
+                         ("update", "step", 16): 3e-5 - 0.5e-6,
+                         ("update", "step", 64): 2.5e-5 - 0.5e-6}, noise=0.0, parallel="data"),
+        synthetic_frame({("barrier", "step", 16): 1e-5, ("compute", "step", 16): 1e-4},
+                        noise=0.0, parallel="model"),
+    ])  # fmt: skip
+    model = InSituModel().fit(frame)
+    assert {p.op for p in model.points_} == {"barrier"}  # the update is no collective
+    fraction, point = model.update_fraction("mlp", "data", 16)
+    assert fraction == pytest.approx(0.3, rel=1e-6) and point.update_s == pytest.approx(3e-5)
+    assert model.update_fraction("mlp", "data", 40)[0] == pytest.approx(0.2, rel=1e-6)
+    assert model.update_fraction("mlp", "data", 128)[0] == pytest.approx(0.1, rel=1e-6)
+    assert model.update_fraction("mlp", "model", 16) is None
+    again = InSituModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert again.points_ == model.points_
+    doc = model.to_dict()
+    assert "update_s" not in doc["points"][-1]  # the model point: none
+    for p in doc["points"]:
+        p.pop("update_s", None)
+    assert InSituModel.from_dict(doc).update_fraction("mlp", "data", 16) is None
+
+
 def test_records_without_insitu_measurements_are_a_clear_error():
     frame = pd.DataFrame({"type": ["measurement"], "benchmark": ["collectives"]})
     with pytest.raises(Exception, match="no 'insitu' measurements"):
@@ -370,6 +401,60 @@ def test_a_gradient_allreduce_faster_in_place_takes_the_same_share_off_every_buc
         assert all(t.step.phase != "in place" for t in bucket.schedule)  # no excess step
     sim, ana = simulate(cluster, scenario, cost), predict(cluster, scenario, cost)
     assert sim.breakdown.comm_s == pytest.approx(ana.breakdown.comm_s, rel=1e-9)
+
+
+def test_a_data_parallel_plan_of_two_ranks_updates_as_measured_in_place(insitu_profile):
+    """The update measured in place at 0.3 of the compute before the barrier: a 2-rank plan's
+    update is 0.3 x its forward and backward less the gather, a 1-rank plan keeps the layers'
+    update times, and so does a profile that did not time it; the engines agree."""
+    from calibration.profile import Profile
+    from pdlsim.sim import Cluster, Scenario, build_plan, predict, simulate
+
+    doc = copy.deepcopy(insitu_profile.to_dict())  # the fixture is shared
+    frame = synthetic_frame(
+        {("barrier", "step", 16): 1e-5, ("compute", "step", 16): 1e-4 - 0.5e-6,
+         ("update", "step", 16): 3e-5 - 0.5e-6}, noise=0.0, parallel="data",
+    )  # fmt: skip
+    doc["models"]["insitu"] = InSituModel().fit(frame).to_dict()
+    cost = _mlp_cost(Profile.from_dict(doc))
+    workload = load_workload("mlp")
+    scenario = Scenario(workload, 16, overlap=False, iterations=4, jitter=False)
+    two = build_plan(Cluster.cpus(1, 2), scenario, cost)
+    gather = cost.gather_s(workload.layers[0], 16, 1)  # 0: the synthetic profile has no rows
+    assert two.update_s == pytest.approx(0.3 * (two.forward_s + two.backward_s - gather))
+    layers = sum(
+        cost.compute_time(info, "update", 16, 1, "cpu")
+        for info in workload.layers
+        if info.param_count > 0
+    )
+    assert two.update_s != pytest.approx(layers)
+    assert build_plan(Cluster.cpus(1, 1), scenario, cost).update_s == pytest.approx(layers)
+    doc["models"]["insitu"]["points"][0].pop("update_s")
+    older = _mlp_cost(Profile.from_dict(doc))
+    assert build_plan(Cluster.cpus(1, 2), scenario, older).update_s == pytest.approx(layers)
+    sim = simulate(Cluster.cpus(1, 2), scenario, cost)
+    ana = predict(Cluster.cpus(1, 2), scenario, cost)
+    assert sim.step_time_s == pytest.approx(ana.step_time_s, rel=1e-9)
+
+
+def test_the_gather_apart_is_what_the_first_layers_forward_adds_for_it():
+    """The in-place update's basis leaves the gather out: ``gather_s`` is exactly what
+    ``compute_time`` adds to the first layer's forward for it (packaged profile, co-located)."""
+    import dataclasses
+
+    from calibration.profile import load_profile
+    from pdlsim.costmodel import ProfileCostModel
+
+    cost = ProfileCostModel.from_profile(load_profile("xeon-2core"), workload="mlp",
+                                         ranks_per_node=2)  # fmt: skip
+    first = load_workload("mlp").layers[0]
+    without = dataclasses.replace(cost, scale=dataclasses.replace(cost.scale, data=()))
+    for batch in (16, 48):
+        gather = cost.gather_s(first, batch, 1)
+        added = cost.compute_time(first, "forward", batch, 1, "cpu") - without.compute_time(
+            first, "forward", batch, 1, "cpu"
+        )
+        assert gather > 0 and gather == pytest.approx(added, rel=1e-9)
 
 
 def test_the_layerwise_plan_adds_each_calls_excess(insitu_profile):

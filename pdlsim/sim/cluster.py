@@ -20,7 +20,9 @@ The model of one data-parallel step (per rank):
   ``overlap_efficiency`` of itself behind it; the rest, (1 - efficiency) x min(allreduce,
   remaining backward), is charged to the rank's compute right after the launch (IMB-NBC's
   overlap definition, the one the interference benchmark measures).
-* The update (SGD, per step, not jittered) runs once the last bucket's allreduce is done.
+* The update (SGD, per step, not jittered) runs once the last bucket's allreduce is done: the
+  layers' update times, or with two or more ranks, the cost model's in-place update where it
+  has one (:mod:`pdlsim.sim.cost`).
 
 What-ifs (all off by default):
 
@@ -261,6 +263,11 @@ def build_plan(
     update_s = 0.0
     for i in params:
         update_s += cost.compute_time(layers[i], "update", batch, threads, device)
+    in_place = getattr(cost, "in_place_update_s", None) if cluster.ranks > 1 else None
+    if in_place is not None and device == "cpu":
+        compute_s = speed * sum(t for _, t in (*forward, *backward))
+        found = in_place("data", batch, threads, layers[0], compute_s)
+        update_s = update_s if found is None else float(found)
     if buckets is None:
         buckets = _buckets(cluster, scenario, cost, order, params[0])
     closes: list[int | None] = [None] * len(order)

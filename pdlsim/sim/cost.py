@@ -22,7 +22,10 @@ adds it to each allgather and allreduce. Without it, collectives cost their back
 Likewise ``step_barrier_s(parallel, batch, ranks, placement)``: the seconds of the training
 loop's barrier per step, where it was measured in place; the data-parallel plan adds it to the
 buckets' in-place share, the layer-wise plan as the op that ends the step. Without it (or 0),
-no barrier.
+no barrier. And ``in_place_update_s(parallel, batch, threads, first_layer, compute_s)``: the
+update after the collectives of a data-parallel step of two or more ranks, given a rank's
+forward and backward seconds, where it was measured in place; without it (or None) the update
+is the layers' ``compute_time`` for phase ``update``.
 """
 
 from __future__ import annotations
