@@ -20,6 +20,13 @@ computes exactly the same numbers (no drift into denormals or a changing loss) w
 pass still reads and writes every parameter, costing what a real update costs. Any variation
 between samples is the machine's.
 
+**The gather first.** Each step is preceded, untimed, by the mini-batch gather a training loop
+runs before it (:func:`make_gather`: ``np.take`` of the next rows of a random permutation of
+a dataset, into reused buffers). The gather reads rows of a large array and writes the batch,
+evicting some of the network's weights: on the development VM the MLP's step after a gather
+took 1.03-1.05x the same step run back to back (fresh processes, alternated), which is what
+``pdlsim train``'s phases show. The samplers take it as ``before``.
+
 Every rank's raw samples are kept (gathered to rank 0), and so is the per-sample maximum over
 ranks; :class:`JitterSummary` condenses them.
 
@@ -57,6 +64,7 @@ __all__ = [
     "sample_alone",
     "sample_interleaved",
     "make_step_pair",
+    "make_gather",
     "make_training_step",
     "sample_alternating",
     "sample_steps",
@@ -80,6 +88,14 @@ def make_training_step(workload: Workload, batch: int, seed: int = 0) -> Callabl
     see the module docstring. Nothing is allocated per call once the first call has run.
     """
     return make_step_pair(workload, batch, seed)[0]
+
+
+def make_gather(workload: Workload, batch: int, seed: int = 0) -> Callable[[], None]:
+    """The mini-batch gather that precedes each step (module docstring); the compute
+    benchmark's own (:func:`microbench.network_ops.gather_point_fn`)."""
+    from .network_ops import gather_point_fn
+
+    return gather_point_fn(workload.input_shape, batch, seed)
 
 
 def make_step_pair(
@@ -113,29 +129,38 @@ def sample_steps(
     comm: Any = None,
     *,
     clock: Clock = time.perf_counter,
+    before: Callable[[], object] | None = None,
 ) -> np.ndarray:
     """This rank's seconds for each of ``samples`` calls of ``step``, after ``warmup`` untimed ones.
 
     With ``comm`` every call (warm-up included) starts after a Barrier, so the ranks run each
-    step together; collective, every rank must pass the same counts.
+    step together; collective, every rank must pass the same counts. ``before``: called untimed
+    right before every call of the step (the gather, module docstring).
     """
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     barrier = comm.Barrier if comm is not None else None
+    prepare = before or _nothing
     for _ in range(warmup):
         if barrier is not None:
             barrier()
+        prepare()
         step()
     out = np.empty(samples, dtype=np.float64)
     for i in range(samples):
         if barrier is not None:
             barrier()
+        prepare()
         start = clock()
         step()
         out[i] = clock() - start
     return out
+
+
+def _nothing() -> None:
+    return None
 
 
 def sample_alternating(
@@ -145,24 +170,29 @@ def sample_alternating(
     *,
     block: int = 1,
     clock: Clock = time.perf_counter,
+    before: Callable[[], object] | None = None,
 ) -> list[np.ndarray]:
     """Each of ``steps`` ``warmup`` times untimed, then rounds through them in turn until each
     has ``samples`` timed calls: its seconds, one array per step. ``block`` 1: one timed call
     of each per round. ``block`` k > 1: per round each step has one untimed call, that puts the
     caches back as a loop of that step keeps them, and then k timed calls (the last round
     fewer), so that each step is timed as it runs back to back, not as it runs right after
-    the other one."""
+    the other one. ``before``: called untimed right before every call of a step."""
     if block < 1:
         raise ValueError(f"need block >= 1, got {block}")
+    prepare = before or _nothing
     for step in steps:
         for _ in range(warmup):
+            prepare()
             step()
     out = np.empty((len(steps), samples), dtype=np.float64)
     for first in range(0, samples, block):
         for k, step in enumerate(steps):
             if block > 1:
+                prepare()
                 step()
             for i in range(first, min(first + block, samples)):
+                prepare()
                 start = clock()
                 step()
                 out[k, i] = clock() - start
@@ -176,17 +206,21 @@ def sample_alone(
     *,
     clock: Clock = time.perf_counter,
     poll_s: float = 1e-3,
+    before: Callable[[], object] | None = None,
 ) -> np.ndarray:
     """Rank 0's seconds for ``samples`` calls of ``step`` while the other ranks idle (sleeping
-    between tests of a non-blocking barrier); empty on the other ranks. Collective."""
+    between tests of a non-blocking barrier); empty on the other ranks. Collective.
+    ``before``: called untimed right before every call of the step."""
     comm.Barrier()
     if comm.Get_rank() != 0:
         request = comm.Ibarrier()
         while not request.Test():
             time.sleep(poll_s)
         return np.empty(0, dtype=np.float64)
+    prepare = before or _nothing
     out = np.empty(samples, dtype=np.float64)
     for i in range(samples):
+        prepare()
         start = clock()
         step()
         out[i] = clock() - start
@@ -202,14 +236,17 @@ def sample_interleaved(
     block: int = 10,
     *,
     clock: Clock = time.perf_counter,
+    before: Callable[[], object] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(this rank's ``samples`` step times with every rank computing, rank 0's ``samples``
-    alone, empty elsewhere), taken in alternating blocks of ``block``; collective."""
+    alone, empty elsewhere), taken in alternating blocks of ``block``; collective. ``before``:
+    called untimed right before every call of the step."""
     together, alone = [], []
     for done in range(0, samples, block):
         n = min(block, samples - done)
-        together.append(sample_steps(step, n, warmup if done == 0 else 0, comm, clock=clock))
-        alone.append(sample_alone(step, n, comm, clock=clock))
+        first = warmup if done == 0 else 0
+        together.append(sample_steps(step, n, first, comm, clock=clock, before=before))
+        alone.append(sample_alone(step, n, comm, clock=clock, before=before))
     return np.concatenate(together), np.concatenate(alone)
 
 

@@ -118,6 +118,31 @@ def test_alternating_samples_take_one_call_of_each_step_in_turn_after_their_warm
     assert a.tolist() == [1.0] * 3 and b.tolist() == [10.0] * 3
 
 
+def test_the_gather_before_each_step_runs_untimed_before_every_call():
+    """``before`` (the mini-batch gather, 1000 s here) runs right before every call of a step,
+    warm-ups and re-warming calls included, and never inside a sample."""
+    clock, calls = FakeClock(), []
+
+    def gather() -> None:
+        calls.append("g")
+        clock.now += 1000.0
+
+    def make(name, seconds):
+        def step() -> None:
+            calls.append(name)
+            clock.now += seconds
+
+        return step
+
+    samples = sample_steps(make("s", 2.0), samples=3, warmup=1, clock=clock, before=gather)
+    assert "".join(calls) == "gs" * 4 and samples.tolist() == [2.0] * 3
+    calls.clear()
+    steps = (make("a", 1.0), make("b", 10.0))
+    a, b = sample_alternating(steps, 3, 1, block=2, clock=clock, before=gather)
+    assert "".join(calls) == "gagb" + ("ga" * 3 + "gb" * 3) + ("ga" * 2 + "gb" * 2)
+    assert a.tolist() == [1.0] * 3 and b.tolist() == [10.0] * 3
+
+
 def test_alternating_in_blocks_rewarms_each_step_then_times_a_run_of_it():
     """Blocks of 2, 5 samples: per round each step once untimed, then 2 timed (the last round
     1); a call right after the other step costs 100 s, the timed ones their own seconds."""

@@ -26,6 +26,7 @@ from ..jitter import (
     format_summary,
     gather_samples,
     jitter_records,
+    make_gather,
     make_training_step,
     sample_interleaved,
     sample_steps,
@@ -116,11 +117,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
     try:
         step = make_training_step(workload, args.batch)
+        gather = make_gather(workload, args.batch)  # untimed before each step, as training
         alone = None
         if ranks > 1:  # also rank 0 alone, interleaved: the co-location slowdown
-            local, alone = sample_interleaved(step, samples, warmup, comm)
+            local, alone = sample_interleaved(step, samples, warmup, comm, before=gather)
         else:
-            local = sample_steps(step, samples, warmup, comm)
+            local = sample_steps(step, samples, warmup, comm, before=gather)
         table = gather_samples(local, comm)
         if writer is not None:
             extra = {"clock": "perf_counter", "oversubscribed": warning is not None}

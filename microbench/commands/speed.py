@@ -7,8 +7,11 @@ had. ``pdlsim bench`` therefore runs this command several times, spread over the
 calibration, each run labelled with ``--moment``: the whole training step (forward, backward,
 SGD update on a fixed batch, no communication, :func:`microbench.jitter.make_step_pair`)
 of every workload at every batch and thread count, a fixed, small number of samples after a
-warm-up. Across moments, the median of each step's medians is its typical time and their
-spread the machine's speed distribution (:mod:`calibration.drift`).
+warm-up, each after an untimed mini-batch gather as in training
+(:func:`microbench.jitter.make_gather`: without it the MLP's step ran 3-5% faster than
+``pdlsim train``'s, and every MLP prediction with it). Across moments, the median of each
+step's medians is its typical time and their spread the machine's speed distribution
+(:mod:`calibration.drift`).
 
 The forward-only step (forward and loss, what ``pdlsim train --inference`` computes) is timed
 with it, in alternation on the same network, in blocks of :data:`BLOCK` calls of each, each
@@ -51,7 +54,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "speed",
         help="one moment of the machine's speed: the same training step, briefly",
         description="Time each workload's whole training step (forward, backward, SGD update "
-        "on a fixed batch, no communication) and, in alternation with it, its forward-only step "
+        "on a fixed batch, no communication, each after an untimed mini-batch gather) and, in "
+        "alternation with it, its forward-only step "
         "at each batch and thread count, a fixed number of times after a warm-up, labelled "
         "with --moment. Run several times, minutes apart, the medians show how the speed of "
         "identical work moves on this machine; pdlsim bench does so during a calibration.",
@@ -91,7 +95,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ..jitter import FORWARD_NAME, NAME, make_step_pair, sample_alternating
+    from ..jitter import FORWARD_NAME, NAME, make_gather, make_step_pair, sample_alternating
     from ..machine import machine_metadata
     from ..measurement import Measurement
     from ..records import RecordWriter
@@ -119,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
             for workload in args.model:
                 for batch in args.batch:
                     pair = make_step_pair(workload, batch)
-                    timed = sample_alternating(pair, args.samples, args.warmup, block=BLOCK)
+                    gather = make_gather(workload, batch)
+                    timed = sample_alternating(
+                        pair, args.samples, args.warmup, block=BLOCK, before=gather
+                    )
                     params = {"model": workload.name, "batch": batch, "threads": threads,
                               "moment": args.moment}  # fmt: skip
                     for name, samples in zip((NAME, FORWARD_NAME), timed, strict=True):
