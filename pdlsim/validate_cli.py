@@ -87,7 +87,7 @@ def run_validate_command(args: argparse.Namespace) -> int:
         max_steps=120 if args.quick else 300,
         quick=args.quick,
         models=tuple(m for m in args.models.split(",") if m),
-        band_samples=10 if args.quick else 20,
+        band_samples=30 if args.quick else ValidateConfig.band_samples,
         parallel=parallel,
         gpu=args.gpu,
         **extra,
