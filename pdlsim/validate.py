@@ -127,7 +127,7 @@ class ValidateConfig:
     modes: tuple[tuple[int, int], ...] = tuple(MODES)
     batches: tuple[int, ...] = FULL_BATCHES
     # Band samples per prediction. With 20, a row's P50 moved 1.6-2.5% from one seed to the
-    # next (the 07:27 span profile, 5 seeds); with 100, 0.5-0.9%. Validation errors are a few
+    # next (the 06:38 span profile, 5 seeds); with 100, 0.5-0.9%. Validation errors are a few
     # percent, so the estimate's own noise must be well below that.
     band_samples: int = 60
     target_run_s: float = 2.0  # timed seconds per launch: steps = target / predicted step
