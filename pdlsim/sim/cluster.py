@@ -260,14 +260,16 @@ def build_plan(
         (layers[i].name, cost.compute_time(layers[i], "backward", batch, threads, device) / speed)
         for i in order
     )
-    update_s = 0.0
-    for i in params:
-        update_s += cost.compute_time(layers[i], "update", batch, threads, device)
+    update_s: float | None = None  # the in-place update where the cost model has one
     in_place = getattr(cost, "in_place_update_s", None) if cluster.ranks > 1 else None
     if in_place is not None and device == "cpu":
         compute_s = speed * sum(t for _, t in (*forward, *backward))
         found = in_place("data", batch, threads, layers[0], compute_s)
-        update_s = update_s if found is None else float(found)
+        update_s = None if found is None else float(found)
+    if update_s is None:
+        update_s = sum(
+            cost.compute_time(layers[i], "update", batch, threads, device) for i in params
+        )
     if buckets is None:
         buckets = _buckets(cluster, scenario, cost, order, params[0])
     closes: list[int | None] = [None] * len(order)
