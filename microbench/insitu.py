@@ -157,7 +157,7 @@ def layerwise_step(
     def step() -> list[tuple[str, str, int, float]]:
         net.call_log = []
         begin = time.perf_counter()
-        net.forward(x, y)
+        net.forward(x, y, training=not inference)  # as pdlsim.train.model_loop runs it
         if not inference:
             net.backward()
             opt.step(net.params, net.grads)
