@@ -257,12 +257,34 @@ def test_launches_go_round_robin_over_the_configurations(tiny: tuple[Path, dict]
     launches = [line.split("]")[0] for line in TINY_LOG if line.startswith("[launch")]
     assert launches == ["[launch 1/2, 1/2", "[launch 1/2, 2/2", "[launch 2/2, 1/2",
                         "[launch 2/2, 2/2"]  # fmt: skip
+    labels = [line.split("] ")[1].split(":")[0] for line in TINY_LOG if line.startswith("[launch")]
+    assert labels[2:] == labels[1::-1]  # the second round starts half-way along the list
     for row in report["rows"]:
         assert len(row["launch_medians_s"]) == 2
         assert row["measured_low_s"] <= row["measured_s"] <= row["measured_high_s"]
     assert sorted(p.name for p in (out / "runs").glob("mlp-p1t*-b16/r*") if p.is_dir()) == [
         "r0", "r0", "r1", "r1"
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("n, repeats", [(42, 3), (14, 3), (2, 2), (5, 1), (3, 5)])
+def test_each_round_launches_every_configuration_once_from_a_new_start(
+    n: int, repeats: int
+) -> None:
+    """Every round is the list rotated, each starting n / repeats further along, so that the
+    configurations at the end of one round are not at the end of the next."""
+    from pdlsim.validate import launch_rounds
+
+    rounds = launch_rounds(n, repeats)
+    assert len(rounds) == repeats
+    starts = [r[0] for r in rounds]
+    for order, start in zip(rounds, starts, strict=True):
+        assert order == [(start + i) % n for i in range(n)]
+    assert starts == [k * n // repeats for k in range(repeats)]
+    if repeats <= n:
+        assert len(set(starts)) == repeats  # no two rounds alike
+    if (n, repeats) == (42, 3):  # the full matrix: the last configuration ends round 1 only
+        assert [r.index(41) for r in rounds] == [41, 27, 13]
 
 
 def test_speed_checks_between_launches_extend_the_drift_model(tiny: tuple[Path, dict]) -> None:
