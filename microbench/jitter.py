@@ -169,17 +169,22 @@ def sample_alternating(
     warmup: int,
     *,
     block: int = 1,
+    settle: int | Sequence[int] = 1,
     clock: Clock = time.perf_counter,
     before: Callable[[], object] | None = None,
 ) -> list[np.ndarray]:
     """Each of ``steps`` ``warmup`` times untimed, then rounds through them in turn until each
     has ``samples`` timed calls: its seconds, one array per step. ``block`` 1: one timed call
-    of each per round. ``block`` k > 1: per round each step has one untimed call, that puts the
-    caches back as a loop of that step keeps them, and then k timed calls (the last round
-    fewer), so that each step is timed as it runs back to back, not as it runs right after
-    the other one. ``before``: called untimed right before every call of a step."""
+    of each per round. ``block`` k > 1: per round each step has ``settle`` untimed calls (one
+    number, or one per step), that put the caches back as a loop of that step keeps them, and
+    then k timed calls (the last round fewer), so that each step is timed as it runs back to
+    back, not as it runs right after the other one. ``before``: called untimed right before
+    every call of a step."""
     if block < 1:
         raise ValueError(f"need block >= 1, got {block}")
+    settles = [settle] * len(steps) if isinstance(settle, int) else list(settle)
+    if len(settles) != len(steps) or min(settles, default=1) < 1:
+        raise ValueError(f"need settle >= 1 for each of the {len(steps)} steps, got {settle}")
     prepare = before or _nothing
     for step in steps:
         for _ in range(warmup):
@@ -188,7 +193,7 @@ def sample_alternating(
     out = np.empty((len(steps), samples), dtype=np.float64)
     for first in range(0, samples, block):
         for k, step in enumerate(steps):
-            if block > 1:
+            for _ in range(settles[k] if block > 1 else 0):
                 prepare()
                 step()
             for i in range(first, min(first + block, samples)):

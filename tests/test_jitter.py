@@ -163,6 +163,34 @@ def test_alternating_in_blocks_rewarms_each_step_then_times_a_run_of_it():
         sample_alternating((make("a", 1.0),), 3, 0, block=0, clock=clock)
 
 
+def test_each_step_settles_for_its_own_number_of_untimed_calls_before_a_block():
+    """settle (1, 3): step a has one untimed call before each of its blocks, step b three (a
+    forward loop takes longer to reach its speed). A call right after the other step costs
+    100 s and a step's second call in a row still 50 s: a's first timed call of each block
+    shows it, b's never do."""
+    clock, calls = FakeClock(), []
+
+    def make(name, seconds):
+        def step() -> None:
+            run = 0
+            for c in reversed(calls):
+                if c != name:
+                    break
+                run += 1
+            calls.append(name)
+            clock.now += 100.0 if run == 0 and len(calls) > 1 else 50.0 if run == 1 else seconds
+
+        return step
+
+    steps = (make("a", 1.0), make("b", 10.0))
+    a, b = sample_alternating(steps, 4, 0, block=2, settle=(1, 3), clock=clock)
+    assert "".join(calls) == ("a" + "aa" + "bbb" + "bb") * 2
+    assert b.tolist() == [10.0] * 4 and a.tolist() == [50.0, 1.0, 50.0, 1.0]
+    for bad in ((1,), (1, 0)):
+        with pytest.raises(ValueError, match="settle >= 1"):
+            sample_alternating(steps, 4, 0, block=2, settle=bad, clock=clock)
+
+
 def test_the_forward_only_step_is_a_share_of_the_training_step_on_the_same_network():
     step, forward_only = make_step_pair(load_workload("mlp"), batch=16)
     full, forward = sample_alternating((step, forward_only), 9, 2)

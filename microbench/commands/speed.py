@@ -15,9 +15,15 @@ step's medians is its typical time and their spread the machine's speed distribu
 
 The forward-only step (forward and loss, what ``pdlsim train --inference`` computes) is timed
 with it, in alternation on the same network, in blocks of :data:`BLOCK` calls of each, each
-block after one untimed call: the two medians of one moment saw the same speed, so their ratio
-holds whatever the speed was, and across moments its median is the forward-only step's share
-of the training step (:meth:`calibration.drift.DriftModel.forward_fraction`). Timed in
+block after untimed calls (:data:`SETTLE`: one training step, five forward passes): the two
+medians of one moment saw the same speed, so their ratio holds whatever the speed was, and
+across moments its median is the forward-only step's share of the training step
+(:meth:`calibration.drift.DriftModel.forward_fraction`). One untimed forward pass after the
+training steps is not enough to reach a forward loop's speed: on the development VM, side by
+side in one process (gathers before every call), three forward passes right after one were
+1.06x (batch 16), 1.00x (32) and 1.09x (64) the CNN's forward in a loop, which is how
+``pdlsim train --inference`` runs; in the 09:14 validation of 2026-11-24 the CNN's 2-rank
+forward-only rows were predicted 6-8% higher against their training rows than measured. Timed in
 separate runs seconds apart, the two can land on different speed levels of this VM (once a
 forward-only step at 1.57x its ops beside a step at 1.40x). Alternated call for call, each
 forward pass ran right after a training step's backward and update had evicted its weights:
@@ -47,6 +53,10 @@ RECORDS_FILE = "speed.jsonl"
 BENCHMARK = "speed"
 DEFAULT_SAMPLES, DEFAULT_WARMUP = 15, 3
 BLOCK = 3  # timed calls of one step in a row (module docstring)
+# Untimed calls before each block: the training step's, and the forward-only step's (module
+# docstring: one call after a block of training steps left the CNN's forward 5-9% slower at
+# batches 16 and 64 than in a loop of forward passes, as pdlsim train --inference runs them).
+SETTLE = (1, 5)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -112,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         "samples": args.samples,
         "warmup": args.warmup,
         "moment": args.moment,
+        "block": BLOCK,
+        "settle": list(SETTLE),
         "clock": "perf_counter",
         "oversubscribed": warning is not None,
     }
@@ -125,7 +137,12 @@ def run(args: argparse.Namespace) -> int:
                     pair = make_step_pair(workload, batch)
                     gather = make_gather(workload, batch)
                     timed = sample_alternating(
-                        pair, args.samples, args.warmup, block=BLOCK, before=gather
+                        pair,
+                        args.samples,
+                        args.warmup,
+                        block=BLOCK,
+                        settle=SETTLE,
+                        before=gather,
                     )
                     params = {"model": workload.name, "batch": batch, "threads": threads,
                               "moment": args.moment}  # fmt: skip
