@@ -40,6 +40,14 @@ simulator applies to the step's typical time (:mod:`pdlsim.stepscale`). A lone f
 median cannot be brought to the typical speed: scaled by its own step's level, one timed on the
 other speed level of this VM put a CNN forward pass 57-70% off.
 
+A **span** (:meth:`DriftModel.add_moments` with ``span=True``: ``pdlsim validate``'s speed
+checks between its training launches) is the stretch of time the predictions are for. A step
+with at least :data:`MIN_MOMENTS` span moments takes its typical time, deviations and
+forward-only share from those alone; the calibration's moments, timed before the span, only
+say where the compute stage sat. Pooled with them, they moved a step's typical time by -0.3% to
++2.0% (median over steps) in the validations of 2026-11-24: the calibration ran 3% faster to
+10% slower than the hour after it, and every row of a run moved with it.
+
 Everything derives from ``medians_s``, so a profile fitted before the speed checks existed
 loads with its deviations and offset recomputed from the medians it kept.
 """
@@ -74,6 +82,7 @@ class DriftModel:
         self.forward_medians_: dict[str, dict[str, float]] = {}  # forward-only, same moments
         self.log_deviations_ = np.zeros(0)
         self.compute_log_offset_ = 0.0
+        self.span_moments_: set[str] = set()  # labels of the span's moments (docstring)
 
     def fit(self, df: pd.DataFrame) -> DriftModel:
         """From compute ("op" step and data rows), jitter (per-rank at 1 rank, "alone") and
@@ -106,20 +115,34 @@ class DriftModel:
             _add(self.medians_, _key(r), where, float(np.median(r["samples"])))
         return self.add_moments(rows)
 
-    def add_moments(self, df: pd.DataFrame) -> DriftModel:
+    def add_moments(self, df: pd.DataFrame, span: bool = False) -> DriftModel:
         """Add the speed records (``microbench speed``) of ``df``, one moment each by its
         label, to the medians this model holds, and derive again: how ``pdlsim validate``
-        extends a profile's moments over the span of its training runs."""
+        extends a profile's moments over the span of its training runs (``span``: these
+        moments are the span the predictions are for, module docstring)."""
         rows = df[(df["type"] == "measurement") & (df["benchmark"] == "speed")]
         for _, r in rows.iterrows():
             into = self.forward_medians_ if r.get("name") == FORWARD_NAME else self.medians_
-            _add(into, _key(r), str(r.get("params.moment")), float(np.median(r["samples"])))
+            moment = str(r.get("params.moment"))
+            _add(into, _key(r), moment, float(np.median(r["samples"])))
+            if span:
+                self.span_moments_.add(moment)
         self._derive()
         return self
 
+    def _typical_moments(self, moments: dict[str, float]) -> dict[str, float]:
+        """The moments a step's typical time is the median of: the span's where it has
+        :data:`MIN_MOMENTS` of them, else all (module docstring)."""
+        own = {m: t for m, t in moments.items() if m in self.span_moments_}
+        return own if len(own) >= MIN_MOMENTS else moments
+
     def _derive(self) -> None:
         """sigma and its interval, the log-deviations and the compute offset (docstring)."""
-        repeated = [np.log(list(m.values())) for m in self.medians_.values() if len(m) >= 2]
+        repeated = [
+            np.log(list(self._typical_moments(m).values()))
+            for m in self.medians_.values()
+            if len(m) >= 2
+        ]
         from_mean = [logs - np.mean(logs) for logs in repeated]
         dof = sum(len(d) for d in from_mean) - len(from_mean)
         if dof >= 1:
@@ -135,7 +158,7 @@ class DriftModel:
             else np.zeros(0)
         )
         offsets = [
-            np.log(m[COMPUTE_MOMENT]) - np.median(np.log(list(m.values())))
+            np.log(m[COMPUTE_MOMENT]) - np.median(np.log(list(self._typical_moments(m).values())))
             for m in self.medians_.values()
             if len(m) >= 2 and COMPUTE_MOMENT in m
         ]
@@ -147,9 +170,8 @@ class DriftModel:
         compute stage's offset over every step, exp(-``compute_log_offset``)."""
         moments = self.medians_.get(_step_key(model, batch, threads), {})
         if len(moments) >= MIN_MOMENTS and COMPUTE_MOMENT in moments:
-            return float(
-                np.exp(np.median(np.log(list(moments.values())))) / moments[COMPUTE_MOMENT]
-            )
+            typical = self._typical_moments(moments).values()
+            return float(np.exp(np.median(np.log(list(typical)))) / moments[COMPUTE_MOMENT])
         return float(np.exp(-self.compute_log_offset_))
 
     def typical_log_sigma(self, model: str, batch: int, threads: int) -> float | None:
@@ -159,14 +181,15 @@ class DriftModel:
         moments = self.medians_.get(_step_key(model, batch, threads), {})
         if len(moments) < MIN_MOMENTS or COMPUTE_MOMENT not in moments:
             return None
-        logs = np.log(list(moments.values()))
+        logs = np.log(list(self._typical_moments(moments).values()))
         return float(1.2533 * np.std(logs, ddof=1) / np.sqrt(logs.size))
 
     def forward_fraction(self, model: str, batch: int, threads: int) -> float | None:
         """The forward-only step over the training step, the median over the moments that
         timed both (module docstring); None where none did."""
         key = _step_key(model, batch, threads)
-        steps, forwards = self.medians_.get(key, {}), self.forward_medians_.get(key, {})
+        steps = self._typical_moments(self.medians_.get(key, {}))
+        forwards = self.forward_medians_.get(key, {})
         ratios = [forwards[m] / steps[m] for m in forwards if m in steps]
         return float(np.median(ratios)) if ratios else None
 
@@ -181,6 +204,7 @@ class DriftModel:
             "log_deviations": [float(d) for d in self.log_deviations_],
             "medians_s": self.medians_,
             "forward_medians_s": self.forward_medians_,
+            "span_moments": sorted(self.span_moments_),
         }
 
     @classmethod
@@ -191,6 +215,7 @@ class DriftModel:
         model.medians_ = {k: dict(v) for k, v in doc.get("medians_s", {}).items()}
         forwards = doc.get("forward_medians_s", {})
         model.forward_medians_ = {k: dict(v) for k, v in forwards.items()}
+        model.span_moments_ = set(doc.get("span_moments", []))
         model._derive()  # the stored derived fields are for readers; the medians decide
         return model
 

@@ -8,9 +8,10 @@ check the calibration runs (``python -m microbench speed``: each workload's step
 validated batch and at every thread count of the runs that fit the cores) before the first
 launch, after every
 :data:`CHECK_EVERY_LAUNCHES` launches and after the last, into ``OUT/speed/speed.jsonl``,
-and predicts from the calibrated profile with those moments added to its drift model
-(:func:`span_profile`, written to ``OUT/profile-span.json``): each step's typical time and the
-band are then those of the hour the runs took. Where the runs include 2 ranks that fit the
+and predicts from the calibrated profile with those moments added to its drift model as its
+span (:func:`span_profile`, written to ``OUT/profile-span.json``): each step's typical time,
+speed band and forward-only share are then those of the hour the runs took, from the span's
+checks alone (:mod:`calibration.drift`). Where the runs include 2 ranks that fit the
 cores, each check also times the jitter step at 2 ranks (``microbench jitter --moment``), and
 its moments join the jitter models' (:meth:`calibration.jitter.JitterModel.add_moments`): the
 2-rank sync is then the typical skew of the span, not of the calibration's three moments, two
@@ -105,7 +106,7 @@ def span_profile(profile: str, speed_dir: Path, out: Path) -> Path:
     base, _ = resolve_profile(profile)
     records = load_dataframe(speed_dir, type="measurement")
     drift = base.model("drift") if base.models.get("drift") else DriftModel()
-    models = {**base.models, "drift": drift.add_moments(records)}
+    models = {**base.models, "drift": drift.add_moments(records, span=True)}
     quality = {**base.fit_quality, "drift": drift.quality_dict()}
     for name in ("jitter", "jitter_models"):  # the span's 2-rank jitter moments (SpeedChecks)
         if base.models.get(name):

@@ -195,6 +195,51 @@ def test_each_step_gets_its_own_level_when_timed_often_enough():
     assert drift.step_level("mlp", 32, 2) == pytest.approx(pooled)
 
 
+def test_a_span_takes_the_typical_time_from_its_own_moments(tmp_path):
+    """cnn b32: the calibration times the step at 12 ms (compute stage and five checks, the
+    forward-only share 1/2); a validation's span then at 9, 9, 10, 9 ms (share 1/3). Pooled,
+    the typical time is the median of all ten (12 ms) and the share 1/2; as a span, the median
+    of its four (9 ms), its deviations and its share 1/3. mlp has two span moments, fewer than
+    MIN_MOMENTS: its typical time stays the pooled one. The span survives a round trip."""
+    base = {"device": "cpu", "threads": 1, "batch": 32, "kind": "step", "phase": "step"}
+    with RecordWriter(tmp_path / "cal" / "r.jsonl", {"hostname": "synthetic"}) as writer:
+        for model, seconds in (("cnn", 12e-3), ("mlp", 1e-3)):
+            _write(writer, seconds, "compute", "op", {**base, "model": model, "op": "step"})
+        for k in range(5):
+            params = {"model": "cnn", "batch": 32, "threads": 1, "moment": f"check {k}"}
+            _write(writer, 12e-3, "speed", "step_compute", params)
+            _write(writer, 6e-3, "speed", "forward_compute", params)  # share 1/2
+        _write(writer, 1e-3, "speed", "step_compute", {**params, "model": "mlp"})
+    with RecordWriter(tmp_path / "span" / "r.jsonl", {"hostname": "synthetic"}) as writer:
+        for k, step in enumerate((9e-3, 9e-3, 10e-3, 9e-3)):
+            params = {"model": "cnn", "batch": 32, "threads": 1, "moment": f"validation {k}"}
+            _write(writer, step, "speed", "step_compute", params)
+            _write(writer, step / 3, "speed", "forward_compute", params)  # share 1/3
+        for k in range(2):
+            params = {"model": "mlp", "batch": 32, "threads": 1, "moment": f"validation {k}"}
+            _write(writer, 0.8e-3, "speed", "step_compute", params)
+    calibrated = DriftModel().fit(load_dataframe(tmp_path / "cal", type="measurement"))
+    span = load_dataframe(tmp_path / "span", type="measurement")
+    pooled = DriftModel.from_dict(calibrated.to_dict()).add_moments(span)
+    spanned = DriftModel.from_dict(calibrated.to_dict()).add_moments(span, span=True)
+    assert pooled.step_level("cnn", 32, 1) == pytest.approx(1.0)
+    assert spanned.step_level("cnn", 32, 1) == pytest.approx(9 / 12)
+    assert spanned.forward_fraction("cnn", 32, 1) == pytest.approx(1 / 3)
+    assert pooled.forward_fraction("cnn", 32, 1) == pytest.approx(1 / 2)
+    logs = np.log([9, 9, 10, 9])
+    assert spanned.typical_log_sigma("cnn", 32, 1) == pytest.approx(
+        1.2533 * np.std(logs, ddof=1) / 2
+    )
+    for drift in (pooled, spanned):  # mlp: 1 (compute), 1 (check), 0.8, 0.8: sqrt(0.8)
+        assert drift.step_level("mlp", 32, 1) == pytest.approx(np.sqrt(0.8))
+    cnn_deviations = np.log([9, 9, 10, 9]) - np.log(9)
+    assert all(np.isclose(spanned.log_deviations_, d).any() for d in cnn_deviations)
+    assert not np.isclose(spanned.log_deviations_, np.log(12 / 9)).any()  # the calibration's
+    again = DriftModel.from_dict(spanned.to_dict())
+    assert again.span_moments_ == {f"validation {k}" for k in range(4)}
+    assert again.step_level("cnn", 32, 1) == pytest.approx(9 / 12)
+
+
 def test_the_typical_times_standard_error_comes_from_its_moments():
     """cnn b32's four checks and the compute stage: 1.2533 sd / sqrt(5) of their logs; a step
     with only the compute stage has none (its level is the pooled offset)."""
