@@ -479,6 +479,77 @@ def test_the_layerwise_plan_adds_each_calls_excess(insitu_profile):
     )
 
 
+def _with_step_compute(profile, compute_s: dict[tuple[str, int], float]):
+    """``profile`` (the fixture's) with each (parallelism, batch)'s step timed in place: its
+    barrier, and the compute before it."""
+    from calibration.profile import Profile
+
+    doc = copy.deepcopy(profile.to_dict())
+    frames = [
+        synthetic_frame(
+            {("barrier", "step", batch): 1e-5, ("compute", "step", batch): seconds - 0.5e-6},
+            noise=0.0,
+            parallel=parallel,
+        )  # fmt: skip
+        for (parallel, batch), seconds in compute_s.items()
+    ]
+    doc["models"]["insitu"] = InSituModel().fit(pd.concat(frames, ignore_index=True)).to_dict()
+    return Profile.from_dict(doc)
+
+
+STEP_COMPUTE = {("data", 16): 1e-4, ("data", 64): 2e-4, ("model", 16): 0.6e-4,
+                ("model", 64): 1.0e-4, ("model-inference", 16): 0.25e-4,
+                ("model", 32): 0.9e-4}  # fmt: skip
+
+
+def test_the_layerwise_steps_compute_over_the_data_parallel_steps_in_place(insitu_profile):
+    """Model parallel 0.6 of the data-parallel step's compute at batch 16 and 0.5 at 64,
+    interpolated between; forward-only 0.25; batch 32 has no data-parallel step to stand to,
+    so it is left out; unmeasured parallelisms have none."""
+    model = _with_step_compute(insitu_profile, STEP_COMPUTE).model("insitu")
+    ratio, point = model.compute_ratio("mlp", "model", 16)
+    assert ratio == pytest.approx(0.6, rel=1e-6) and point.batch == 16
+    assert model.compute_ratio("mlp", "model", 40)[0] == pytest.approx(0.55, rel=1e-6)
+    assert model.compute_ratio("mlp", "model", 32)[0] == pytest.approx(0.5667, rel=1e-3)
+    assert model.compute_ratio("mlp", "model-inference", 64)[0] == pytest.approx(0.25, rel=1e-6)
+    assert model.compute_ratio("mlp", "pipeline", 16) is None
+    assert model.compute_ratio("cnn", "model", 16) is None
+
+
+def test_a_layerwise_plan_of_the_measured_ranks_computes_as_timed_in_place(insitu_profile):
+    """At 2 ranks the plan's compute (the gather apart) is 0.6 of the data-parallel step's
+    forward and backward as the same cost model prices them (forward-only: 0.25), each op
+    scaled alike; at 4 ranks, or without the compute timed in place, the ops stay as summed;
+    the engines agree."""
+    from pdlsim.sim import Cluster, Scenario
+    from pdlsim.sim.tensor import build_tensor_plan, predict_tensor, simulate_tensor
+
+    workload = load_workload("mlp")
+    scenario = Scenario(workload, 16, iterations=3, jitter=False)
+    data_only = {k: v for k, v in STEP_COMPUTE.items() if k[0] == "data"}
+    plain = _mlp_cost(_with_step_compute(insitu_profile, data_only))
+    cost = _mlp_cost(_with_step_compute(insitu_profile, STEP_COMPUTE))
+    gather = cost.gather_s(workload.layers[0], 16, 1)
+    data = sum(cost.compute_time(info, "forward", 16, 1, "cpu") for info in workload.layers)
+    data += sum(cost.compute_time(info, "backward", 16, 1, "cpu") for info in workload.layers)
+    for inference, ratio in ((False, 0.6), (True, 0.25)):
+        summed = build_tensor_plan(Cluster.cpus(1, 2), scenario, plain, inference)
+        timed = build_tensor_plan(Cluster.cpus(1, 2), scenario, cost, inference)
+        own = [o.time_s for o in timed.ops if o.kind == "compute"]
+        assert sum(own) - gather == pytest.approx(ratio * (data - gather), rel=1e-6)
+        before = [o.time_s for o in summed.ops if o.kind == "compute"]
+        factors = {round(a / b, 9) for a, b in zip(own[1:], before[1:], strict=True) if b > 0}
+        assert len(factors) == 1 and factors != {1.0}  # every op alike
+        for kind in ("allgather", "allreduce"):
+            assert timed.comm_s(kind) == pytest.approx(summed.comm_s(kind))
+    four = build_tensor_plan(Cluster.cpus(1, 4), scenario, cost)
+    assert four.jittered_s == pytest.approx(build_tensor_plan(Cluster.cpus(1, 4), scenario,
+                                                              plain).jittered_s)  # fmt: skip
+    sim = simulate_tensor(Cluster.cpus(1, 2), scenario, cost)
+    ana = predict_tensor(Cluster.cpus(1, 2), scenario, cost)
+    assert sim.step_time_s == pytest.approx(ana.step_time_s, rel=1e-9)
+
+
 def test_a_band_sample_takes_the_in_place_time_of_one_measured_moment(insitu_profile):
     """With rounds at 0.5x and 2x, each perturbed cost prices the call at one of them (the
     excess over back to back follows); without rounds the band leaves it alone."""
