@@ -33,14 +33,6 @@ median over ranks and steps goes on the barrier's point as ``update_s``, and
 :meth:`InSituModel.update_fraction` is its share of the compute before the barrier: both taken
 in the same steps, so the share holds whatever the machine's speed was.
 
-**The layer-wise step's compute.** The model-parallel steps' ``compute_s`` (the step outside
-its collectives: the forward on each rank's slices, the backward and the update), over the
-data-parallel step's (forward and backward) at the same batch, is
-:meth:`InSituModel.compute_ratio`: taken in the same rounds, it holds whatever the machine's
-speed was, and it holds what a sum of the layers' isolated ops misses (their slices run
-faster in a step than their share of the flops says: the MLP's 2-rank step at batch 16 took
-0.64 of the data-parallel step in place, the ops 0.71).
-
 ``to_dict()``: ``{"model": "insitu", "points": [{"workload", "parallel", "op", "layer",
 "batch", "ranks", "ranks_per_node", "threads", "bytes", "median_s", "wait_s", "n_samples",
 "rounds", "intervals": {"median_s": {"low", "high", "confidence"}}}], "log_deviations": [...]}``
@@ -216,32 +208,6 @@ class InSituModel:
         (interpolated like :meth:`seconds`) and the nearest measured point; None where the
         profile did not time the update (module docstring)."""
         return self._share_of_compute(workload, parallel, batch, lambda p: p.update_s)
-
-    def compute_ratio(
-        self, workload: str, parallel: str, batch: int
-    ) -> tuple[float, InSituPoint] | None:
-        """The ``parallel`` step's compute over the data-parallel step's at ``batch``
-        (interpolated like :meth:`seconds`, over the batches that timed both) and the nearest
-        measured point of ``parallel``; None where either was not timed (module docstring)."""
-        reference = {
-            p.batch: p.compute_s
-            for p in self.calls(workload, "data")
-            if p.op == "barrier" and p.compute_s
-        }
-        found = sorted(
-            (
-                p
-                for p in self.calls(workload, parallel)
-                if p.op == "barrier" and p.compute_s and p.batch in reference
-            ),
-            key=lambda p: p.batch,
-        )
-        if not found:
-            return None
-        batches = np.array([p.batch for p in found], dtype=float)
-        ratios = [p.compute_s / reference[p.batch] for p in found]
-        nearest = found[int(np.argmin(np.abs(batches - batch)))]
-        return float(np.interp(batch, batches, ratios)), nearest
 
     def _share_of_compute(
         self,

@@ -354,13 +354,6 @@ class ProfileCostModel(ComputeCost):
         gather_s = self.gather_s(first, batch, threads)
         return self.insitu.update_s(parallel, batch, compute_s - gather_s)
 
-    def layerwise_compute_ratio(self, parallel: str, batch: int, ranks: int) -> float | None:
-        """A layer-wise step's compute over the data-parallel step's at ``ranks`` CPU ranks,
-        where the profile timed both in place (:mod:`pdlsim.insitu_cost`); else None."""
-        if self.insitu is None:
-            return None
-        return self.insitu.compute_ratio(parallel, batch, ranks)
-
     def step_barrier_s(self, parallel: str, batch: int, ranks: int, placement: Placement) -> float:
         """Seconds of the training loop's barrier per step, where the profile timed it in place
         (:mod:`pdlsim.insitu_cost`); else 0."""

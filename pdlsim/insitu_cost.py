@@ -103,19 +103,9 @@ class InSituCost:
             )
         ranks = max(p.ranks for p in found)
         batches = sorted({p.batch for p in found})
-        layerwise = any(
-            model.compute_ratio(workload, parallel, batch) is not None
-            for parallel in ("model", MODEL_INFERENCE)
-            for batch in batches
-        )
         return cls(model, workload), (
             f"profile: {len(found)} calls of {workload} measured in place at {ranks} ranks, "
             f"batch {', '.join(map(str, batches))}; their excess over back to back added"
-            + (
-                f"; at {ranks} ranks the layer-wise step's compute as it stood to the "
-                "data-parallel step's in place"
-            )
-            * layerwise
         )
 
     def extra_s(
@@ -164,13 +154,6 @@ class InSituCost:
         place (module docstring)."""
         found = self.model.update_fraction(self.workload, parallel, batch)
         return None if found is None else found[0] * compute_s
-
-    def compute_ratio(self, parallel: str, batch: int, ranks: int) -> float | None:
-        """The layer-wise ``parallel`` step's compute over the data-parallel step's at
-        ``batch`` (:meth:`InSituModel.compute_ratio`), where it was timed at ``ranks`` ranks
-        (at other ranks the slices differ); else None."""
-        found = self.model.compute_ratio(self.workload, parallel, batch)
-        return None if found is None or found[1].ranks != ranks else found[0]
 
     def _seconds(self, parallel: str, op: str, layer: str, batch: int) -> Any:
         """:meth:`InSituModel.seconds`; a forward-only step's call the profile did not time

@@ -20,13 +20,6 @@ rank):
   maxpool2d layers of a CNN (a conv stack is not split) run whole on every rank, on the whole
   batch; their weight gradients are then identical on every rank and need no allreduce.
 * The update (plain SGD) updates each rank's slice (dense) or its replica (conv).
-* **Compute as timed in place.** Where the profile timed the layer-wise step at these ranks
-  inside real steps, beside the data-parallel step in the same rounds (``microbench insitu``,
-  :meth:`calibration.insitu.InSituModel.compute_ratio`), a CPU rank's compute (every compute
-  op, the mini-batch gather apart) is scaled so that it stands to the data-parallel step's
-  forward and backward, priced by the same cost model, as measured. Summed from isolated ops,
-  the MLP's 2-rank step at batch 16 came out 12% above that ratio (the 09:31 validation of
-  2026-11-24), and 6-12% above the trainer's step in three validations.
 * Communication is on the critical path: nothing overlaps a collective. A cost model that
   measured the workload's collectives inside real steps (``in_situ_s``, as
   :class:`pdlsim.costmodel.ProfileCostModel` does) adds each call's excess over its
@@ -53,7 +46,7 @@ typical rank of factor f waits (M - f)(F + B) in all. :func:`simulate_tensor` pl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -217,8 +210,6 @@ def build_tensor_plan(
                     TensorOp("allreduce", layers[i].name, "backward", seconds, nbytes, name, extra)
                 )
         ops += [compute(i, "update") for i in params]
-    if p > 1 and device == "cpu":
-        ops = _as_timed_in_place(ops, cost, parallel, batch, threads, p, layers, params[0])
     barrier = getattr(cost, "step_barrier_s", None) if p > 1 else None
     barrier_s = 0.0 if barrier is None else float(barrier(parallel, batch, p, placement))
     if barrier_s > 0:  # the loop's barrier between two steps, where it was timed in place
@@ -228,44 +219,6 @@ def build_tensor_plan(
         per_sample = layers[0].input_bytes_per_sample + (0 if inference else LABEL_BYTES_PER_SAMPLE)
         h2d_s = cost.transfer_time("h2d", batch * per_sample, scenario.pinned)
     return TensorPlan(tuple(ops), p, h2d_s, inference, tuple(slices))
-
-
-def _as_timed_in_place(
-    ops: list[TensorOp],
-    cost: CostModel,
-    parallel: str,
-    batch: int,
-    threads: int,
-    ranks: int,
-    layers: tuple[LayerInfo, ...],
-    first_param: int,
-) -> list[TensorOp]:
-    """``ops`` with their compute scaled so that it stands to the data-parallel step's forward
-    and backward as the profile timed the two in place (module docstring), the mini-batch
-    gather apart; as they are where it did not."""
-    ratio = getattr(cost, "layerwise_compute_ratio", None)
-    found = None if ratio is None else ratio(parallel, batch, ranks)
-    if found is None:
-        return ops
-    gather = getattr(cost, "gather_s", None)
-    gather_s = 0.0 if gather is None else float(gather(layers[0], batch, threads))
-    data_s = sum(cost.compute_time(info, "forward", batch, threads, "cpu") for info in layers)
-    data_s += sum(
-        cost.compute_time(info, "backward", batch, threads, "cpu") for info in layers[first_param:]
-    )
-    own_s = sum(o.time_s for o in ops if o.kind == "compute")
-    if own_s <= gather_s or data_s <= gather_s:
-        return ops
-    factor = found * (data_s - gather_s) / (own_s - gather_s)
-    first = next(i for i, o in enumerate(ops) if o.kind == "compute")
-    return [
-        replace(
-            o, time_s=(o.time_s - gather_s) * factor + gather_s if i == first else o.time_s * factor
-        )
-        if o.kind == "compute"
-        else o
-        for i, o in enumerate(ops)
-    ]
 
 
 @dataclass(frozen=True)
