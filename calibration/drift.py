@@ -136,6 +136,10 @@ class DriftModel:
         own = {m: t for m, t in moments.items() if m in self.span_moments_}
         return own if len(own) >= MIN_MOMENTS else moments
 
+    def _typical_log(self, moments: dict[str, float]) -> float:
+        """log of a step's typical time: the median of its typical moments' logs."""
+        return float(np.median(np.log(list(self._typical_moments(moments).values()))))
+
     def _derive(self) -> None:
         """sigma and its interval, the log-deviations and the compute offset (docstring)."""
         repeated = [
@@ -158,7 +162,7 @@ class DriftModel:
             else np.zeros(0)
         )
         offsets = [
-            np.log(m[COMPUTE_MOMENT]) - np.median(np.log(list(self._typical_moments(m).values())))
+            np.log(m[COMPUTE_MOMENT]) - self._typical_log(m)
             for m in self.medians_.values()
             if len(m) >= 2 and COMPUTE_MOMENT in m
         ]
@@ -170,8 +174,7 @@ class DriftModel:
         compute stage's offset over every step, exp(-``compute_log_offset``)."""
         moments = self.medians_.get(_step_key(model, batch, threads), {})
         if len(moments) >= MIN_MOMENTS and COMPUTE_MOMENT in moments:
-            typical = self._typical_moments(moments).values()
-            return float(np.exp(np.median(np.log(list(typical)))) / moments[COMPUTE_MOMENT])
+            return float(np.exp(self._typical_log(moments)) / moments[COMPUTE_MOMENT])
         return float(np.exp(-self.compute_log_offset_))
 
     def typical_log_sigma(self, model: str, batch: int, threads: int) -> float | None:

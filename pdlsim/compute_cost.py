@@ -100,13 +100,17 @@ class ComputeCost:
         seconds = raw * self.step_ratio(batch, threads)
         if phase == "forward" and layer.index == 0:
             seconds += self._gather_s(layer, batch)
-        return seconds * self.colocation_factor(threads) * self.drift_level * self.drift_factor
+        return seconds * self._host_factor(threads)
+
+    def _host_factor(self, threads: int) -> float:
+        """What a CPU rank's compute is multiplied by: co-location, the typical speed's level
+        and this band sample's drift."""
+        return self.colocation_factor(threads) * self.drift_level * self.drift_factor
 
     def gather_s(self, first: LayerInfo, batch: int, threads: int) -> float:
         """Of a CPU rank's first-layer forward (``first``), the mini-batch gather's share,
         priced as :meth:`compute_time` prices it."""
-        factor = self.colocation_factor(threads) * self.drift_level * self.drift_factor
-        return self._gather_s(first, batch) * factor
+        return self._gather_s(first, batch) * self._host_factor(threads)
 
     def _gather_s(self, first: LayerInfo, batch: int) -> float:
         return self.scale.data_time_s(

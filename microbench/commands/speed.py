@@ -53,10 +53,7 @@ RECORDS_FILE = "speed.jsonl"
 BENCHMARK = "speed"
 DEFAULT_SAMPLES, DEFAULT_WARMUP = 15, 3
 BLOCK = 3  # timed calls of one step in a row (module docstring)
-# Untimed calls before each block: the training step's, and the forward-only step's (module
-# docstring: one call after a block of training steps left the CNN's forward 6-9% slower at
-# batches 16 and 64 than in a loop of forward passes, as pdlsim train --inference runs them).
-SETTLE = (1, 5)
+SETTLE = (1, 5)  # untimed calls before each block: training step, forward-only (docstring)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
