@@ -240,8 +240,10 @@ class ProfileCostModel(ComputeCost):
             else:
                 factor, _ = colocation.factor(workload or "", 1, ranks_per_node)
                 held = colocation.max_ranks_per_node
+                moments = max(p.span_moments for p in colocation.points_)
+                source = f"{moments} span moments of " if moments else ""
                 prov["co-location"] = (
-                    f"profile (jitter at 1 and {held} ranks per node): x{factor:.3f} at "
+                    f"profile ({source}jitter at 1 and {held} ranks per node): x{factor:.3f} at "
                     f"{ranks_per_node} per node"
                     + (f", held above {held}" if ranks_per_node > held else "")
                 )

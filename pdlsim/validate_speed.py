@@ -15,8 +15,9 @@ checks alone (:mod:`calibration.drift`). Where the runs include 2 ranks that fit
 cores, each check also times the jitter step at 2 ranks (``microbench jitter --moment``), and
 its moments join the jitter models' (:meth:`calibration.jitter.JitterModel.add_moments`): the
 2-rank sync is then the typical skew of the span, not of the calibration's three moments, two
-minutes long (the CNN's skew moved between 3.6% and 8.5% from one moment to the next). These
-are microbenchmarks like the calibration's, never a training run; the report keeps the
+minutes long (the CNN's skew moved between 3.6% and 8.5% from one moment to the next), and
+so do the co-location factors' (:meth:`calibration.colocation.ColocationModel.add_moments`).
+These are microbenchmarks like the calibration's, never a training run; the report keeps the
 predictions from the calibration's moments alone next to these.
 """
 
@@ -108,7 +109,7 @@ def span_profile(profile: str, speed_dir: Path, out: Path) -> Path:
     drift = base.model("drift") if base.models.get("drift") else DriftModel()
     models = {**base.models, "drift": drift.add_moments(records, span=True)}
     quality = {**base.fit_quality, "drift": drift.quality_dict()}
-    for name in ("jitter", "jitter_models"):  # the span's 2-rank jitter moments (SpeedChecks)
+    for name in ("jitter", "jitter_models", "colocation"):  # the span's 2-rank jitter moments
         if base.models.get(name):
             models[name] = base.model(name).add_moments(records)
             quality[name] = models[name].quality_dict()

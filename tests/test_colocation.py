@@ -97,3 +97,43 @@ def test_alone_samples_of_the_same_run_are_preferred_to_the_one_rank_run(tmp_pat
         writer.write(record)
     model = ColocationModel(n_boot=50).fit(load_dataframe(tmp_path, type="measurement"))
     assert model.factor("cnn", 1, 2)[0] == pytest.approx(1.2, rel=0.02)
+
+
+def _write_moment(writer, rng, model: str, moment: str, alone_s: float, factor: float) -> None:
+    """One span check: 2 ranks together and rank 0 alone, in the same moment."""
+    base = {"model": model, "batch": 32, "threads": 1, "ranks": 2, "ranks_per_node": 2}
+    base["moment"] = moment
+    for rank in (0, 1):
+        steps = alone_s * factor * rng.lognormal(0.0, 0.02, 33)
+        params = {**base, "rank": rank, "statistic": "per_rank"}
+        writer.write(Measurement(steps, "jitter", "step_compute", params).to_record())
+    alone = alone_s * rng.lognormal(0.0, 0.02, 17)
+    params = {**base, "rank": 0, "statistic": "alone"}
+    writer.write(Measurement(alone, "jitter", "step_compute", params).to_record())
+
+
+def test_a_span_of_moments_replaces_the_calibrations_factor(fitted, tmp_path):
+    """Nine span moments whose speed switches between two levels 1.4x apart, each with
+    the cnn 1.10x slower at 2 ranks: the point takes 1.10 from the moments' ratios, its
+    interval theirs; the mlp, with two moments (fewer than MIN_MOMENTS), keeps 1.05."""
+    rng = np.random.default_rng(3)
+    with RecordWriter(tmp_path / "jitter.jsonl", {"hostname": "synthetic"}) as writer:
+        for k in range(9):
+            level = 1.4 if k % 3 else 1.0
+            _write_moment(writer, rng, "cnn", f"validation {k}", level * ALONE_S["cnn"], 1.10)
+        for k in range(2):
+            _write_moment(writer, rng, "mlp", f"validation {k}", ALONE_S["mlp"], 1.30)
+    model = ColocationModel.from_dict(fitted.to_dict())
+    model.add_moments(load_dataframe(tmp_path, type="measurement"))
+    cnn = next(p for p in model.points_ if p.model == "cnn")
+    assert cnn.factor == pytest.approx(1.10, rel=0.01)
+    assert cnn.factor_interval.low <= cnn.factor <= cnn.factor_interval.high
+    assert cnn.factor_interval.high - cnn.factor_interval.low < 0.03
+    assert (cnn.span_moments, cnn.samples_alone, cnn.samples_together) == (9, 9 * 17, 9 * 66)
+    assert model.factor("mlp", 1, 2) == fitted.factor("mlp", 1, 2)
+    again = ColocationModel.from_dict(model.to_dict())
+    assert next(p for p in again.points_ if p.model == "cnn").span_moments == 9
+    older = fitted.to_dict()  # a profile written before span moments were kept
+    for point in older["points"].values():
+        point.pop("span_moments")
+    assert all(p.span_moments == 0 for p in ColocationModel.from_dict(older).points_)

@@ -391,6 +391,35 @@ def test_the_spans_jitter_moments_set_the_2_rank_sync(tmp_path: Path) -> None:
     assert after["breakdown"]["sync_s"] == 0.0 < before["breakdown"]["sync_s"]
 
 
+def test_the_spans_jitter_moments_set_the_co_location(tmp_path: Path) -> None:
+    """Span checks in which the cnn's 2 ranks run as fast together as rank 0 alone take the
+    co-location factor to 1, and the 2-rank row's predicted compute down with it; the
+    provenance names the span."""
+    from calibration.profile import load_profile
+    from microbench.measurement import Measurement
+    from microbench.records import RecordWriter
+    from pdlsim.validate_speed import span_profile
+
+    rng = np.random.default_rng(1)
+    with RecordWriter(tmp_path / "speed" / "jitter.jsonl", {"hostname": "synthetic"}) as writer:
+        for k in range(1, 6):
+            base = {"model": "cnn", "batch": 32, "threads": 1, "ranks": 2, "ranks_per_node": 2,
+                    "moment": f"validation {k}"}  # fmt: skip
+            for rank, statistic in ((0, "per_rank"), (1, "per_rank"), (0, "alone")):
+                steps = 0.02 * rng.lognormal(0.0, 0.01, 33)
+                params = {**base, "rank": rank, "statistic": statistic}
+                writer.write(Measurement(steps, "jitter", "step_compute", params).to_record())
+    spanned = span_profile(PROFILE, tmp_path / "speed", tmp_path / "span.json")
+    calibrated = load_profile(PROFILE).model("colocation").factor("cnn", 1, 2)[0]
+    factor, _ = load_profile(spanned).model("colocation").factor("cnn", 1, 2)
+    assert calibrated > 1.02 and factor == pytest.approx(1.0, abs=0.01)
+    spec = RunSpec("cnn", 2, 1, 32)
+    before = predict_spec(spec, ValidateConfig(out=tmp_path, profile=PROFILE, band_samples=4))
+    after = predict_spec(spec, ValidateConfig(out=tmp_path, profile=str(spanned), band_samples=4))
+    assert after["breakdown"]["compute_s"] < before["breakdown"]["compute_s"] / 1.01
+    assert "5 span moments" in after["provenance"]["co-location"]
+
+
 def test_elapsed_counts_the_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without --profile, the reported time is what the user waited for: calibration included
     (a calibration that takes an hour on validate's clock, and returns the packaged profile)."""
