@@ -132,19 +132,7 @@ class ColocationModel:
             if per_node < 2 or alone is None:
                 continue
             factor = float(_ratio_of_medians(together, alone))
-            interval = Interval(factor, factor, self.confidence)
-            if self.n_boot >= 2 and min(len(together), len(alone)) >= 2:
-                ci = stats.bootstrap(
-                    (together, alone),
-                    _ratio_of_medians,
-                    n_resamples=self.n_boot,
-                    confidence_level=self.confidence,
-                    method="percentile",
-                    random_state=rng,
-                ).confidence_interval
-                interval = Interval(float(ci.low), float(ci.high), self.confidence).including(
-                    factor
-                )
+            interval = self._interval((together, alone), _ratio_of_medians, factor, rng)
             self.points_.append(
                 ColocationPoint(
                     model, batch, threads, per_node, factor, interval, len(alone), len(together)
@@ -166,23 +154,28 @@ class ColocationModel:
                 continue
             ratios = np.array([m[0] for m in moments])
             factor = float(np.median(ratios))
-            interval = Interval(factor, factor, self.confidence)
-            if self.n_boot >= 2 and np.ptp(ratios) > 0:
-                ci = stats.bootstrap(
-                    (ratios,),
-                    np.median,
-                    n_resamples=self.n_boot,
-                    confidence_level=self.confidence,
-                    method="percentile",
-                    random_state=rng,
-                ).confidence_interval
-                interval = Interval(float(ci.low), float(ci.high), self.confidence).including(
-                    factor
-                )
+            interval = self._interval((ratios,), np.median, factor, rng)
             alone, together = (sum(m[i] for m in moments) for i in (1, 2))
             points[key] = ColocationPoint(*key, factor, interval, alone, together, len(moments))
         self.points_ = list(points.values())
         return self
+
+    def _interval(
+        self, samples: tuple[np.ndarray, ...], statistic: Any, factor: float, rng: Any
+    ) -> Interval:
+        """A percentile bootstrap interval of ``statistic`` (each sample set resampled on its
+        own) that includes ``factor``; the point itself where there is nothing to resample."""
+        if self.n_boot < 2 or min(len(x) for x in samples) < 2 or not any(map(np.ptp, samples)):
+            return Interval(factor, factor, self.confidence)
+        ci = stats.bootstrap(
+            samples,
+            statistic,
+            n_resamples=self.n_boot,
+            confidence_level=self.confidence,
+            method="percentile",
+            random_state=rng,
+        ).confidence_interval
+        return Interval(float(ci.low), float(ci.high), self.confidence).including(factor)
 
     # ------------------------------------------------------------------------ queries
     def factor(self, model: str, threads: int, ranks_per_node: int) -> tuple[float, Interval]:
