@@ -33,7 +33,7 @@ from the hour after them (the CNN's 1.057 against the span's 1.026, the MLP's 1.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -90,21 +90,27 @@ def _ratio_of_medians(together: np.ndarray, alone: np.ndarray, axis: int = -1) -
     return np.median(together, axis=axis) / np.median(alone, axis=axis)
 
 
-def _moment_ratios(rows: pd.DataFrame) -> dict[tuple[str, int, int, int], list[tuple]]:
-    """{(model, batch, threads, ranks per node): [(ratio of medians, alone samples, together
-    samples) per moment]} of the jitter rows with a ``params.moment`` and both statistics."""
+class _Moment(NamedTuple):
+    ratio: float  # median together / median alone, within the moment
+    samples_alone: int
+    samples_together: int
+
+
+def _moment_ratios(rows: pd.DataFrame) -> dict[tuple[str, int, int, int], list[_Moment]]:
+    """{(model, batch, threads, ranks per node): one :class:`_Moment` per moment} of the jitter
+    rows with a ``params.moment`` and both statistics."""
     if "params.moment" not in rows:
         return {}
     rows = rows[rows["params.moment"].notna()]
     statistic = rows.get("params.statistic", pd.Series("per_rank", index=rows.index))
-    out: dict[tuple[str, int, int, int], list[tuple]] = {}
+    statistic = statistic.fillna("per_rank")
+    out: dict[tuple[str, int, int, int], list[_Moment]] = {}
     for _, moment in rows.groupby(rows["params.moment"].astype(str)):
-        moment_statistic = statistic.loc[moment.index].fillna("per_rank")
-        alone = _pooled(moment[moment_statistic == "alone"])
-        for key, together in _pooled(moment[moment_statistic == "per_rank"]).items():
+        alone = _pooled(moment[statistic.loc[moment.index] == "alone"])
+        for key, together in _pooled(moment[statistic.loc[moment.index] == "per_rank"]).items():
             if key[3] >= 2 and key in alone:
                 ratio = float(_ratio_of_medians(together, alone[key]))
-                out.setdefault(key, []).append((ratio, len(alone[key]), len(together)))
+                out.setdefault(key, []).append(_Moment(ratio, len(alone[key]), len(together)))
     return out
 
 
@@ -152,10 +158,11 @@ class ColocationModel:
         for key, moments in sorted(_moment_ratios(rows).items()):
             if len(moments) < MIN_MOMENTS:
                 continue
-            ratios = np.array([m[0] for m in moments])
+            ratios = np.array([m.ratio for m in moments])
             factor = float(np.median(ratios))
             interval = self._interval((ratios,), np.median, factor, rng)
-            alone, together = (sum(m[i] for m in moments) for i in (1, 2))
+            alone = sum(m.samples_alone for m in moments)
+            together = sum(m.samples_together for m in moments)
             points[key] = ColocationPoint(*key, factor, interval, alone, together, len(moments))
         self.points_ = list(points.values())
         return self

@@ -240,7 +240,8 @@ class ProfileCostModel(ComputeCost):
             else:
                 factor, _ = colocation.factor(workload or "", 1, ranks_per_node)
                 held = colocation.max_ranks_per_node
-                moments = max(p.span_moments for p in colocation.points_)
+                mine = [p for p in colocation.points_ if p.model == workload]
+                moments = max(p.span_moments for p in mine or colocation.points_)
                 source = f"{moments} span moments of " if moments else ""
                 prov["co-location"] = (
                     f"profile ({source}jitter at 1 and {held} ranks per node): x{factor:.3f} at "
