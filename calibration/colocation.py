@@ -189,14 +189,8 @@ class ColocationModel:
         """The slowdown at ``ranks_per_node`` (see the module docstring for what is held)."""
         if ranks_per_node <= 1 or not self.points_:
             return 1.0, Interval(1.0, 1.0)
-        chosen = (
-            [p for p in self.points_ if (p.model, p.threads) == (model, threads)]
-            or [p for p in self.points_ if p.model == model]
-            or [p for p in self.points_ if p.threads == threads]
-            or self.points_
-        )
         by_ranks: dict[int, list[ColocationPoint]] = {}
-        for p in chosen:
+        for p in self._chosen(model, threads):
             by_ranks.setdefault(p.ranks_per_node, []).append(p)
         measured = {
             r: (
@@ -214,6 +208,21 @@ class ColocationModel:
         columns = np.array([(1.0, 1.0, 1.0), *(measured[r] for r in known)]).T
         value, low, high = (float(np.interp(ranks_per_node, grid, c)) for c in columns)
         return value, Interval(low, high)
+
+    def span_moments(self, model: str, threads: int) -> int:
+        """The span moments behind :meth:`factor`'s points for ``model`` and ``threads`` (the
+        most of any); 0: the calibration's."""
+        return max((p.span_moments for p in self._chosen(model, threads)), default=0)
+
+    def _chosen(self, model: str, threads: int) -> list[ColocationPoint]:
+        """The points a lookup uses (module docstring): the model's at the thread count, else
+        the model's, else any model's at the thread count, else all."""
+        return (
+            [p for p in self.points_ if (p.model, p.threads) == (model, threads)]
+            or [p for p in self.points_ if p.model == model]
+            or [p for p in self.points_ if p.threads == threads]
+            or self.points_
+        )
 
     @property
     def max_ranks_per_node(self) -> int:

@@ -240,8 +240,7 @@ class ProfileCostModel(ComputeCost):
             else:
                 factor, _ = colocation.factor(workload or "", 1, ranks_per_node)
                 held = colocation.max_ranks_per_node
-                mine = [p for p in colocation.points_ if p.model == workload]
-                moments = max(p.span_moments for p in mine or colocation.points_)
+                moments = colocation.span_moments(workload or "", 1)
                 source = f"{moments} span moments of " if moments else ""
                 prov["co-location"] = (
                     f"profile ({source}jitter at 1 and {held} ranks per node): x{factor:.3f} at "
