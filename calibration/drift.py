@@ -48,6 +48,17 @@ say where the compute stage sat. Pooled with them, they moved a step's typical t
 +2.0% (median over steps) in the validations of 2026-11-24: the calibration ran 3% faster to
 10% slower than the hour after it, and every row of a run moved with it.
 
+**GPU steps** (a GPU's training step, driven by one host thread) drift too, and not with the
+GPU alone: a small network's step on a GPU is the host launching kernels, and on the 16-core
+H100 host of 2026-11-24 the MLP's step (flat in the batch: launch-bound) was 2.1 ms in one
+calibration's compute stage, 1.3 ms in the next, 1.15 ms in a third, while the CNN at batch
+1024 (GPU-bound) held 12.6-13.5 ms. The compute stage's GPU step and the speed checks' GPU
+steps (``microbench speed --gpu-batch``) are moments of their own steps (keys ``mlp-b32-gpu``)
+and set those steps' typical time as above; their deviations are pooled apart
+(:meth:`DriftModel.log_deviations` of "gpu"), so that a GPU rank's band draws the GPU steps'
+drift and a CPU rank's the host's. ``sigma`` and the compute offset stay the host's; a GPU step
+with fewer than :data:`MIN_MOMENTS` moments keeps its compute-stage time (level 1).
+
 Everything derives from ``medians_s``, so a profile fitted before the speed checks existed
 loads with its deviations and offset recomputed from the medians it kept.
 """
@@ -69,6 +80,7 @@ __all__ = ["COMPUTE_MOMENT", "DriftModel"]
 
 COMPUTE_MOMENT = "compute step"
 MIN_MOMENTS = 3  # a step's own typical time needs this many moments; fewer: the pooled offset
+DEVICES = ("cpu", "gpu")
 
 
 class DriftModel:
@@ -80,13 +92,15 @@ class DriftModel:
         self.interval_ = Interval(0.0, 0.0, confidence)
         self.medians_: dict[str, dict[str, float]] = {}
         self.forward_medians_: dict[str, dict[str, float]] = {}  # forward-only, same moments
-        self.log_deviations_ = np.zeros(0)
+        self.log_deviations_ = np.zeros(0)  # the host's (CPU steps)
+        self.gpu_log_deviations_ = np.zeros(0)  # the GPU steps' (module docstring)
         self.compute_log_offset_ = 0.0
         self.span_moments_: set[str] = set()  # labels of the span's moments (docstring)
 
     def fit(self, df: pd.DataFrame) -> DriftModel:
-        """From compute ("op" step and data rows), jitter (per-rank at 1 rank, "alone") and
-        speed measurement records; fewer than two medians of any one step: no drift."""
+        """From compute ("op" step and data rows, CPU and GPU), jitter (per-rank at 1 rank,
+        "alone") and speed measurement records; fewer than two medians of any one step: no
+        drift."""
         rows = df[df["type"] == "measurement"]
         compute = rows[(rows["benchmark"] == "compute") & (rows["name"] == "op")]
         jitter = rows[rows["benchmark"] == "jitter"]
@@ -97,7 +111,7 @@ class DriftModel:
         }
         for _, r in compute.iterrows():
             phase = r.get("params.phase")
-            if phase not in ("step", "inference") or r.get("params.device") != "cpu":
+            if phase not in ("step", "inference") or _device(r) not in DEVICES:
                 continue
             median = float(np.median(r["samples"]))
             if r.get("params.op") in (STEP_WITH_GATHER, INFERENCE_WITH_GATHER):
@@ -140,13 +154,18 @@ class DriftModel:
         """log of a step's typical time: the median of its typical moments' logs."""
         return float(np.median(np.log(list(self._typical_moments(moments).values()))))
 
+    def _repeated_logs(self, device: str) -> list[np.ndarray]:
+        """Per step of ``device`` timed at two moments or more: the logs of its typical
+        moments' medians."""
+        return [
+            np.log(list(self._typical_moments(m).values()))
+            for key, m in self.medians_.items()
+            if len(m) >= 2 and _key_device(key) == device
+        ]
+
     def _derive(self) -> None:
         """sigma and its interval, the log-deviations and the compute offset (docstring)."""
-        repeated = [
-            np.log(list(self._typical_moments(m).values()))
-            for m in self.medians_.values()
-            if len(m) >= 2
-        ]
+        repeated = self._repeated_logs("cpu")
         from_mean = [logs - np.mean(logs) for logs in repeated]
         dof = sum(len(d) for d in from_mean) - len(from_mean)
         if dof >= 1:
@@ -156,41 +175,47 @@ class DriftModel:
             low = np.sqrt(ss / stats.chi2.ppf(1 - tail, dof))
             high = np.sqrt(ss / stats.chi2.ppf(tail, dof))
             self.interval_ = Interval(float(low), float(high), self.confidence)
-        self.log_deviations_ = np.sort(
-            np.concatenate([logs - np.median(logs) for logs in repeated])
-            if repeated
-            else np.zeros(0)
-        )
+        self.log_deviations_ = _pooled_deviations(repeated)
+        self.gpu_log_deviations_ = _pooled_deviations(self._repeated_logs("gpu"))
         offsets = [
             np.log(m[COMPUTE_MOMENT]) - self._typical_log(m)
-            for m in self.medians_.values()
-            if len(m) >= 2 and COMPUTE_MOMENT in m
+            for key, m in self.medians_.items()
+            if len(m) >= 2 and COMPUTE_MOMENT in m and _key_device(key) == "cpu"
         ]
         self.compute_log_offset_ = float(np.median(offsets)) if offsets else 0.0
 
-    def step_level(self, model: str, batch: int, threads: int) -> float:
+    def log_deviations(self, device: str = "cpu") -> np.ndarray:
+        """The pooled log-deviations of ``device``'s steps: the speeds a band draws from."""
+        return self.gpu_log_deviations_ if device == "gpu" else self.log_deviations_
+
+    def step_level(self, model: str, batch: int, threads: int, device: str = "cpu") -> float:
         """Typical time / the compute stage's time of this step: the median of its moments
-        over its compute moment when it has at least :data:`MIN_MOMENTS` of them, else the
-        compute stage's offset over every step, exp(-``compute_log_offset``)."""
-        moments = self.medians_.get(_step_key(model, batch, threads), {})
+        over its compute moment when it has at least :data:`MIN_MOMENTS` of them, else, on the
+        CPU, the compute stage's offset over every step, exp(-``compute_log_offset``), and on
+        a GPU 1 (the host's offset says nothing of it)."""
+        moments = self.medians_.get(_step_key(model, batch, threads, device), {})
         if len(moments) >= MIN_MOMENTS and COMPUTE_MOMENT in moments:
             return float(np.exp(self._typical_log(moments)) / moments[COMPUTE_MOMENT])
-        return float(np.exp(-self.compute_log_offset_))
+        return 1.0 if device == "gpu" else float(np.exp(-self.compute_log_offset_))
 
-    def typical_log_sigma(self, model: str, batch: int, threads: int) -> float | None:
+    def typical_log_sigma(
+        self, model: str, batch: int, threads: int, device: str = "cpu"
+    ) -> float | None:
         """The standard error of :meth:`step_level`'s typical time, in log units: how well its
         median over the step's moments is known (1.2533 x their standard deviation / sqrt(n),
         the median's under a normal law); None where :meth:`step_level` does not use them."""
-        moments = self.medians_.get(_step_key(model, batch, threads), {})
+        moments = self.medians_.get(_step_key(model, batch, threads, device), {})
         if len(moments) < MIN_MOMENTS or COMPUTE_MOMENT not in moments:
             return None
         logs = np.log(list(self._typical_moments(moments).values()))
         return float(1.2533 * np.std(logs, ddof=1) / np.sqrt(logs.size))
 
-    def forward_fraction(self, model: str, batch: int, threads: int) -> float | None:
+    def forward_fraction(
+        self, model: str, batch: int, threads: int, device: str = "cpu"
+    ) -> float | None:
         """The forward-only step over the training step, the median over the moments that
         timed both (module docstring); None where none did."""
-        key = _step_key(model, batch, threads)
+        key = _step_key(model, batch, threads, device)
         steps = self._typical_moments(self.medians_.get(key, {}))
         forwards = self.forward_medians_.get(key, {})
         ratios = [forwards[m] / steps[m] for m in forwards if m in steps]
@@ -205,6 +230,7 @@ class DriftModel:
             "intervals": {"sigma": self.interval_.to_dict()},
             "compute_log_offset": self.compute_log_offset_,
             "log_deviations": [float(d) for d in self.log_deviations_],
+            "gpu_log_deviations": [float(d) for d in self.gpu_log_deviations_],
             "medians_s": self.medians_,
             "forward_medians_s": self.forward_medians_,
             "span_moments": sorted(self.span_moments_),
@@ -228,10 +254,28 @@ def _add(into: dict[str, dict[str, float]], key: str, where: str, median_s: floa
         into.setdefault(key, {})[where] = median_s
 
 
+def _pooled_deviations(repeated: list[np.ndarray]) -> np.ndarray:
+    """Each step's log-medians less their median, pooled and sorted."""
+    if not repeated:
+        return np.zeros(0)
+    return np.sort(np.concatenate([logs - np.median(logs) for logs in repeated]))
+
+
+def _device(row: pd.Series) -> str:
+    """A record's device; records from before speed checks timed GPUs name none: the CPU."""
+    device = row.get("params.device")
+    return device if isinstance(device, str) else "cpu"
+
+
 def _key(row: pd.Series) -> str:
-    return _step_key(row["params.model"], row["params.batch"], row["params.threads"])
+    return _step_key(row["params.model"], row["params.batch"], row["params.threads"], _device(row))
 
 
-def _step_key(model: str, batch: Any, threads: Any) -> str:
-    """The key of one step's medians: ``mlp-b32-t1``."""
-    return f"{model}-b{int(batch)}-t{int(threads)}"
+def _step_key(model: str, batch: Any, threads: Any, device: str = "cpu") -> str:
+    """The key of one step's medians: ``mlp-b32-t1`` on the CPU, ``mlp-b32-gpu`` on a GPU
+    (driven by one host thread, whatever the records say of threads)."""
+    return f"{model}-b{int(batch)}-" + ("gpu" if device == "gpu" else f"t{int(threads)}")
+
+
+def _key_device(key: str) -> str:
+    return "gpu" if key.endswith("-gpu") else "cpu"

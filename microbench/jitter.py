@@ -99,25 +99,34 @@ def make_gather(workload: Workload, batch: int, seed: int = 0) -> Callable[[], N
 
 
 def make_step_pair(
-    workload: Workload, batch: int, seed: int = 0
+    workload: Workload,
+    batch: int,
+    seed: int = 0,
+    xp: Any = np,
+    synchronize: Callable[[], None] | None = None,
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """The training step of :func:`make_training_step` and the forward-only step (the forward
-    and the loss, what ``pdlsim train --inference`` computes) on the same network and batch."""
+    and the loss, what ``pdlsim train --inference`` computes) on the same network and batch.
+    On a GPU (``xp`` CuPy) each call ends with ``synchronize()``, so that a host clock around
+    it times the device's work too."""
     from .nn import SGD, Network
 
-    net = Network(workload, seed=seed)
-    opt = SGD(lr=0.0)
+    net = Network(workload, seed=seed, xp=xp)
+    opt = SGD(lr=0.0, xp=xp)
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((batch, *workload.input_shape), dtype=np.float32)
-    y = rng.integers(0, workload.num_classes, batch)
+    x = xp.asarray(rng.standard_normal((batch, *workload.input_shape), dtype=np.float32))
+    y = xp.asarray(rng.integers(0, workload.num_classes, batch))
+    wait = synchronize or _nothing
 
     def step() -> None:
         net.forward(x, y)
         net.backward()
         opt.step(net.params, net.grads)
+        wait()
 
     def forward_only() -> None:
         net.forward(x, y)
+        wait()
 
     return step, forward_only
 

@@ -223,17 +223,20 @@ def speed_command(
     append: bool,
     quick: bool = False,
     threads: tuple[int, ...] = (1,),
+    gpu_batches: tuple[int, ...] = (),
 ) -> list[str]:
     """``python -m microbench speed`` for the steps of ``models`` at ``batches`` and
-    ``threads``, labelled ``moment``, into ``out/speed.jsonl``: the bench's checks and
-    validate's use it. Every thread count the compute stage times, so that each of its steps
-    gets its own typical time (:mod:`calibration.drift`): a step at 2 threads on this 2-core VM
-    does not move with the 1-thread step (its single compute moment put the CNN's 2-thread rows
-    15-30% fast in two validations)."""
+    ``threads`` (and on the GPU at ``gpu_batches``), labelled ``moment``, into
+    ``out/speed.jsonl``: the bench's checks and validate's use it. Every thread count the
+    compute stage times, so that each of its steps gets its own typical time
+    (:mod:`calibration.drift`): a step at 2 threads on this 2-core VM does not move with the
+    1-thread step (its single compute moment put the CNN's 2-thread rows 15-30% fast in two
+    validations)."""
     return [
         sys.executable, *_microbench(
             "speed", "--model", models, "--batch", _csv(batches),
             "--threads", _csv(threads), "--moment", moment, "--out", str(out),
+            *(["--gpu-batch", _csv(gpu_batches)] if gpu_batches else []),
             *(["--samples", "8"] if quick else []), *(["--append"] if append else []),
         ),
     ]  # fmt: skip
@@ -246,9 +249,21 @@ def _speed_stage(plan: BenchPlan, k: int, of: int) -> Stage:
     moment = f"check {k} of {of}"
     threads = tuple(plan.threads)
     command = speed_command(
-        plan.model, plan.batches, moment, plan.out / "ranks1", k > 1, plan.quick, threads
-    )
+        plan.model, plan.batches, moment, plan.out / "ranks1", k > 1, plan.quick, threads,
+        _gpu_batches(plan),
+    )  # fmt: skip
     return Stage(f"speed-{k}", f"machine speed now ({moment})", tuple(command), 1, max(threads))
+
+
+def _gpu_batches(plan: BenchPlan) -> tuple[int, ...]:
+    """The batches the compute stage times on a GPU, where one is found (none otherwise): the
+    speed checks time the GPU steps there too (:mod:`calibration.drift`)."""
+    from microbench.compute import GPU_BATCHES
+    from microbench.gpu import find_gpu
+
+    if find_gpu()[0] is None:
+        return ()
+    return tuple(plan.gpu_batches or GPU_BATCHES)
 
 
 def check_out_dir(out: Path) -> None:

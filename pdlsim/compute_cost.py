@@ -96,7 +96,8 @@ class ComputeCost:
         if device == "gpu":
             if "gpu" not in self.compute.devices:
                 return raw
-            return raw * self.step_ratio(batch, 1, "gpu")
+            # the GPU steps' typical speed is in their rows; the band's draw of their drift
+            return raw * self.step_ratio(batch, 1, "gpu") * self.drift_level * self.drift_factor
         seconds = raw * self.step_ratio(batch, threads)
         if phase == "forward" and layer.index == 0:
             seconds += self._gather_s(layer, batch)

@@ -41,7 +41,9 @@
   compute is divided by exp(the compute stage's log-offset from typical), so a prediction
   describes the typical speed rather than the moment the op table was measured (per measured
   step, its whole-step row; without rows, all compute); the band (:meth:`perturbed`) scales it
-  by one of the measured log-deviations per sample.
+  by one of the measured log-deviations per sample. GPU ranks on a profile that timed the GPU
+  do the same with the GPU steps' own moments and deviations (a small network's GPU step is
+  the host launching kernels, and drifts with the host); from a data sheet they have none.
 * **Copies.** The profile's transfer model, else the preset's PCIe per-direction rate times
   :data:`PINNED_EFFICIENCY` or :data:`PAGEABLE_EFFICIENCY` plus :data:`COPY_LATENCY_S` (assumed).
 * **Jitter.** The profile's :class:`calibration.jitter.JitterModel` behind the simulator's
@@ -248,30 +250,33 @@ class ProfileCostModel(ComputeCost):
                     + (f", held above {held}" if ranks_per_node > held else "")
                 )
         drift = profile.model("drift") if profile.models.get("drift") else None
-        host_drift = drift is not None and device == "cpu"
-        drift_sigma = drift.sigma_ if host_drift else 0.0
-        deviations = tuple(float(d) for d in drift.log_deviations_) if host_drift else ()
+        # the drift of the steps this prediction computes with: the host's, or the GPU steps'
+        # where the profile timed the GPU (calibration.drift); a data sheet's GPU has none
+        drifting = drift is not None and compute_device == device
+        drift_sigma = drift.sigma_ if drifting and device == "cpu" else 0.0
+        deviations = tuple(map(float, drift.log_deviations(device))) if drifting else ()
         level, levels = 1.0, {}
-        if host_drift:
+        if drifting:
             levels = {
-                r: drift.step_level(r.model, r.batch, r.threads)
+                r: drift.step_level(r.model, r.batch, r.threads, r.device)
                 for r in scale.steps
-                if r.device == "cpu"
+                if r.device == device
             }
         if levels:
             scale = scale.rescaled(lambda r: levels.get(r, 1.0))
             scale = scale.with_sigma(
-                lambda r: _typical_sigma_s(drift, r) if r.device == "cpu" else None
+                lambda r: _typical_sigma_s(drift, r) if r.device == device else None
             )
             scale = scale.with_forward(
-                lambda r: drift.forward_fraction(r.model, r.batch, r.threads)
+                lambda r: drift.forward_fraction(r.model, r.batch, r.threads, r.device)
             )
-        elif host_drift:
+        elif drifting and device == "cpu":
             level = float(np.exp(-drift.compute_log_offset_))
         if deviations:
             low, high = np.exp(np.quantile(deviations, [0.1, 0.9]))
+            steps = "GPU steps" if device == "gpu" else "steps"
             prov["drift"] = (
-                f"profile: {len(deviations)} moments of the same steps; measured compute "
+                f"profile: {len(deviations)} moments of the same {steps}; measured compute "
                 f"x{min(levels.values(), default=level):.3f}.."
                 f"x{max(levels.values(), default=level):.3f} to the typical speed, band "
                 f"x{low:.2f}..x{high:.2f} (P10..P90 of the moments)"
@@ -408,5 +413,5 @@ class ProfileCostModel(ComputeCost):
 
 def _typical_sigma_s(drift: Any, row: StepRow) -> float | None:
     """Seconds of the row's typical-time uncertainty (:meth:`DriftModel.typical_log_sigma`)."""
-    sigma = drift.typical_log_sigma(row.model, row.batch, row.threads)
+    sigma = drift.typical_log_sigma(row.model, row.batch, row.threads, row.device)
     return None if sigma is None else row.time_s * sigma

@@ -381,6 +381,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         tuple(fitting),
         jitter_ranks=2 if pairs else 1,
         jitter_every=2 if cfg.quick else 1,
+        gpu_batches=tuple(sorted({s.batch for s in specs if s.device == "gpu"})),
     )
     checks.run()
     launches: list[list[dict[str, Any]]] = [[] for _ in specs]

@@ -44,12 +44,13 @@ __all__ = [
 ]
 
 FLOOR_DRAWS = 2000
-Levels = dict[tuple[str, str, int, int], np.ndarray]  # (record name, model, batch, threads)
+Levels = dict[tuple[str, str, int, int, str], np.ndarray]  # (name, model, batch, threads, device)
 
 
 def speed_levels(speed_dir: Path) -> Levels:
-    """{(record name, model, batch, threads): each speed check's median over their median} for
-    the ``microbench speed`` records under ``speed_dir``; empty when there are none."""
+    """{(record name, model, batch, threads, device): each speed check's median over their
+    median} for the ``microbench speed`` records under ``speed_dir``; empty when there are
+    none. Records from before the checks timed GPUs name no device: the CPU."""
     from microbench.records import load_dataframe
 
     try:
@@ -60,25 +61,25 @@ def speed_levels(speed_dir: Path) -> Levels:
         return {}
     df = df[df["benchmark"] == "speed"]
     out: Levels = {}
-    if "params.threads" not in df:
-        df = df.assign(**{"params.threads": 1})
-    keys = ["name", "params.model", "params.batch", "params.threads"]
-    for (name, model, batch, threads), group in df.groupby(keys):
+    defaults = {"params.threads": 1, "params.device": "cpu"}
+    df = df.assign(**{k: df[k].fillna(v) if k in df else v for k, v in defaults.items()})
+    keys = ["name", "params.model", "params.batch", "params.threads", "params.device"]
+    for (name, model, batch, threads, device), group in df.groupby(keys):
         medians = np.array([np.median(s) for s in group["samples"]], dtype=float)
-        out[(str(name), str(model), int(batch), int(threads))] = medians / np.median(medians)
+        key = (str(name), str(model), int(batch), int(threads), str(device))
+        out[key] = medians / np.median(medians)
     return out
 
 
 def _row_levels(row: dict[str, Any], levels: Levels) -> np.ndarray | None:
     """The levels of the row's step: forward-only for inference, at its thread count where the
-    checks timed it, else at one thread (every mode moves with the serial step); None for a GPU
-    row (the checks time the host's steps, not a GPU's)."""
-    if row.get("device", "cpu") == "gpu":
-        return None
+    checks timed it, else at one thread (every mode moves with the serial step); a GPU row's,
+    its GPU step's (None where the checks did not time the GPU)."""
+    device = row.get("device", "cpu")
     names = (FORWARD_NAME, STEP_NAME) if row["inference"] else (STEP_NAME,)
-    for threads in dict.fromkeys((int(row.get("threads", 1)), 1)):
+    for threads in dict.fromkeys((1 if device == "gpu" else int(row.get("threads", 1)), 1)):
         for name in names:
-            found = levels.get((name, str(row["model"]), int(row["batch"]), threads))
+            found = levels.get((name, str(row["model"]), int(row["batch"]), threads, device))
             if found is not None:
                 return found
     return None

@@ -11,14 +11,16 @@ launch, after every
 and predicts from the calibrated profile with those moments added to its drift model as its
 span (:func:`span_profile`, written to ``OUT/profile-span.json``): each step's typical time,
 speed band and forward-only share are then those of the hour the runs took, from the span's
-checks alone (:mod:`calibration.drift`). Where the runs include 2 ranks that fit the
-cores, each check also times the jitter step at 2 ranks (``microbench jitter --moment``), and
-its moments join the jitter models' (:meth:`calibration.jitter.JitterModel.add_moments`): the
-2-rank sync is then the typical skew of the span, not of the calibration's three moments, two
-minutes long (the CNN's skew moved between 3.6% and 8.5% from one moment to the next), and
-so do the co-location factors' (:meth:`calibration.colocation.ColocationModel.add_moments`).
-These are microbenchmarks like the calibration's, never a training run; the report keeps the
-predictions from the calibration's moments alone next to these.
+checks alone (:mod:`calibration.drift`); where the runs include a GPU, each check times the GPU
+steps at its rows' batches too, so that theirs are as well. Where the runs include 2 ranks that
+fit the cores, each check also times the jitter step at 2 ranks (``microbench jitter
+--moment``), and its moments join the jitter models'
+(:meth:`calibration.jitter.JitterModel.add_moments`): the 2-rank sync is then the typical skew
+of the span, not of the calibration's three moments, two minutes long (the CNN's skew moved
+between 3.6% and 8.5% from one moment to the next), and so do the co-location factors'
+(:meth:`calibration.colocation.ColocationModel.add_moments`). These are microbenchmarks like
+the calibration's, never a training run; the report keeps the predictions from the
+calibration's moments alone next to these.
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ JITTER_CHECK_SAMPLES = 33  # steps per rank of a check's 2-rank jitter run (the 
 
 
 class SpeedChecks:
-    """Numbered speed checks into ``out/speed.jsonl`` (the first creates it); with
-    ``jitter_ranks`` 2 or more, every ``jitter_every``-th check from the first also times the
-    jitter step at that many ranks into ``out/jitter.jsonl``, labelled with the same moment
-    (4.6 s a check here for both workloads: ``--quick`` takes every other one)."""
+    """Numbered speed checks into ``out/speed.jsonl`` (the first creates it), also of the GPU
+    steps at ``gpu_batches`` (the GPU rows' batches); with ``jitter_ranks`` 2 or more, every
+    ``jitter_every``-th check from the first also times the jitter step at that many ranks into
+    ``out/jitter.jsonl``, labelled with the same moment (4.6 s a check here for both
+    workloads: ``--quick`` takes every other one)."""
 
     def __init__(
         self,
@@ -50,8 +53,10 @@ class SpeedChecks:
         threads: tuple[int, ...] = (1,),
         jitter_ranks: int = 1,
         jitter_every: int = 1,
+        gpu_batches: tuple[int, ...] = (),
     ) -> None:
         self.out, self.models, self.batches, self.threads = out, models, batches, threads
+        self.gpu_batches = gpu_batches
         self.jitter_ranks, self.jitter_every = jitter_ranks, jitter_every
         self.done = 0
 
@@ -63,7 +68,7 @@ class SpeedChecks:
         self.done += 1
         command = speed_command(
             ",".join(self.models), self.batches, f"validation {self.done}", self.out,
-            append=self.done > 1, threads=self.threads,
+            append=self.done > 1, threads=self.threads, gpu_batches=self.gpu_batches,
         )  # fmt: skip
         self.out.mkdir(parents=True, exist_ok=True)
         log = self.out / "speed.log"

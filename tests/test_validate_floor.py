@@ -46,8 +46,10 @@ def test_levels_are_each_check_over_the_median_of_its_step(tmp_path: Path) -> No
     levels = speed_levels(
         _checks(tmp_path, {("step_compute", "cnn", 32): [0.02, 0.03, 0.02, 0.03, 0.03]})
     )
-    assert list(levels) == [("step_compute", "cnn", 32, 1)]
-    np.testing.assert_allclose(levels[("step_compute", "cnn", 32, 1)], [2 / 3, 1, 2 / 3, 1, 1])
+    assert list(levels) == [("step_compute", "cnn", 32, 1, "cpu")]
+    np.testing.assert_allclose(
+        levels[("step_compute", "cnn", 32, 1, "cpu")], [2 / 3, 1, 2 / 3, 1, 1]
+    )
     assert speed_levels(tmp_path / "missing") == {}
 
 
@@ -60,7 +62,7 @@ def test_a_steady_machine_has_no_floor(tmp_path: Path) -> None:
 def test_a_two_level_machine_floor_is_the_chance_that_most_launches_are_slow() -> None:
     """Levels 1 (p = 0.6) and 1.5 (p = 0.4): one launch is 50% off with probability 0.4; the
     median of three is, with probability 3 * 0.4^2 * 0.6 + 0.4^3 = 0.352."""
-    levels = {("step_compute", "cnn", 32, 1): np.array([1.0, 1.0, 1.0, 1.5, 1.5])}
+    levels = {("step_compute", "cnn", 32, 1, "cpu"): np.array([1.0, 1.0, 1.0, 1.5, 1.5])}
     one = floor_errors([_row()], levels, repeats=1, draws=20_000, seed=1)
     three = floor_errors([_row()], levels, repeats=3, draws=20_000, seed=1)
     assert set(np.unique(one)) == {0.0, 0.5}
@@ -110,9 +112,27 @@ def test_rows_take_the_checks_at_their_thread_count_else_at_one_thread(tmp_path:
     }
     out = _checks(tmp_path, {k: [1e-3 * v for v in vs] for k, vs in checks.items()})
     levels = speed_levels(out)
-    assert set(levels) == {(n, m, b, t) for n, m, b, t in checks}
+    assert set(levels) == {(n, m, b, t, "cpu") for n, m, b, t in checks}
     cnn, mlp = floor_errors([_row(threads=2), _row("mlp", threads=2)], levels, 1, draws=500)
     assert np.all(cnn == 0.0) and set(np.unique(mlp)) == {0.0, 0.5}
+
+
+def test_gpu_rows_take_the_gpu_steps_checks_and_cpu_rows_the_hosts(tmp_path: Path) -> None:
+    """The same workload and batch checked on the host (steady) and on the GPU (two levels):
+    the GPU row moves with the GPU step, the serial row does not."""
+    with RecordWriter(tmp_path / "speed.jsonl", {"hostname": "synthetic"}) as writer:
+        for device, medians in (("cpu", [1.0] * 5), ("gpu", [1.0, 1.0, 1.0, 1.5, 1.5])):
+            for k, median in enumerate(medians, 1):
+                params = {"model": "mlp", "batch": 32, "threads": 1, "device": device,
+                          "moment": f"v {k}"}  # fmt: skip
+                record = Measurement([1e-3 * median] * 3, "speed", "step_compute", params)
+                writer.write(record.to_record())
+    levels = speed_levels(tmp_path)
+    assert set(levels) == {("step_compute", "mlp", 32, 1, d) for d in ("cpu", "gpu")}
+    host, gpu = floor_errors(
+        [_row("mlp"), {**_row("mlp"), "device": "gpu"}], levels, repeats=1, draws=500
+    )
+    assert np.all(host == 0.0) and set(np.unique(gpu)) == {0.0, 0.5}
 
 
 def test_deviation_is_the_median_distance_from_each_groups_median() -> None:

@@ -105,7 +105,8 @@ def test_prefetch_is_predicted_no_slower_than_copying_in_turn(gpu_profile: str, 
 
 def test_a_tiny_validation_with_a_stand_in_gpu(monkeypatch, gpu_profile: str, tmp_path) -> None:
     """Serial CPU, one GPU copying in turn, one prefetching: trained for real (the GPU runs on
-    the stand-in in their own processes), predicted, reported and drawn."""
+    the stand-in in their own processes), predicted, reported and drawn; the speed checks time
+    the GPU step too, into the span's drift and the GPU rows' noise floor."""
     fake_cupy.install(monkeypatch)
     shims = fake_cupy.write_importable(tmp_path / "shims")
     path = os.pathsep.join(filter(None, [str(shims), os.environ.get("PYTHONPATH")]))
@@ -127,10 +128,14 @@ def test_a_tiny_validation_with_a_stand_in_gpu(monkeypatch, gpu_profile: str, tm
         assert r["predicted_speedup"] == pytest.approx(
             rows["serial"]["predicted_p50_s"] / r["predicted_p50_s"]
         )
-        assert r["noise_floor_rel_error"] is None  # no speed check times a GPU step
+        assert r["noise_floor_rel_error"] is not None  # the speed checks time the GPU step
         run = tmp_path / "report" / "runs" / f"mlp-gpu-b16{'-prefetch' * r['prefetch']}" / "r0"
         header = json.loads((run / "rank0.jsonl").read_text().splitlines()[0])
         assert header["run"]["prefetch"] == header["run"]["pinned"] == r["prefetch"]
         assert header["run"]["device"] == "gpu0:Fake GPU"  # trained on the stand-in
+    span = json.loads((tmp_path / "report" / "profile-span.json").read_text())
+    drift = span["models"]["drift"]
+    assert sorted(drift["medians_s"]["mlp-b16-gpu"]) == ["validation 1", "validation 2"]
+    assert len(drift["gpu_log_deviations"]) == 2  # the GPU steps' own, apart from the host's
     assert "gpu+prefetch" in format_report(report)
     assert (tmp_path / "report" / "speedup-mlp.png").stat().st_size > 1000

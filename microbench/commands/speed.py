@@ -31,23 +31,37 @@ it put the share at 0.39-0.44 (CNN) and 0.41-0.48 (MLP) in the 2026-11-22 15:17 
 where the compute stage, timing each step in its own block, gave 0.36 and 0.35, and the
 trainer's forward-only loop ran at 0.30-0.33 of the training loop's step (CNN).
 
+With ``--gpu-batch`` the same pair is timed on the GPU (CuPy arrays, one host thread, each call
+ending with the device synchronised, on the host's clock) at those batches: a small network's
+GPU step is the host launching kernels, and its speed drifts with the host's (the MLP's step on
+the H100 host of 2026-11-24: 2.1 ms at one calibration, 1.3 ms at the next), so
+``pdlsim validate`` times it between its GPU launches as it times the CPU steps.
+
 Records go to ``DIR/speed.jsonl``: benchmark "speed", name "step_compute" (the training step)
-and "forward_compute" (the forward-only step), params model, batch, threads and moment, every
-raw sample.
+and "forward_compute" (the forward-only step), params model, batch, threads, device ("cpu" or
+"gpu"; GPU records carry threads 1) and moment, every raw sample.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from ..cli import (
+    UsageError,
     add_output_arguments,
     add_workloads_arguments,
     checked_out_dir,
     int_at_least,
     positive_int_list,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..gpu import Gpu
+    from ..workload import Workload
 
 RECORDS_FILE = "speed.jsonl"
 BENCHMARK = "speed"
@@ -76,6 +90,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="BLAS and numba threads, one or more (default 1)",
     )
     parser.add_argument(
+        "--gpu-batch",
+        type=positive_int_list,
+        default=(),
+        metavar="B,...",
+        help="also time each workload's steps on the GPU (CuPy) at these batches; an error "
+        "without a GPU (default: none)",
+    )
+    parser.add_argument(
         "--samples",
         type=int_at_least(1),
         default=DEFAULT_SAMPLES,
@@ -102,12 +124,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ..jitter import FORWARD_NAME, NAME, make_gather, make_step_pair, sample_alternating
+    from ..jitter import FORWARD_NAME, NAME
     from ..machine import machine_metadata
     from ..measurement import Measurement
     from ..records import RecordWriter
     from ..threads import oversubscription, set_threads
 
+    gpu = None
+    if args.gpu_batch:
+        from ..gpu import find_gpu
+
+        gpu, why = find_gpu()
+        if gpu is None:
+            raise UsageError(f"--gpu-batch: no GPU ({why}); leave --gpu-batch out")
     out = checked_out_dir(args, RECORDS_FILE)
     warning = oversubscription(1, max(args.threads))
     if warning is not None:
@@ -115,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     settings = {
         "models": [w.name for w in args.model],
         "batches": list(args.batch),
+        "gpu_batches": list(args.gpu_batch),
         "threads": list(args.threads),
         "samples": args.samples,
         "warmup": args.warmup,
@@ -126,23 +156,18 @@ def run(args: argparse.Namespace) -> int:
     }
     run_info = {"command": "microbench speed", "argv": sys.argv[1:], "settings": settings}
     machine = machine_metadata(threads=max(args.threads))
+    # (device, threads, batches): the CPU at every thread count, then the GPU on one thread
+    runs = [("cpu", t, args.batch) for t in args.threads]
+    runs += [("gpu", 1, args.gpu_batch)] if gpu is not None else []
     with RecordWriter(out / RECORDS_FILE, machine, run_info, append=args.append) as writer:
-        for threads in args.threads:
+        for device, threads, batches in runs:
             set_threads(threads)
             for workload in args.model:
-                for batch in args.batch:
-                    pair = make_step_pair(workload, batch)
-                    gather = make_gather(workload, batch)
-                    timed = sample_alternating(
-                        pair,
-                        args.samples,
-                        args.warmup,
-                        block=BLOCK,
-                        settle=SETTLE,
-                        before=gather,
-                    )
+                for batch in batches:
+                    on = gpu if device == "gpu" else None
+                    timed = _timed_pair(workload, batch, on, args.samples, args.warmup)
                     params = {"model": workload.name, "batch": batch, "threads": threads,
-                              "moment": args.moment}  # fmt: skip
+                              "device": device, "moment": args.moment}  # fmt: skip
                     for name, samples in zip((NAME, FORWARD_NAME), timed, strict=True):
                         measurement = Measurement(
                             samples, benchmark=BENCHMARK, name=name, params=params,
@@ -151,10 +176,29 @@ def run(args: argparse.Namespace) -> int:
                         writer.write(measurement.to_record(clock="perf_counter"))
                     if not args.quiet:
                         step_ms, forward_ms = (np.median(t) * 1e3 for t in timed)
+                        where = "on the GPU" if device == "gpu" else f"x {threads} thread(s)"
                         print(
-                            f"speed ({args.moment}): {workload.name} batch {batch} x {threads} "
-                            f"thread(s): median {step_ms:.3f} ms over {args.samples} steps, "
+                            f"speed ({args.moment}): {workload.name} batch {batch} {where}: "
+                            f"median {step_ms:.3f} ms over {args.samples} steps, "
                             f"forward only {forward_ms:.3f} ms",
                             flush=True,
                         )
+            if device == "gpu":
+                gpu.release_pools()
     return 0
+
+
+def _timed_pair(
+    workload: Workload, batch: int, gpu: Gpu | None, samples: int, warmup: int
+) -> list[np.ndarray]:
+    """The training step and the forward-only step of ``workload`` at ``batch``, timed in
+    alternation (module docstring): on the host, each call after a mini-batch gather, or on
+    ``gpu``, where the trainer's gather and copy are not the device's compute."""
+    from ..jitter import make_gather, make_step_pair, sample_alternating
+
+    if gpu is None:
+        pair, gather = make_step_pair(workload, batch), make_gather(workload, batch)
+    else:
+        pair = make_step_pair(workload, batch, xp=gpu.cupy, synchronize=gpu.synchronize)
+        gather = None
+    return sample_alternating(pair, samples, warmup, block=BLOCK, settle=SETTLE, before=gather)
