@@ -177,7 +177,9 @@ class StepScale:
                 f"side by side (batches {_csv(batches)})"
             )
         if model in self.measured_models(device):
-            batches = sorted({r.batch for r in self.steps if r.model == model})
+            batches = sorted(
+                {r.batch for r in self.steps if (r.device, r.model) == (device, model)}
+            )
             return f"scaled to the measured {model} steps (batches {_csv(batches)})"
         return "scaled by the median whole-step/ops ratio of the measured models"
 

@@ -64,6 +64,25 @@ def test_predict_exactly_as_documented_on_a_fresh_install():
     _check(out)
 
 
+def test_the_packaged_h100_profile_predicts_gpu_ranks_from_what_it_measured():
+    """Measured on one H100 (16-core host): GPU compute from its GPU steps, at the batches it
+    timed there, and copies from its transfer model; the data-sheet default is far quicker for
+    this trainer's launch-bound steps."""
+    run = _cli("predict", "--profile", "h100-16core", "--nodes", "2", "--gpus", "4", "--json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    _check(out)
+    sources = out["provenance"]
+    assert sources["compute"] == (
+        "profile (gpu); scaled to the measured cnn steps (batches 64,256,1024)"
+    )
+    assert sources["copies"] == "profile"
+    assert "compute" not in out["data_sheet"] and "copies" not in out["data_sheet"]
+    default = json.loads(_cli("predict", "--nodes", "2", "--gpus", "4", "--json").stdout)
+    assert default["provenance"]["profile"] == "xeon-2core"
+    assert out["breakdown"]["compute_s"] > 3 * default["breakdown"]["compute_s"]
+
+
 @pytest.mark.parametrize(
     "args",
     [
