@@ -27,6 +27,14 @@ the barrier's point as ``compute_s``, and :meth:`InSituModel.wait_fraction` is t
 mean wait over it: the ranks' skew as a share of the step's compute, measured in the step
 training runs (:func:`pdlsim.insitu_cost.in_place_sync` sizes the jitter model's sync by it).
 
+**Co-location in place.** Data parallel, rank 0 also times its compute alone right after each
+round's steps, while the other ranks idle (statistic ``alone``). Each round's median of the
+ranks' compute in place over its median alone is the co-location factor of that moment, taken
+seconds apart and so free of the machine's speed; their median over rounds goes on the
+barrier's point as ``colocation`` (:meth:`InSituModel.colocations`): how much the other
+ranks and the step's collectives slow a rank's compute, where the jitter benchmark's 2-rank
+steps have no collective between them.
+
 **The update in place.** Data parallel, the benchmark also times the SGD update after the
 allreduce (op ``update``), which the ranks run together on what the reduction just wrote. Its
 median over ranks and steps goes on the barrier's point as ``update_s``, and
@@ -36,9 +44,9 @@ in the same steps, so the share holds whatever the machine's speed was.
 ``to_dict()``: ``{"model": "insitu", "points": [{"workload", "parallel", "op", "layer",
 "batch", "ranks", "ranks_per_node", "threads", "bytes", "median_s", "wait_s", "n_samples",
 "rounds", "intervals": {"median_s": {"low", "high", "confidence"}}}], "log_deviations": [...]}``
-and ``compute_s`` and ``update_s`` on barrier points (profiles written before rounds lack
-``rounds`` and ``log_deviations``: one round, none; before the compute or the update was
-timed, ``compute_s`` or ``update_s``).
+and ``compute_s``, ``update_s`` and ``colocation`` on barrier points (profiles written
+before rounds lack ``rounds`` and ``log_deviations``: one round, none; before the compute, the
+update or the compute alone was timed, ``compute_s``, ``update_s`` or ``colocation``).
 """
 
 from __future__ import annotations
@@ -82,6 +90,7 @@ class InSituPoint:
     rounds: int = 1  # the moments its samples were taken at
     compute_s: float | None = None  # barrier points: the ranks' compute before it (median)
     update_s: float | None = None  # data-parallel barrier points: the update in place (median)
+    colocation: float | None = None  # data-parallel barrier points: compute in place / alone
 
 
 def _step_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -97,6 +106,35 @@ def _own_medians(table: pd.DataFrame, op: str) -> dict[tuple[Any, ...], float]:
     for key, group in rows.groupby(list(_KEYS), sort=True):
         samples = np.concatenate([np.asarray(s, dtype=float) for s in group["samples"]])
         out[_step_key(key)] = float(np.median(samples))
+    return out
+
+
+def _rounds_of(samples: Any, rounds: int) -> list[np.ndarray]:
+    """A record's samples cut into its rounds (:func:`microbench.insitu.split_rounds`)."""
+    values = np.asarray(samples, dtype=float)
+    return np.split(values, np.cumsum(split_rounds(len(values), rounds))[:-1])
+
+
+def _colocations(table: pd.DataFrame) -> dict[tuple[Any, ...], float]:
+    """Per step where rank 0 timed its compute alone (:func:`_step_key`): the median over
+    rounds of the ranks' compute in place (every rank's samples of the round) over the compute
+    alone, each a ratio of the round's medians (module docstring)."""
+    out = {}
+    rows = table[table["op"] == "compute"]
+    for key, group in rows.groupby(list(_KEYS), sort=True):
+        alone = group[group["statistic"] == "alone"]
+        ranks = group[group["statistic"] == "per_rank"]
+        if alone.empty or ranks.empty:
+            continue
+        rounds = int(group["rounds"].iloc[0])
+        lone = _rounds_of(alone["samples"].iloc[0], rounds)
+        in_place = [_rounds_of(s, rounds) for s in ranks["samples"]]
+        ratios = [
+            np.median(np.concatenate([parts[r] for parts in in_place])) / np.median(lone[r])
+            for r in range(min(len(lone), *(len(parts) for parts in in_place)))
+        ]
+        if ratios:
+            out[_step_key(key)] = float(np.median(ratios))
     return out
 
 
@@ -126,6 +164,7 @@ class InSituModel:
         table["rounds"] = 1 if rounds_of is None else rounds_of.fillna(1).astype(int)
         points, deviations = [], []
         computes, updates = _own_medians(table, "compute"), _own_medians(table, "update")
+        colocations = _colocations(table)
         for key, group in table.groupby(list(_KEYS), sort=True):
             own = group[group["statistic"] == "min_over_ranks"]
             if own.empty or key[2] in OWN_WORK:
@@ -134,7 +173,7 @@ class InSituModel:
             moments = [
                 float(np.median(part))
                 for s, r in zip(own["samples"], own["rounds"], strict=True)
-                for part in np.split(np.asarray(s, float), np.cumsum(split_rounds(len(s), r))[:-1])
+                for part in _rounds_of(s, r)
             ]
             ranks = group[group["statistic"] == "per_rank"]["samples"]
             mean_in_call = [float(np.mean(s)) for s in ranks]
@@ -155,6 +194,7 @@ class InSituModel:
                     rounds=len(moments),
                     compute_s=computes.get(_step_key(key)) if key[2] == "barrier" else None,
                     update_s=updates.get(_step_key(key)) if key[2] == "barrier" else None,
+                    colocation=colocations.get(_step_key(key)) if key[2] == "barrier" else None,
                 )
             )  # fmt: skip
             if len(moments) >= 2:
@@ -209,6 +249,13 @@ class InSituModel:
         profile did not time the update (module docstring)."""
         return self._share_of_compute(workload, parallel, batch, lambda p: p.update_s)
 
+    def colocations(self, workload: str, parallel: str) -> list[InSituPoint]:
+        """The barrier points of one workload and parallelism that carry a co-location factor
+        in place (module docstring), by batch; none where rank 0 did not time its compute
+        alone."""
+        found = (p for p in self.calls(workload, parallel) if p.colocation is not None)
+        return sorted(found, key=lambda p: p.batch)
+
     def _share_of_compute(
         self,
         workload: str,
@@ -245,7 +292,7 @@ class InSituModel:
         points = []
         for p in self.points_:
             doc = asdict(p)
-            for optional in ("compute_s", "update_s"):
+            for optional in ("compute_s", "update_s", "colocation"):
                 if doc[optional] is None:
                     del doc[optional]
             low, high = doc.pop("ci_low_s"), doc.pop("ci_high_s")

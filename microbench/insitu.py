@@ -35,6 +35,13 @@ is timed as well (op ``update``, layer ``step``): the ranks run it together, rig
 reduction has been through their caches, and on the development VM the MLP's took 1.3-1.5x its
 serial time in four validations' 2-rank training runs.
 
+Data parallel, right after each round's steps, rank 0 also times the same forward and backward
+alone while the other ranks idle (statistic ``alone``, op ``compute``): the ranks' compute in
+place over that, round by round, is how much the other rank and the step's collectives slow a
+rank's compute down, at that moment's speed whatever it was. On the development VM the
+trainer's 2-rank MLP compute was 1.07-1.09x its serial step at batch 16 and 1.01-1.02x at batch
+64, where the jitter benchmark's 2-rank steps (no collective between them) put it at 1.025.
+
 Each step starts after a barrier. The steps are taken in rounds through every workload, batch
 and parallelism (:func:`sample_rounds`), each round after ``warmup`` steps that are not kept, so
 that a point's samples come from several moments of the machine, not one. Per step and call,
@@ -49,10 +56,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from .jitter import sample_alone
 from .measurement import Measurement
 from .workload import Workload
 
@@ -60,6 +68,9 @@ __all__ = [
     "BENCHMARK",
     "MODEL_INFERENCE",
     "Call",
+    "Timed",
+    "alone_record",
+    "data_parallel_pair",
     "data_parallel_step",
     "gather_calls",
     "insitu_records",
@@ -110,10 +121,23 @@ def data_parallel_step(workload: Workload, batch: int, comm: Any, seed: int = 0)
     the gradient allreduce, then the ranks' own compute before the barrier and their update
     after the allreduce. Learning rate 0, so every step computes the same thing (as the jitter
     benchmark)."""
+    return data_parallel_pair(workload, batch, comm, seed)[0]
+
+
+def data_parallel_pair(
+    workload: Workload, batch: int, comm: Any, seed: int = 0
+) -> tuple[Step, Callable[[], None]]:
+    """:func:`data_parallel_step` and its compute alone: the same network's forward and
+    backward (the step's op ``compute``), which rank 0 times while the other ranks idle
+    (:func:`sample_rounds`)."""
     from .nn import SGD, Network
 
     net, opt, mpi = Network(workload, seed=seed), SGD(lr=0.0), _Comm(comm)
     x, y = _batch(workload, batch, seed)
+
+    def alone() -> None:
+        net.forward(x, y)
+        net.backward()
 
     def step() -> list[tuple[str, str, int, float]]:
         begin = time.perf_counter()
@@ -134,7 +158,7 @@ def data_parallel_step(workload: Workload, batch: int, comm: Any, seed: int = 0)
             ("update", "step", 0, done - end),  # in place, as a share of that compute
         ]
 
-    return step
+    return step, alone
 
 
 def splittable(workload: Workload, ranks: int) -> bool:
@@ -196,9 +220,22 @@ def sample_calls(
     return calls or [], np.asarray(rows, dtype=np.float64).reshape(samples, len(calls or []))
 
 
+class Timed(NamedTuple):
+    """One step's samples from :func:`sample_rounds`."""
+
+    calls: list[Call]
+    table: np.ndarray  # this rank's seconds per step and call, (samples, calls)
+    alone: np.ndarray  # rank 0's seconds of the step's compute alone; empty elsewhere or none
+
+
 def sample_rounds(
-    steps: Sequence[tuple[Step, str]], samples: int, warmup: int, rounds: int, comm: Any
-) -> list[tuple[list[Call], np.ndarray]]:
+    steps: Sequence[tuple[Step, str]],
+    samples: int,
+    warmup: int,
+    rounds: int,
+    comm: Any,
+    alone: Sequence[Callable[[], object] | None] = (),
+) -> list[Timed]:
     """Every step of ``steps`` ((step, parallel) pairs) timed ``samples`` times in all, spread
     over ``rounds`` rounds: each round runs every step in turn, ``warmup`` untimed steps and
     then its share of the samples (:func:`split_rounds`). Per step: its calls and this rank's
@@ -206,9 +243,18 @@ def sample_rounds(
 
     The machine's state moves on a scale of seconds (on the development VM the same in-place
     collective costs 70 us in one second and 150 us a few seconds later), so one block of
-    consecutive steps measures one moment; rounds measure several, as training's launches do."""
+    consecutive steps measures one moment; rounds measure several, as training's launches do.
+
+    ``alone`` (one entry per step, None for none): right after a step's share of a round,
+    rank 0 times its compute alone as many times while the other ranks idle
+    (:func:`microbench.jitter.sample_alone`), so that each round's in-place compute over its
+    compute alone is a co-location factor of that moment, whatever the machine's speed was."""
     shares = split_rounds(samples, rounds)
+    lone = list(alone) or [None] * len(steps)
+    if len(lone) != len(steps):
+        raise ValueError(f"need one alone entry per step ({len(steps)}), got {len(lone)}")
     tables: list[list[np.ndarray]] = [[] for _ in steps]
+    alones: list[list[np.ndarray]] = [[] for _ in steps]
     calls: list[list[Call]] = [[] for _ in steps]
     for share in shares:
         for k, (step, parallel) in enumerate(steps):
@@ -217,7 +263,12 @@ def sample_rounds(
                 raise RuntimeError("a step made different collectives than the one before it")
             calls[k] = found
             tables[k].append(table)
-    return [(c, np.concatenate(t, axis=0)) for c, t in zip(calls, tables, strict=True)]
+            if lone[k] is not None:
+                alones[k].append(sample_alone(lone[k], share, comm))
+    return [
+        Timed(c, np.concatenate(t, axis=0), np.concatenate(a) if a else np.empty(0))
+        for c, t, a in zip(calls, tables, alones, strict=True)
+    ]
 
 
 def split_rounds(samples: int, rounds: int) -> list[int]:
@@ -269,3 +320,18 @@ def insitu_records(
             host = hosts[rank] if hosts is not None and rank is not None else None
             records.append(measurement.to_record(host=host, clock="perf_counter"))
     return records
+
+
+def alone_record(samples: np.ndarray, params: dict[str, Any], host: str | None) -> dict[str, Any]:
+    """The record of rank 0's compute alone (:func:`sample_rounds`): op ``compute``, layer
+    ``step``, statistic ``alone``; ``params`` as :func:`insitu_records` takes them, with
+    parallel."""
+    measurement = Measurement(
+        samples,
+        benchmark=BENCHMARK,
+        name="compute",
+        params={**params, "layer": "step", "rank": 0, "statistic": "alone"},
+        warmup_discarded=0,
+        stop_reason=STOP_REASON,
+    )
+    return measurement.to_record(host=host, clock="perf_counter")

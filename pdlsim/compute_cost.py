@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from microbench.network_ops import LABEL_BYTES, layer_bytes, update_cost
 from microbench.workload import LayerInfo
 from pdlsim.sim import ConfigError
@@ -41,6 +43,8 @@ class ComputeCost:
     colocation_z: float
     drift_level: float
     drift_factor: float
+    colocation_in_place: tuple[tuple[int, float], ...]  # (batch, factor) of the step in place
+    colocation_in_place_threads: int
     _ops_cache: dict[tuple[Any, ...], float]
     _pin_cache: dict[tuple[str, str, int, int, str], float]
 
@@ -82,8 +86,14 @@ class ComputeCost:
             self._ops_s, device, self.workload, batch, threads, self.step_z, forward
         )
 
-    def colocation_factor(self, threads: int) -> float:
-        """Slowdown of a CPU rank's compute with ``ranks_per_node`` ranks busy on its node."""
+    def colocation_factor(self, threads: int, batch: int | None = None) -> float:
+        """Slowdown of a CPU rank's compute with ``ranks_per_node`` ranks busy on its node: the
+        step's measured in place at ``batch`` where the profile has it for these ranks per node
+        and ``threads`` (:func:`pdlsim.insitu_cost.in_place_colocation`), else the
+        co-location model's."""
+        if self.colocation_in_place and threads == self.colocation_in_place_threads:
+            batches, factors = zip(*self.colocation_in_place, strict=True)
+            return float(np.interp(batch or batches[0], batches, factors))
         if self.colocation is None or self.ranks_per_node <= 1:
             return 1.0
         value, ci = self.colocation.factor(self.workload or "", threads, self.ranks_per_node)
@@ -101,17 +111,17 @@ class ComputeCost:
         seconds = raw * self.step_ratio(batch, threads)
         if phase == "forward" and layer.index == 0:
             seconds += self._gather_s(layer, batch)
-        return seconds * self._host_factor(threads)
+        return seconds * self._host_factor(threads, batch)
 
-    def _host_factor(self, threads: int) -> float:
+    def _host_factor(self, threads: int, batch: int) -> float:
         """What a CPU rank's compute is multiplied by: co-location, the typical speed's level
         and this band sample's drift."""
-        return self.colocation_factor(threads) * self.drift_level * self.drift_factor
+        return self.colocation_factor(threads, batch) * self.drift_level * self.drift_factor
 
     def gather_s(self, first: LayerInfo, batch: int, threads: int) -> float:
         """Of a CPU rank's first-layer forward (``first``), the mini-batch gather's share,
         priced as :meth:`compute_time` prices it."""
-        return self._gather_s(first, batch) * self._host_factor(threads)
+        return self._gather_s(first, batch) * self._host_factor(threads, batch)
 
     def _gather_s(self, first: LayerInfo, batch: int) -> float:
         return self.scale.data_time_s(

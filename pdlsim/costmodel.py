@@ -83,7 +83,7 @@ from pdlsim.compute_cost import (
     GPU_MEMORY_EFFICIENCY,
     ComputeCost,
 )
-from pdlsim.insitu_cost import InSituCost, in_place_sync
+from pdlsim.insitu_cost import InSituCost, in_place_colocation, in_place_sync
 from pdlsim.oppins import OpPins
 from pdlsim.presets import GpuPreset, NetworkPreset
 from pdlsim.sim import ConfigError, LinkCost, Placement, TimedStep, collectives
@@ -155,6 +155,8 @@ class ProfileCostModel(ComputeCost):
     drift_log_deviations: tuple[float, ...] = ()  # the speeds it saw, log(moment / typical)
     drift_level: float = 1.0  # without whole-step rows: exp(-the compute stage's log offset)
     drift_factor: float = 1.0  # this band sample's draw of the deviations
+    colocation_in_place: tuple[tuple[int, float], ...] = ()  # (batch, factor): insitu_cost
+    colocation_in_place_threads: int = 1
     _ops_cache: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)
     compression: CompressionModel | None = None  # the profile's, when it measured compression
     insitu: InSituCost | None = None  # the workload's collectives measured in place
@@ -249,6 +251,12 @@ class ProfileCostModel(ComputeCost):
                     f"{ranks_per_node} per node"
                     + (f", held above {held}" if ranks_per_node > held else "")
                 )
+        in_place, in_place_threads, note = in_place_colocation(
+            insitu_model if device == "cpu" else None, workload, parallel, ranks_per_node
+        )
+        if note is not None:
+            others = prov.get("co-location", "not measured")
+            prov["co-location"] = f"{note}; at other thread counts {others}"
         drift = profile.model("drift") if profile.models.get("drift") else None
         # the drift of the steps this prediction computes with: the host's, or the GPU steps'
         # where the profile timed the GPU (calibration.drift); a data sheet's GPU has none
@@ -292,6 +300,7 @@ class ProfileCostModel(ComputeCost):
             scale, colocation, compression=profile.model("compression"), drift_sigma=drift_sigma,
             drift_log_deviations=deviations, drift_level=level, insitu=insitu,
             pins=OpPins.from_table(getattr(compute, "table_", [])), inference=inference,
+            colocation_in_place=in_place, colocation_in_place_threads=in_place_threads,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------ collectives

@@ -58,6 +58,15 @@ the update in place, a data-parallel step with two or more ranks prices it as it
 compute before the barrier (:meth:`calibration.insitu.InSituModel.update_fraction`: update and
 compute timed in the same steps) times the step's forward and backward, the gather left out
 as the benchmark has none; else as the layers' update times.
+
+**Co-location in place** (:func:`in_place_colocation`). Two ranks on a node slow each other's
+compute; the co-location model measures it with the jitter benchmark's steps, which have no
+collective between them (x1.025 for the MLP here). Inside the data-parallel step, with the
+allreduce and the barrier between steps, the trainer's 2-rank MLP computed 1.07-1.09x its
+serial step at batch 16 and 1.01-1.02x at 64. Where the profile timed rank 0's compute alone
+beside the step in place, a data-parallel prediction at the ranks per node and thread count
+measured takes that factor instead, interpolated in the batch (held outside the measured
+batches); other placements and thread counts keep the co-location model's.
 """
 
 from __future__ import annotations
@@ -71,7 +80,13 @@ from microbench.insitu import MODEL_INFERENCE
 from pdlsim.sim import Placement
 from pdlsim.sim.messages import allgather_time
 
-__all__ = ["BARRIER_PROXY_BYTES", "InSituCost", "in_place_sync", "sync_parallelism"]
+__all__ = [
+    "BARRIER_PROXY_BYTES",
+    "InSituCost",
+    "in_place_colocation",
+    "in_place_sync",
+    "sync_parallelism",
+]
 
 BARRIER_PROXY_BYTES = 4  # one float32: the allreduce whose latency stands in for a barrier's
 
@@ -197,3 +212,24 @@ def in_place_sync(
         f"{100 * fraction:.2f}% of its compute at batch {batch} (the jitter benchmark's "
         f"{100 * float(jitter.sync_fraction(point.ranks)):.2f}%)"
     )
+
+
+def in_place_colocation(
+    insitu: InSituModel | None, workload: str | None, parallel: str | None, ranks_per_node: int
+) -> tuple[tuple[tuple[int, float], ...], int, str | None]:
+    """The co-location factors of the ``parallel`` step measured in place
+    (:meth:`calibration.insitu.InSituModel.colocations`), as (batch, factor) points, the
+    thread count they were measured at and a provenance note; none (``()``, 1, None) where the
+    profile did not time the compute alone or measured another number of ranks per node."""
+    if insitu is None or workload is None or parallel is None:
+        return (), 1, None
+    found = insitu.colocations(workload, parallel)
+    if not found or found[0].ranks_per_node != ranks_per_node:
+        return (), 1, None
+    points = tuple((p.batch, float(p.colocation)) for p in found)
+    shown = ", ".join(f"x{factor:.3f} at batch {batch}" for batch, factor in points)
+    note = (
+        f"profile (the {parallel} step in place at {ranks_per_node} ranks per node, its "
+        f"compute over rank 0's alone, round by round): {shown}"
+    )
+    return points, found[0].threads, note

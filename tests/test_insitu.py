@@ -58,6 +58,10 @@ def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
     ]  # fmt: skip
     computes = frame[frame["name"].isin(["compute", "update"])]["samples"]
     assert all(min(s) > 0 for s in computes)
+    alone = frame[frame["params.statistic"] == "alone"]  # rank 0's data-parallel compute alone
+    assert sorted(alone["params.batch"]) == [8, 16] and set(alone["params.parallel"]) == {"data"}
+    assert set(alone["name"]) == {"compute"} and set(alone["params.rank"]) == {0}
+    assert all(len(s) == 6 and min(s) > 0 for s in alone["samples"])
     assert all(len(s) == 6 for s in frame["samples"]) and set(own["params.batch"]) == {8, 16}
     per_rank = frame[frame["params.statistic"] == "per_rank"]
     assert set(per_rank["params.rank"]) == {0, 1}
@@ -72,11 +76,21 @@ def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
 def test_rounds_visit_every_step_in_turn_each_after_its_own_warmup():
     """Two steps, 5 samples in 2 rounds, warm-up 1: a 4 times, b 4 times (round 1: the
     warm-up and 3 samples each), then a 3 times, b 3 times (round 2: the warm-up and 2); each
-    step's table keeps its 5 samples in time order, and its calls."""
+    step's table keeps its 5 samples in time order, and its calls. Step a's compute alone (A)
+    runs right after its share of each round, as many times."""
     from microbench.insitu import sample_rounds
 
     class NoComm:
         def Barrier(self):  # noqa: N802 - mpi4py's name
+            pass
+
+        def Get_rank(self):  # noqa: N802
+            return 0
+
+        def Ibarrier(self):  # noqa: N802
+            return self
+
+        def Wait(self):  # noqa: N802
             pass
 
     trace, clock = [], iter(range(1000))
@@ -88,9 +102,13 @@ def test_rounds_visit_every_step_in_turn_each_after_its_own_warmup():
 
         return step
 
-    timed = sample_rounds([(make("a"), "model"), (make("b"), "model")], 5, 1, 2, NoComm())
-    assert "".join(trace) == "aaaabbbb" + "aaabbb"
-    (calls_a, table_a), (calls_b, table_b) = timed
+    timed = sample_rounds(
+        [(make("a"), "model"), (make("b"), "model")], 5, 1, 2, NoComm(),
+        alone=[lambda: trace.append("A"), None],
+    )  # fmt: skip
+    assert "".join(trace) == "aaaaAAAbbbb" + "aaaAAbbb"
+    (calls_a, table_a, alone_a), (calls_b, table_b, alone_b) = timed
+    assert alone_a.shape == (5,) and alone_b.size == 0
     assert calls_a == [Call("allgather", "a", 8, "model")] and table_a.shape == (5, 1)
     assert list(table_a[:, 0]) == [1, 2, 3, 9, 10]  # the warm-up steps (0, 8) are not kept
     assert list(table_b[:, 0]) == [5, 6, 7, 12, 13]

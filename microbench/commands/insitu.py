@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from ..cli import (
     UsageError,
@@ -64,6 +66,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+def _no_alone(make: Callable[..., Any]) -> Callable[..., tuple[Any, None]]:
+    """A step maker whose step has no compute-alone companion (:func:`sample_rounds`)."""
+    return lambda *args, **kw: (make(*args, **kw), None)
+
+
 def run(args: argparse.Namespace) -> int:
     mpi = start_mpi("multiple")
 
@@ -71,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..insitu import (
         MODEL_INFERENCE,
-        data_parallel_step,
+        alone_record,
+        data_parallel_pair,
         gather_calls,
         insitu_records,
         layerwise_step,
@@ -112,12 +120,13 @@ def run(args: argparse.Namespace) -> int:
         if warning is not None:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
     try:
-        points = []  # (params, step, parallel) in record order
+        points = []  # (params, (step, alone or None), parallel) in record order
         for workload in args.model:
-            makers = [("data", data_parallel_step)]
+            makers = [("data", data_parallel_pair)]
             if splittable(workload, ranks):
-                makers.append(("model", layerwise_step))
-                makers.append((MODEL_INFERENCE, partial(layerwise_step, inference=True)))
+                makers.append(("model", _no_alone(layerwise_step)))
+                inference = partial(layerwise_step, inference=True)
+                makers.append((MODEL_INFERENCE, _no_alone(inference)))
             elif root and not args.quiet:
                 why = f"a dense layer has fewer neurons than {ranks} ranks (or there is none)"
                 print(f"insitu: {workload.name}: {why}; model parallelism skipped", flush=True)
@@ -125,13 +134,18 @@ def run(args: argparse.Namespace) -> int:
                 params = {"model": workload.name, "batch": batch, "threads": args.threads,
                           "ranks": ranks, "ranks_per_node": per_node, "rounds": rounds}  # fmt: skip
                 points += [(params, make(workload, batch, comm), p) for p, make in makers]
-        timed = sample_rounds([(s, p) for _, s, p in points], samples, warmup, rounds, comm)
-        for (params, _, parallel), (calls, local) in zip(points, timed, strict=True):
+        timed = sample_rounds(
+            [(pair[0], p) for _, pair, p in points], samples, warmup, rounds, comm,
+            alone=[pair[1] for _, pair, _ in points],
+        )  # fmt: skip
+        for (params, _, parallel), (calls, local, alone) in zip(points, timed, strict=True):
             table = gather_calls(local, comm)
             if writer is None:
                 continue
             for record in insitu_records(calls, table, params, warmup * rounds, hosts):
                 writer.write(record)
+            if alone.size:
+                writer.write(alone_record(alone, {**params, "parallel": parallel}, hosts[0]))
             if not args.quiet:
                 own = np.median(table.min(axis=0), axis=0)
                 shown = ", ".join(
