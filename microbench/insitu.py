@@ -71,7 +71,6 @@ __all__ = [
     "Timed",
     "alone_record",
     "data_parallel_pair",
-    "data_parallel_step",
     "gather_calls",
     "insitu_records",
     "layerwise_step",
@@ -116,19 +115,14 @@ def _batch(workload: Workload, batch: int, seed: int) -> tuple[np.ndarray, np.nd
     return x, rng.integers(0, workload.num_classes, batch)
 
 
-def data_parallel_step(workload: Workload, batch: int, comm: Any, seed: int = 0) -> Step:
-    """The data-parallel training step; returns its calls: the barrier after the backward and
-    the gradient allreduce, then the ranks' own compute before the barrier and their update
-    after the allreduce. Learning rate 0, so every step computes the same thing (as the jitter
-    benchmark)."""
-    return data_parallel_pair(workload, batch, comm, seed)[0]
-
-
 def data_parallel_pair(
     workload: Workload, batch: int, comm: Any, seed: int = 0
 ) -> tuple[Step, Callable[[], None]]:
-    """:func:`data_parallel_step` and its compute alone: the same network's forward and
-    backward (the step's op ``compute``), which rank 0 times while the other ranks idle
+    """The data-parallel training step, and its compute alone. The step returns its calls: the
+    barrier after the backward and the gradient allreduce, then the ranks' own compute before
+    the barrier and their update after the allreduce; learning rate 0, so every step computes
+    the same thing (as the jitter benchmark). The compute alone is the same network's forward
+    and backward (the step's op ``compute``), which rank 0 times while the other ranks idle
     (:func:`sample_rounds`)."""
     from .nn import SGD, Network
 

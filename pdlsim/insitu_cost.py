@@ -66,7 +66,8 @@ allreduce and the barrier between steps, the trainer's 2-rank MLP computed 1.07-
 serial step at batch 16 and 1.01-1.02x at 64. Where the profile timed rank 0's compute alone
 beside the step in place, a data-parallel prediction at the ranks per node and thread count
 measured takes that factor instead, interpolated in the batch (held outside the measured
-batches); other placements and thread counts keep the co-location model's.
+batches); other placements and thread counts keep the co-location model's. A band sample
+keeps the factor as measured (the rounds' spread of it is not drawn).
 """
 
 from __future__ import annotations
