@@ -210,8 +210,9 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
                 plan, procs, models, jitter_threads, (JITTER_MOMENTS, JITTER_MOMENTS)
             )
     speed_checks.append(len(stages))  # and one after everything else
+    gpu_batches = _gpu_batches(plan)  # looked for once, not per check
     for k, at in reversed(list(enumerate(sorted(set(speed_checks)), start=1))):
-        stages.insert(at, _speed_stage(plan, k, len(set(speed_checks))))
+        stages.insert(at, _speed_stage(plan, k, len(set(speed_checks)), gpu_batches))
     return stages
 
 
@@ -242,7 +243,7 @@ def speed_command(
     ]  # fmt: skip
 
 
-def _speed_stage(plan: BenchPlan, k: int, of: int) -> Stage:
+def _speed_stage(plan: BenchPlan, k: int, of: int, gpu_batches: tuple[int, ...]) -> Stage:
     """The compute stage's steps (every model and batch), briefly: moment ``k`` of ``of`` of
     the machine's speed (:func:`speed_command`; :mod:`calibration.drift` takes each step's
     typical time and the speed's spread from these moments)."""
@@ -250,7 +251,7 @@ def _speed_stage(plan: BenchPlan, k: int, of: int) -> Stage:
     threads = tuple(plan.threads)
     command = speed_command(
         plan.model, plan.batches, moment, plan.out / "ranks1", k > 1, plan.quick, threads,
-        _gpu_batches(plan),
+        gpu_batches,
     )  # fmt: skip
     return Stage(f"speed-{k}", f"machine speed now ({moment})", tuple(command), 1, max(threads))
 

@@ -86,14 +86,14 @@ class ComputeCost:
             self._ops_s, device, self.workload, batch, threads, self.step_z, forward
         )
 
-    def colocation_factor(self, threads: int, batch: int | None = None) -> float:
+    def colocation_factor(self, threads: int, batch: int) -> float:
         """Slowdown of a CPU rank's compute with ``ranks_per_node`` ranks busy on its node: the
         step's measured in place at ``batch`` where the profile has it for these ranks per node
         and ``threads`` (:func:`pdlsim.insitu_cost.in_place_colocation`), else the
         co-location model's."""
         if self.colocation_in_place and threads == self.colocation_in_place_threads:
             batches, factors = zip(*self.colocation_in_place, strict=True)
-            return float(np.interp(batch or batches[0], batches, factors))
+            return float(np.interp(batch, batches, factors))
         if self.colocation is None or self.ranks_per_node <= 1:
             return 1.0
         value, ci = self.colocation.factor(self.workload or "", threads, self.ranks_per_node)
