@@ -91,10 +91,12 @@ class ComputeCost:
         step's measured in place at ``batch`` where the profile has it for these ranks per node
         and ``threads`` (:func:`pdlsim.insitu_cost.in_place_colocation`), else the
         co-location model's."""
+        if self.ranks_per_node <= 1:
+            return 1.0
         if self.colocation_in_place and threads == self.colocation_in_place_threads:
             batches, factors = zip(*self.colocation_in_place, strict=True)
             return float(np.interp(batch, batches, factors))
-        if self.colocation is None or self.ranks_per_node <= 1:
+        if self.colocation is None:
             return 1.0
         value, ci = self.colocation.factor(self.workload or "", threads, self.ranks_per_node)
         return moved(value, ci, self.colocation_z, 1.0)

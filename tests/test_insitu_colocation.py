@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -93,3 +94,13 @@ def test_a_data_parallel_prediction_at_the_measured_placement_uses_the_factor_in
     assert ratio == pytest.approx(1.08 / model.factor("mlp", 1, 2)[0])
     assert "data step in place at 2 ranks per node" in cost.provenance["co-location"]
     assert "x1.080 at batch 16" in cost.provenance["co-location"]
+
+
+def test_one_rank_per_node_has_no_co_location_even_from_a_model_built_for_more(
+    packaged_with_colocation,
+):
+    """The single-device base of a speedup is the same cost model with one rank per node: the
+    factor in place is not for it."""
+    cost = _cost(packaged_with_colocation)
+    assert cost.colocation_factor(1, 16) == pytest.approx(1.08)
+    assert replace(cost, ranks_per_node=1).colocation_factor(1, 16) == 1.0
