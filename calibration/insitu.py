@@ -27,13 +27,19 @@ the barrier's point as ``compute_s``, and :meth:`InSituModel.wait_fraction` is t
 mean wait over it: the ranks' skew as a share of the step's compute, measured in the step
 training runs (:func:`pdlsim.insitu_cost.in_place_sync` sizes the jitter model's sync by it).
 
-**Co-location in place.** Data parallel, rank 0 also times its compute alone right after each
-round's steps, while the other ranks idle (statistic ``alone``). Each round's median of the
-ranks' compute in place over its median alone is the co-location factor of that moment, taken
-seconds apart and so free of the machine's speed; their median over rounds goes on the
-barrier's point as ``colocation`` (:meth:`InSituModel.colocations`): how much the other
-ranks and the step's collectives slow a rank's compute, where the jitter benchmark's 2-rank
-steps have no collective between them.
+**Co-location in place.** Rank 0 also times its compute of each step alone right after each
+round's steps, while the other ranks idle (statistic ``alone``; layer-wise its own slices with
+the collectives local). Each round's median of the ranks' compute in place over its median
+alone is the co-location factor of that moment, taken seconds apart and so free of the
+machine's speed; their median over rounds goes on the barrier's point as ``colocation``
+(:meth:`InSituModel.colocations`): how much the other ranks and the step's collectives slow a
+rank's compute, where the jitter benchmark's 2-rank steps have no collective between them.
+
+**A layer-wise rank's share.** Layer-wise, rank 0 also times the whole network's same step
+alone (statistic ``whole``: the unsplit network, by the same code on one rank). Each round's
+median of its part alone over the whole alone is the share of the network's compute a rank's
+slices take, free of the machine's speed; their median over rounds goes on the barrier's point
+as ``share`` (:meth:`InSituModel.shares`).
 
 **The update in place.** Data parallel, the benchmark also times the SGD update after the
 allreduce (op ``update``), which the ranks run together on what the reduction just wrote. Its
@@ -44,9 +50,10 @@ in the same steps, so the share holds whatever the machine's speed was.
 ``to_dict()``: ``{"model": "insitu", "points": [{"workload", "parallel", "op", "layer",
 "batch", "ranks", "ranks_per_node", "threads", "bytes", "median_s", "wait_s", "n_samples",
 "rounds", "intervals": {"median_s": {"low", "high", "confidence"}}}], "log_deviations": [...]}``
-and ``compute_s``, ``update_s`` and ``colocation`` on barrier points (profiles written
-before rounds lack ``rounds`` and ``log_deviations``: one round, none; before the compute, the
-update or the compute alone was timed, ``compute_s``, ``update_s`` or ``colocation``).
+and ``compute_s``, ``update_s``, ``colocation`` and ``share`` on barrier points (profiles
+written before rounds lack ``rounds`` and ``log_deviations``: one round, none; before the
+compute, the update, the compute alone or the whole network alone was timed, ``compute_s``,
+``update_s``, ``colocation`` or ``share``).
 """
 
 from __future__ import annotations
@@ -90,7 +97,8 @@ class InSituPoint:
     rounds: int = 1  # the moments its samples were taken at
     compute_s: float | None = None  # barrier points: the ranks' compute before it (median)
     update_s: float | None = None  # data-parallel barrier points: the update in place (median)
-    colocation: float | None = None  # data-parallel barrier points: compute in place / alone
+    colocation: float | None = None  # barrier points: compute in place / alone
+    share: float | None = None  # layer-wise barrier points: rank 0's part alone / the whole's
 
 
 def _step_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -115,23 +123,25 @@ def _rounds_of(samples: Any, rounds: int) -> list[np.ndarray]:
     return np.split(values, np.cumsum(split_rounds(len(values), rounds))[:-1])
 
 
-def _colocations(table: pd.DataFrame) -> dict[tuple[Any, ...], float]:
-    """Per step where rank 0 timed its compute alone (:func:`_step_key`): the median over
-    rounds of the ranks' compute in place (every rank's samples of the round) over the compute
-    alone, each a ratio of the round's medians (module docstring)."""
+def _round_ratios(
+    table: pd.DataFrame, numerator: str, denominator: str
+) -> dict[tuple[Any, ...], float]:
+    """Per step (:func:`_step_key`) whose op ``compute`` has both statistics: the median over
+    rounds of the round's median of ``numerator`` (``per_rank``: every rank's samples) over
+    its median of ``denominator`` (module docstring)."""
     out = {}
     rows = table[table["op"] == "compute"]
     for key, group in rows.groupby(list(_KEYS), sort=True):
-        alone = group[group["statistic"] == "alone"]
-        ranks = group[group["statistic"] == "per_rank"]
-        if alone.empty or ranks.empty:
+        over = group[group["statistic"] == denominator]
+        parts = group[group["statistic"] == numerator]
+        if over.empty or parts.empty:
             continue
         rounds = int(group["rounds"].iloc[0])
-        lone = _rounds_of(alone["samples"].iloc[0], rounds)
-        in_place = [_rounds_of(s, rounds) for s in ranks["samples"]]
+        lone = _rounds_of(over["samples"].iloc[0], rounds)
+        tops = [_rounds_of(s, rounds) for s in parts["samples"]]
         ratios = [
-            np.median(np.concatenate([parts[r] for parts in in_place])) / np.median(lone[r])
-            for r in range(min(len(lone), *(len(parts) for parts in in_place)))
+            np.median(np.concatenate([top[r] for top in tops])) / np.median(lone[r])
+            for r in range(min(len(lone), *(len(top) for top in tops)))
         ]
         if ratios:
             out[_step_key(key)] = float(np.median(ratios))
@@ -164,7 +174,8 @@ class InSituModel:
         table["rounds"] = 1 if rounds_of is None else rounds_of.fillna(1).astype(int)
         points, deviations = [], []
         computes, updates = _own_medians(table, "compute"), _own_medians(table, "update")
-        colocations = _colocations(table)
+        colocations = _round_ratios(table, "per_rank", "alone")
+        shares = _round_ratios(table, "alone", "whole")
         for key, group in table.groupby(list(_KEYS), sort=True):
             own = group[group["statistic"] == "min_over_ranks"]
             if own.empty or key[2] in OWN_WORK:
@@ -195,6 +206,7 @@ class InSituModel:
                     compute_s=computes.get(_step_key(key)) if key[2] == "barrier" else None,
                     update_s=updates.get(_step_key(key)) if key[2] == "barrier" else None,
                     colocation=colocations.get(_step_key(key)) if key[2] == "barrier" else None,
+                    share=shares.get(_step_key(key)) if key[2] == "barrier" else None,
                 )
             )  # fmt: skip
             if len(moments) >= 2:
@@ -256,6 +268,13 @@ class InSituModel:
         found = (p for p in self.calls(workload, parallel) if p.colocation is not None)
         return sorted(found, key=lambda p: p.batch)
 
+    def shares(self, workload: str, parallel: str) -> list[InSituPoint]:
+        """The barrier points of one layer-wise step that carry rank 0's share of the whole
+        network's compute (module docstring), by batch; none where rank 0 did not time both
+        alone."""
+        found = (p for p in self.calls(workload, parallel) if p.share is not None)
+        return sorted(found, key=lambda p: p.batch)
+
     def _share_of_compute(
         self,
         workload: str,
@@ -292,7 +311,7 @@ class InSituModel:
         points = []
         for p in self.points_:
             doc = asdict(p)
-            for optional in ("compute_s", "update_s", "colocation"):
+            for optional in ("compute_s", "update_s", "colocation", "share"):
                 if doc[optional] is None:
                     del doc[optional]
             low, high = doc.pop("ci_low_s"), doc.pop("ci_high_s")

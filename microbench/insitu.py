@@ -35,12 +35,15 @@ is timed as well (op ``update``, layer ``step``): the ranks run it together, rig
 reduction has been through their caches, and on the development VM the MLP's took 1.3-1.5x its
 serial time in four validations' 2-rank training runs.
 
-Data parallel, right after each round's steps, rank 0 also times the same forward and backward
-alone while the other ranks idle (statistic ``alone``, op ``compute``): the ranks' compute in
-place over that, round by round, is how much the other rank and the step's collectives slow a
-rank's compute down, at that moment's speed whatever it was. On the development VM the
-trainer's 2-rank MLP compute was 1.07-1.09x its serial step at batch 16 and 1.01-1.02x at batch
-64, where the jitter benchmark's 2-rank steps (no collective between them) put it at 1.025.
+Right after each round's steps, rank 0 also times its compute of the step alone while the
+other ranks idle (statistic ``alone``, op ``compute``): data parallel the same forward and
+backward; layer-wise its own slices' step with the collectives made local (:class:`_Solo`),
+less the seconds in those local calls, so that it counts what the step's op ``compute``
+counts. The ranks' compute in place over that, round by round, is how much the other rank and
+the step's collectives slow a rank's compute down, at that moment's speed whatever it was. On
+the development VM the trainer's 2-rank MLP compute was 1.07-1.09x its serial step at batch 16
+and 1.01-1.02x at batch 64, where the jitter benchmark's 2-rank steps (no collective between
+them) put it at 1.025.
 
 Each step starts after a barrier. The steps are taken in rounds through every workload, batch
 and parallelism (:func:`sample_rounds`), each round after ``warmup`` steps that are not kept, so
@@ -54,7 +57,7 @@ as the simulator's plans count it (not each rank's block, as the collectives ben
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -65,6 +68,7 @@ from .measurement import Measurement
 from .workload import Workload
 
 __all__ = [
+    "ALONE",
     "BENCHMARK",
     "MODEL_INFERENCE",
     "Call",
@@ -73,7 +77,7 @@ __all__ = [
     "data_parallel_pair",
     "gather_calls",
     "insitu_records",
-    "layerwise_step",
+    "layerwise_pair",
     "sample_calls",
     "sample_rounds",
     "split_rounds",
@@ -83,6 +87,7 @@ __all__ = [
 BENCHMARK = "insitu"
 MODEL_INFERENCE = "model-inference"  # the parallelism of the layer-wise forward-only step
 STOP_REASON = "max_samples"
+ALONE = ("alone", "whole")  # rank 0 alone: its compute of the step; the whole network's (model)
 Step = Callable[[], list[tuple[str, str, int, float]]]
 
 
@@ -117,13 +122,13 @@ def _batch(workload: Workload, batch: int, seed: int) -> tuple[np.ndarray, np.nd
 
 def data_parallel_pair(
     workload: Workload, batch: int, comm: Any, seed: int = 0
-) -> tuple[Step, Callable[[], None]]:
-    """The data-parallel training step, and its compute alone. The step returns its calls: the
-    barrier after the backward and the gradient allreduce, then the ranks' own compute before
-    the barrier and their update after the allreduce; learning rate 0, so every step computes
-    the same thing (as the jitter benchmark). The compute alone is the same network's forward
-    and backward (the step's op ``compute``), which rank 0 times while the other ranks idle
-    (:func:`sample_rounds`)."""
+) -> tuple[Step, Companions]:
+    """The data-parallel training step, and its compute alone (statistic ``alone``). The step
+    returns its calls: the barrier after the backward and the gradient allreduce, then the
+    ranks' own compute before the barrier and their update after the allreduce; learning rate
+    0, so every step computes the same thing (as the jitter benchmark). The compute alone is
+    the same network's forward and backward (the step's op ``compute``), which rank 0 times
+    while the other ranks idle (:func:`sample_rounds`)."""
     from .nn import SGD, Network
 
     net, opt, mpi = Network(workload, seed=seed), SGD(lr=0.0), _Comm(comm)
@@ -152,7 +157,7 @@ def data_parallel_pair(
             ("update", "step", 0, done - end),  # in place, as a share of that compute
         ]
 
-    return step, alone
+    return step, {"alone": alone}
 
 
 def splittable(workload: Workload, ranks: int) -> bool:
@@ -161,35 +166,76 @@ def splittable(workload: Workload, ranks: int) -> bool:
     return bool(dense) and all(info.output_shape[0] >= ranks for info in dense)
 
 
-def layerwise_step(
+class _Solo:
+    """Rank 0 of ``size`` ranks with its collectives local (what :class:`SlicedNetwork` needs
+    of a communicator): the allgather keeps this rank's own block and zeros (never
+    uninitialised memory, whose denormals would slow the next layer), the allreduce keeps the
+    partial sum. The network then computes rank 0's slices with nobody to wait for."""
+
+    rank = 0
+
+    def __init__(self, size: int) -> None:
+        self.size, self.mpi_comm = size, self
+
+    def Allgatherv(self, send: np.ndarray, recv: list[Any]) -> None:  # noqa: N802 - mpi4py's
+        buffer = recv[0]
+        buffer[:] = 0.0
+        buffer[: send.size] = send.reshape(-1)
+
+    def allreduce_sum_(self, buf: np.ndarray) -> None:
+        """The sum over one rank: ``buf`` as it is."""
+
+
+def _sliced_step(net: Any, opt: Any, x: np.ndarray, y: np.ndarray, inference: bool) -> float:
+    """One step of ``net`` (``inference``: its forward pass and loss only), as
+    :mod:`pdlsim.train.model_loop` runs it; its seconds outside its collectives, whose
+    ``(op, layer, nbytes, seconds)`` are left in ``net.call_log``."""
+    net.call_log = []
+    begin = time.perf_counter()
+    net.forward(x, y, training=not inference)
+    if not inference:
+        net.backward()
+        opt.step(net.params, net.grads)
+    return time.perf_counter() - begin - sum(seconds for *_, seconds in net.call_log)
+
+
+def layerwise_pair(
     workload: Workload, batch: int, comm: Any, seed: int = 0, inference: bool = False
-) -> Step:
-    """The model-parallel training step (``inference``: its forward pass and loss only);
-    returns its collectives, in order, the barrier that ends it last."""
+) -> tuple[Step, Companions]:
+    """The model-parallel training step (``inference``: its forward pass and loss only), and
+    what rank 0 times of it alone: its own part (``alone``) and the whole network's
+    (``whole``). The step returns its collectives, in order, the barrier that ends it, then
+    the ranks' compute outside the collectives. The part alone is the same slices' compute
+    with the collectives local (:class:`_Solo`); the whole is the unsplit network run by the
+    same code on one rank. Both return their seconds outside the local calls, so that they
+    count what the step's op ``compute`` counts: the part over the whole is the share of the
+    step a rank computes, at one moment's speed whatever it was."""
     from .nn import SGD
     from .nn.sliced import SlicedNetwork
 
-    net, opt = SlicedNetwork(workload, _Comm(comm), seed=seed), SGD(lr=0.0)
     x, y = _batch(workload, batch, seed)
 
+    def network(over: Any) -> tuple[Any, Any]:
+        return SlicedNetwork(workload, over, seed=seed), SGD(lr=0.0)
+
+    net, opt = network(_Comm(comm))
+    part, whole = network(_Solo(comm.Get_size())), network(_Solo(1))
+
     def step() -> list[tuple[str, str, int, float]]:
-        net.call_log = []
-        begin = time.perf_counter()
-        net.forward(x, y, training=not inference)  # as pdlsim.train.model_loop runs it
-        if not inference:
-            net.backward()
-            opt.step(net.params, net.grads)
+        compute = _sliced_step(net, opt, x, y, inference)
         calls, net.call_log = net.call_log, None
         start = time.perf_counter()
         comm.Barrier()  # the step boundary, as the training loop's next step begins
-        compute = start - begin - sum(seconds for *_, seconds in calls)
         return [
             *calls,
             ("barrier", "step", 0, time.perf_counter() - start),
             ("compute", "step", 0, compute),  # the step outside its collectives
         ]
 
-    return step
+    return step, {
+        "alone": lambda: _sliced_step(*part, x, y, inference),
+        "whole": lambda: _sliced_step(*whole, x, y, inference),
+    }
 
 
 def sample_calls(
@@ -219,7 +265,10 @@ class Timed(NamedTuple):
 
     calls: list[Call]
     table: np.ndarray  # this rank's seconds per step and call, (samples, calls)
-    alone: np.ndarray  # rank 0's seconds of the step's compute alone; empty elsewhere or none
+    alone: dict[str, np.ndarray]  # rank 0's seconds of each companion (ALONE); none elsewhere
+
+
+Companions = Mapping[str, Callable[[], object]]  # what rank 0 times alone, by statistic
 
 
 def sample_rounds(
@@ -228,7 +277,7 @@ def sample_rounds(
     warmup: int,
     rounds: int,
     comm: Any,
-    alone: Sequence[Callable[[], object] | None] = (),
+    alone: Sequence[Companions | None] = (),
 ) -> list[Timed]:
     """Every step of ``steps`` ((step, parallel) pairs) timed ``samples`` times in all, spread
     over ``rounds`` rounds: each round runs every step in turn, ``warmup`` untimed steps and
@@ -240,15 +289,16 @@ def sample_rounds(
     consecutive steps measures one moment; rounds measure several, as training's launches do.
 
     ``alone`` (one entry per step, None for none): right after a step's share of a round,
-    rank 0 times its compute alone as many times while the other ranks idle
-    (:func:`microbench.jitter.sample_alone`), so that each round's in-place compute over its
-    compute alone is a co-location factor of that moment, whatever the machine's speed was."""
+    rank 0 times each of its companions (:data:`ALONE`) as many times while the other ranks
+    idle (:func:`microbench.jitter.sample_alone`), so that each round's in-place compute over
+    its compute alone is a co-location factor of that moment, whatever the machine's speed
+    was (and a layer-wise step's part over the whole network, its share)."""
     shares = split_rounds(samples, rounds)
     lone = list(alone) or [None] * len(steps)
     if len(lone) != len(steps):
         raise ValueError(f"need one alone entry per step ({len(steps)}), got {len(lone)}")
     tables: list[list[np.ndarray]] = [[] for _ in steps]
-    alones: list[list[np.ndarray]] = [[] for _ in steps]
+    alones: list[dict[str, list[np.ndarray]]] = [{} for _ in steps]
     calls: list[list[Call]] = [[] for _ in steps]
     for share in shares:
         for k, (step, parallel) in enumerate(steps):
@@ -257,10 +307,15 @@ def sample_rounds(
                 raise RuntimeError("a step made different collectives than the one before it")
             calls[k] = found
             tables[k].append(table)
-            if lone[k] is not None:
-                alones[k].append(sample_alone(lone[k], share, comm))
+            for statistic, companion in (lone[k] or {}).items():
+                timed = sample_alone(companion, share, comm)
+                alones[k].setdefault(statistic, []).append(timed)
     return [
-        Timed(c, np.concatenate(t, axis=0), np.concatenate(a) if a else np.empty(0))
+        Timed(
+            c,
+            np.concatenate(t, axis=0),
+            {statistic: np.concatenate(parts) for statistic, parts in a.items() if parts[0].size},
+        )
         for c, t, a in zip(calls, tables, alones, strict=True)
     ]
 
@@ -316,15 +371,19 @@ def insitu_records(
     return records
 
 
-def alone_record(samples: np.ndarray, params: dict[str, Any], host: str | None) -> dict[str, Any]:
-    """The record of rank 0's compute alone (:func:`sample_rounds`): op ``compute``, layer
-    ``step``, statistic ``alone``; ``params`` as :func:`insitu_records` takes them, with
+def alone_record(
+    samples: np.ndarray, params: dict[str, Any], host: str | None, statistic: str = "alone"
+) -> dict[str, Any]:
+    """The record of rank 0's ``statistic`` (:data:`ALONE`) timed alone (:func:`sample_rounds`):
+    op ``compute``, layer ``step``; ``params`` as :func:`insitu_records` takes them, with
     parallel."""
+    if statistic not in ALONE:
+        raise ValueError(f"statistic must be one of {', '.join(ALONE)}, got {statistic!r}")
     measurement = Measurement(
         samples,
         benchmark=BENCHMARK,
         name="compute",
-        params={**params, "layer": "step", "rank": 0, "statistic": "alone"},
+        params={**params, "layer": "step", "rank": 0, "statistic": statistic},
         warmup_discarded=0,
         stop_reason=STOP_REASON,
     )

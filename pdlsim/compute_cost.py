@@ -1,7 +1,7 @@
 """Compute on a calibrated profile: what :class:`pdlsim.costmodel.ProfileCostModel` charges a
 layer's forward, backward and update (the module docstring of :mod:`pdlsim.costmodel` gives the
 model: roofline and thread scaling, op pins, the whole-step and forward-only rows, the gather,
-co-location and drift).
+co-location, a layer-wise rank's part and drift).
 
 :class:`ComputeCost` is the compute half of that class, kept apart so that each file reads as
 one subject; it uses the fields the cost model declares (``compute``, ``scale``, ``pins``,
@@ -10,12 +10,14 @@ one subject; it uses the fields the cost model declares (``compute``, ``scale``,
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from microbench.network_ops import LABEL_BYTES, layer_bytes, update_cost
-from microbench.workload import LayerInfo
+from microbench.workload import LayerInfo, sliced_dense
 from pdlsim.sim import ConfigError
 from pdlsim.uncertainty import moved
 
@@ -45,7 +47,12 @@ class ComputeCost:
     drift_factor: float
     colocation_in_place: tuple[tuple[int, float], ...]  # (batch, factor) of the step in place
     colocation_in_place_threads: int
+    slice_shares: tuple[tuple[int, float], ...]  # (batch, rank 0's part / whole), alone
+    slice_share_ranks: int  # the ranks the shares were measured at
+    slice_share_threads: int
+    tensor_ranks: int  # the ranks this model's dense layers are split over (1: whole layers)
     _ops_cache: dict[tuple[Any, ...], float]
+    _share_cache: dict[tuple[int, int], float]
     _pin_cache: dict[tuple[str, str, int, int, str], float]
 
     def _workload_layers(self, model: str | None = None) -> tuple[LayerInfo, ...]:
@@ -66,13 +73,55 @@ class ComputeCost:
         key = (model, batch, threads, device, phases)
         if key not in self._ops_cache:
             layers = self._workload_layers(model)
-            self._ops_cache[key] = sum(
-                self._raw_compute(layer, phase, batch, threads, device)
-                for layer in layers
-                for phase in phases
-                if phase != "update" or layer.param_count > 0
-            )
+            self._ops_cache[key] = self._layers_ops_s(layers, batch, threads, device, phases)
         return self._ops_cache[key]
+
+    def _layers_ops_s(
+        self,
+        layers: tuple[LayerInfo, ...],
+        batch: int,
+        threads: int,
+        device: str,
+        phases: tuple[str, ...],
+    ) -> float:
+        return sum(
+            self._raw_compute(layer, phase, batch, threads, device)
+            for layer in layers
+            for phase in phases
+            if phase != "update" or layer.param_count > 0
+        )
+
+    def sliced(self, ranks: int) -> Any:
+        """This model pricing each layer as one of ``ranks`` ranks' slices of a layer-wise
+        step (:meth:`slice_factor`)."""
+        return replace(self, tensor_ranks=ranks)  # type: ignore[type-var]
+
+    def slice_factor(self, batch: int, threads: int) -> float:
+        """Measured over predicted share of the whole network's compute that a layer-wise
+        rank's part takes (:func:`pdlsim.insitu_cost.in_place_share`): the measured share at
+        ``batch`` (interpolated, held outside), the predicted one from the layers' ops at the
+        ranks measured; 1 for whole layers, at another thread count or where unmeasured."""
+        if self.tensor_ranks <= 1 or not self.slice_shares:
+            return 1.0
+        if threads != self.slice_share_threads:
+            return 1.0
+        key = (batch, threads)
+        if key not in self._share_cache:
+            layers = self._workload_layers()
+            ranks = self.slice_share_ranks
+            part = tuple(
+                sliced_dense(info, math.ceil(info.output_shape[0] / ranks))
+                if info.kind == "dense"
+                else info
+                for info in layers
+            )  # rank 0's, which holds the most columns
+            phases = ("forward",) if self.inference else STEP
+            predicted = self._layers_ops_s(part, batch, threads, "cpu", phases) / (
+                self._layers_ops_s(layers, batch, threads, "cpu", phases)
+            )
+            batches, shares = zip(*self.slice_shares, strict=True)
+            self._share_cache[key] = float(np.interp(batch, batches, shares)) / predicted
+        return self._share_cache[key]
 
     def _forward_ops_s(self, model: str, batch: int, threads: int, device: str) -> float:
         """The forward-only step's predicted ops (the loss is a forward)."""
@@ -110,7 +159,7 @@ class ComputeCost:
                 return raw
             # the GPU steps' typical speed is in their rows; the band's draw of their drift
             return raw * self.step_ratio(batch, 1, "gpu") * self.drift_level * self.drift_factor
-        seconds = raw * self.step_ratio(batch, threads)
+        seconds = raw * self.step_ratio(batch, threads) * self.slice_factor(batch, threads)
         if phase == "forward" and layer.index == 0:
             seconds += self._gather_s(layer, batch)
         return seconds * self._host_factor(threads, batch)

@@ -35,7 +35,12 @@
   update phases add up to.
 * **Co-location.** CPU ranks sharing a node slow each other down (memory bandwidth, caches):
   compute is multiplied by the profile's measured co-location factor at ``ranks_per_node``
-  (:mod:`calibration.colocation`; held at the largest measured ranks per node beyond it).
+  (:mod:`calibration.colocation`; held at the largest measured ranks per node beyond it), or
+  by the step's own factor where ``insitu`` timed it in place (:mod:`pdlsim.insitu_cost`).
+* **A layer-wise rank's part.** Asked for a layer-wise step's slices (:meth:`sliced`), compute
+  is multiplied by the share of the whole network's compute a rank's part was measured to take
+  over the share its ops predict, where ``insitu`` timed both alone
+  (:meth:`~pdlsim.compute_cost.ComputeCost.slice_factor`).
 * **Drift.** The same step measured at several moments of the calibration
   (:mod:`calibration.drift`) gives the machine's typical speed and the spread around it. CPU
   compute is divided by exp(the compute stage's log-offset from typical), so a prediction
@@ -83,7 +88,7 @@ from pdlsim.compute_cost import (
     GPU_MEMORY_EFFICIENCY,
     ComputeCost,
 )
-from pdlsim.insitu_cost import InSituCost, in_place_colocation, in_place_sync
+from pdlsim.insitu_cost import InSituCost, in_place_colocation, in_place_share, in_place_sync
 from pdlsim.oppins import OpPins
 from pdlsim.presets import GpuPreset, NetworkPreset
 from pdlsim.sim import ConfigError, LinkCost, Placement, TimedStep, collectives
@@ -157,7 +162,12 @@ class ProfileCostModel(ComputeCost):
     drift_factor: float = 1.0  # this band sample's draw of the deviations
     colocation_in_place: tuple[tuple[int, float], ...] = ()  # (batch, factor): insitu_cost
     colocation_in_place_threads: int = 1
+    slice_shares: tuple[tuple[int, float], ...] = ()  # (batch, share): insitu_cost
+    slice_share_ranks: int = 1
+    slice_share_threads: int = 1
+    tensor_ranks: int = 1  # set by sliced(): a layer-wise plan's slices
     _ops_cache: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)
+    _share_cache: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
     compression: CompressionModel | None = None  # the profile's, when it measured compression
     insitu: InSituCost | None = None  # the workload's collectives measured in place
     pins: OpPins = field(default_factory=OpPins)  # the workload's ops as measured one by one
@@ -257,6 +267,11 @@ class ProfileCostModel(ComputeCost):
         if note is not None:
             others = prov.get("co-location", "not measured")
             prov["co-location"] = f"{note}; at other thread counts {others}"
+        shares, share_ranks, share_threads, note = in_place_share(
+            insitu_model if device == "cpu" else None, workload, parallel
+        )
+        if note is not None:
+            prov["slices"] = note
         drift = profile.model("drift") if profile.models.get("drift") else None
         # the drift of the steps this prediction computes with: the host's, or the GPU steps'
         # where the profile timed the GPU (calibration.drift); a data sheet's GPU has none
@@ -301,6 +316,7 @@ class ProfileCostModel(ComputeCost):
             drift_log_deviations=deviations, drift_level=level, insitu=insitu,
             pins=OpPins.from_table(getattr(compute, "table_", [])), inference=inference,
             colocation_in_place=in_place, colocation_in_place_threads=in_place_threads,
+            slice_shares=shares, slice_share_ranks=share_ranks, slice_share_threads=share_threads,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------ collectives

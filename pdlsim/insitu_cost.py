@@ -64,10 +64,20 @@ compute; the co-location model measures it with the jitter benchmark's steps, wh
 collective between them (x1.025 for the MLP here). Inside the data-parallel step, with the
 allreduce and the barrier between steps, the trainer's 2-rank MLP computed 1.07-1.09x its
 serial step at batch 16 and 1.01-1.02x at 64. Where the profile timed rank 0's compute alone
-beside the step in place, a data-parallel prediction at the ranks per node and thread count
-measured takes that factor instead, interpolated in the batch (held outside the measured
-batches); other placements and thread counts keep the co-location model's. A band sample
-keeps the factor as measured (the rounds' spread of it is not drawn).
+beside the step in place, a prediction of that step (data parallel, layer-wise or its forward
+pass) at the ranks per node and thread count measured takes that step's factor instead,
+interpolated in the batch (held outside the measured batches); other placements and thread
+counts keep the co-location model's. A band sample keeps the factor as measured (the rounds'
+spread of it is not drawn).
+
+**A slice's share** (:func:`in_place_share`). A layer-wise rank computes its slices of the
+dense layers and the rest whole; the roofline prices a half-width dense layer at about half
+the whole one, but small GEMMs do not scale so: alone on the development VM, rank 0's part of
+the MLP's 2-rank step took 0.60 of the whole network's at batch 16 where the model said 0.71.
+Where the profile timed both alone, round by round, a layer-wise prediction multiplies its
+rank's compute by the measured share over the predicted one
+(:meth:`pdlsim.compute_cost.ComputeCost.slice_factor`), at the thread count measured, for
+any number of ranks (measured at two, held at others).
 """
 
 from __future__ import annotations
@@ -85,6 +95,7 @@ __all__ = [
     "BARRIER_PROXY_BYTES",
     "InSituCost",
     "in_place_colocation",
+    "in_place_share",
     "in_place_sync",
     "sync_parallelism",
 ]
@@ -234,3 +245,24 @@ def in_place_colocation(
         f"compute over rank 0's alone, round by round): {shown}"
     )
     return points, found[0].threads, note
+
+
+def in_place_share(
+    insitu: InSituModel | None, workload: str | None, parallel: str | None
+) -> tuple[tuple[tuple[int, float], ...], int, int, str | None]:
+    """Rank 0's share of the whole network's compute in the ``parallel`` layer-wise step, both
+    timed alone (:meth:`calibration.insitu.InSituModel.shares`), as (batch, share) points, the
+    ranks and thread count they were measured at and a provenance note; none (``()``, 1, 1,
+    None) where the profile did not time them."""
+    if insitu is None or workload is None or parallel is None:
+        return (), 1, 1, None
+    found = insitu.shares(workload, parallel)
+    if not found:
+        return (), 1, 1, None
+    points = tuple((p.batch, float(p.share)) for p in found)
+    shown = ", ".join(f"{share:.3f} at batch {batch}" for batch, share in points)
+    note = (
+        f"profile (rank 0's part of the {parallel} step over the whole network's, both alone "
+        f"at {found[0].ranks} ranks, round by round): {shown}"
+    )
+    return points, found[0].ranks, found[0].threads, note

@@ -143,6 +143,7 @@ def perturbed_cost(
         insitu=None if cost.insitu is None else insitu_draw(cost.insitu, rng),
         _ops_cache={},
         _pin_cache={},
+        _share_cache={},
     )
 
 

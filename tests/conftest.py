@@ -32,6 +32,23 @@ def mpiexec() -> str:
     return str(beside) if beside.exists() else "mpiexec"
 
 
+class LoneComm:
+    """Rank 0 of a communicator with nobody else: what the samplers of
+    :mod:`microbench.jitter` and :mod:`microbench.insitu` call on it, doing nothing."""
+
+    def Barrier(self):  # noqa: N802 - mpi4py's names
+        pass
+
+    def Get_rank(self):  # noqa: N802
+        return 0
+
+    def Ibarrier(self):  # noqa: N802
+        return self
+
+    def Wait(self):  # noqa: N802
+        pass
+
+
 def run_microbench(
     *args: str, ranks: int | None = None, timeout: float = MPI_TIMEOUT_S
 ) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ from calibration.insitu import InSituModel
 from microbench.insitu import Call, insitu_records, split_rounds, splittable
 from microbench.records import load_dataframe
 from microbench.workload import PRESETS, load_workload
-from tests.conftest import run_microbench
+from tests.conftest import LoneComm, run_microbench
 
 PROG = "python -m microbench insitu"
 
@@ -28,8 +28,8 @@ def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
     """The MLP at 2 ranks: the barrier and the gradient allreduce (data), three allgathers, two
     input gradient allreduces and the barrier (model), and the three allgathers and the barrier
     of the forward pass alone, each with both ranks' samples and their minimum; and each step's
-    compute before its barrier, what the barrier's wait is a share of, and the data-parallel
-    update after the allreduce."""
+    compute before its barrier, what the barrier's wait is a share of, the data-parallel
+    update after the allreduce, and rank 0's compute of each step alone."""
     args = ["--model", "mlp", "--batch", "8,16", "--samples", "6", "--warmup", "2"]
     result = run_microbench("insitu", *args, "--out", str(tmp_path), ranks=2, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -58,10 +58,16 @@ def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
     ]  # fmt: skip
     computes = frame[frame["name"].isin(["compute", "update"])]["samples"]
     assert all(min(s) > 0 for s in computes)
-    alone = frame[frame["params.statistic"] == "alone"]  # rank 0's data-parallel compute alone
-    assert sorted(alone["params.batch"]) == [8, 16] and set(alone["params.parallel"]) == {"data"}
+    alone = frame[frame["params.statistic"].isin(["alone", "whole"])]  # rank 0's, alone
+    assert sorted(zip(alone["params.statistic"], alone["params.parallel"], alone["params.batch"],
+                      strict=True)) == [
+        ("alone", p, b) for p in ("data", "model", "model-inference") for b in (8, 16)
+    ] + [("whole", p, b) for p in ("model", "model-inference") for b in (8, 16)]  # fmt: skip
     assert set(alone["name"]) == {"compute"} and set(alone["params.rank"]) == {0}
     assert all(len(s) == 6 and min(s) > 0 for s in alone["samples"])
+    for _, lone in alone[alone["params.statistic"] == "alone"].iterrows():  # the same work
+        mine = per_rank_of(frame, lone["params.parallel"], lone["params.batch"], "compute", 0)
+        assert 0.3 < np.median(mine) / np.median(lone["samples"]) < 3
     assert all(len(s) == 6 for s in frame["samples"]) and set(own["params.batch"]) == {8, 16}
     per_rank = frame[frame["params.statistic"] == "per_rank"]
     assert set(per_rank["params.rank"]) == {0, 1}
@@ -73,25 +79,20 @@ def test_two_ranks_time_every_collective_of_both_steps(tmp_path):
     assert set(frame["params.rounds"]) == {5}  # the default, 6 samples: 2, 1, 1, 1, 1
 
 
+def per_rank_of(frame: pd.DataFrame, parallel: str, batch: int, op: str, rank: int) -> list:
+    """One rank's samples of one call of a step."""
+    rows = frame[(frame["params.statistic"] == "per_rank") & (frame["name"] == op)
+                 & (frame["params.parallel"] == parallel) & (frame["params.batch"] == batch)
+                 & (frame["params.rank"] == rank)]  # fmt: skip
+    return list(rows["samples"].iloc[0])
+
+
 def test_rounds_visit_every_step_in_turn_each_after_its_own_warmup():
     """Two steps, 5 samples in 2 rounds, warm-up 1: a 4 times, b 4 times (round 1: the
     warm-up and 3 samples each), then a 3 times, b 3 times (round 2: the warm-up and 2); each
     step's table keeps its 5 samples in time order, and its calls. Step a's compute alone (A)
-    runs right after its share of each round, as many times."""
+    runs right after its share of each round, as many times, then the whole network (W)."""
     from microbench.insitu import sample_rounds
-
-    class NoComm:
-        def Barrier(self):  # noqa: N802 - mpi4py's name
-            pass
-
-        def Get_rank(self):  # noqa: N802
-            return 0
-
-        def Ibarrier(self):  # noqa: N802
-            return self
-
-        def Wait(self):  # noqa: N802
-            pass
 
     trace, clock = [], iter(range(1000))
 
@@ -103,12 +104,13 @@ def test_rounds_visit_every_step_in_turn_each_after_its_own_warmup():
         return step
 
     timed = sample_rounds(
-        [(make("a"), "model"), (make("b"), "model")], 5, 1, 2, NoComm(),
-        alone=[lambda: trace.append("A"), None],
+        [(make("a"), "model"), (make("b"), "model")], 5, 1, 2, LoneComm(),
+        alone=[{"alone": lambda: trace.append("A"), "whole": lambda: trace.append("W")}, None],
     )  # fmt: skip
-    assert "".join(trace) == "aaaaAAAbbbb" + "aaaAAbbb"
+    assert "".join(trace) == "aaaaAAAWWWbbbb" + "aaaAAWWbbb"
     (calls_a, table_a, alone_a), (calls_b, table_b, alone_b) = timed
-    assert alone_a.shape == (5,) and alone_b.size == 0
+    assert {k: v.shape for k, v in alone_a.items()} == {"alone": (5,), "whole": (5,)}
+    assert alone_b == {}
     assert calls_a == [Call("allgather", "a", 8, "model")] and table_a.shape == (5, 1)
     assert list(table_a[:, 0]) == [1, 2, 3, 9, 10]  # the warm-up steps (0, 8) are not kept
     assert list(table_b[:, 0]) == [5, 6, 7, 12, 13]

@@ -6,9 +6,7 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
-from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 from ..cli import (
     UsageError,
@@ -36,7 +34,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "per input gradient) and that step's forward pass alone on every rank, and time each "
         "collective where training calls it: after the layers' compute, not back to back. "
         "Records every rank's seconds per call and the per-step minimum over ranks (the "
-        "collective's own cost, without waiting). Run it under mpiexec -n N with N >= 2.",
+        "collective's own cost, without waiting), and rank 0's compute of each step alone "
+        "while the other ranks idle (the co-location in place). Run it under mpiexec -n N "
+        "with N >= 2.",
     )
     add_workloads_arguments(
         parser, "samples per step, one or more (default 32; model parallelism's batch is shared)"
@@ -66,11 +66,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def _no_alone(make: Callable[..., Any]) -> Callable[..., tuple[Any, None]]:
-    """A step maker whose step has no compute-alone companion (:func:`sample_rounds`)."""
-    return lambda *args, **kw: (make(*args, **kw), None)
-
-
 def run(args: argparse.Namespace) -> int:
     mpi = start_mpi("multiple")
 
@@ -82,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         data_parallel_pair,
         gather_calls,
         insitu_records,
-        layerwise_step,
+        layerwise_pair,
         sample_rounds,
         split_rounds,
         splittable,
@@ -120,13 +115,12 @@ def run(args: argparse.Namespace) -> int:
         if warning is not None:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
     try:
-        points = []  # (params, (step, alone or None), parallel) in record order
+        points = []  # (params, (step, what rank 0 times alone), parallel) in record order
         for workload in args.model:
             makers = [("data", data_parallel_pair)]
             if splittable(workload, ranks):
-                makers.append(("model", _no_alone(layerwise_step)))
-                inference = partial(layerwise_step, inference=True)
-                makers.append((MODEL_INFERENCE, _no_alone(inference)))
+                makers.append(("model", layerwise_pair))
+                makers.append((MODEL_INFERENCE, partial(layerwise_pair, inference=True)))
             elif root and not args.quiet:
                 why = f"a dense layer has fewer neurons than {ranks} ranks (or there is none)"
                 print(f"insitu: {workload.name}: {why}; model parallelism skipped", flush=True)
@@ -144,8 +138,9 @@ def run(args: argparse.Namespace) -> int:
                 continue
             for record in insitu_records(calls, table, params, warmup * rounds, hosts):
                 writer.write(record)
-            if alone.size:
-                writer.write(alone_record(alone, {**params, "parallel": parallel}, hosts[0]))
+            for statistic, samples_s in alone.items():
+                point = {**params, "parallel": parallel}
+                writer.write(alone_record(samples_s, point, hosts[0], statistic))
             if not args.quiet:
                 own = np.median(table.min(axis=0), axis=0)
                 shown = ", ".join(

@@ -7,7 +7,9 @@ rank):
 * **Dense layers are split by output neurons.** Each rank holds ``ceil(units / P)`` columns of
   W and b (uneven splits: the busiest rank sets the pace) and computes that slice of the
   output: the layer's FLOPs / P. The sliced layer is costed by the cost model like any layer
-  (:func:`sliced_dense`).
+  (:func:`sliced_dense`); a cost model with a ``sliced(P)`` method is asked for that one, which
+  may price a rank's part apart (:meth:`pdlsim.compute_cost.ComputeCost.slice_factor`: the
+  share of the whole network's compute a rank's part was measured to take).
 * After each dense layer's forward the slices are **all-gathered** (``B x units x 4`` bytes in
   total, :func:`pdlsim.sim.messages.allgather_time`) so that every rank has the whole activation
   for the next layer.
@@ -155,6 +157,9 @@ def build_tensor_plan(
     check_layerwise(cluster, scenario, "inference" if p == 1 else "model parallelism")
     placement = _group_placement(cluster, p, scenario.algorithm)
     batch, threads, device = scenario.batch_per_rank, cluster.threads_per_rank, cluster.device
+    sliced = getattr(cost, "sliced", None)
+    if p > 1 and sliced is not None:  # a cost model that prices a slice apart (its share)
+        cost = sliced(p)
     layers = scenario.workload.layers
     params = [i for i, info in enumerate(layers) if info.param_count > 0]
     if not params:
