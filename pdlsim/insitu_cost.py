@@ -47,8 +47,8 @@ barrier where the jitter model said 2.2% and the simulator, drawing from the fit
 3.5%; ``microbench insitu``'s own barrier, in the same step as training, waited 0.7-1.6%.
 Where the profile timed the ranks' compute with the barrier, the sync at the ranks measured is
 the barrier's mean wait over that compute (:meth:`calibration.insitu.InSituModel.wait_fraction`,
-per parallelism and interpolated in the batch), and the distribution keeps its shape for more
-ranks (:meth:`calibration.jitter.JitterModel.with_sync`).
+per parallelism, pooled over the batches measured), and the distribution keeps its shape for
+more ranks (:meth:`calibration.jitter.JitterModel.with_sync`).
 
 **The update in place** (:meth:`InSituCost.update_s`). Data parallel, the ranks update their
 parameters together right after the allreduce. On the development VM the MLP's 2-rank trainer
@@ -221,8 +221,8 @@ def in_place_sync(
     sized = jitter.with_sync(point.ranks, fraction)
     return sized, (
         f"sync at {point.ranks} ranks sized to the {parallel} step's barrier wait in place, "
-        f"{100 * fraction:.2f}% of its compute at batch {batch} (the jitter benchmark's "
-        f"{100 * float(jitter.sync_fraction(point.ranks)):.2f}%)"
+        f"{100 * fraction:.2f}% of its compute pooled over the batches measured (the jitter "
+        f"benchmark's {100 * float(jitter.sync_fraction(point.ranks)):.2f}%)"
     )
 
 
