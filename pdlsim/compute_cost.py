@@ -52,7 +52,7 @@ class ComputeCost:
     slice_share_threads: int
     tensor_ranks: int  # the ranks this model's dense layers are split over (1: whole layers)
     _ops_cache: dict[tuple[Any, ...], float]
-    _share_cache: dict[tuple[int, int], float]
+    _share_cache: dict[tuple[Any, ...], float]
     _pin_cache: dict[tuple[str, str, int, int, str], float]
 
     def _workload_layers(self, model: str | None = None) -> tuple[LayerInfo, ...]:
@@ -100,14 +100,15 @@ class ComputeCost:
         """Measured over predicted share of the whole network's compute that a layer-wise
         rank's part takes (:func:`pdlsim.insitu_cost.in_place_share`): the measured share at
         ``batch`` (interpolated, held outside), the predicted one from the layers' ops at the
-        ranks measured; 1 for whole layers, at another thread count or where unmeasured."""
-        if self.tensor_ranks <= 1 or not self.slice_shares:
+        ranks measured; 1 for whole layers, at another thread count, where unmeasured or where
+        the workload's file is not at hand."""
+        if self.tensor_ranks <= 1 or not self.slice_shares or threads != self.slice_share_threads:
             return 1.0
-        if threads != self.slice_share_threads:
-            return 1.0
-        key = (batch, threads)
+        key = (self.workload, self.inference, batch, threads)  # copies share the cache
         if key not in self._share_cache:
             layers = self._workload_layers()
+            if not layers:  # the workload file is not at hand: nothing to price the share by
+                return 1.0
             ranks = self.slice_share_ranks
             part = tuple(
                 sliced_dense(info, math.ceil(info.output_shape[0] / ranks))

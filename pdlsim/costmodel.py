@@ -167,7 +167,7 @@ class ProfileCostModel(ComputeCost):
     slice_share_threads: int = 1
     tensor_ranks: int = 1  # set by sliced(): a layer-wise plan's slices
     _ops_cache: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)
-    _share_cache: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
+    _share_cache: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)
     compression: CompressionModel | None = None  # the profile's, when it measured compression
     insitu: InSituCost | None = None  # the workload's collectives measured in place
     pins: OpPins = field(default_factory=OpPins)  # the workload's ops as measured one by one
