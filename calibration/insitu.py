@@ -275,14 +275,16 @@ class InSituModel:
         """The barrier points of one workload and parallelism that carry a co-location factor
         in place (module docstring), by batch; none where rank 0 did not time its compute
         alone."""
-        found = (p for p in self.calls(workload, parallel) if p.colocation is not None)
-        return sorted(found, key=lambda p: p.batch)
+        return self._carrying(workload, parallel, "colocation")
 
     def shares(self, workload: str, parallel: str) -> list[InSituPoint]:
         """The barrier points of one layer-wise step that carry rank 0's share of the whole
         network's compute (module docstring), by batch; none where rank 0 did not time both
         alone."""
-        found = (p for p in self.calls(workload, parallel) if p.share is not None)
+        return self._carrying(workload, parallel, "share")
+
+    def _carrying(self, workload: str, parallel: str, name: str) -> list[InSituPoint]:
+        found = (p for p in self.calls(workload, parallel) if getattr(p, name) is not None)
         return sorted(found, key=lambda p: p.batch)
 
     def _share_of_compute(

@@ -73,7 +73,8 @@ spread of it is not drawn).
 **A slice's share** (:func:`in_place_share`). A layer-wise rank computes its slices of the
 dense layers and the rest whole; the roofline prices a half-width dense layer at about half
 the whole one, but small GEMMs do not scale so: alone on the development VM, rank 0's part of
-the MLP's 2-rank step took 0.60 of the whole network's at batch 16 where the model said 0.71.
+the MLP's 2-rank step took 0.51-0.55 of the whole network's where the ops said 0.59-0.71
+(batches 64 to 16).
 Where the profile timed both alone, round by round, a layer-wise prediction multiplies its
 rank's compute by the measured share over the predicted one
 (:meth:`pdlsim.compute_cost.ComputeCost.slice_factor`), at the thread count measured, for

@@ -63,15 +63,26 @@ def test_the_factor_is_each_rounds_in_place_over_alone_whatever_the_speed():
     assert model.colocations("mlp", "model") == []
 
 
+def profile_with(frame: pd.DataFrame):
+    """The packaged profile with its in-place model fitted to ``frame``."""
+    from calibration.profile import Profile, load_profile
+
+    doc = copy.deepcopy(load_profile("xeon-2core").to_dict())
+    doc["models"]["insitu"] = InSituModel().fit(frame).to_dict()
+    return Profile.from_dict(doc)
+
+
+def load_profile_with(factors: dict[int, float], parallel: str = "data", share=None):
+    """The packaged profile with the MLP's ``parallel`` step timed in place
+    (:func:`colocation_frame`)."""
+    return profile_with(colocation_frame(factors, parallel=parallel, share=share))
+
+
 @pytest.fixture(scope="module")
 def packaged_with_colocation():
     """The packaged profile with the MLP's data-parallel step in place at 2 ranks per node:
     co-location 1.08 at batch 16 and 1.02 at 64."""
-    from calibration.profile import Profile, load_profile
-
-    doc = copy.deepcopy(load_profile("xeon-2core").to_dict())
-    doc["models"]["insitu"] = InSituModel().fit(colocation_frame({16: 1.08, 64: 1.02})).to_dict()
-    return Profile.from_dict(doc)
+    return load_profile_with({16: 1.08, 64: 1.02})
 
 
 def _cost(profile, parallel: str | None = "data", ranks_per_node: int = 2):
@@ -106,17 +117,13 @@ def test_a_data_parallel_prediction_at_the_measured_placement_uses_the_factor_in
     assert "x1.080 at batch 16" in cost.provenance["co-location"]
 
 
-def test_a_model_parallel_prediction_takes_its_own_steps_factor(packaged_with_colocation):
+def test_a_model_parallel_prediction_takes_its_own_steps_factor():
     """The model-parallel step's factor in place (1.01) is its own: a model-parallel
     prediction at 2 ranks per node takes it, a data-parallel one keeps the data step's and
     a forward-only one, not timed alone here, the co-location model's."""
-    from calibration.profile import Profile
-
-    doc = copy.deepcopy(packaged_with_colocation.to_dict())
     frame = pd.concat([colocation_frame({16: 1.08, 64: 1.02}),
                        colocation_frame({16: 1.01, 64: 1.01}, parallel="model")])  # fmt: skip
-    doc["models"]["insitu"] = InSituModel().fit(frame).to_dict()
-    profile = Profile.from_dict(doc)
+    profile = profile_with(frame)
     assert _cost(profile, parallel="model").colocation_factor(1, 32) == pytest.approx(1.01)
     assert _cost(profile).colocation_factor(1, 16) == pytest.approx(1.08)
     model = profile.model("colocation")
@@ -131,17 +138,6 @@ def test_one_rank_per_node_has_no_co_location_even_from_a_model_built_for_more()
     cost = _cost(load_profile_with({16: 1.08, 64: 1.02}))
     assert cost.colocation_factor(1, 16) == pytest.approx(1.08)
     assert replace(cost, ranks_per_node=1).colocation_factor(1, 16) == 1.0
-
-
-def load_profile_with(factors: dict[int, float], parallel: str = "data", share=None):
-    """The packaged profile with the MLP's ``parallel`` step timed in place
-    (:func:`colocation_frame`)."""
-    from calibration.profile import Profile, load_profile
-
-    doc = copy.deepcopy(load_profile("xeon-2core").to_dict())
-    frame = colocation_frame(factors, parallel=parallel, share=share)
-    doc["models"]["insitu"] = InSituModel().fit(frame).to_dict()
-    return Profile.from_dict(doc)
 
 
 # ------------------------------------------------------------------ a layer-wise rank's part
