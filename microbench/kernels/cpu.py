@@ -23,6 +23,7 @@ import numba
 import numpy as np
 
 from microbench.kernels import loops
+from microbench.kernels.policy import PARALLEL_MIN_ELEMENTS, col2im_chunk_samples, runs_parallel
 from microbench.kernels.shapes import conv_output_hw, pool_output_hw
 
 
@@ -43,18 +44,11 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
         numba.config.THREADING_LAYER_PRIORITY = [*first, "tbb"]
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# Below this many elements an elementwise loop runs serially: a parallel launch costs more.
-PARALLEL_MIN_ELEMENTS = 1 << 15
-# The input gradient of a convolution goes through dcols in chunks of samples this many bytes
-# at most, so that col2im reads what the GEMM just wrote from cache (one core's L2 holds it),
-# not from memory: 1.5-2x faster than one whole-batch GEMM and col2im.
-COL2IM_CHUNK_BYTES = 5 << 18
-
 
 def _loop(name: str, size: int = PARALLEL_MIN_ELEMENTS):
     """The parallel loop ``name`` of :mod:`~microbench.kernels.loops`, or its serial version
     for one thread or fewer than ``PARALLEL_MIN_ELEMENTS`` elements."""
-    parallel = size >= PARALLEL_MIN_ELEMENTS and numba.get_num_threads() > 1
+    parallel = runs_parallel(size, numba.get_num_threads())
     return getattr(loops, name if parallel else name + "_serial")
 
 
@@ -120,7 +114,7 @@ class NumbaKernels:
             return
         w_t = _matrix(w, k * k * c, f).T
         rows = out_h * out_w  # per sample
-        step = max(1, COL2IM_CHUNK_BYTES // (rows * k * k * c * dcols.itemsize))
+        step = col2im_chunk_samples(rows, k * k * c, dcols.itemsize)
         col2im = _loop("col2im")
         for first in range(0, n, step):
             last = min(n, first + step)

@@ -1,0 +1,466 @@
+"""The kernel calls one training step of a workload makes, enumerated from its description.
+
+:class:`microbench.nn.Network` runs a step as a fixed sequence of kernel calls (GEMMs through
+numpy's BLAS, numba loops, a few numpy copies); :func:`step_calls` lists that sequence without
+running anything, by the same rules the network follows (:mod:`microbench.nn.layers`: a dense
+or conv2d layer absorbs the relu and max-pool after it; :mod:`microbench.kernels.policy`: which
+loops run in parallel, how col2im is chunked). A compute model that knows what each kernel
+costs at its shape then prices any workload of the supported layer kinds, including one it
+never saw; the tests hold this list to a trace of the real network's calls.
+
+Each :class:`KernelCall` names its kernel and the dimensions that kernel's cost depends on
+(:data:`KERNEL_DIMS`), the workload layer it is charged to (the lead layer of a fused group;
+-1 for the step's own calls: the mini-batch gather) and the phase of the step it runs in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from microbench.kernels.policy import col2im_chunk_samples, runs_parallel
+from microbench.kernels.shapes import conv_output_hw, pool_output_hw, window_range
+from microbench.workload import BYTES_PER_VALUE, LayerInfo, Workload
+
+__all__ = [
+    "GEMM_LAYOUTS",
+    "KERNEL_DIMS",
+    "LABEL_BYTES",
+    "KernelCall",
+    "call_elements",
+    "call_features",
+    "op_calls",
+    "step_calls",
+]
+
+LABEL_BYTES = 8  # int64 labels, as Network.forward converts them
+GEMM_LAYOUTS = ("nn", "tn", "nt")  # which operand BLAS reads transposed: none, A, B
+
+# The dimensions of each kernel's call, in order.
+KERNEL_DIMS: dict[str, tuple[str, ...]] = {
+    **{f"gemm_{layout}": ("m", "n", "k") for layout in GEMM_LAYOUTS},
+    "bias_act": ("rows", "cols"),
+    "column_sum": ("rows", "cols"),
+    "relu": ("elements",),
+    "relu_mask": ("elements",),
+    "copy": ("elements",),
+    "sgd": ("elements",),
+    "sgd_momentum": ("elements",),
+    "softmax_xent": ("batch", "classes"),
+    "im2col": ("batch", "height", "width", "channels", "kernel", "stride", "padding"),
+    "col2im": ("batch", "height", "width", "channels", "kernel", "stride", "padding"),
+    "maxpool": ("batch", "height", "width", "channels", "size", "stride"),
+    "maxpool_backward": ("batch", "height", "width", "channels", "size", "stride"),
+    "maxpool_backward_tiled": ("batch", "height", "width", "channels", "size", "stride"),
+    "nchw_to_nhwc": ("batch", "channels", "height", "width"),
+    "gather": ("batch", "row_bytes"),
+}
+
+# Loops that always take their parallel driver when more than one thread runs (the
+# whole-activation loops); the other loops go parallel by size (policy.runs_parallel).
+_WHOLE_ACTIVATION = {
+    "im2col",
+    "col2im",
+    "maxpool",
+    "maxpool_backward",
+    "maxpool_backward_tiled",
+    "nchw_to_nhwc",
+}
+_SERIAL_ONLY = {"softmax_xent", "gather", "copy"} | {f"gemm_{x}" for x in GEMM_LAYOUTS}
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One kernel call of a step: ``kernel`` at ``dims`` (:data:`KERNEL_DIMS`), charged to
+    workload layer ``layer`` in ``phase``; ``parallel``: a numba loop's parallel driver.
+    ``reads`` and ``writes`` name the network's buffers the call touches and their bytes
+    (buffers are named by role and lead layer, ``y3``, ``cols0``, ``W7``; an in-place op's
+    output keeps its input's name), so that a model can follow what stays in cache."""
+
+    kernel: str
+    dims: tuple[int, ...]
+    layer: int
+    phase: str
+    parallel: bool = False
+    reads: tuple[tuple[str, int], ...] = ()  # (buffer, bytes) the call reads
+    writes: tuple[tuple[str, int], ...] = ()  # (buffer, bytes) it writes
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNEL_DIMS:
+            raise ValueError(f"unknown kernel {self.kernel!r}")
+        if len(self.dims) != len(KERNEL_DIMS[self.kernel]):
+            raise ValueError(f"{self.kernel} takes dims {KERNEL_DIMS[self.kernel]}")
+
+    @property
+    def variant(self) -> str:
+        """The code that runs: the kernel, or ``KERNEL_serial`` for a loop's serial driver
+        (GEMMs, the loss, gathers and copies have one variant)."""
+        if self.kernel in _SERIAL_ONLY or self.parallel:
+            return self.kernel
+        return self.kernel + "_serial"
+
+
+def call_features(kernel: str, dims: Sequence[int]) -> tuple[int, int]:
+    """``(elements, run)`` of a loop, gather or copy call: the elements it works through (a
+    max-pool: its window taps; a GEMM: its multiply-adds) and the mean length of its innermost
+    contiguous runs (the values one inner loop copies or reduces before it jumps; 1 where a
+    kernel has no such axis). A kernel's cost tables are laid out over these two
+    (:mod:`microbench.kernelbench`)."""
+    if kernel.startswith("gemm_"):
+        m, n, k = dims
+        return m * n * k, 1
+    if kernel in ("bias_act", "column_sum", "softmax_xent"):
+        return dims[0] * dims[1], dims[1]
+    if kernel == "gather":
+        return dims[0] * dims[1] // BYTES_PER_VALUE, dims[1] // BYTES_PER_VALUE
+    if kernel == "im2col":
+        n, h, w, c, k, s, p = dims
+        oh, ow = conv_output_hw(h, w, k, s, p)
+        return n * oh * ow * k * k * c, _im2col_run(w, c, k, s, p)
+    if kernel == "col2im":
+        n, h, w, c, k, s, p = dims
+        oh, ow = conv_output_hw(h, w, k, s, p)
+        return n * oh * ow * k * k * c, c
+    if kernel == "maxpool":  # every output reads its size x size window
+        n, h, w, c, size, stride = dims
+        oh, ow = pool_output_hw(h, w, size, stride)
+        return n * oh * ow * c * size * size, c
+    if kernel == "maxpool_backward":  # every input searches the windows that cover it
+        n, h, w, c, size, stride = dims
+        return n * h * w * c * math.ceil(size / stride) ** 2, c
+    if kernel in ("maxpool_backward_tiled", "nchw_to_nhwc"):
+        return math.prod(dims[:4]), (dims[3] if kernel != "nchw_to_nhwc" else dims[1])
+    return dims[0], 1
+
+
+def _im2col_run(width: int, c: int, k: int, stride: int, padding: int) -> int:
+    """The mean contiguous run of an im2col row: a window inside the image copies each kernel
+    row's k x c values in one run, one that overhangs the padding copies (or zeroes) c at a
+    time (:func:`microbench.kernels.loops.im2col`)."""
+    ow = (width + 2 * padding - k) // stride + 1
+    inside = window_range(ow, width - k + 1, stride, -padding)
+    n_inside = inside[1] - inside[0]
+    runs = n_inside * k + (ow - n_inside) * k * k  # inner loops per output row
+    return max(1, round(ow * k * k * c / runs))
+
+
+def call_elements(kernel: str, dims: Sequence[int]) -> int:
+    """Elements a loop's parallel decision is taken on (the array it walks)."""
+    if kernel in ("bias_act", "column_sum", "softmax_xent"):
+        return dims[0] * dims[1]
+    if kernel in ("relu", "relu_mask", "copy", "sgd", "sgd_momentum"):
+        return dims[0]
+    return math.prod(dims[:4])
+
+
+_F = BYTES_PER_VALUE
+Operands = tuple[tuple[str, int], ...]
+
+
+def _loop(
+    kernel: str,
+    dims: tuple[int, ...],
+    layer: int,
+    phase: str,
+    threads: int,
+    reads: Operands = (),
+    writes: Operands = (),
+) -> KernelCall:
+    if kernel in _WHOLE_ACTIVATION:
+        parallel = threads > 1
+    else:
+        parallel = runs_parallel(call_elements(kernel, dims), threads)
+    return KernelCall(kernel, dims, layer, phase, parallel, reads, writes)
+
+
+def _gemm(
+    layout: str, m: int, n: int, k: int, layer: int, phase: str, a: str, b: str, c: str
+) -> KernelCall:
+    """``c (m x n) = a (m x k) @ b (k x n)``, ``a`` and ``b`` read as ``layout`` says."""
+    return KernelCall(
+        f"gemm_{layout}", (m, n, k), layer, phase, False, ((a, m * k * _F), (b, k * n * _F)),
+        ((c, m * n * _F),),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One op of the network: a lead layer and the relu / max-pool fused into it."""
+
+    lead: LayerInfo
+    relu: bool = False
+    pool: LayerInfo | None = None
+    in_place: bool = True  # a standalone relu works in place (its input is the network's)
+
+
+def _groups(layers: Sequence[LayerInfo], channels_last_input: bool) -> list[_Group]:
+    """The ops :func:`microbench.nn.layers.build_ops` makes of ``layers`` (the loss excluded)."""
+    groups: list[_Group] = []
+    owned, i = channels_last_input, 0
+    while i < len(layers):
+        info, after = layers[i], layers[i + 1 : i + 3]
+        if info.kind == "conv2d":
+            relu, pool = False, None
+            for nxt in after:
+                if nxt.kind == "relu" and not relu:
+                    relu = True
+                elif nxt.kind == "maxpool2d" and pool is None:
+                    pool = nxt
+                else:
+                    break
+            groups.append(_Group(info, relu, pool))
+            i += 1 + relu + (pool is not None)
+        elif info.kind == "dense":
+            fuse = bool(after) and after[0].kind == "relu"
+            groups.append(_Group(info, fuse))
+            i += 1 + fuse
+        else:
+            groups.append(_Group(info, in_place=owned))
+            i += 1
+        owned = owned or info.kind != "flatten"
+    return groups
+
+
+def _channels_last(workload_input: tuple[int, ...], layers: Sequence[LayerInfo]) -> bool:
+    """As :func:`microbench.nn.network.runs_channels_last`."""
+    if len(workload_input) != 3:
+        return False
+    for info in layers:
+        if info.kind == "flatten":
+            return False
+        if info.kind in ("conv2d", "maxpool2d"):
+            return True
+    return False
+
+
+def _hwc(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    c, h, w = shape
+    return h, w, c
+
+
+class _Step:
+    """Builds a step's calls, following which buffer holds each activation and gradient."""
+
+    def __init__(self, batch: int, threads: int) -> None:
+        self.batch, self.threads = batch, threads
+        self.calls: list[KernelCall] = []
+        self.outputs: list[str] = []  # per group, the buffer its forward output lives in
+
+    def loop(self, kernel: str, dims: tuple[int, ...], layer: int, phase: str,
+             reads: Operands = (), writes: Operands = ()) -> None:  # fmt: skip
+        self.calls.append(_loop(kernel, dims, layer, phase, self.threads, reads, writes))
+
+    def gemm(self, *args: Any) -> None:
+        self.calls.append(_gemm(*args))
+
+    # forward ---------------------------------------------------------------------------
+    def forward(self, g: _Group, x: str) -> str:
+        """Append ``g``'s forward on input buffer ``x``; the buffer of its output."""
+        info, i, batch = g.lead, g.lead.index, self.batch
+        x_bytes = batch * info.input_bytes_per_sample
+        if info.kind == "dense":
+            units = info.output_shape[0]
+            y, w, b = f"y{i}", f"W{i}", f"b{i}"
+            self.gemm("nn", batch, units, info.input_shape[0], i, "forward", x, w, y)
+            out = ((y, batch * units * _F),)
+            self.loop("bias_act", (batch, units), i, "forward", (*out, (b, units * _F)), out)
+            return y
+        if info.kind == "conv2d":
+            h, w, c = _hwc(info.input_shape)
+            k, s, p, f = (info.layer.get(key) for key in ("kernel", "stride", "padding", "filters"))
+            oh, ow = conv_output_hw(h, w, k, s, p)
+            cols = (f"cols{i}", batch * oh * ow * k * k * c * _F)
+            self.loop("im2col", (batch, h, w, c, k, s, p), i, "forward", ((x, x_bytes),), (cols,))
+            z = f"z{i}" if g.pool is not None else f"y{i}"
+            self.gemm("nn", batch * oh * ow, f, k * k * c, i, "forward", cols[0], f"W{i}", z)
+            rows, y = batch * oh * ow, z
+            if g.pool is not None:
+                size, stride = g.pool.layer.get("size"), g.pool.layer.get("stride")
+                ph, pw = pool_output_hw(oh, ow, size, stride)
+                rows, y = batch * ph * pw, f"y{i}"
+                pooled = ((y, rows * f * _F), (f"argmax{i}", rows * f * 4))
+                zin = ((z, batch * oh * ow * f * _F),)
+                self.loop("maxpool", (batch, oh, ow, f, size, stride), i, "forward", zin, pooled)
+            out = ((y, rows * f * _F),)
+            self.loop("bias_act", (rows, f), i, "forward", (*out, (f"b{i}", f * _F)), out)
+            return y
+        if info.kind == "relu":
+            n = batch * math.prod(info.input_shape)
+            y = x
+            if not g.in_place:
+                y = f"y{i}"
+                self.calls.append(
+                    KernelCall("copy", (n,), i, "forward", False, ((x, n * _F),), ((y, n * _F),))
+                )
+            self.loop("relu", (n,), i, "forward", ((y, n * _F),), ((y, n * _F),))
+            return y
+        if info.kind == "maxpool2d":
+            h, w, c = _hwc(info.input_shape)
+            size, stride = info.layer.get("size"), info.layer.get("stride")
+            out_bytes = batch * info.activation_bytes_per_sample
+            y = f"y{i}"
+            self.loop("maxpool", (batch, h, w, c, size, stride), i, "forward", ((x, x_bytes),),
+                      ((y, out_bytes), (f"argmax{i}", out_bytes)))  # fmt: skip
+            return y
+        return x  # flatten: a view
+
+    # backward --------------------------------------------------------------------------
+    def backward(self, g: _Group, x: str, y: str, dy: str) -> str:
+        """Append ``g``'s backward, its forward input ``x`` and output ``y`` kept, on the
+        output gradient in buffer ``dy``; the buffer of its input gradient."""
+        info, i, batch = g.lead, g.lead.index, self.batch
+        dx = f"dx{i}"
+        x_bytes = batch * info.input_bytes_per_sample
+        if info.kind == "dense":
+            units, inputs = info.output_shape[0], info.input_shape[0]
+            out = ((dy, batch * units * _F),)
+            if g.relu:
+                self.loop("relu_mask", (batch * units,), i, "backward",
+                          (*out, (y, batch * units * _F)), out)  # fmt: skip
+            self.gemm("tn", inputs, units, batch, i, "backward", x, dy, f"dW{i}")
+            self.loop("column_sum", (batch, units), i, "backward", out, ((f"db{i}", units * _F),))
+            if info.needs_input_grad:
+                self.gemm("nt", batch, inputs, units, i, "backward", dy, f"W{i}", dx)
+            return dx
+        if info.kind == "conv2d":
+            return self._conv_backward(g, x, y, dy)
+        if info.kind == "relu":
+            n = batch * math.prod(info.input_shape)
+            out = ((dy, n * _F),)
+            self.loop("relu_mask", (n,), i, "backward", (*out, (y, n * _F)), out)
+            return dy
+        if info.kind == "maxpool2d":
+            h, w, c = _hwc(info.input_shape)
+            size, stride = info.layer.get("size"), info.layer.get("stride")
+            kernel = "maxpool_backward_tiled" if stride == size else "maxpool_backward"
+            out_bytes = batch * info.activation_bytes_per_sample
+            self.loop(kernel, (batch, h, w, c, size, stride), i, "backward",
+                      ((dy, out_bytes), (f"argmax{i}", out_bytes)), ((dx, x_bytes),))  # fmt: skip
+            return dx
+        return dy  # flatten: a view
+
+    def _conv_backward(self, g: _Group, x: str, y: str, dy: str) -> str:
+        info, i, batch = g.lead, g.lead.index, self.batch
+        h, w, c = _hwc(info.input_shape)
+        k, s, p, f = (info.layer.get(key) for key in ("kernel", "stride", "padding", "filters"))
+        oh, ow = conv_output_hw(h, w, k, s, p)
+        out_rows, width = batch * oh * ow, k * k * c
+        cols = f"cols{i}"
+        dz = dy
+        if g.pool is not None:
+            size, stride = g.pool.layer.get("size"), g.pool.layer.get("stride")
+            ph, pw = pool_output_hw(oh, ow, size, stride)
+            pooled = batch * ph * pw
+            out = ((dy, pooled * f * _F),)
+            if g.relu:
+                self.loop("relu_mask", (pooled * f,), i, "backward",
+                          (*out, (y, pooled * f * _F)), out)  # fmt: skip
+            self.loop("column_sum", (pooled, f), i, "backward", out, ((f"db{i}", f * _F),))
+            kernel = "maxpool_backward_tiled" if stride == size else "maxpool_backward"
+            dz = f"dz{i}"
+            self.loop(kernel, (batch, oh, ow, f, size, stride), i, "backward",
+                      (*out, (f"argmax{i}", pooled * f * 4)),
+                      ((dz, out_rows * f * _F),))  # fmt: skip
+            self.gemm("tn", width, f, out_rows, i, "backward", cols, dz, f"dW{i}")
+        else:
+            out = ((dy, out_rows * f * _F),)
+            if g.relu:
+                self.loop("relu_mask", (out_rows * f,), i, "backward",
+                          (*out, (y, out_rows * f * _F)), out)  # fmt: skip
+            self.gemm("tn", width, f, out_rows, i, "backward", cols, dz, f"dW{i}")
+            self.loop("column_sum", (out_rows, f), i, "backward", out, ((f"db{i}", f * _F),))
+        if not info.needs_input_grad:
+            return f"dx{i}"
+        step = col2im_chunk_samples(oh * ow, width, _F)
+        for first in range(0, batch, step):
+            n = min(batch, first + step) - first
+            self.gemm("nt", n * oh * ow, width, f, i, "backward", dz, f"W{i}", f"dcols{i}")
+            dx_part = (f"dx{i}", n * info.input_bytes_per_sample)
+            self.loop("col2im", (n, h, w, c, k, s, p), i, "backward",
+                      ((f"dcols{i}", n * oh * ow * width * _F),), (dx_part,))  # fmt: skip
+        return f"dx{i}"
+
+
+def op_calls(
+    workload: Workload, training: bool = True, layers: Sequence[LayerInfo] | None = None
+) -> list[tuple[int, str]]:
+    """The Python-level op calls of one step, as (lead layer, phase): each op's forward
+    (a flatten's too: a call that computes nothing), the loss, then (``training``) each op's
+    backward down to the first layer with parameters and the update (layer -1)."""
+    layers = tuple(workload.layers if layers is None else layers)
+    groups = _groups(layers[:-1], _channels_last(workload.input_shape, layers[:-1]))
+    out = [(g.lead.index, "forward") for g in groups] + [(layers[-1].index, "loss")]
+    if not training:
+        return out
+    for g in reversed(groups):
+        out.append((g.lead.index, "backward"))
+        if g.lead.param_count > 0 and not g.lead.needs_input_grad:
+            break
+    return [*out, (-1, "update")]
+
+
+def step_calls(
+    workload: Workload,
+    batch: int,
+    threads: int,
+    training: bool = True,
+    momentum: float = 0.0,
+    gather: bool = True,
+    layers: Sequence[LayerInfo] | None = None,
+) -> list[KernelCall]:
+    """Every kernel call of one step of ``workload`` at ``batch`` per rank and ``threads``, in
+    the order the network makes them: the mini-batch gather (``gather``), the input's
+    transpose to channels-last where the network runs so, each op's forward, the loss, then
+    (``training``) each op's backward down to the first layer with parameters and the SGD
+    update (with ``momentum``: the velocity too). ``layers``: the workload's layers with some
+    replaced (a rank's slices of a layer-wise split); default the workload's own."""
+    if batch < 1 or threads < 1:
+        raise ValueError(f"batch and threads must be >= 1, got {batch} and {threads}")
+    layers = tuple(workload.layers if layers is None else layers)
+    body, loss = layers[:-1], layers[-1]
+    step = _Step(batch, threads)
+    input_bytes = batch * math.prod(workload.input_shape) * _F
+    if gather:
+        row_bytes = math.prod(workload.input_shape) * _F
+        writes = (("input", input_bytes), ("labels", batch * LABEL_BYTES))
+        step.calls.append(KernelCall("gather", (batch, row_bytes), -1, "data", writes=writes))
+    nhwc = _channels_last(workload.input_shape, body)
+    groups = _groups(body, nhwc)
+    x = "input"
+    if nhwc:
+        c, h, w = workload.input_shape
+        step.loop("nchw_to_nhwc", (batch, c, h, w), groups[0].lead.index, "forward",
+                  ((x, input_bytes),), (("input_nhwc", input_bytes),))  # fmt: skip
+        x = "input_nhwc"
+    inputs = []
+    for g in groups:
+        inputs.append(x)
+        x = step.forward(g, x)
+        step.outputs.append(x)
+    classes = loss.output_shape[0]
+    logits = ((x, batch * classes * _F), ("labels", batch * LABEL_BYTES))
+    step.calls.append(KernelCall("softmax_xent", (batch, classes), loss.index, "loss", False,
+                                 logits, (("dlogits", batch * classes * _F),)))  # fmt: skip
+    if not training:
+        return step.calls
+    grad = "dlogits"
+    for j in reversed(range(len(groups))):
+        g = groups[j]
+        grad = step.backward(g, inputs[j], step.outputs[j], grad)
+        if g.lead.param_count > 0 and not g.lead.needs_input_grad:
+            break  # the first parametric layer computes no input gradient: backward stops
+    parametric = [info for info in layers if info.param_count > 0]
+    params = sum(info.param_count for info in parametric)
+    tensors = [
+        (f"{role}{info.index}", count * _F)
+        for info in parametric
+        for role, count in (("W", info.weight_count), ("b", info.bias_count))
+    ]
+    grads = [(f"d{name}", n) for name, n in tensors]
+    velocity = [(f"v{name}", n) for name, n in tensors] if momentum else []
+    kernel = "sgd_momentum" if momentum else "sgd"
+    step.loop(kernel, (params,), -1, "update", (*tensors, *grads, *velocity),
+              (*tensors, *velocity))  # fmt: skip
+    return step.calls

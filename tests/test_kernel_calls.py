@@ -1,0 +1,205 @@
+"""The step's kernel calls as enumerated from the workload are the calls the real network makes."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from microbench.kernels import cpu as kernels_cpu
+from microbench.kernels import loops
+from microbench.kernels.calls import (
+    KernelCall,
+    _im2col_run,
+    call_features,
+    op_calls,
+    step_calls,
+)
+from microbench.nn import SGD, Network
+from microbench.threads import available_cores, set_threads
+from microbench.workload import Workload, load_workload
+from pdlsim.heldout import random_workloads
+
+ODD = Workload.from_dict(
+    {
+        "name": "odd",
+        "input_shape": [3, 11, 11],
+        "layers": [
+            {"kind": "maxpool2d", "size": 3, "stride": 1},  # before any parameter: no backward
+            {"kind": "conv2d", "filters": 5, "kernel": 3, "stride": 2, "padding": 0},
+            {"kind": "maxpool2d", "size": 2},  # fused, no relu
+            {"kind": "relu"},  # fused after the pool
+            {"kind": "conv2d", "filters": 6, "kernel": 1},
+            {"kind": "flatten"},
+            {"kind": "relu"},  # standalone, in place
+            {"kind": "dense", "units": 7},
+            {"kind": "dense", "units": 3},  # no relu between
+            {"kind": "softmax_cross_entropy"},
+        ],
+    }
+)
+MLP_INPUT_RELU = Workload.from_dict(
+    {
+        "name": "relu-first",
+        "input_shape": [9],
+        "layers": [
+            {"kind": "relu"},  # on the caller's input: a copy first
+            {"kind": "dense", "units": 4},
+            {"kind": "softmax_cross_entropy"},
+        ],
+    }
+)
+
+
+def _trace(monkeypatch, workload: Workload, batch: int, threads: int, momentum: float = 0.0):
+    """The calls one real step makes: (kernel, dims) for GEMMs and copies, (variant, None)
+    for loops."""
+    log: list[tuple[str, object]] = []
+    matmul, copyto = np.matmul, np.copyto
+
+    def side(x) -> str:  # a row or column vector is both layouts: either reading is right
+        if x.flags.c_contiguous and x.flags.f_contiguous:
+            return "?"
+        return "n" if x.flags.c_contiguous else "t"
+
+    def traced_matmul(a, b, out=None):
+        log.append((f"gemm_{side(a)}{side(b)}", (a.shape[0], b.shape[1], a.shape[1])))
+        return matmul(a, b, out=out)
+
+    def traced_copyto(dst, src):
+        log.append(("copy", (dst.size,)))
+        return copyto(dst, src)
+
+    shim = type(sys)("numpy_traced")
+    shim.__dict__.update(np.__dict__)
+    shim.matmul, shim.copyto = traced_matmul, traced_copyto
+
+    class Loops:
+        def __getattr__(self, name):
+            fn = getattr(loops, name)
+
+            def call(*args):
+                log.append((name, None))
+                return fn(*args)
+
+            return call
+
+    monkeypatch.setattr(kernels_cpu, "np", shim)
+    monkeypatch.setattr(kernels_cpu, "loops", Loops())
+    set_threads(threads)
+    try:
+        net, opt = Network(workload), SGD(0.01, momentum)
+        x = np.random.default_rng(0).standard_normal((batch, *workload.input_shape), np.float32)
+        y = np.random.default_rng(1).integers(0, workload.num_classes, batch)
+        net.forward(x, y)
+        net.backward()
+        opt.step(net.params, net.grads)
+    finally:
+        set_threads(1)
+    return log
+
+
+def _same(traced: list, expected: list) -> bool:
+    if len(traced) != len(expected):
+        return False
+    for (kind, dims), (want, want_dims) in zip(traced, expected, strict=True):
+        if dims != want_dims or len(kind) != len(want):
+            return False
+        if any(a not in ("?", b) for a, b in zip(kind, want, strict=True)):
+            return False
+    return True
+
+
+def _expected(calls: list[KernelCall]) -> list[tuple[str, object]]:
+    out = []
+    for c in calls:
+        if c.kernel.startswith("gemm_") or c.kernel == "copy":
+            out.append((c.kernel, c.dims))
+        else:
+            out.append((c.variant.replace("sgd_momentum", "sgd"), None))
+    return out
+
+
+WORKLOADS = [
+    load_workload("mlp"),
+    load_workload("cnn"),
+    ODD,
+    MLP_INPUT_RELU,
+    *random_workloads(3, 4),
+]
+
+
+@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.name)
+@pytest.mark.parametrize("batch", [1, 5, 64])
+def test_enumerated_calls_are_the_networks_calls(monkeypatch, workload, batch):
+    for threads in sorted({1, min(2, available_cores())}):
+        traced = _trace(monkeypatch, workload, batch, threads)
+        expected = _expected(step_calls(workload, batch, threads, gather=False))
+        assert _same(traced, expected), (workload.name, batch, threads, traced, expected)
+
+
+def test_momentum_updates_with_the_same_loop(monkeypatch):
+    workload = load_workload("mlp")
+    traced = _trace(monkeypatch, workload, 8, 1, momentum=0.9)
+    calls = step_calls(workload, 8, 1, momentum=0.9, gather=False)
+    assert calls[-1].kernel == "sgd_momentum"
+    assert _same(traced, _expected(calls))
+    assert {name for name, _ in calls[-1].reads} >= {"vW0", "dW0", "W0"}
+
+
+def test_a_step_starts_with_the_gather_and_forward_only_ends_at_the_loss():
+    cnn = load_workload("cnn")
+    calls = step_calls(cnn, 16, 1)
+    assert (calls[0].kernel, calls[0].dims) == ("gather", (16, 3 * 32 * 32 * 4))
+    assert calls[1].kernel == "nchw_to_nhwc" and calls[1].layer == 0
+    forward = step_calls(cnn, 16, 1, training=False)
+    assert forward[-1].kernel == "softmax_xent"
+    assert [c.phase for c in forward] == [c.phase for c in calls[: len(forward)]]
+
+
+def test_loops_go_parallel_by_the_kernels_own_rule():
+    mlp = load_workload("mlp")
+
+    def first(batch: int, threads: int = 2) -> dict[str, bool]:
+        out: dict[str, bool] = {}
+        for c in step_calls(mlp, batch, threads):
+            out.setdefault(c.kernel, c.parallel)
+        return out
+
+    assert not first(4)["bias_act"] and first(512)["bias_act"]  # 4 x 256 < 32768 <= 512 x 256
+    assert first(4)["sgd"]  # 235,146 parameters
+    assert not any(c.parallel for c in step_calls(mlp, 512, 1))
+
+
+def test_op_calls_count_every_op_the_network_runs():
+    assert op_calls(load_workload("mlp")) == [
+        (0, "forward"), (2, "forward"), (4, "forward"), (5, "loss"),
+        (4, "backward"), (2, "backward"), (0, "backward"), (-1, "update"),
+    ]  # fmt: skip
+    # the pool before the first conv runs forward only; the flatten counts both ways
+    ops = op_calls(ODD)
+    assert (0, "forward") in ops and (0, "backward") not in ops
+    assert (5, "forward") in ops and (5, "backward") in ops
+    assert op_calls(ODD, training=False)[-1] == (9, "loss")
+
+
+def test_features_count_taps_and_runs():
+    assert call_features("maxpool", (2, 8, 8, 5, 2, 2)) == (2 * 4 * 4 * 5 * 4, 5)
+    assert call_features("maxpool", (2, 8, 8, 5, 3, 2)) == (2 * 3 * 3 * 5 * 9, 5)
+    assert call_features("maxpool_backward", (2, 8, 8, 5, 3, 2)) == (2 * 8 * 8 * 5 * 4, 5)
+    assert call_features("gemm_tn", (3, 4, 5)) == (60, 1)
+    assert call_features("gather", (16, 3072)) == (16 * 768, 768)
+    # 16 windows of a 7-wide kernel with padding 3 on 16 columns: 10 inside (one run of
+    # k*c per kernel row), 6 overhanging (k runs of c per kernel row)
+    assert _im2col_run(16, 3, 7, 1, 3) == round(16 * 49 * 3 / (10 * 7 + 6 * 49))
+    assert _im2col_run(16, 4, 3, 1, 0) == 12  # no padding: every run is k * c
+
+
+def test_bad_calls_are_refused():
+    with pytest.raises(ValueError, match="unknown kernel"):
+        KernelCall("fft", (1,), 0, "forward")
+    with pytest.raises(ValueError, match="takes dims"):
+        KernelCall("gemm_nn", (1, 2), 0, "forward")
+    with pytest.raises(ValueError, match="batch and threads"):
+        step_calls(load_workload("mlp"), 0, 1)
