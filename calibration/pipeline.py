@@ -22,6 +22,7 @@ from calibration.drift import DriftModel
 from calibration.insitu import InSituModel
 from calibration.jitter import JitterModel
 from calibration.jitter_models import JitterModels
+from calibration.kernels import KernelModel
 from calibration.overlap import OverlapModel
 from calibration.profile import Profile, read_sources
 from calibration.storage import StorageModel
@@ -43,6 +44,7 @@ _SECTIONS: dict[str, tuple[str, Callable[[int, int], Any], bool]] = {
     "compression": ("compression", lambda n, s: CompressionModel(n_boot=n, seed=s), False),
     "storage": ("storage", lambda n, s: StorageModel(n_boot=n, seed=s), False),
     "insitu": ("insitu", lambda n, s: InSituModel(), False),
+    "kernels": ("kernels", lambda n, s: KernelModel(), False),
 }
 
 

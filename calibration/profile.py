@@ -66,6 +66,7 @@ MODELERS: dict[str, str] = {
     "compression": "calibration.compression:CompressionModel",
     "storage": "calibration.storage:StorageModel",
     "insitu": "calibration.insitu:InSituModel",
+    "kernels": "calibration.kernels:KernelModel",
 }
 
 

@@ -18,7 +18,7 @@ from .cli import BenchmarkError, Parser, UsageError, current_rank  # noqa: E402
 
 COMMANDS = (
     "collectives", "jitter", "interference", "compute", "copies", "power", "compression", "storage",
-    "speed", "insitu",
+    "speed", "insitu", "kernels",
 )  # fmt: skip
 
 

@@ -1,0 +1,257 @@
+"""The machine's compute model: what each kernel costs, fitted from the kernel sweep alone.
+
+``KernelModel().fit(df)`` reads the "kernels" records (:mod:`microbench.kernelbench`) and
+holds three measured terms, each with a physical meaning and its own benchmark:
+
+* **Kernel tables**: a GEMM's seconds over (m, n, k) per layout and thread count, a loop's over
+  (elements, inner run) per driver and thread count (:mod:`calibration.kernel_tables`).
+  :meth:`KernelModel.call_s` prices any :class:`~microbench.kernels.calls.KernelCall` from them.
+* **Locality** (:meth:`KernelModel.locality_s`): a kernel timed alone finds its operands where
+  its own footprint puts them; inside a step, an operand that other calls touched since its
+  last use comes back from farther out. One core's streaming bandwidth by footprint (the
+  "bandwidth" points) says how far: an operand whose reuse distance (bytes of other buffers
+  touched since) plus its own size is D is read at bandwidth(D) instead of bandwidth(the call's
+  footprint); the difference, over the threads the call runs on, is added. No parameter is
+  fitted to any step.
+* **Glue** (:attr:`KernelModel.glue_`): the Python between kernels, per op call (an op's forward
+  or backward, the loss, the update) and per step, fitted by least squares to tiny networks'
+  steps less their kernels' table times, with 95% intervals.
+
+Each table's neighbour residuals (a grid point predicted from its neighbours) give the relative
+error of a shape between grid points (:attr:`KernelModel.spread_`), which the prediction band
+uses.
+
+``to_dict()`` (the profile's ``models.kernels``)::
+
+    {"modeler": "kernel_tables",
+     "gemm": {"<layout>": {"<threads>": GemmTable.to_dict()}},
+     "loops": {"<variant>": {"<threads>": LoopTable.to_dict()}},
+     "bandwidth": {"bytes": [...], "bandwidth_bytes_per_s": [...]},
+     "glue": {"per_op_s", "per_step_s", "intervals": {...}, "points"},
+     "spread": {"gemm": <log sigma>, "loops": <log sigma>},
+     "quality": {"<table>": {"points", "median_abs_log_error", "p90_abs_log_error"}}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from microbench.errors import UserError
+from microbench.kernels.calls import KernelCall, call_features, step_calls
+from microbench.workload import Workload
+
+from .kernel_tables import GemmTable, LoopTable
+
+__all__ = ["KernelModel"]
+
+_Z95 = float(stats.norm.ppf(0.975))
+
+
+def _medians(rows: pd.DataFrame) -> np.ndarray:
+    return np.array([float(np.median(s)) for s in rows["samples"]])
+
+
+def _robust_sigma(residuals: np.ndarray) -> float:
+    """Standard deviation from the median absolute deviation (a few wild points don't count)."""
+    if residuals.size == 0:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(residuals - np.median(residuals))))
+
+
+def _nearest_threads(have: Sequence[int], threads: int) -> int:
+    below = [t for t in have if t <= threads]
+    return max(below) if below else min(have)
+
+
+class KernelModel:
+    """Kernel tables, one core's bandwidth by footprint, and the glue (module docstring)."""
+
+    def fit(self, df: pd.DataFrame) -> KernelModel:
+        rows = df[(df["type"] == "measurement") & (df["benchmark"] == "kernels")]
+        if rows.empty:
+            raise UserError("no kernel sweep records to fit the kernel model from")
+        gemm = rows[rows["name"] == "gemm"]
+        self.gemm_: dict[tuple[str, int], GemmTable] = {}
+        for (layout, threads), part in gemm.groupby(["params.layout", "params.threads"]):
+            keys = zip(part["params.m"], part["params.n"], part["params.k"], strict=True)
+            medians = _medians(part)
+            points = {tuple(int(v) for v in key): t for key, t in zip(keys, medians, strict=True)}
+            self.gemm_[(str(layout), int(threads))] = GemmTable.from_points(points)
+        loops = rows[rows["name"] == "loop"]
+        self.loops_: dict[tuple[str, int], LoopTable] = {}
+        for (variant, threads), part in loops.groupby(["params.variant", "params.threads"]):
+            points = zip(part["params.elements"], part["params.run"], _medians(part), strict=True)
+            self.loops_[(str(variant), int(threads))] = LoopTable.from_points(
+                (int(e), int(r), t) for e, r, t in points
+            )
+        if not self.gemm_ or not self.loops_:
+            raise UserError("the kernel sweep records hold no GEMM or no loop points")
+        band = rows[rows["name"] == "bandwidth"].sort_values("params.bytes")
+        self.bandwidth_bytes_ = band["params.bytes"].astype(float).to_numpy()
+        self.bandwidth_bytes_per_s_ = 2 * self.bandwidth_bytes_ / _medians(band)
+        self._fit_glue(rows[rows["name"] == "glue"])
+        self._fit_spread()
+        return self
+
+    # ----------------------------------------------------------------------------- glue
+    def _fit_glue(self, rows: pd.DataFrame) -> None:
+        self.glue_points_: list[tuple[int, float]] = []
+        for _, row in rows.iterrows():
+            workload = Workload.from_dict(json.loads(row["params.workload_json"]), "glue")
+            batch = int(row["params.batch"])
+            kernels = sum(self._calls_s(step_calls(workload, batch, 1, gather=False), 1))
+            step = float(np.median(row["samples"]))
+            self.glue_points_.append((int(row["params.op_calls"]), step - kernels))
+        self.glue_ = {"per_op_s": 0.0, "per_step_s": 0.0, "intervals": {}}
+        if len({n for n, _ in self.glue_points_}) < 2:
+            return
+        x, y = np.array(self.glue_points_, dtype=float).T
+        fit = stats.linregress(x, y)
+        per_op, per_step = max(float(fit.slope), 0.0), max(float(fit.intercept), 0.0)
+        t = float(stats.t.ppf(0.975, max(len(x) - 2, 1)))
+        slope_ci = (fit.slope - t * fit.stderr, fit.slope + t * fit.stderr)
+        spread = t * fit.intercept_stderr
+        icpt_ci = (fit.intercept - spread, fit.intercept + spread)
+
+        def interval(ci: tuple[float, float], value: float) -> dict[str, float]:
+            return {"low": min(max(ci[0], 0.0), value), "high": max(ci[1], value)}
+
+        self.glue_ = {
+            "per_op_s": per_op,
+            "per_step_s": per_step,
+            "intervals": {"per_op_s": interval(slope_ci, per_op),
+                          "per_step_s": interval(icpt_ci, per_step)},
+        }  # fmt: skip
+
+    def _fit_spread(self) -> None:
+        self.quality_: dict[str, dict[str, float]] = {}
+        pooled: dict[str, list[np.ndarray]] = {"gemm": [], "loops": []}
+        tables = [("gemm", f"gemm_{k[0]}@{k[1]}", t) for k, t in self.gemm_.items()]
+        tables += [("loops", f"{k[0]}@{k[1]}", t) for k, t in self.loops_.items()]
+        for family, name, table in tables:
+            r = table.neighbour_residuals()
+            if r.size:
+                pooled[family].append(r)
+                self.quality_[name] = {
+                    "points": int(r.size),
+                    "median_abs_log_error": float(np.median(np.abs(r))),
+                    "p90_abs_log_error": float(np.quantile(np.abs(r), 0.9)),
+                }
+        self.spread_ = {
+            family: _robust_sigma(np.concatenate(parts)) if parts else 0.0
+            for family, parts in pooled.items()
+        }
+
+    # ----------------------------------------------------------------------------- predict
+    @property
+    def threads(self) -> list[int]:
+        return sorted({t for _, t in self.gemm_})
+
+    def _table(self, tables: dict[tuple[str, int], Any], key: str, threads: int) -> Any:
+        have = [t for k, t in tables if k == key]
+        if not have:
+            raise KeyError(f"kernel {key!r} was not measured; run the kernel sweep again")
+        return tables[(key, _nearest_threads(have, threads))]
+
+    def call_s(self, call: KernelCall, threads: int) -> float:
+        """Seconds of ``call`` alone at ``threads`` (a serial driver: its one-thread table)."""
+        if call.kernel.startswith("gemm_"):
+            m, n, k = call.dims
+            return self._table(self.gemm_, call.kernel[5:], threads).time_s(m, n, k)
+        elements, run = call_features(call.kernel, call.dims)
+        used = threads if call.parallel else 1
+        return self._table(self.loops_, call.variant, used).time_s(elements, run)
+
+    def _calls_s(self, calls: Sequence[KernelCall], threads: int) -> list[float]:
+        return [self.call_s(c, threads) for c in calls]
+
+    def bandwidth_at(self, footprint_bytes: float) -> float:
+        """One core's streaming bandwidth (bytes/s, read plus written) for a working set of
+        ``footprint_bytes``: interpolated in log-log, held beyond the measured sizes."""
+        if self.bandwidth_bytes_.size == 0:
+            return float("inf")
+        x = np.log(max(footprint_bytes, 1.0))
+        return float(
+            np.exp(np.interp(x, np.log(self.bandwidth_bytes_),
+                             np.log(self.bandwidth_bytes_per_s_)))
+        )  # fmt: skip
+
+    def locality_s(self, calls: Sequence[KernelCall], threads: int) -> np.ndarray:
+        """Seconds each call of a step loses to operands that other calls evicted (module
+        docstring). The step is walked twice, so that the first calls see what the previous
+        step's last ones left."""
+        if self.bandwidth_bytes_.size == 0:
+            return np.zeros(len(calls))
+        recent: OrderedDict[str, int] = OrderedDict()
+        extra = np.zeros(len(calls))
+        for _ in range(2):
+            for j, call in enumerate(calls):
+                operands: dict[str, int] = {}
+                for name, nbytes in (*call.reads, *call.writes):
+                    operands[name] = max(operands.get(name, 0), nbytes)
+                footprint = sum(operands.values())
+                alone = 1.0 / self.bandwidth_at(footprint)
+                seconds = 0.0
+                for name, nbytes in operands.items():
+                    if name in recent:
+                        keys = list(recent)
+                        since = sum(recent[k] for k in keys[keys.index(name) + 1 :])
+                        del recent[name]
+                    else:
+                        since = float("inf")
+                    recent[name] = nbytes
+                    if np.isfinite(since):
+                        seconds += nbytes * max(1.0 / self.bandwidth_at(since + nbytes) - alone, 0)
+                extra[j] = seconds / (threads if call.parallel else 1)
+        return extra
+
+    # ----------------------------------------------------------------------------- dicts
+    def to_dict(self) -> dict[str, Any]:
+        gemm: dict[str, dict[str, Any]] = {}
+        for (layout, threads), table in sorted(self.gemm_.items()):
+            gemm.setdefault(layout, {})[str(threads)] = table.to_dict()
+        loops: dict[str, dict[str, Any]] = {}
+        for (variant, threads), table in sorted(self.loops_.items()):
+            loops.setdefault(variant, {})[str(threads)] = table.to_dict()
+        return {
+            "modeler": "kernel_tables",
+            "gemm": gemm,
+            "loops": loops,
+            "bandwidth": {
+                "bytes": self.bandwidth_bytes_.tolist(),
+                "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s_.tolist(),
+            },
+            "glue": {**self.glue_, "points": [list(p) for p in self.glue_points_]},
+            "spread": dict(self.spread_),
+            "quality": self.quality_,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> KernelModel:
+        model = cls()
+        model.gemm_ = {
+            (layout, int(t)): GemmTable.from_dict(table)
+            for layout, by_threads in doc["gemm"].items()
+            for t, table in by_threads.items()
+        }
+        model.loops_ = {
+            (variant, int(t)): LoopTable.from_dict(table)
+            for variant, by_threads in doc["loops"].items()
+            for t, table in by_threads.items()
+        }
+        band = doc.get("bandwidth") or {"bytes": [], "bandwidth_bytes_per_s": []}
+        model.bandwidth_bytes_ = np.array(band["bytes"], dtype=float)
+        model.bandwidth_bytes_per_s_ = np.array(band["bandwidth_bytes_per_s"], dtype=float)
+        glue = dict(doc.get("glue") or {})
+        model.glue_points_ = [(int(n), float(s)) for n, s in glue.pop("points", [])]
+        model.glue_ = {"per_op_s": 0.0, "per_step_s": 0.0, "intervals": {}, **glue}
+        model.spread_ = {"gemm": 0.0, "loops": 0.0, **doc.get("spread", {})}
+        model.quality_ = dict(doc.get("quality", {}))
+        return model

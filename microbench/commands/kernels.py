@@ -1,0 +1,119 @@
+"""``python -m microbench kernels``: the kernel sweep (:mod:`microbench.kernelbench`), every
+kernel a training step calls timed alone over a designed grid of shapes, at each thread count;
+records to ``DIR/kernels.jsonl``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+
+from ..cli import (
+    add_output_arguments,
+    add_sampling_arguments,
+    checked_out_dir,
+    policy_from_args,
+    positive_int_list,
+)
+from ..kernelbench import (
+    FULL_POLICY,
+    QUICK_CHANNEL_RUNS,
+    QUICK_GEMM_DIMS,
+    QUICK_GEMM_MAX_FLOPS,
+    QUICK_IM2COL_SHAPES,
+    QUICK_LOOP_ELEMENTS,
+    QUICK_POLICY,
+    KernelPlan,
+    gemm_shapes,
+)
+from ..threads import available_cores
+
+RECORDS_FILE = "kernels.jsonl"
+
+
+def default_threads() -> tuple[int, ...]:
+    """Every thread count from 1 to the available cores (each is a table of its own)."""
+    return tuple(range(1, available_cores() + 1))
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "kernels",
+        help="every kernel a training step calls (GEMMs, loops, gather), over a grid of shapes",
+        description="Time the kernels a training step is made of, alone, over a designed grid "
+        "of shapes that covers any workload of the supported layer kinds: float32 GEMMs in "
+        "three layouts over (m, n, k), each numba loop, the gather and the copy over sizes and "
+        "inner-run lengths, one core's bandwidth by footprint, and tiny networks' steps for "
+        "the Python between kernels. No workload is run. Every raw sample is recorded.",
+    )
+    parser.add_argument(
+        "--threads",
+        type=positive_int_list,
+        metavar="N,...",
+        help="thread counts for BLAS and numba (default every count from 1 to the available "
+        f"cores, here {','.join(map(str, default_threads()))})",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="order of the points (default 0)")
+    add_output_arguments(parser, RECORDS_FILE)
+    add_sampling_arguments(parser, FULL_POLICY, QUICK_POLICY)
+    return parser
+
+
+def plan_from_args(args: argparse.Namespace) -> KernelPlan:
+    plan = KernelPlan(
+        threads=tuple(args.threads or default_threads()),
+        policy=policy_from_args(args, FULL_POLICY, QUICK_POLICY),
+        seed=args.seed,
+    )
+    if args.quick:
+        plan = replace(
+            plan,
+            gemm_dims=QUICK_GEMM_DIMS,
+            gemm_max_flops=QUICK_GEMM_MAX_FLOPS,
+            loop_elements=QUICK_LOOP_ELEMENTS,
+            channel_runs=QUICK_CHANNEL_RUNS,
+            im2col_shapes=QUICK_IM2COL_SHAPES,
+        )
+    return plan
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..kernelbench import run_kernels
+    from ..machine import machine_metadata
+    from ..records import RecordWriter
+    from ..reference import last_level_cache_bytes
+
+    plan = plan_from_args(args)
+    out = checked_out_dir(args, RECORDS_FILE)
+    cores = available_cores()
+    if max(plan.threads) > cores:
+        print(
+            f"warning: {max(plan.threads)} threads on {cores} available cores: oversubscribed "
+            "tables describe a machine that shares its cores; predictions above the cores use "
+            "them as measured",
+            file=sys.stderr,
+            flush=True,
+        )
+    settings = {
+        "threads": list(plan.threads),
+        "gemm_dims": list(plan.gemm_dims),
+        "gemm_max_flops": plan.gemm_max_flops,
+        "gemm_shapes": len(gemm_shapes(plan.gemm_dims, plan.gemm_max_flops)),
+        "loop_elements": list(plan.loop_elements),
+        "policy": plan.policy.to_dict(),
+        "quick": args.quick,
+        "seed": plan.seed,
+        "available_cores": cores,
+        "last_level_cache_bytes": last_level_cache_bytes(),
+    }
+    run_info = {"command": "microbench kernels", "argv": sys.argv[1:], "settings": settings}
+    with RecordWriter(out / RECORDS_FILE, machine_metadata(), run_info, append=args.append) as w:
+        print(f"kernels: threads {','.join(map(str, plan.threads))}; records: {w.path}", flush=True)
+        results = run_kernels(
+            plan,
+            w,
+            None if args.quiet else sys.stdout,
+            status=lambda line: print(line, flush=True),
+        )
+    print(f"kernels: {len(results)} points measured", flush=True)
+    return 0

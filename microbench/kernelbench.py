@@ -1,0 +1,448 @@
+"""The kernel sweep: every kernel a training step calls, timed alone over a designed grid of
+shapes, with no workload in sight.
+
+A step of any workload of the supported layer kinds is a sequence of calls to a small set of
+kernels (:mod:`microbench.kernels.calls`): float32 GEMMs in three layouts, a dozen numba loops,
+a gather and a copy. This benchmark times those kernels, not any network's steps, over shapes
+chosen to cover what such workloads land in, so that a profile fitted from it prices
+workloads, batches and thread counts it never ran:
+
+* **GEMM** ``gemm``: ``c (m x n) = a @ b`` in layouts ``nn``, ``tn`` (``a`` read transposed,
+  a weight gradient) and ``nt`` (``b`` transposed, an input gradient), at every (m, n, k) of
+  :data:`GEMM_DIMS` (small values closely spaced: BLAS's edge tiles make odd small dimensions
+  cost more than their FLOPs) whose FLOPs stay under ``gemm_max_flops`` and operands under
+  :data:`MAX_ELEMENTS`, at each thread count. Beyond the grid a GEMM keeps the efficiency of
+  the grid's edge (:mod:`calibration.kernels`).
+* **Loops** ``loop``: each numba loop, the gather and the copy over :data:`LOOP_ELEMENTS`
+  elements and, where a kernel's speed depends on it, a few lengths of its inner contiguous
+  run (:func:`microbench.kernels.calls.call_features`: channels, columns, classes, row bytes).
+  A loop's serial driver is timed at one thread, its parallel driver at every other count.
+* **Bandwidth** ``bandwidth``: one core streaming a buffer of each size of
+  :data:`BANDWIDTH_BYTES` (a read and a write per element): the bandwidth of each cache level
+  and of memory, by footprint. A step's operands that other calls evicted come back at this
+  rate (the locality term of :mod:`calibration.kernels`).
+* **Glue** ``glue``: whole steps (forward, loss, backward, update) of tiny networks whose
+  kernels do next to no work: what is left over the kernels is the Python between them, per
+  op call and per step.
+
+Points run in a shuffled order (seeded), so that a slow spell of a shared machine lands on
+scattered shapes rather than on one neighbourhood of the grid. Each point is sampled under
+:mod:`microbench.sampling` and written as one record at once.
+
+Record params (benchmark "kernels"; all carry ``threads``):
+
+* "gemm": ``layout``, ``m``, ``n``, ``k``, ``flops``.
+* "loop": ``kernel``, ``variant``, ``dims`` (:data:`~microbench.kernels.calls.KERNEL_DIMS`),
+  ``elements``, ``run``.
+* "bandwidth": ``bytes`` (the buffer; each sample reads and writes it once).
+* "glue": ``workload_json`` (its description, as JSON text), ``batch``, ``op_calls``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import numpy as np
+
+from microbench.kernels.calls import GEMM_LAYOUTS, KERNEL_DIMS, call_features, op_calls
+from microbench.kernels.shapes import conv_output_hw
+from microbench.measurement import Measurement
+from microbench.records import RecordWriter
+from microbench.sampling import SamplingPolicy, measure, report_point, timed
+from microbench.threads import set_threads
+from microbench.workload import Workload
+
+__all__ = [
+    "BANDWIDTH_BYTES",
+    "FULL_POLICY",
+    "GEMM_MAX_FLOPS",
+    "QUICK_GEMM_MAX_FLOPS",
+    "QUICK_LOOP_ELEMENTS",
+    "CHANNEL_RUNS",
+    "QUICK_CHANNEL_RUNS",
+    "QUICK_IM2COL_SHAPES",
+    "im2col_dims",
+    "gemm_shapes",
+    "loop_dims",
+    "GEMM_DIMS",
+    "LOOP_ELEMENTS",
+    "MAX_ELEMENTS",
+    "QUICK_GEMM_DIMS",
+    "QUICK_POLICY",
+    "KernelPlan",
+    "glue_workloads",
+    "run_kernels",
+]
+
+GEMM_DIMS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096,
+             16384, 65536)  # fmt: skip
+QUICK_GEMM_DIMS = (1, 2, 3, 4, 5, 7, 8, 12, 16, 32, 64, 256, 1024, 4096, 16384, 65536)
+GEMM_MAX_FLOPS = 2**28
+QUICK_GEMM_MAX_FLOPS = 2**27
+# A GEMM with a dimension this small or smaller (a convolution's: few filters, a narrow
+# im2col) is timed up to SKINNY_MAX_FLOPS: its rate keeps changing as its long operand
+# outgrows each cache, where a squarer one's has long settled.
+SKINNY_DIM = 64
+SKINNY_MAX_FLOPS = 2**30
+MAX_ELEMENTS = 2**24  # per operand: 64 MiB of float32
+LOOP_ELEMENTS = tuple(8**e for e in range(2, 9))  # 64 .. 16.8 M
+QUICK_LOOP_ELEMENTS = (64, 2**12, 2**15, 2**18, 2**21, 2**24)
+BANDWIDTH_BYTES = tuple(2**e for e in range(13, 29))  # 8 KiB .. 256 MiB
+FULL_POLICY = SamplingPolicy(warmup=2, min_samples=5, max_samples=40, time_cap_s=0.01)
+QUICK_POLICY = SamplingPolicy(warmup=1, min_samples=3, max_samples=15, time_cap_s=0.003)
+
+# Inner-run lengths per kernel whose speed depends on one; others have run 1. A run's vector
+# body and its scalar remainder cost differently (a run of 23 floats: two 8-wide vector
+# iterations, then 7 scalar ones), so channel-like runs are measured at multiples of 8 and at
+# remainders of 1 and 7 (calibration.kernel_tables interpolates between those classes).
+CHANNEL_RUNS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 32, 48, 63, 64, 128, 512)
+QUICK_CHANNEL_RUNS = (1, 3, 7, 8, 9, 15, 16, 23, 24, 32, 63, 64, 512)
+_RUNS: dict[str, str | tuple[int, ...]] = {
+    "bias_act": "channels",
+    "column_sum": "channels",
+    "col2im": "channels",
+    "maxpool": "channels",
+    "maxpool_backward": "channels",
+    "maxpool_backward_tiled": "channels",
+    "nchw_to_nhwc": "channels",
+    "softmax_xent": (2, 10, 100, 1000),
+    "gather": (16, 256, 4096, 65536),
+}
+# im2col's run depends on the kernel, the channels and how many windows overhang the padding
+# (microbench.kernels.calls.call_features): (kernel, padding, channels) settings spanning it.
+IM2COL_SHAPES = ((1, 0, 1), (1, 0, 8), (1, 0, 64), (3, 1, 1), (3, 1, 3), (3, 0, 3), (3, 1, 8),
+                 (3, 1, 16), (3, 1, 64), (5, 2, 1), (5, 2, 3), (5, 0, 8), (7, 3, 1), (7, 3, 3),
+                 (3, 1, 256))  # fmt: skip
+QUICK_IM2COL_SHAPES = ((1, 0, 8), (3, 1, 1), (3, 1, 3), (3, 1, 16), (3, 1, 64), (5, 2, 3),
+                       (7, 3, 1), (7, 3, 3))  # fmt: skip
+# Max-pool windows timed: (size, stride); tiled windows and overlapping ones.
+POOL_WINDOWS = {"maxpool": ((2, 2), (3, 2)), "maxpool_backward": ((3, 2),),
+                "maxpool_backward_tiled": ((2, 2),)}  # fmt: skip
+# A channel-like point walks at most this many elements per channel (and at least 2**21): a
+# loop over 16 M single-channel elements takes 0.1 s and matches no layer.
+ELEMENTS_PER_RUN = 2**19
+# Loops with a parallel driver (numba prange); the gather, copy and loss have one variant.
+_PARALLEL = (
+    set(KERNEL_DIMS) - {"softmax_xent", "gather", "copy"} - {f"gemm_{x}" for x in GEMM_LAYOUTS}
+)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """What one sweep measures."""
+
+    threads: tuple[int, ...]
+    gemm_dims: tuple[int, ...] = GEMM_DIMS
+    gemm_max_flops: float = GEMM_MAX_FLOPS
+    loop_elements: tuple[int, ...] = LOOP_ELEMENTS
+    channel_runs: tuple[int, ...] = CHANNEL_RUNS
+    im2col_shapes: tuple[tuple[int, int, int], ...] = IM2COL_SHAPES
+    policy: SamplingPolicy = FULL_POLICY
+    seed: int = 0
+
+
+class _Pool:
+    """A few large float32 buffers, filled once; a point's arrays are views into them, so the
+    sweep allocates and fills nothing per point."""
+
+    def __init__(self, elements: int, count: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.buffers = [rng.random(elements, dtype=np.float32) - 0.5 for _ in range(count)]
+
+    def view(self, i: int, shape: tuple[int, ...]) -> np.ndarray:
+        return self.buffers[i][: math.prod(shape)].reshape(shape)
+
+
+# ----------------------------------------------------------------------------------- GEMM
+
+
+def gemm_shapes(dims: tuple[int, ...], max_flops: float) -> list[tuple[int, int, int]]:
+    """The grid's (m, n, k) within the FLOP limits (``max_flops``; a skinny GEMM's own) and
+    the operand limit."""
+    return [
+        (m, n, k)
+        for m, n, k in itertools.product(dims, repeat=3)
+        if 2 * m * n * k <= (SKINNY_MAX_FLOPS if min(m, n, k) <= SKINNY_DIM else max_flops)
+        and max(m * k, k * n, m * n) <= MAX_ELEMENTS
+    ]
+
+
+def _gemm_fn(pool: _Pool, layout: str, m: int, n: int, k: int) -> Callable[[], object]:
+    a = pool.view(0, (k, m) if layout[0] == "t" else (m, k))
+    b = pool.view(1, (n, k) if layout[1] == "t" else (k, n))
+    a, b = (a.T if layout[0] == "t" else a), (b.T if layout[1] == "t" else b)
+    c = pool.view(2, (m, n))
+    matmul = np.matmul
+    return lambda: matmul(a, b, out=c)
+
+
+# ----------------------------------------------------------------------------------- loops
+
+
+def loop_dims(
+    kernel: str, elements: int, run: int, window: tuple[int, int] = (2, 2)
+) -> tuple[int, ...]:
+    """A call of ``kernel`` with about ``elements`` elements and inner run ``run``
+    (:func:`~microbench.kernels.calls.call_features`), in typical layer settings; a max-pool
+    with ``window`` (size, stride)."""
+    if kernel in ("relu", "relu_mask", "copy", "sgd", "sgd_momentum"):
+        return (elements,)
+    if kernel in ("bias_act", "column_sum", "softmax_xent"):
+        return (max(1, elements // run), run)
+    if kernel == "gather":
+        return (max(1, elements // run), run * 4)
+    if kernel == "col2im":  # run: the channels
+        side = 16 if elements // (9 * run) >= 256 else 4
+        return (max(1, elements // (side * side * 9 * run)), side, side, run, 3, 1, 1)
+    side = 16 if elements // run >= 256 else 4
+    n = max(1, elements // (side * side * run))
+    if kernel == "nchw_to_nhwc":
+        return (n, run, side, side)
+    size, stride = window
+    return (n, side, side, run, size, stride)
+
+
+def im2col_dims(elements: int, shape: tuple[int, int, int]) -> tuple[int, ...]:
+    """An im2col call of about ``elements`` column values with (kernel, padding, channels)
+    ``shape`` on 16 x 16 images."""
+    k, p, c = shape
+    side = 16  # one image size: a shape's run (how many windows overhang) stays one value
+    oh = side + 2 * p - k + 1
+    return (max(1, elements // (oh * oh * k * k * c)), side, side, c, k, 1, p)
+
+
+def _loop_fn(pool: _Pool, kernel: str, variant: str, dims: tuple[int, ...]) -> Any:
+    """One call of ``variant`` at ``dims`` on pool views (a parallel driver: the prange loop;
+    the elementwise loops run over flat or (rows, cols) views, as the kernels hand them)."""
+    from microbench.kernels import loops
+
+    def view(i: int, shape: tuple[int, ...]) -> np.ndarray:
+        return pool.view(i + 3, shape)  # loops write: they keep off the GEMMs' operands
+
+    if kernel == "gather":
+        batch, row_bytes = dims
+        width = row_bytes // 4
+        rows = max(batch, 4 * MAX_ELEMENTS // max(width, 1) // 4)  # a data set beyond the caches
+        data = view(0, (rows, width))
+        labels = np.zeros(rows, dtype=np.int64)
+        out, out_y = view(1, (batch, width)), np.empty(batch, dtype=np.int64)
+        order = np.random.default_rng(0).permutation(rows)
+        cursor = [0]
+
+        def gather() -> None:
+            start = cursor[0] if cursor[0] + batch <= rows else 0
+            index = order[start : start + batch]
+            cursor[0] = start + batch
+            np.take(data, index, axis=0, out=out)
+            np.take(labels, index, axis=0, out=out_y)
+
+        return gather
+    if kernel == "copy":
+        src, dst = view(0, dims), view(1, dims)
+        return lambda: np.copyto(dst, src)
+    fn = getattr(loops, variant.replace("sgd_momentum", "sgd"))  # one loop, momentum on
+    if kernel in ("relu", "sgd", "sgd_momentum", "relu_mask"):
+        x = view(0, dims)
+        if kernel == "relu":
+            return lambda: fn(x)
+        if kernel == "relu_mask":
+            y = view(1, dims)
+            return lambda: fn(x, y)
+        g, v = view(1, dims), view(2, dims)
+        momentum = np.float32(0.9 if kernel == "sgd_momentum" else 0.0)
+        return lambda: fn(x, g, v, np.float32(1e-9), momentum)
+    if kernel == "bias_act":
+        x, b = view(0, dims), view(1, (dims[1],))
+        return lambda: fn(x, b, True)
+    if kernel == "column_sum":
+        x, out = view(0, dims), view(1, (dims[1],))
+        return lambda: fn(x, out)
+    if kernel == "softmax_xent":
+        logits, d = view(0, dims), view(1, dims)
+        labels = np.zeros(dims[0], dtype=np.int64)
+        return lambda: fn(logits, labels, d)
+    if kernel in ("im2col", "col2im"):
+        n, h, w, c, k, s, p = dims
+        oh, ow = conv_output_hw(h, w, k, s, p)
+        x, cols = view(0, (n, h, w, c)), view(1, (n * oh * ow, k * k * c))
+        if kernel == "im2col":
+            return lambda: fn(x, k, s, p, oh, ow, cols)
+        return lambda: fn(cols, k, s, p, oh, ow, x)
+    if kernel == "nchw_to_nhwc":
+        n, c, h, w = dims
+        x, out = view(0, dims), view(1, (n, h, w, c))
+        return lambda: fn(x, out)
+    n, h, w, c, size, stride = dims
+    oh, ow = (h - size) // stride + 1, (w - size) // stride + 1
+    big, small = view(0, (n, h, w, c)), view(1, (n, oh, ow, c))
+    # the winning taps of random data: the backward's branches mispredict as in training
+    argmax = np.random.default_rng(0).integers(0, size * size, (n, oh, ow, c), dtype=np.int32)
+    if kernel == "maxpool":  # reads random data that no loop writes: its branches mispredict
+        source = pool.view(0, (n, h, w, c))  # as on a layer's output (a GEMM operand's buffer)
+        return lambda: fn(source, size, stride, small, argmax)
+    if kernel == "maxpool_backward_tiled":
+        return lambda: fn(small, argmax, size, big)
+    return lambda: fn(small, argmax, size, stride, big)
+
+
+def _loop_points(plan: KernelPlan, threads: int) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(kernel, variant, dims) to time at ``threads``: serial drivers and single-variant
+    kernels at one thread, parallel drivers at every other count."""
+    out = []
+    for kernel in KERNEL_DIMS:
+        if kernel.startswith("gemm_"):
+            continue
+        parallel = kernel in _PARALLEL
+        if threads == 1:
+            variant = kernel + "_serial" if parallel else kernel
+        elif parallel:
+            variant = kernel
+        else:
+            continue
+        if kernel == "im2col":
+            for elements in plan.loop_elements:
+                for shape in plan.im2col_shapes:
+                    if elements <= max(2**21, ELEMENTS_PER_RUN * shape[2]):
+                        out.append((kernel, variant, im2col_dims(elements, shape)))
+            continue
+        runs = _RUNS.get(kernel, (1,))
+        runs = plan.channel_runs if runs == "channels" else runs
+        for window in POOL_WINDOWS.get(kernel, ((2, 2),)):
+            for elements in plan.loop_elements:
+                for run in runs:
+                    capped = runs is plan.channel_runs and elements > ELEMENTS_PER_RUN * run
+                    if run <= elements and not (capped and elements > 2**21):
+                        out.append((kernel, variant, loop_dims(kernel, elements, run, window)))
+    return out
+
+
+# ------------------------------------------------------------------------ bandwidth, glue
+
+
+def glue_workloads() -> list[Workload]:
+    """Tiny networks of 1 to 8 ops of each kind whose kernels do next to no work: their steps
+    are the Python between the kernels."""
+    out = []
+    for depth in (1, 2, 4, 8):
+        dense = [{"kind": "dense", "units": 4}, {"kind": "relu"}] * depth
+        out.append(
+            Workload.from_dict(
+                {
+                    "name": f"glue-dense{depth}",
+                    "input_shape": [4],
+                    "layers": [
+                        *dense,
+                        {"kind": "dense", "units": 2},
+                        {"kind": "softmax_cross_entropy"},
+                    ],
+                }  # fmt: skip
+            )
+        )
+        conv = [{"kind": "conv2d", "filters": 2, "kernel": 1}, {"kind": "relu"}] * depth
+        out.append(
+            Workload.from_dict(
+                {
+                    "name": f"glue-conv{depth}",
+                    "input_shape": [1, 2, 2],
+                    "layers": [
+                        *conv,
+                        {"kind": "maxpool2d", "size": 2},
+                        {"kind": "flatten"},
+                        {"kind": "dense", "units": 2},
+                        {"kind": "softmax_cross_entropy"},
+                    ],
+                }  # fmt: skip
+            )
+        )
+    return out
+
+
+def _glue_fn(workload: Workload, batch: int) -> Callable[[], object]:
+    from microbench.nn import SGD, Network
+
+    net, opt = Network(workload), SGD(1e-9)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, *workload.input_shape), dtype=np.float32)
+    y = rng.integers(0, workload.num_classes, batch)
+
+    def step() -> None:
+        net.forward(x, y)
+        net.backward()
+        opt.step(net.params, net.grads)
+
+    return step
+
+
+def _bandwidth_fn(nbytes: int) -> Callable[[], object]:
+    from microbench.kernels import loops
+
+    x = np.ones(nbytes // 4, dtype=np.float32)  # its own: beyond the pool's size
+    return lambda: loops.relu_serial(x)
+
+
+# ----------------------------------------------------------------------------------- run
+
+
+def _points(plan: KernelPlan, threads: int, pool: _Pool) -> list[tuple[str, dict, Any]]:
+    base = {"threads": threads}
+    points: list[tuple[str, dict, Any]] = []
+    for layout in GEMM_LAYOUTS:
+        for m, n, k in gemm_shapes(plan.gemm_dims, plan.gemm_max_flops):
+            params = {**base, "layout": layout, "m": m, "n": n, "k": k, "flops": 2 * m * n * k}
+            points.append(("gemm", params, (_gemm_fn, pool, layout, m, n, k)))
+    for kernel, variant, dims in _loop_points(plan, threads):
+        elements, run = call_features(kernel, dims)
+        params = {**base, "kernel": kernel, "variant": variant, "dims": list(dims),
+                  "elements": elements, "run": run}  # fmt: skip
+        points.append(("loop", params, (_loop_fn, pool, kernel, variant, dims)))
+    if threads == 1:
+        for nbytes in BANDWIDTH_BYTES:
+            points.append(("bandwidth", {**base, "bytes": nbytes}, (_bandwidth_fn, nbytes)))
+        for workload in glue_workloads():
+            params = {**base, "workload_json": json.dumps(workload.to_dict()), "batch": 1,
+                      "op_calls": len(op_calls(workload))}  # fmt: skip
+            points.append(("glue", params, (_glue_fn, workload, 1)))
+    order = np.random.default_rng(plan.seed + threads).permutation(len(points))
+    return [points[i] for i in order]
+
+
+def run_kernels(
+    plan: KernelPlan,
+    writer: RecordWriter | None,
+    progress: TextIO | None = None,
+    status: Callable[[str], None] | None = None,
+) -> list[Measurement]:
+    """Time every point of ``plan`` at each of its thread counts; each record is written to
+    ``writer`` as soon as it is measured (``progress``: a line per point; ``status``: a line
+    per thread count)."""
+    pool = _Pool(MAX_ELEMENTS, 6, plan.seed)
+    results: list[Measurement] = []
+    for threads in plan.threads:
+        set_threads(threads)
+        points = _points(plan, threads, pool)
+        if status is not None:
+            status(f"kernels at {threads} thread(s): {len(points)} points")
+        for name, params, (make, *args) in points:
+            fn = make(*args)
+            fn()  # compiles a numba variant, first-touches a view: never in a sample
+            m = measure(timed(fn), plan.policy, benchmark="kernels", name=name, params=params)
+            results.append(m)
+            report_point(m, writer, progress, _label(name, params), policy=plan.policy.to_dict())
+    return results
+
+
+def _label(name: str, p: dict[str, Any]) -> str:
+    if name == "gemm":
+        what = f"gemm_{p['layout']} {p['m']}x{p['n']}x{p['k']}"
+    elif name == "loop":
+        what = f"{p['variant']} {p['dims']}"
+    elif name == "bandwidth":
+        what = f"bandwidth {p['bytes']} B"
+    else:
+        what = f"glue {json.loads(p['workload_json'])['name']}"
+    return f"t={p['threads']} {what:<44}"

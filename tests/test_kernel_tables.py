@@ -1,0 +1,111 @@
+"""Kernel tables: interpolation in log space, the stated law beyond the grid, recovery of
+known costs from synthetic sweeps."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from calibration.kernel_tables import VECTOR_FLOATS, GemmTable, LoopTable
+
+DIMS = (1, 2, 4, 8, 16, 64, 256, 1024)
+PEAK = 1e11
+CALL_S = 1e-6
+
+
+def gemm_law(m, n, k):
+    """A machine whose GEMMs reach PEAK after a fixed cost per call."""
+    return CALL_S + 2 * m * n * k / PEAK
+
+
+def gemm_table(max_flops: float = 2**40) -> GemmTable:
+    points = {
+        (m, n, k): gemm_law(m, n, k)
+        for m, n, k in itertools.product(DIMS, repeat=3)
+        if 2 * m * n * k <= max_flops
+    }
+    return GemmTable.from_points(points)
+
+
+def test_grid_points_come_back_exactly():
+    table = gemm_table()
+    for key in [(1, 1, 1), (8, 256, 4), (1024, 1024, 1024)]:
+        assert table.time_s(*key) == pytest.approx(gemm_law(*key), rel=1e-9)
+
+
+def test_off_grid_shapes_interpolate_within_the_laws_curvature():
+    table = gemm_table()
+    for m, n, k in [(3, 100, 700), (50, 50, 50), (500, 12, 200)]:
+        assert table.time_s(m, n, k) == pytest.approx(gemm_law(m, n, k), rel=0.15)
+
+
+def test_beyond_the_grid_time_grows_in_proportion_and_below_it_holds():
+    table = gemm_table()
+    edge = table.time_s(1024, 64, 16)
+    assert table.time_s(4096, 64, 16) == pytest.approx(4 * edge, rel=1e-9)
+    assert table.time_s(4096, 64, 32) == pytest.approx(4 * table.time_s(1024, 64, 32), rel=1e-9)
+    assert table.time_s(0.5, 1, 1) == pytest.approx(table.time_s(1, 1, 1))
+
+
+def test_skipped_grid_points_keep_the_efficiency_of_their_measured_neighbour():
+    table = gemm_table(max_flops=2**20)  # 1024^3 and the like were not timed
+    assert (1024, 1024, 1024) not in table.points
+    measured = table.time_s(1024, 16, 16)  # 2^19 FLOPs: on the grid
+    assert table.time_s(1024, 1024, 1024) == pytest.approx(measured * 64 * 64, rel=1e-9)
+
+
+def test_neighbour_residuals_are_small_on_a_smooth_law_and_json_round_trips():
+    table = gemm_table()
+    assert np.median(np.abs(table.neighbour_residuals())) < 0.2
+    again = GemmTable.from_dict(table.to_dict())
+    assert again.time_s(37, 5, 900) == pytest.approx(table.time_s(37, 5, 900))
+
+
+def test_gemm_tables_refuse_nonsense():
+    with pytest.raises(ValueError):
+        GemmTable.from_points({})
+    with pytest.raises(ValueError):
+        GemmTable.from_points({(1, 1, 1): -1.0})
+
+
+def row_cost_s(run: int) -> float:
+    """A loop whose rows cost a fixed 5 ns, 0.1 ns per vectorized value, 2 ns per scalar
+    remainder value: the sawtooth of a SIMD inner loop."""
+    vector, rest = divmod(run, VECTOR_FLOATS)
+    return 5e-9 + 0.1e-9 * vector * VECTOR_FLOATS + 2e-9 * rest
+
+
+def loop_law(elements: float, run: int) -> float:
+    return 2e-6 + elements / run * row_cost_s(run)
+
+
+RUNS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 32, 48, 63, 64, 128, 512)
+ELEMENTS = tuple(8**e for e in range(2, 8))
+
+
+def loop_table(runs=RUNS) -> LoopTable:
+    return LoopTable.from_points((e, r, loop_law(e, r)) for e in ELEMENTS for r in runs)
+
+
+@pytest.mark.parametrize("run", [21, 39, 47, 100, 127, 200, 501])
+def test_a_runs_vector_body_and_remainder_are_interpolated_apart(run):
+    elements = 10**6
+    table = loop_table()
+    assert table.time_s(elements, run) == pytest.approx(loop_law(elements, run), rel=0.12)
+
+
+def test_without_remainder_classes_runs_interpolate_plainly_and_get_the_sawtooth_wrong():
+    plain = loop_table(runs=(1, 8, 64, 512))  # no runs with a remainder: the plain rule
+    assert plain.time_s(10**6, 23) < 0.5 * loop_law(10**6, 23)
+
+
+def test_loops_hold_below_the_smallest_size_and_grow_in_proportion_beyond_the_largest():
+    table = loop_table()
+    top = ELEMENTS[-1]
+    assert table.time_s(top * 8, 8) == pytest.approx(8 * table.time_s(top, 8))
+    assert table.time_s(1, 8) == pytest.approx(table.time_s(ELEMENTS[0], 8))
+    again = LoopTable.from_dict(table.to_dict())
+    assert again.time_s(12345, 23) == pytest.approx(table.time_s(12345, 23))
+    assert np.median(np.abs(table.neighbour_residuals())) < 0.3
