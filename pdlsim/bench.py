@@ -133,6 +133,16 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
     ranks1 = str(plan.out / "ranks1")
     stages = [
         Stage(
+            "kernels",
+            f"kernel sweep (GEMMs, loops, bandwidth, glue) at {threads} thread(s)",
+            (
+                sys.executable,
+                *_microbench("kernels", "--threads", threads, "--out", ranks1, "--quiet", *quick),
+            ),
+            ranks=1,
+            threads=max(plan.threads),
+        ),
+        Stage(
             "compute",
             f"compute kernels of {plan.model} at {threads} thread(s)",
             (

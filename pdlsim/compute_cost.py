@@ -18,6 +18,7 @@ import numpy as np
 
 from microbench.network_ops import LABEL_BYTES, layer_bytes, update_cost
 from microbench.workload import LayerInfo, sliced_dense
+from pdlsim.kernel_cost import sliced_layers
 from pdlsim.sim import ConfigError
 from pdlsim.uncertainty import moved
 
@@ -51,6 +52,8 @@ class ComputeCost:
     slice_share_ranks: int  # the ranks the shares were measured at
     slice_share_threads: int
     tensor_ranks: int  # the ranks this model's dense layers are split over (1: whole layers)
+    kernels: Any  # pdlsim.kernel_cost.KernelCompute, where the profile has kernel tables
+    description: Any  # the workload itself, where the caller gave it
     _ops_cache: dict[tuple[Any, ...], float]
     _share_cache: dict[tuple[Any, ...], float]
     _pin_cache: dict[tuple[str, str, int, int, str], float]
@@ -151,9 +154,34 @@ class ComputeCost:
         value, ci = self.colocation.factor(self.workload or "", threads, self.ranks_per_node)
         return moved(value, ci, self.colocation_z, 1.0)
 
+    def _kernel_workload(self) -> Any:
+        """The workload this model prices with the kernel model (None: not at hand)."""
+        from microbench.workload import load_workload
+
+        if self.description is not None:
+            return self.description
+        key = ("workload", self.workload)
+        if key not in self._share_cache:
+            try:
+                found = load_workload(self.workload) if self.workload else None
+            except Exception:  # noqa: BLE001 - a workload file not at hand: see the caller
+                found = None
+            self._share_cache[key] = found  # type: ignore[assignment]
+        return self._share_cache[key]
+
     def compute_time(
         self, layer: LayerInfo, phase: str, batch: int, threads: int, device: str
     ) -> float:
+        if device == "cpu" and self.kernels is not None:
+            workload = self._kernel_workload()
+            if workload is None:
+                raise ConfigError(
+                    f"the workload {self.workload!r} is needed to price its kernel calls; "
+                    "give the preset's name or the path of its JSON file"
+                )
+            layers = sliced_layers(workload, self.tensor_ranks)
+            table = self.kernels.step_table(workload, layers, batch, threads, not self.inference)
+            return table.get((layer.index, phase), 0.0) * self._host_factor(threads, batch)
         raw = self._raw_compute(layer, phase, batch, threads, device)
         if device == "gpu":
             if "gpu" not in self.compute.devices:

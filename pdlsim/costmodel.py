@@ -81,14 +81,16 @@ from calibration.overlap import OverlapModel
 from calibration.profile import Profile
 from calibration.stats import Interval
 from calibration.transfer import TransferModel
-from microbench.workload import LayerInfo
+from microbench.workload import LayerInfo, Workload
 from pdlsim.compute_cost import (
     GPU_FLOPS_EFFICIENCY,
     GPU_KERNEL_LAUNCH_S,
     GPU_MEMORY_EFFICIENCY,
     ComputeCost,
 )
+from pdlsim.corrections import CORRECTIONS
 from pdlsim.insitu_cost import InSituCost, in_place_colocation, in_place_share, in_place_sync
+from pdlsim.kernel_cost import TERMS, KernelCompute
 from pdlsim.oppins import OpPins
 from pdlsim.presets import GpuPreset, NetworkPreset
 from pdlsim.sim import ConfigError, LinkCost, Placement, TimedStep, collectives
@@ -175,6 +177,9 @@ class ProfileCostModel(ComputeCost):
     _pin_cache: dict[tuple[str, str, int, int, str], float] = field(
         default_factory=dict, repr=False
     )
+    kernels: KernelCompute | None = None  # CPU compute from the profile's kernel tables
+    corrections: frozenset[str] = frozenset(CORRECTIONS)
+    description: Workload | None = None  # the workload itself, where given
 
     @classmethod
     def from_profile(
@@ -189,11 +194,20 @@ class ProfileCostModel(ComputeCost):
         inference: bool = False,
         batch: int | None = None,
         parallel: str | None = None,
+        corrections: frozenset[str] = frozenset(CORRECTIONS),
+        description: Workload | None = None,
     ) -> ProfileCostModel:
         """The cost model of ``workload`` from ``profile``; ``batch`` and ``parallel`` (the
         in-place step, :func:`pdlsim.insitu_cost.sync_parallelism`) size the sync where the
-        profile timed that step's skew in place."""
+        profile timed that step's skew in place; ``corrections``: the named corrections
+        (:data:`pdlsim.corrections.CORRECTIONS`) switched on; ``description``: the workload
+        itself (default: loaded by the name ``workload``)."""
         compute = profile.model("compute")
+        kernels = None
+        if profile.models.get("kernels") and device == "cpu":
+            kernels = KernelCompute(
+                profile.model("kernels"), frozenset(corrections) & frozenset(TERMS)
+            )
         regimes = _intra_regimes(profile)
         cpu_curves = [r for (d, _), r in sorted(compute.curves_.items()) if d == "cpu"]
         mem_bw = cpu_curves[0].bandwidth_bytes_per_s if cpu_curves else 10e9
@@ -226,6 +240,8 @@ class ProfileCostModel(ComputeCost):
         efficiency = float(np.clip(1.0 if hidden is None else hidden, 0.0, 1.0))
         prov["overlap"] = f"profile ({method} method, {bucket_bytes} B)"
         insitu_model = profile.model("insitu") if profile.models.get("insitu") else None
+        if "insitu" not in corrections:
+            insitu_model = None
         jitter_model = profile.model("jitter") if profile.models.get("jitter") else None
         own = (
             profile.model("jitter_models").get(workload)
@@ -248,6 +264,8 @@ class ProfileCostModel(ComputeCost):
         scale = StepScale.from_table(getattr(compute, "table_", []))
         compute_device = "gpu" if device == "gpu" and has_gpu_compute else "cpu"
         colocation = profile.model("colocation") if profile.models.get("colocation") else None
+        if "colocation" not in corrections:
+            colocation = None
         if device == "cpu" and ranks_per_node > 1:
             if colocation is None or not colocation.points_:
                 prov["co-location"] = "not measured: ranks of a node assumed not to slow each other"
@@ -304,7 +322,11 @@ class ProfileCostModel(ComputeCost):
                 f"x{max(levels.values(), default=level):.3f} to the typical speed, band "
                 f"x{low:.2f}..x{high:.2f} (P10..P90 of the moments)"
             )
-        if scale and (device == "cpu" or has_gpu_compute):
+        if kernels is not None:
+            level = 1.0  # the kernel tables are the machine as swept: no step to rescale to
+            terms = ", ".join(sorted(kernels.terms)) or "none"
+            prov["compute"] = f"profile kernel tables (terms: {terms})"
+        elif scale and (device == "cpu" or has_gpu_compute):
             prov["compute"] += "; " + scale.source(compute_device, workload, inference)
         insitu, prov["in-place collectives"] = InSituCost.from_profile_model(
             insitu_model, workload, device
@@ -317,6 +339,7 @@ class ProfileCostModel(ComputeCost):
             pins=OpPins.from_table(getattr(compute, "table_", [])), inference=inference,
             colocation_in_place=in_place, colocation_in_place_threads=in_place_threads,
             slice_shares=shares, slice_share_ranks=share_ranks, slice_share_threads=share_threads,
+            kernels=kernels, corrections=frozenset(corrections), description=description,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------ collectives

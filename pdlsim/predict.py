@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
+from pdlsim.corrections import parse_corrections
 from pdlsim.parallel_predict import layerwise_mode, run_layerwise
 from pdlsim.prediction_doc import band_step_times, prediction_document
 from pdlsim.presets import (
@@ -118,6 +119,7 @@ class PredictConfig:
     checkpoint_latency: str | None = None
     mtbf: str | None = None  # per node
     restart_time: str | None = None
+    corrections: str = "all"  # named corrections switched on (pdlsim.corrections)
 
 
 # The profile a prediction uses without --profile: the first of these that is packaged. The
@@ -199,6 +201,7 @@ def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict
         profile, network, gpu, cluster.device, bucket_bytes, workload.name,
         cluster.ranks_per_node, inference=cfg.inference, batch=cfg.batch,
         parallel=sync_parallelism(cfg.parallel, cfg.inference),
+        corrections=parse_corrections(cfg.corrections), description=workload,
     )  # fmt: skip
     cost = apply_to_cost(cfg, cost)
     provenance = {"profile": profile_name, **cost.provenance}

@@ -101,6 +101,7 @@ def format_prediction(out: dict[str, Any]) -> str:
 
 def add_common_options(p: argparse.ArgumentParser) -> None:
     from pdlsim.cli import non_negative_float, positive_int, seed
+    from pdlsim.corrections import CORRECTIONS
 
     p.add_argument("--model", default="cnn", metavar="NAME|PATH", help="workload (cnn)")
     p.add_argument("--profile", default=None, metavar="NAME|PATH", help="default: packaged")
@@ -120,6 +121,13 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=seed, default=0, help="jitter and band seed")
     p.add_argument("--samples", type=int, default=20, help="band samples (20)")
     p.add_argument("--dataset-samples", type=positive_int, default=None, help="samples per epoch")
+    p.add_argument(
+        "--corrections",
+        default="all",
+        metavar="none|all|NAME,...",
+        help="the cost model's named corrections to switch on (default all): "
+        + ", ".join(CORRECTIONS),
+    )
     add_power_options(p)
     add_parallel_options(p)
     add_whatif_options(p)

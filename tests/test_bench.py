@@ -37,7 +37,10 @@ def test_quick_bench_runs_every_stage_and_keeps_every_record(quick_bench_run):
 def test_the_plan_runs_compute_once_and_mpi_stages_per_process_count(tmp_path):
     stages = plan_stages(BenchPlan(out=tmp_path, procs=(1, 2, 4), threads=(1, 2)))
     names = [s.name for s in stages]
-    assert names[:4] == ["compute", "copies", "compression", "storage"]
+    assert names[:5] == ["kernels", "compute", "copies", "compression", "storage"]
+    kernels = list(stages[0].command)
+    assert kernels[kernels.index("kernels") + 1 :][:2] == ["--threads", "1,2"]
+    assert "--model" not in kernels  # the sweep runs no workload
     assert [n for n in names if n.startswith("collectives")] == [
         "collectives-p1",
         "collectives-p2",
@@ -48,7 +51,7 @@ def test_the_plan_runs_compute_once_and_mpi_stages_per_process_count(tmp_path):
         "jitter-p4-cnn-m3", "speed-5",
     ]  # fmt: skip
     assert "--quick" not in stages[0].command
-    compute = list(stages[0].command)
+    compute = list(stages[1].command)
     assert compute[compute.index("--batch") + 1] == "16,32,64"
 
 

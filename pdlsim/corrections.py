@@ -1,0 +1,41 @@
+"""The cost model's named corrections: terms beyond the kernels' own times, each switchable.
+
+Every correction names a physical cause and is measured by a benchmark of its own, never by
+timing the steps it is applied to; ``pdlsim validate --corrections`` scores the model with any
+set of them switched off, on held-out and in-sample configurations side by side, so that a term
+stays only where it earns its place on configurations the calibration never ran.
+"""
+
+from __future__ import annotations
+
+from microbench.errors import UserError
+
+__all__ = ["CORRECTIONS", "parse_corrections"]
+
+CORRECTIONS: dict[str, str] = {
+    "locality": "operands that other kernel calls of the step evicted come back from farther "
+    "out in the memory hierarchy (one core's bandwidth by footprint, from the kernel sweep)",
+    "glue": "the Python between kernel calls, per op call and per step (tiny networks' steps "
+    "less their kernels, from the kernel sweep)",
+    "colocation": "ranks sharing a node slow each other's compute (the jitter step at 1 and at "
+    "P ranks per node)",
+    "insitu": "collectives, the barrier and the update cost what they cost inside real training "
+    "steps (the insitu benchmark, on the calibration's workloads)",
+}
+
+
+def parse_corrections(text: str) -> frozenset[str]:
+    """``none``, ``all`` or a comma-separated list of :data:`CORRECTIONS` names."""
+    text = text.strip()
+    if text == "all":
+        return frozenset(CORRECTIONS)
+    if text == "none":
+        return frozenset()
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CORRECTIONS]
+    if unknown or not names:
+        raise UserError(
+            f"unknown correction(s) {', '.join(unknown) or repr(text)}; use none, all or a "
+            f"comma-separated list of {', '.join(CORRECTIONS)}"
+        )
+    return frozenset(names)

@@ -1,0 +1,110 @@
+"""A CPU rank's compute, priced call by call from the machine's kernel model.
+
+A step of a workload is the kernel calls :func:`microbench.kernels.calls.step_calls` lists;
+:class:`KernelCompute` prices each from the profile's kernel tables
+(:class:`calibration.kernels.KernelModel`) and charges it to the layer and phase the simulator
+asks about (``compute_time(layer, phase, ...)``):
+
+* a call of a layer's forward or backward to that layer (a fused relu or max-pool is its lead
+  layer's), the loss to the loss layer's forward, the mini-batch gather to the first layer's
+  forward (what a training loop does before it), the one SGD update over all parameters to
+  each layer with parameters in proportion to its parameter count;
+* with the **locality** term, each call also pays for the operands other calls evicted
+  (:meth:`~calibration.kernels.KernelModel.locality_s`);
+* with the **glue** term, each op call pays the Python between kernels, and the step its own.
+
+Both terms are :data:`TERMS`, each switchable; nothing here is fitted to any step of any
+workload, so a workload, batch or thread count never measured is priced like one that was.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from calibration.kernels import KernelModel
+from microbench.kernels.calls import op_calls, step_calls
+from microbench.workload import LayerInfo, Workload, sliced_dense
+
+__all__ = ["TERMS", "KernelCompute", "sliced_layers"]
+
+TERMS = ("locality", "glue")  # the kernel model's switchable terms
+
+
+def sliced_layers(workload: Workload, ranks: int) -> tuple[LayerInfo, ...]:
+    """The layers one rank computes in a layer-wise split over ``ranks``: every dense layer
+    cut to the busiest rank's ``ceil(units / ranks)`` output neurons, the rest whole."""
+    if ranks <= 1:
+        return workload.layers
+    return tuple(
+        sliced_dense(info, math.ceil(info.output_shape[0] / ranks))
+        if info.kind == "dense"
+        else info
+        for info in workload.layers
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class KernelCompute:
+    """Per-layer compute seconds of one CPU rank from ``model`` (module docstring); ``terms``
+    the terms switched on."""
+
+    model: KernelModel
+    terms: frozenset[str] = frozenset(TERMS)
+    _cache: dict[tuple, dict[tuple[int, str], float]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.terms) - set(TERMS)
+        if unknown:
+            raise ValueError(f"unknown kernel-model terms {sorted(unknown)}; known: {TERMS}")
+
+    def step_table(
+        self,
+        workload: Workload,
+        layers: Sequence[LayerInfo],
+        batch: int,
+        threads: int,
+        training: bool = True,
+    ) -> dict[tuple[int, str], float]:
+        """Seconds per (layer index, phase) of one step of ``workload`` computing ``layers``
+        (its own, or a rank's slices), at ``batch`` and ``threads``."""
+        shapes = tuple((x.index, x.kind, x.input_shape, x.output_shape) for x in layers)
+        key = (workload.name, workload.input_shape, shapes, batch, threads, training)
+        if key in self._cache:
+            return self._cache[key]
+        calls = step_calls(workload, batch, threads, training, layers=layers)
+        seconds = [self.model.call_s(c, threads) for c in calls]
+        if "locality" in self.terms:
+            extra = self.model.locality_s(calls, threads)
+            seconds = [s + float(e) for s, e in zip(seconds, extra, strict=True)]
+        first = min(info.index for info in layers if info.kind != "flatten")
+        loss = layers[-1].index
+        parametric = [info for info in layers if info.param_count > 0]
+        params = sum(info.param_count for info in parametric)
+        table: dict[tuple[int, str], float] = {}
+
+        def charge(layer: int, phase: str, s: float) -> None:
+            if phase == "update":
+                for info in parametric:
+                    slot = (info.index, "update")
+                    table[slot] = table.get(slot, 0.0) + s * info.param_count / params
+                return
+            slot = {"data": (first, "forward"), "loss": (loss, "forward")}.get(
+                phase, (layer, phase)
+            )
+            table[slot] = table.get(slot, 0.0) + s
+
+        for call, s in zip(calls, seconds, strict=True):
+            charge(call.layer, call.phase, s)
+        if "glue" in self.terms:
+            per_op = float(self.model.glue_["per_op_s"])
+            for layer, phase in op_calls(workload, training, layers):
+                charge(layer, phase, per_op)
+            charge(loss, "loss", float(self.model.glue_["per_step_s"]))
+        self._cache[key] = table
+        return table
+
+    def step_s(self, workload: Workload, batch: int, threads: int, training: bool = True) -> float:
+        """One whole step's compute seconds (every layer and phase)."""
+        return sum(self.step_table(workload, workload.layers, batch, threads, training).values())

@@ -1,0 +1,149 @@
+"""The kernel model: fitted from a (tiny) real sweep, it prices any workload's calls; its glue
+and locality terms behave as their physics says; it travels through a profile to predict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibration.kernels import KernelModel
+from microbench.kernelbench import KernelPlan, glue_workloads, run_kernels
+from microbench.kernels.calls import KernelCall, op_calls, step_calls
+from microbench.machine import machine_metadata
+from microbench.records import RecordWriter, load_dataframe
+from microbench.sampling import SamplingPolicy
+from microbench.workload import load_workload
+from pdlsim.heldout import random_workloads
+from pdlsim.kernel_cost import KernelCompute
+from tests.conftest import run_pdlsim
+
+PACKAGED = Path(__file__).resolve().parents[1] / "calibration" / "profiles"
+TINY = KernelPlan(
+    threads=(1,),
+    gemm_dims=(1, 16, 256),
+    gemm_max_flops=2**22,
+    loop_elements=(64, 4096),
+    channel_runs=(1, 8),
+    im2col_shapes=((3, 1, 1), (3, 1, 8)),
+    policy=SamplingPolicy(warmup=0, min_samples=2, max_samples=2, time_cap_s=0.001),
+)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, KernelModel]:
+    out = tmp_path_factory.mktemp("kernels")
+    with RecordWriter(out / "kernels.jsonl", machine_metadata(), {"command": "test"}) as writer:
+        run_kernels(TINY, writer)
+    return out, KernelModel().fit(load_dataframe(out, type="measurement"))
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_any_workloads_calls_are_priced(sweep, name):
+    _, model = sweep
+    workloads = [load_workload(name), *random_workloads(5, 2)]
+    for workload in workloads:
+        for call in step_calls(workload, 7, 1):
+            seconds = model.call_s(call, 1)
+            assert np.isfinite(seconds) and seconds > 0, call
+
+
+def test_a_thread_count_not_swept_takes_the_nearest_below(sweep):
+    _, model = sweep
+    call = KernelCall("gemm_nn", (16, 16, 16), 0, "forward")
+    assert model.call_s(call, 8) == model.call_s(call, 1)
+    with pytest.raises(KeyError, match="not measured"):
+        model._table(model.loops_, "no_such_loop", 1)
+
+
+def test_glue_is_recovered_from_tiny_networks_steps(sweep):
+    _, model = sweep
+    per_op, per_step = 3e-6, 10e-6
+    rows = []
+    noise = iter(np.random.default_rng(0).normal(0.0, 0.3e-6, 100))
+    for workload in glue_workloads():
+        kernels = sum(model.call_s(c, 1) for c in step_calls(workload, 1, 1, gather=False))
+        ops = len(op_calls(workload))
+        step = kernels + per_step + per_op * ops + next(noise)
+        rows.append(
+            {"params.workload_json": json.dumps(workload.to_dict()), "params.batch": 1,
+             "params.op_calls": ops, "samples": [step * 0.999, step, step * 1.001]}
+        )  # fmt: skip
+    model._fit_glue(pd.DataFrame(rows))
+    assert model.glue_["per_op_s"] == pytest.approx(per_op, rel=0.05)
+    assert model.glue_["per_step_s"] == pytest.approx(per_step, rel=0.2)
+    interval = model.glue_["intervals"]["per_op_s"]
+    assert interval["low"] <= per_op <= interval["high"]
+
+
+def _with_bandwidth(model: KernelModel, sizes: list[float], rates: list[float]) -> KernelModel:
+    other = KernelModel.from_dict(model.to_dict())
+    other.bandwidth_bytes_ = np.array(sizes, dtype=float)
+    other.bandwidth_bytes_per_s_ = np.array(rates, dtype=float)
+    return other
+
+
+def test_locality_charges_evicted_operands_only(sweep):
+    _, model = sweep
+    mib = 2**20
+    calls = [
+        KernelCall("relu", (mib,), 0, "forward", reads=(("a", 4 * mib),), writes=(("a", 4 * mib),)),
+        KernelCall("relu", (mib,), 0, "forward", reads=(("a", 4 * mib),), writes=(("a", 4 * mib),)),
+        KernelCall("copy", (8 * mib,), 1, "forward", reads=(("big", 32 * mib),),
+                   writes=(("big2", 32 * mib),)),
+    ]  # fmt: skip
+    flat = _with_bandwidth(model, [1e3, 1e9], [1e11, 1e11])
+    assert not flat.locality_s(calls, 1).any()  # one level: nothing comes back slower
+    # a 16 MiB cache at 100 GB/s, memory beyond it at 10 GB/s
+    cached = _with_bandwidth(model, [1e3, 16 * mib, 64 * mib, 1e9], [1e11, 1e11, 1e10, 1e10])
+    extra = cached.locality_s(calls, 1)
+    # "a" is reused right away (call 2) but after 64 MiB of other buffers in the next step
+    assert extra[1] == 0.0
+    assert extra[0] == pytest.approx(4 * mib * (1 / 1e10 - 1 / 1e11), rel=0.3)
+    assert cached.locality_s(calls, 2)[0] == pytest.approx(extra[0])  # serial calls: whole
+
+
+def test_compute_table_charges_every_call_once(sweep):
+    _, model = sweep
+    cnn = load_workload("cnn")
+    plain = KernelCompute(model, frozenset())
+    table = plain.step_table(cnn, cnn.layers, 9, 1)
+    calls = step_calls(cnn, 9, 1)
+    assert sum(table.values()) == pytest.approx(sum(model.call_s(c, 1) for c in calls))
+    update = {k: v for k, v in table.items() if k[1] == "update"}
+    params = {info.index: info.param_count for info in cnn.layers if info.param_count}
+    shares = {k[0]: v / sum(update.values()) for k, v in update.items()}
+    assert shares == pytest.approx({i: n / cnn.param_count for i, n in params.items()})
+    gather = model.call_s(calls[0], 1)
+    assert table[(0, "forward")] > gather  # the gather is charged to the first layer
+    full = KernelCompute(model)
+    assert full.step_s(cnn, 9, 1) > plain.step_s(cnn, 9, 1)  # glue and locality add
+    with pytest.raises(ValueError, match="unknown kernel-model terms"):
+        KernelCompute(model, frozenset({"magic"}))
+
+
+def test_the_model_predicts_through_a_profile(sweep, tmp_path):
+    _, model = sweep
+    doc = json.loads((PACKAGED / "xeon-2core.json").read_text())
+    doc["models"]["kernels"] = model.to_dict()
+    profile = tmp_path / "kernels-profile.json"
+    profile.write_text(json.dumps(doc))
+    workload = tmp_path / "w.json"
+    workload.write_text(json.dumps(random_workloads(9, 2)[1].to_dict()))
+    steps = {}
+    for corrections in ("all", "none"):
+        done = run_pdlsim(
+            "predict", "--nodes", "1", "--batch", "24", "--model", str(workload), "--profile",
+            str(profile), "--corrections", corrections, "--samples", "3", "--json",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout)
+        assert out["provenance"]["compute"].startswith("profile kernel tables")
+        steps[corrections] = out["step_time_s"]
+    assert steps["all"] > steps["none"] > 0
+    bad = run_pdlsim("predict", "--nodes", "1", "--corrections", "magic")
+    assert bad.returncode == 2 and "unknown correction" in bad.stderr
+    assert "Traceback" not in bad.stderr
