@@ -90,6 +90,12 @@ class RunSpec:
     inference: bool = False
     device: str = "cpu"
     prefetch: bool = False
+    heldout: bool = False  # a workload and batch the calibration never ran
+
+    @property
+    def name(self) -> str:
+        """The workload's name: a preset's, or a workload file's stem."""
+        return Path(self.model).stem
 
     @property
     def mode(self) -> str:
@@ -102,9 +108,9 @@ class RunSpec:
     @property
     def label(self) -> str:
         if self.device == "gpu":
-            return f"{self.model}-gpu-b{self.batch}" + "-prefetch" * self.prefetch
+            return f"{self.name}-gpu-b{self.batch}" + "-prefetch" * self.prefetch
         tags = "-model" * (self.parallel == "model") + "-inference" * self.inference
-        return f"{self.model}-p{self.procs}t{self.threads}-b{self.batch}{tags}"
+        return f"{self.name}-p{self.procs}t{self.threads}-b{self.batch}{tags}"
 
     @property
     def train_flags(self) -> tuple[str, ...]:
@@ -137,6 +143,10 @@ class ValidateConfig:
     parallel: tuple[str, ...] = ("data", "model")
     model_procs: tuple[int, ...] = (2,)  # ranks of the model-parallel configurations
     gpu: str = "auto"  # GPU configurations: auto (where a GPU and a GPU model are), on, off
+    seed: int = 0  # draws the held-out workloads and batches
+    heldout_workloads: int = 8  # random workloads (half MLPs, half CNNs)
+    heldout_batches: int = 2  # batches per held-out workload
+    corrections: str = "all"  # the named corrections of the headline (pdlsim.corrections)
 
 
 def steps_for(cfg: ValidateConfig, predicted_step_s: float, oversubscribed: bool = False) -> int:
@@ -160,10 +170,10 @@ def plan_matrix(cfg: ValidateConfig, gpu: bool = False) -> list[RunSpec]:
     without and with prefetch at every (model, batch) of the serial runs."""
     specs = []
     modes = cfg.modes if "data" in cfg.parallel else ((1, 1),)
-    for i, model in enumerate(cfg.models):
+    for model in cfg.models:
         batches = cfg.batches
-        if cfg.quick and i > 0:
-            batches = (cfg.batches[len(cfg.batches) // 2],)
+        if cfg.quick:
+            batches = (sorted(cfg.batches)[len(cfg.batches) // 2],)
         for batch in batches:
             for procs, threads in modes:
                 specs.append(RunSpec(model, procs, threads, batch))
@@ -183,6 +193,81 @@ def plan_matrix(cfg: ValidateConfig, gpu: bool = False) -> list[RunSpec]:
                         RunSpec(model, procs, 1, batch, "model", inf) for inf in (False, True)
                     ]
     return specs
+
+
+HELDOUT_BATCHES = (8, 12, 24, 48, 96, 128, 256)  # between and up to 4x beyond 16, 32, 64
+
+
+def heldout_matrix(cfg: ValidateConfig, cores: int) -> tuple[list[RunSpec], list[str]]:
+    """The held-out configurations: :func:`pdlsim.heldout.random_workloads` drawn from
+    ``cfg.seed`` (written to ``OUT/workloads/``), each at ``cfg.heldout_batches`` batches
+    drawn from :data:`HELDOUT_BATCHES` less the calibration's, in every mode of ``cfg.modes``
+    that fits the cores; with "model" in ``cfg.parallel``, the first two also split layer-wise
+    over 2 ranks (training). Returns the configurations and one line for each mode refused
+    because it does not fit the cores."""
+    import numpy as np
+
+    from microbench.nn.sliced import check_splittable
+    from pdlsim.heldout import random_workloads
+
+    rng = np.random.default_rng(cfg.seed + 1)
+    batches = [b for b in HELDOUT_BATCHES if b not in cfg.batches]
+    folder = cfg.out / "workloads"
+    folder.mkdir(parents=True, exist_ok=True)
+    modes = cfg.modes if "data" in cfg.parallel else ((1, 1),)
+    refused = [
+        f"{p}x{t} (P x T = {p * t} threads on {cores} cores): every configuration in it "
+        "would measure the machine's oversubscription, which the model does not describe"
+        for p, t in modes
+        if p * t > cores
+    ]
+    specs = []
+    for i, workload in enumerate(random_workloads(cfg.seed, cfg.heldout_workloads)):
+        path = folder / f"{workload.name}.json"
+        path.write_text(json.dumps(workload.to_dict(), indent=1) + "\n")
+        chosen = sorted(int(b) for b in rng.choice(batches, cfg.heldout_batches, replace=False))
+        for batch in chosen:
+            specs += [
+                RunSpec(str(path), p, t, batch, heldout=True) for p, t in modes if p * t <= cores
+            ]
+        if "model" in cfg.parallel and i < 2 and cores >= 2:
+            try:
+                check_splittable(workload, 2)
+            except UserError:
+                continue
+            specs.append(RunSpec(str(path), 2, 1, chosen[0], "model", heldout=True))
+    return specs, refused
+
+
+def check_unseen(profile: str | None, specs: list[RunSpec]) -> None:
+    """UserError unless the profile holds no measurement of a held-out workload (its name
+    anywhere in the document) or batch (a ``batch`` or ``batches`` field)."""
+    import numpy as np
+
+    from pdlsim.predict import resolve_profile
+
+    doc = resolve_profile(profile)[0].to_dict()
+    text = json.dumps(doc)
+    batches: set[int] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("batch", "batches"):
+                    found = np.atleast_1d(value).tolist()
+                    batches.update(v for v in found if isinstance(v, (int, float)))
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(doc.get("models", {}))
+    for spec in specs:
+        if f'"{spec.name}"' in text or spec.batch in batches:
+            raise UserError(
+                f"held-out configuration {spec.label} is not held out: the profile "
+                f"{profile} measured its workload or its batch; draw another --seed"
+            )
 
 
 def warmup_steps(n_steps: int) -> int:
@@ -311,7 +396,9 @@ def launch_rounds(n: int, repeats: int) -> list[list[int]]:
     return [[(k * n // repeats + i) % n for i in range(n)] for k in range(repeats)]
 
 
-def predict_spec(spec: RunSpec, cfg: ValidateConfig) -> dict[str, Any]:
+def predict_spec(
+    spec: RunSpec, cfg: ValidateConfig, corrections: str | None = None, samples: int | None = None
+) -> dict[str, Any]:
     """The prediction of what ``pdlsim train`` runs: one bucket with every gradient, no
     overlap, CPU ranks on one node or one GPU (copies pinned and prefetched, or neither); model
     parallelism and inference through :mod:`pdlsim.parallel_predict` (``parallel``,
@@ -325,19 +412,18 @@ def predict_spec(spec: RunSpec, cfg: ValidateConfig) -> dict[str, Any]:
         nodes=1, gpus=int(spec.device == "gpu"), procs_per_node=spec.procs,
         threads=spec.threads, model=spec.model, batch=spec.batch, profile=cfg.profile,
         bucket_mb=math.ceil(grad_mb) + 1.0, overlap=False, iterations=50,
-        samples=cfg.band_samples,
+        samples=samples or cfg.band_samples,
         cpu_sockets=(1, available_cores()),  # this machine: one socket of its cores
         parallel=spec.parallel, inference=spec.inference,
         pinned=spec.prefetch, prefetch=spec.prefetch,
+        corrections=corrections or cfg.corrections,
     )  # fmt: skip
     return run_prediction(pcfg)
 
 
-SPAN = "profile-span.json"  # the profile with the validation's speed checks (validate_speed)
-
-
 def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
-    """Measure and predict every configuration of :func:`plan_matrix`; write the report."""
+    """Freeze a profile, then measure and predict every configuration of :func:`plan_matrix`
+    and of :func:`heldout_matrix`; write the report."""
     from microbench.threads import available_cores
     from pdlsim.validate_calibrate import (
         calibrate_now,
@@ -346,9 +432,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         profile_provenance,
     )
     from pdlsim.validate_checkpoint import validate_checkpoint
-    from pdlsim.validate_floor import add_noise_floor
-    from pdlsim.validate_report import add_calibration_only, build_rows, summarize, write_outputs
-    from pdlsim.validate_speed import CHECK_EVERY_LAUNCHES, SpeedChecks, span_profile
+    from pdlsim.validate_report import ablation, build_rows, summarize, write_outputs
 
     check_out(cfg.out)
     if cfg.repeats < 1 or cfg.steps < 2:
@@ -366,24 +450,20 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     if "machine_warning" in provenance:  # before the runs, so the user can stop them
         log(f"pdlsim: warning: {provenance['machine_warning']}")
     cores = available_cores()
-    specs = plan_matrix(cfg, gpu=gpu_configurations(cfg.gpu, cfg.profile, log))
-    calibrated = [predict_spec(spec, cfg) for spec in specs]
+    heldout, refused = heldout_matrix(cfg, cores)
+    specs = heldout + [
+        spec
+        for spec in plan_matrix(cfg, gpu=gpu_configurations(cfg.gpu, cfg.profile, log))
+        if not spec.oversubscribed(cores)  # refused in the open, with the held-out ones
+    ]
+    check_unseen(cfg.profile, [s for s in specs if s.heldout])
+    for line in refused:
+        log(f"pdlsim: not run: {line}")
+    predictions = [predict_spec(spec, cfg) for spec in specs]  # from the frozen profile
     steps = [
         steps_for(cfg, pred["band"]["p50_s"], spec.oversubscribed(cores))
-        for spec, pred in zip(specs, calibrated, strict=True)
+        for spec, pred in zip(specs, predictions, strict=True)
     ]
-    fitting = sorted({s.threads for s in specs if not s.oversubscribed(cores)} or {1})
-    pairs = [s for s in specs if s.procs == 2 and s.threads == 1 and not s.oversubscribed(cores)]
-    checks = SpeedChecks(
-        cfg.out / "speed",
-        cfg.models,
-        tuple(sorted(cfg.batches)),
-        tuple(fitting),
-        jitter_ranks=2 if pairs else 1,
-        jitter_every=2 if cfg.quick else 1,
-        gpu_batches=tuple(sorted({s.batch for s in specs if s.device == "gpu"})),
-    )
-    checks.run()
     launches: list[list[dict[str, Any]]] = [[] for _ in specs]
     for k, round_order in enumerate(launch_rounds(len(specs), cfg.repeats)):
         for position, i in enumerate(round_order):
@@ -391,27 +471,24 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
             launches[i].append(launch)
             log(
                 f"[launch {k + 1}/{cfg.repeats}, {position + 1}/{len(specs)}] {specs[i].label}: "
-                f"measured {launch['median_s'] * 1e3:.3f} ms"
+                f"measured {launch['median_s'] * 1e3:.3f} ms, predicted "
+                f"{predictions[i]['band']['p50_s'] * 1e3:.3f} ms"
             )
-            if (k * len(specs) + position + 1) % CHECK_EVERY_LAUNCHES == 0:
-                checks.run()
-    checks.run()
-    spanned = replace(cfg, profile=str(span_profile(cfg.profile, checks.out, cfg.out / SPAN)))
-    log(f"{checks.done} speed checks added to the drift model: {spanned.profile}")
-    results = [
-        (spec, summarize_launches(launches[i], steps[i]), predict_spec(spec, spanned))
-        for i, spec in enumerate(specs)
-    ]
-    rows = build_rows(results, cores)
-    add_calibration_only(rows, calibrated)
-    floor = add_noise_floor(rows, checks.out, cfg.repeats)  # pdlsim.validate_floor
-    provenance["speed_checks"] = (
-        f"{checks.done} runs of 'microbench speed' between the training launches (never a "
-        f"training run) added to the drift model: {spanned.profile}; the calibration_* "
-        "columns predict from the calibration's moments alone"
+    measured = [summarize_launches(launches[i], steps[i]) for i in range(len(specs))]
+    rows = build_rows(list(zip(specs, measured, predictions, strict=True)), cores)
+    sets = ablation_sets(cfg.corrections)
+    log(f"predicting every configuration again with {len(sets) - 1} other correction sets ...")
+    table = ablation(
+        rows,
+        {
+            name: [predict_spec(spec, cfg, corrections, ABLATION_SAMPLES) for spec in specs]
+            for name, corrections in sets.items()
+            if corrections != cfg.corrections
+        },
+        cfg.corrections,
     )
     report = {
-        "provenance": provenance,
+        "provenance": {**provenance, "corrections": cfg.corrections},
         "cores": cores,
         "min_steps_per_run": cfg.steps,
         "warmup": "first max(5, 10%) steps of each launch discarded",
@@ -419,13 +496,36 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         "interval": "min..max of the per-launch medians",
         "speedup": "throughput / throughput of P1T1 at the same batch per rank; model "
         "parallel: serial step / step at the same global batch (inference: serial forward)",
+        "heldout": {
+            "seed": cfg.seed,
+            "workloads": sorted({s.model for s in heldout}),
+            "batches": sorted({s.batch for s in heldout}),
+            "refused": refused,
+        },
         "elapsed_s": time.perf_counter() - started,
-        "summary": {**summarize(rows), "noise_floor": floor},
+        "summary": summarize(rows),
+        "ablation": table,
         "rows": rows,
         "checkpoint": validate_checkpoint(cfg, log),  # pdlsim.validate_checkpoint
     }
     report["files"] = write_outputs(report, cfg.out)
     return report
+
+
+ABLATION_SAMPLES = 10  # band samples of the other correction sets' predictions
+
+
+def ablation_sets(chosen: str) -> dict[str, str]:
+    """The correction sets the report compares: the chosen one, none, all, and the chosen
+    one without each of its terms."""
+    from pdlsim.corrections import CORRECTIONS, parse_corrections
+
+    on = parse_corrections(chosen)
+    sets = {chosen: chosen, "none": "none", "all": "all"}
+    for name in CORRECTIONS:
+        if name in on and len(on) > 1:
+            sets[f"{chosen} - {name}"] = ",".join(sorted(on - {name}))
+    return sets
 
 
 def check_out(out: Path) -> None:

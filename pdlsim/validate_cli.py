@@ -47,6 +47,20 @@ def add_validate_parser(commands: argparse._SubParsersAction) -> None:
         "auto (default) where a GPU is found and the profile has a GPU model, on (an error "
         "otherwise), off",
     )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="draws the held-out set: random workloads and batches the calibration never runs "
+        "(default 0)",
+    )
+    p.add_argument(
+        "--corrections",
+        default="all",
+        metavar="none|all|NAME,...",
+        help="the model's named corrections to switch on for the headline (default all); the "
+        "report also scores none, all and this set without each of its terms",
+    )
     p.add_argument("--breakdown", action="store_true", help="print measured vs predicted phases")
     p.add_argument("--out", type=Path, default=None, metavar="DIR", help="report directory")
     p.set_defaults(handler=run_validate_command)
@@ -75,6 +89,9 @@ def run_validate_command(args: argparse.Namespace) -> int:
             raise UserError(f"--batches: {exc}") from None
     if args.modes:
         extra["modes"] = _parse_modes(args.modes)
+    from pdlsim.corrections import parse_corrections
+
+    parse_corrections(args.corrections)  # a typo fails before the calibration, not after
     parallel = tuple(m for m in args.parallel.split(",") if m)
     if not parallel or set(parallel) - {"data", "model"}:
         raise UserError(f"--parallel: expected data, model or data,model, got '{args.parallel}'")
@@ -90,6 +107,10 @@ def run_validate_command(args: argparse.Namespace) -> int:
         band_samples=30 if args.quick else ValidateConfig.band_samples,
         parallel=parallel,
         gpu=args.gpu,
+        seed=args.seed,
+        heldout_workloads=4 if args.quick else 8,
+        heldout_batches=1 if args.quick else 2,
+        corrections=args.corrections,
         **extra,
     )
     report = run_validation(cfg, log=lambda s: print(s, file=sys.stderr))

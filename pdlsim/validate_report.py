@@ -31,20 +31,20 @@ import numpy as np
 
 __all__ = [
     "COLUMNS",
-    "add_calibration_only",
     "build_rows",
     "format_breakdown",
-    "format_floor",
+    "format_ablation",
     "format_report",
     "summarize",
+    "ablation",
 ]
 
 PHASES = ("data", "h2d", "forward", "backward", "wait", "allreduce", "allgather", "update")
 # measured_skew_s: the ranks' mean wait (T_sync), beside the slowest rank's phases above
 MEASURED = (*PHASES, "skew")
 COLUMNS = (
-    "model", "mode", "parallel", "inference", "device", "prefetch", "procs", "threads", "batch",
-    "oversubscribed",
+    "set", "model", "mode", "parallel", "inference", "device", "prefetch", "procs", "threads",
+    "batch", "oversubscribed",
     "steps",
     "measured_s", "measured_low_s", "measured_high_s",
     "predicted_p50_s", "predicted_p10_s", "predicted_p90_s", "predicted_step_s",
@@ -56,9 +56,8 @@ COLUMNS = (
     "predicted_energy_j_per_sample", "measured_activity_energy_j_per_sample",
     "predicted_memory_bytes", "measured_model_state_bytes", "measured_peak_rss_bytes",
     "steal_max",
-    "calibration_p50_s", "calibration_p10_s", "calibration_p90_s", "calibration_rel_error",
-    "calibration_in_band", "noise_floor_rel_error",
 )  # fmt: skip
+HELDOUT, IN_SAMPLE = "held-out", "in-sample"
 
 
 def build_rows(results: list[tuple[Any, dict[str, Any], dict[str, Any]]], cores: int) -> list:
@@ -67,7 +66,8 @@ def build_rows(results: list[tuple[Any, dict[str, Any], dict[str, Any]]], cores:
     for spec, meas, pred in results:
         band, b = pred["band"], pred["breakdown"]
         row: dict[str, Any] = {
-            "model": spec.model, "mode": spec.mode, "parallel": spec.parallel,
+            "set": HELDOUT if spec.heldout else IN_SAMPLE, "model": spec.name,
+            "workload_file": spec.model, "mode": spec.mode, "parallel": spec.parallel,
             "inference": spec.inference, "device": spec.device, "prefetch": spec.prefetch,
             "procs": spec.procs,
             "threads": spec.threads, "batch": spec.batch,
@@ -164,32 +164,38 @@ def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _band_width(rows: list[dict[str, Any]]) -> float | None:
+    widths = [(r["predicted_p90_s"] - r["predicted_p10_s"]) / r["predicted_p50_s"] for r in rows]
+    return float(np.median(widths)) if widths else None
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    summary = {
-        "all": _stats(rows),
-        "not_oversubscribed": _stats([r for r in rows if not r["oversubscribed"]]),
-        "quiet": _stats([r for r in rows if not r["oversubscribed"] and not _stolen(r)]),
-    }
-    if rows and "calibration_rel_error" in rows[0]:
-        fit = [
-            {**r, "rel_error": r["calibration_rel_error"], "in_band": r["calibration_in_band"]}
-            for r in rows
-            if not r["oversubscribed"]
-        ]
-        summary["calibration_moments_only"] = _stats(fit)
-    return summary
+    """Held-out and in-sample apart, rows that fit the cores; each with the median band width
+    (P90 - P10) / P50."""
+    out = {}
+    for key in (HELDOUT, IN_SAMPLE):
+        part = [r for r in rows if r["set"] == key and not r["oversubscribed"]]
+        out[key] = {**_stats(part), "median_band_width": _band_width(part)}
+    return out
 
 
-def add_calibration_only(rows: list[dict[str, Any]], predictions: list[dict[str, Any]]) -> None:
-    """Beside each row's prediction, the one from the calibration's moments alone (before the
-    validation's speed checks were added to the drift model, :mod:`pdlsim.validate_speed`)."""
-    for row, pred in zip(rows, predictions, strict=True):
-        band, m = pred["band"], row["measured_s"]
-        row["calibration_p50_s"] = band["p50_s"]
-        row["calibration_p10_s"] = band["p10_s"]
-        row["calibration_p90_s"] = band["p90_s"]
-        row["calibration_rel_error"] = abs(band["p50_s"] - m) / m
-        row["calibration_in_band"] = bool(band["p10_s"] <= m <= band["p90_s"])
+def ablation(
+    rows: list[dict[str, Any]], others: dict[str, list[dict[str, Any]]], chosen: str
+) -> list[dict[str, Any]]:
+    """The summary of each correction set: the rows' own (``chosen``) and every set in
+    ``others`` (name -> its predictions, in row order), held-out and in-sample apart."""
+    table = [{"corrections": chosen, **summarize(rows)}]
+    for name, predictions in others.items():
+        moved = []
+        for r, pred in zip(rows, predictions, strict=True):
+            band, m = pred["band"], r["measured_s"]
+            moved.append(
+                {**r, "predicted_p50_s": band["p50_s"], "predicted_p10_s": band["p10_s"],
+                 "predicted_p90_s": band["p90_s"], "rel_error": abs(band["p50_s"] - m) / m,
+                 "in_band": bool(band["p10_s"] <= m <= band["p90_s"])}
+            )  # fmt: skip
+        table.append({"corrections": name, **summarize(moved)})
+    return table
 
 
 def _stolen(r: dict[str, Any]) -> bool:
@@ -250,84 +256,79 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:8.3f}"
 
 
-def format_report(report: dict[str, Any]) -> str:
-    prov = report["provenance"]
+def _summary_line(title: str, s: dict[str, Any]) -> str:
+    if not s.get("configurations"):
+        return f"{title}: no configurations"
+    return (
+        f"{title}: {s['configurations']} configurations, median error "
+        f"{100 * s['median_rel_error']:.1f}%, worst {100 * s['worst_rel_error']:.1f}% "
+        f"({s['worst_configuration']}), inside P10-P90 {100 * s['in_band_fraction']:.0f}%, "
+        f"median band width {100 * s['median_band_width']:.0f}%"
+    )
+
+
+def format_ablation(table: list[dict[str, Any]]) -> str:
+    """Each correction set's held-out and in-sample figures side by side."""
     lines = [
-        f"profile {prov['profile']} (created {prov['created_utc']}; {prov['source']}; "
-        f"calibration {prov.get('calibration', 'given')}; measured on {prov.get('measured_on')})",
-        *([f"warning: {prov['machine_warning']}"] if prov.get("machine_warning") else []),
-        *([f"speed checks: {prov['speed_checks']}"] if prov.get("speed_checks") else []),
-        *(
-            [f"collectives in place: {prov['in_place_collectives']}"]
-            if prov.get("in_place_collectives")
-            else []
+        f"{'corrections':34} | {'held-out: median':>16} {'worst':>6} {'band':>5} | "
+        f"{'in-sample: median':>17} {'worst':>6} {'band':>5}"
+    ]
+    for entry in table:
+        cells = []
+        for key in (HELDOUT, IN_SAMPLE):
+            s = entry[key]
+            if not s.get("configurations"):
+                cells.append(f"{'-':>16} {'-':>6} {'-':>5}")
+                continue
+            cells.append(
+                f"{100 * s['median_rel_error']:15.1f}% {100 * s['worst_rel_error']:5.1f}% "
+                f"{100 * s['in_band_fraction']:4.0f}%"
+            )
+        lines.append(f"{entry['corrections']:34} | {cells[0]} | {cells[1]:>30}")
+    return "\n".join(lines)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    prov, summary, held = report["provenance"], report["summary"], report["heldout"]
+    lines = [
+        _summary_line(
+            "held-out (workloads and batches the calibration never ran)", summary[HELDOUT]
         ),
+        _summary_line("in-sample (the calibration's workloads and batches)", summary[IN_SAMPLE]),
+        "",
+        f"profile {prov['profile']} (created {prov['created_utc']}; {prov['source']}; "
+        f"calibration {prov.get('calibration', 'given')}; measured on {prov.get('measured_on')}); "
+        f"corrections: {prov['corrections']}",
+        *([f"warning: {prov['machine_warning']}"] if prov.get("machine_warning") else []),
+        f"held-out set: seed {held['seed']}, {len(held['workloads'])} random workloads, "
+        f"batches {','.join(map(str, held['batches']))}",
+        *[f"not run: {line}" for line in held["refused"]],
         f"{report['cores']} cores; {report['repeats']} launches per configuration, at least "
         f"{report['min_steps_per_run']} steps each, {report['warmup']}; step = max over ranks; "
         f"interval = {report['interval']}",
         f"speedup = {report['speedup']}",
         "",
-        f"{'model':5} {'mode':12} {'P':>2} {'T':>2} {'batch':>5} {'over':>4} "
+        f"{'set':9} {'model':12} {'mode':12} {'P':>2} {'T':>2} {'batch':>5} "
         f"{'meas ms':>8} {'[min..max]':>19} {'pred P50':>8} {'[P10..P90]':>19} "
         f"{'err':>6} {'band':>4} {'S meas':>6} {'S pred':>6} {'steal':>5}",
     ]
     for r in report["rows"]:
         lines.append(
-            f"{r['model']:5} {_mode(r):12} {r['procs']:>2} {r['threads']:>2} {r['batch']:>5} "
-            f"{'yes' if r['oversubscribed'] else 'no':>4} {_ms(r['measured_s'])} "
+            f"{r['set']:9} {r['model'][:12]:12} {_mode(r):12} {r['procs']:>2} {r['threads']:>2} "
+            f"{r['batch']:>5} {_ms(r['measured_s'])} "
             f"[{_ms(r['measured_low_s'])}..{_ms(r['measured_high_s'])}] "
             f"{_ms(r['predicted_p50_s'])} "
             f"[{_ms(r['predicted_p10_s'])}..{_ms(r['predicted_p90_s'])}] "
             f"{100 * r['rel_error']:5.1f}% {'yes' if r['in_band'] else 'no':>4} "
             f"{r['measured_speedup']:6.2f} {r['predicted_speedup']:6.2f} {_pct(r.get('steal_max'))}"
         )
-    lines.append("")
-    for key, title in (
-        ("all", "all"),
-        ("not_oversubscribed", "excluding oversubscribed"),
-        ("quiet", "excluding oversubscribed and >5% CPU steal"),
-        ("calibration_moments_only", "excluding oversubscribed, calibration's speed only"),
-    ):
-        s = report["summary"].get(key, {"configurations": 0})
-        if s["configurations"]:
-            lines.append(
-                f"{title}: {s['configurations']} configurations, median error "
-                f"{100 * s['median_rel_error']:.1f}%, worst {100 * s['worst_rel_error']:.1f}% "
-                f"({s['worst_configuration']}), inside P10-P90 {100 * s['in_band_fraction']:.0f}%"
-            )
-    floor = report["summary"].get("noise_floor", {"configurations": 0})
-    if floor["configurations"]:
-        lines.append(format_floor(floor))
+    lines += ["", format_ablation(report["ablation"])]
     if report.get("checkpoint"):  # pdlsim.validate_checkpoint
         from pdlsim.validate_checkpoint import format_checkpoint_check
 
         lines.append(format_checkpoint_check(report["checkpoint"]))
     lines.append(f"elapsed {report['elapsed_s']:.0f} s; files: {', '.join(report['files'])}")
     return "\n".join(lines)
-
-
-def format_floor(floor: dict[str, Any]) -> str:
-    """The summary line of :mod:`pdlsim.validate_floor`."""
-    med, worst = floor["median_rel_error"], floor["worst_rel_error"]
-    return (
-        f"machine noise floor (a perfect model of the typical step, the median of "
-        f"{floor['repeats']} launches at speed levels drawn from this span's speed checks; "
-        f"{floor['configurations']} configurations): median error {100 * med['p50']:.1f}% "
-        f"[P10-P90 {100 * med['p10']:.1f}-{100 * med['p90']:.1f}%], worst "
-        f"{100 * worst['p50']:.1f}% [{100 * worst['p10']:.1f}-{100 * worst['p90']:.1f}%]"
-        + _deviations(floor)
-    )
-
-
-def _deviations(floor: dict[str, Any]) -> str:
-    """The floor's assumption, checked: launches spread about their median like checks do."""
-    launches, checks = floor.get("launch_deviation"), floor.get("check_deviation")
-    if launches is None or checks is None:
-        return ""
-    return (
-        f"; launches lay {100 * launches:.1f}% from their configuration's median, "
-        f"drawn checks {100 * checks:.1f}% (median deviations)"
-    )
 
 
 def format_breakdown(rows: list[dict[str, Any]]) -> str:
@@ -338,7 +339,8 @@ def format_breakdown(rows: list[dict[str, Any]]) -> str:
         "measured sync = the ranks' mean wait at the barrier (the slowest rank's own is in "
         "'wait'; model parallel: waits inside the collectives are in comm; the barrier's own "
         "cost, where the profile timed it in place, is in the predicted comm); energy per sample, "
-        "mJ: the power model on the measured phases, and predicted; memory per rank, MiB: "
+        "mJ: the power model applied to the measured phases (a consistency check of the model "
+        "against itself, not a measurement of energy), and predicted; memory per rank, MiB: "
         "predicted, training's arrays, peak RSS",
         f"{'configuration':30} {'data':>6} {'fwd':>7} {'bwd':>7} {'upd':>6} {'wait':>6} "
         f"{'allred':>6} | {'meas comp':>9} {'pred comp':>9} {'meas comm':>9} {'pred comm':>9} "

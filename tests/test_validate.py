@@ -7,15 +7,14 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from microbench.workload import load_workload
 from pdlsim.cli import main
 from pdlsim.validate import (
     RunSpec,
     ValidateConfig,
     plan_matrix,
-    predict_spec,
     run_validation,
     steps_for,
     warmup_steps,
@@ -32,6 +31,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     cfg = ValidateConfig(
         out=out, profile=PROFILE, repeats=2, steps=12, models=("mlp",), modes=((1, 1), (1, 2)),
         batches=(16,), band_samples=4, target_run_s=0.01, max_steps=12, parallel=("data",),
+        heldout_workloads=1, heldout_batches=1,
     )  # fmt: skip
     return out, run_validation(cfg, log=TINY_LOG.append)
 
@@ -43,6 +43,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     cfg = ValidateConfig(
         out=out, profile=PROFILE, repeats=1, steps=12, models=("mlp",), modes=((2, 2),),
         batches=(16,), band_samples=4, target_run_s=0.01, max_steps=12, parallel=("model",),
+        heldout_workloads=0,
     )  # fmt: skip
     return out, run_validation(cfg, log=lambda s: None)
 
@@ -51,7 +52,8 @@ def test_tiny_run_writes_csv_json_and_plots(tiny: tuple[Path, dict]) -> None:
     out, report = tiny
     with (out / "validation.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 2 and tuple(rows[0]) == COLUMNS
+    assert len(rows) == 4 and tuple(rows[0]) == COLUMNS
+    assert [r["set"] for r in rows] == ["held-out", "held-out", "in-sample", "in-sample"]
     doc = json.loads((out / "validation.json").read_text())
     assert doc["schema"] == "pdlsim.validation"
     assert doc["provenance"]["profile"] == PROFILE
@@ -66,9 +68,10 @@ def test_tiny_run_writes_csv_json_and_plots(tiny: tuple[Path, dict]) -> None:
         # CPU steal while it ran (None where /proc/stat has no steal column)
         assert row["steal_max"] is None or 0.0 <= row["steal_max"] <= 1.0
         # memory: training's arrays are at least the weights and gradients predicted
-        assert row["measured_model_state_bytes"] >= 2 * 4 * 235_146
+        weights = 4 * load_workload(row["workload_file"]).param_count
+        assert row["measured_model_state_bytes"] >= 2 * weights
         assert row["measured_peak_rss_bytes"] > row["measured_model_state_bytes"]
-        assert row["predicted_memory_bytes"] > 2 * 4 * 235_146
+        assert row["predicted_memory_bytes"] > 2 * weights
         # energy: one power model on the measured and on the predicted step and compute time,
         # so the two stand in the ratio of their node joules per step, whatever the noise
         e_meas = row["measured_activity_energy_j_per_sample"]
@@ -84,6 +87,18 @@ def test_tiny_run_writes_csv_json_and_plots(tiny: tuple[Path, dict]) -> None:
     for name in ("speedup-mlp.png", "parity.png"):
         assert (out / name).stat().st_size > 1000
     assert (out / "runs" / "mlp-p1t2-b16" / "r0" / "rank0.jsonl").exists()
+    held = doc["heldout"]
+    assert held["seed"] == 0 and len(held["workloads"]) == 1 and held["batches"][0] != 16
+    assert doc["summary"]["held-out"]["configurations"] == 2
+    assert [t["corrections"] for t in doc["ablation"]][:3] == ["all", "none", "all - locality"]
+
+
+def test_the_report_leads_with_the_heldout_figures(tiny: tuple[Path, dict]) -> None:
+    _, report = tiny
+    lines = format_report(report).splitlines()
+    assert lines[0].startswith("held-out (workloads and batches the calibration never ran): 2")
+    assert lines[1].startswith("in-sample (the calibration's workloads and batches): 2")
+    assert any(line.startswith("corrections ") and "held-out" in line for line in lines)
 
 
 def _node_joules(row: dict, step_s: float, compute_s: float) -> float:
@@ -97,10 +112,10 @@ def _node_joules(row: dict, step_s: float, compute_s: float) -> float:
     return estimate_energy(activity, power, 1.0, 1)["joules_per_step"]
 
 
-def test_matrix_quick_keeps_three_batches_and_flags_oversubscription(tmp_path: Path) -> None:
+def test_matrix_quick_keeps_the_middle_batch_and_flags_oversubscription(tmp_path: Path) -> None:
     specs = plan_matrix(ValidateConfig(out=tmp_path, quick=True))
-    mlp_batches = {s.batch for s in specs if s.model == "mlp"}
-    assert len(mlp_batches) >= 3 and {s.model for s in specs} == {"mlp", "cnn"}
+    data = {s.batch for s in specs if s.parallel == "data"}
+    assert data == {32} and {s.model for s in specs} == {"mlp", "cnn"}
     modes = {(s.procs, s.threads) for s in specs}
     assert modes == {(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)}
     assert RunSpec("mlp", 4, 1, 32).oversubscribed(2) and not RunSpec(
@@ -119,6 +134,7 @@ def test_matrix_quick_keeps_three_batches_and_flags_oversubscription(tmp_path: P
         ["--repeats", "0"],
         ["--modes", "1y1"],
         ["--parallel", "pipeline"],
+        ["--corrections", "magic"],
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, tmp_path: Path, capsys) -> None:
@@ -172,7 +188,8 @@ def test_breakdown_table_has_a_line_per_configuration(tiny: tuple[Path, dict]) -
     lines = format_breakdown(report["rows"]).splitlines()
     assert len(lines) == 2 + len(report["rows"])
     assert "peak RSS" in lines[0] and "pred mJ" in lines[1]
-    assert all(line.startswith("mlp P1T") for line in lines[2:])
+    assert "consistency check" in lines[0]  # the energy columns say what they are
+    assert all(" P1T" in line for line in lines[2:])
 
 
 def test_model_parallel_rows_say_their_mode_and_scale_against_serial(tiny_model) -> None:
@@ -180,6 +197,7 @@ def test_model_parallel_rows_say_their_mode_and_scale_against_serial(tiny_model)
     against the serial run's forward part; predicted against the prediction's one-rank step."""
     out, report = tiny_model
     rows = {(r["parallel"], r["inference"], r["procs"]): r for r in report["rows"]}
+    assert all(r["set"] == "in-sample" for r in report["rows"])
     assert set(rows) == {("data", False, 1), ("model", False, 2), ("model", True, 2)}
     serial, train, infer = rows["data", False, 1], rows["model", False, 2], rows["model", True, 2]
     assert train["mode"] == infer["mode"] == "model" and train["batch"] == 16
@@ -255,10 +273,9 @@ def test_launches_go_round_robin_over_the_configurations(tiny: tuple[Path, dict]
     are apart in time, so its interval sees the machine at different moments."""
     out, report = tiny
     launches = [line.split("]")[0] for line in TINY_LOG if line.startswith("[launch")]
-    assert launches == ["[launch 1/2, 1/2", "[launch 1/2, 2/2", "[launch 2/2, 1/2",
-                        "[launch 2/2, 2/2"]  # fmt: skip
+    assert launches == [f"[launch {k}/2, {i}/4" for k in (1, 2) for i in range(1, 5)]
     labels = [line.split("] ")[1].split(":")[0] for line in TINY_LOG if line.startswith("[launch")]
-    assert labels[2:] == labels[1::-1]  # the second round starts half-way along the list
+    assert labels[4:] == labels[2:4] + labels[:2]  # the second round starts half-way along
     for row in report["rows"]:
         assert len(row["launch_medians_s"]) == 2
         assert row["measured_low_s"] <= row["measured_s"] <= row["measured_high_s"]
@@ -287,139 +304,6 @@ def test_each_round_launches_every_configuration_once_from_a_new_start(
         assert [r.index(41) for r in rounds] == [41, 27, 13]
 
 
-def test_speed_checks_between_launches_extend_the_drift_model(tiny: tuple[Path, dict]) -> None:
-    """Speed checks before the first launch and after the last (4 launches, one every 5)
-    go into OUT/speed and into the profile the rows are predicted from; the calibration's own
-    predictions stay beside them."""
-    from calibration.profile import load_profile
-    from microbench.records import load_dataframe
-
-    out, report = tiny
-    speed = load_dataframe(out / "speed", type="measurement")
-    assert sorted(set(speed["params.moment"])) == ["validation 1", "validation 2"]
-    drift = load_profile(out / "profile-span.json").model("drift")
-    assert {"validation 1", "validation 2"} <= set(drift.medians_["mlp-b16-t1"])
-    assert "2 runs of 'microbench speed'" in report["provenance"]["speed_checks"]
-    assert "calibration_moments_only" in report["summary"]
-    floor = report["summary"]["noise_floor"]  # pdlsim.validate_floor, from those checks
-    assert floor["configurations"] == 2 and floor["repeats"] == 2
-    assert all(r["noise_floor_rel_error"] >= 0.0 for r in report["rows"])
-    assert "machine noise floor" in format_report(report)
-    for row in report["rows"]:
-        assert row["calibration_p10_s"] <= row["calibration_p50_s"] <= row["calibration_p90_s"]
-
-
-def test_a_slower_machine_during_the_runs_raises_the_predictions(tmp_path: Path) -> None:
-    """Speed checks that found the cnn step 1.5x slower than every moment the profile holds
-    move the typical speed, and with it the prediction, towards them."""
-    from calibration.profile import load_profile
-    from microbench.measurement import Measurement
-    from microbench.records import RecordWriter
-    from pdlsim.validate_speed import span_profile
-
-    base = load_profile(PROFILE).model("drift").medians_["cnn-b32-t1"]
-    slow = 1.5 * max(base.values())
-    with RecordWriter(tmp_path / "speed" / "speed.jsonl", {"hostname": "synthetic"}) as writer:
-        for k in range(1, 2 * len(base) + 1):
-            params = {"model": "cnn", "batch": 32, "threads": 1, "moment": f"validation {k}"}
-            record = Measurement([slow] * 5, "speed", "step_compute", params).to_record()
-            writer.write(record)
-    spanned = span_profile(PROFILE, tmp_path / "speed", tmp_path / "span.json")
-    cfg = ValidateConfig(out=tmp_path, profile=PROFILE, band_samples=4)
-    spec = RunSpec("cnn", 1, 1, 32)
-    before = predict_spec(spec, cfg)["step_time_s"]
-    after = predict_spec(spec, ValidateConfig(out=tmp_path, profile=str(spanned), band_samples=4))
-    drift = load_profile(spanned).model("drift")
-    assert drift.medians_["cnn-b32-t1"]["validation 1"] == pytest.approx(slow)
-    assert after["step_time_s"] > 1.2 * before
-
-
-def test_speed_checks_time_the_2_rank_jitter_only_where_2_ranks_are_validated(tmp_path: Path):
-    """Each check's jitter runs: one per model at the middle batch, labelled with the check's
-    moment, appending after the first; none without 2-rank runs."""
-    from pdlsim.validate_speed import SpeedChecks
-
-    checks = SpeedChecks(tmp_path, ("mlp", "cnn"), (16, 32, 64), (1, 2), jitter_ranks=2)
-    checks.done = 1
-    first = checks._jitter_commands()
-    assert len(first) == 2 and all(c[c.index("-n") + 1] == "2" for c in first)
-    assert [c[c.index("--model") + 1] for c in first] == ["mlp", "cnn"]
-    assert all(c[c.index("--batch") + 1] == "32" for c in first)
-    assert all(c[c.index("--moment") + 1] == "validation 1" for c in first)
-    assert ["--append" in c for c in first] == [False, True]
-    checks.done = 2
-    assert all("--append" in c for c in checks._jitter_commands())
-    assert SpeedChecks(tmp_path, ("mlp",), (32,), (1,))._jitter_commands() == []
-    every_other = SpeedChecks(tmp_path, ("mlp",), (32,), (1,), jitter_ranks=2, jitter_every=2)
-    timed = []
-    for done in range(1, 6):
-        every_other.done = done
-        timed.append(len(every_other._jitter_commands()))
-    assert timed == [1, 0, 1, 0, 1]  # --quick: the first check, then every other one
-
-
-def test_the_spans_jitter_moments_set_the_2_rank_sync(tmp_path: Path) -> None:
-    """Span checks whose 2-rank cnn steps never skew (both ranks alike) pull the scale, and
-    with it the predicted sync of a 2-rank row, down. (A profile whose ``insitu`` timed the
-    ranks' compute sizes the sync at 2 ranks by the barrier's wait in place instead, so the
-    packaged profile is taken as one from before it did.)"""
-    from calibration.profile import load_profile
-    from microbench.measurement import Measurement
-    from microbench.records import RecordWriter
-    from pdlsim.validate_speed import span_profile
-
-    doc = json.loads(Path(PROFILE).read_text())
-    for point in doc["models"]["insitu"]["points"]:
-        point.pop("compute_s", None)
-    older = tmp_path / "older.json"
-    older.write_text(json.dumps(doc))
-    moments = len(load_profile(older).model("jitter_models").get("cnn").moments_)
-    rng = np.random.default_rng(0)
-    with RecordWriter(tmp_path / "speed" / "jitter.jsonl", {"hostname": "synthetic"}) as writer:
-        for k in range(1, 2 * moments + 2):
-            steps = 0.02 * rng.lognormal(0.0, 0.05, 33)
-            for rank in (0, 1):
-                params = {"model": "cnn", "batch": 32, "threads": 1, "ranks": 2, "rank": rank,
-                          "statistic": "per_rank", "moment": f"validation {k}"}  # fmt: skip
-                writer.write(Measurement(steps, "jitter", "step_compute", params).to_record())
-    spanned = load_profile(span_profile(str(older), tmp_path / "speed", tmp_path / "span.json"))
-    assert spanned.model("jitter_models").get("cnn").scale_ == 0.0
-    spec = RunSpec("cnn", 2, 1, 32)
-    before = predict_spec(spec, ValidateConfig(out=tmp_path, profile=str(older), band_samples=4))
-    cfg = ValidateConfig(out=tmp_path, profile=str(tmp_path / "span.json"), band_samples=4)
-    after = predict_spec(spec, cfg)
-    assert after["breakdown"]["sync_s"] == 0.0 < before["breakdown"]["sync_s"]
-
-
-def test_the_spans_jitter_moments_set_the_co_location(tmp_path: Path) -> None:
-    """Span checks in which the cnn's 2 ranks run as fast together as rank 0 alone take the
-    co-location factor to 1, and the 2-rank row's predicted compute down with it; the
-    provenance names the span."""
-    from calibration.profile import load_profile
-    from microbench.measurement import Measurement
-    from microbench.records import RecordWriter
-    from pdlsim.validate_speed import span_profile
-
-    rng = np.random.default_rng(1)
-    with RecordWriter(tmp_path / "speed" / "jitter.jsonl", {"hostname": "synthetic"}) as writer:
-        for k in range(1, 6):
-            base = {"model": "cnn", "batch": 32, "threads": 1, "ranks": 2, "ranks_per_node": 2,
-                    "moment": f"validation {k}"}  # fmt: skip
-            for rank, statistic in ((0, "per_rank"), (1, "per_rank"), (0, "alone")):
-                steps = 0.02 * rng.lognormal(0.0, 0.01, 33)
-                params = {**base, "rank": rank, "statistic": statistic}
-                writer.write(Measurement(steps, "jitter", "step_compute", params).to_record())
-    spanned = span_profile(PROFILE, tmp_path / "speed", tmp_path / "span.json")
-    calibrated = load_profile(PROFILE).model("colocation").factor("cnn", 1, 2)[0]
-    factor, _ = load_profile(spanned).model("colocation").factor("cnn", 1, 2)
-    assert calibrated > 1.02 and factor == pytest.approx(1.0, abs=0.01)
-    spec = RunSpec("cnn", 2, 1, 32)
-    before = predict_spec(spec, ValidateConfig(out=tmp_path, profile=PROFILE, band_samples=4))
-    after = predict_spec(spec, ValidateConfig(out=tmp_path, profile=str(spanned), band_samples=4))
-    assert after["breakdown"]["compute_s"] < before["breakdown"]["compute_s"] / 1.01
-    assert "5 span moments" in after["provenance"]["co-location"]
-
-
 def test_elapsed_counts_the_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without --profile, the reported time is what the user waited for: calibration included
     (a calibration that takes an hour on validate's clock, and returns the packaged profile)."""
@@ -441,7 +325,7 @@ def test_elapsed_counts_the_calibration(tmp_path: Path, monkeypatch: pytest.Monk
     cfg = ValidateConfig(
         out=tmp_path / "report", profile=None, repeats=1, steps=4, models=("mlp",),
         modes=((1, 1),), batches=(16,), band_samples=2, target_run_s=0.01, max_steps=4,
-        parallel=("data",),
+        parallel=("data",), heldout_workloads=0,
     )  # fmt: skip
     report = run_validation(cfg, log=lambda s: None)
     assert 3600.0 < report["elapsed_s"] < 3600.0 + 300.0
@@ -473,7 +357,7 @@ def test_a_profile_from_another_machine_is_flagged_before_the_runs(
     cfg = ValidateConfig(
         out=tmp_path / "report", profile=str(profile), repeats=1, steps=4, models=("mlp",),
         modes=((1, 1),), batches=(16,), band_samples=2, target_run_s=0.01, max_steps=4,
-        parallel=("data",),
+        parallel=("data",), heldout_workloads=0,
     )  # fmt: skip
     log: list[str] = []
     report = run_validation(cfg, log=log.append)

@@ -1,0 +1,94 @@
+"""Held-out workloads: random networks of the supported layer kinds, drawn from a seed.
+
+A prediction that is right only on the networks a calibration timed is a lookup table. These
+generators draw networks no calibration has seen, so that ``pdlsim validate`` can score the
+model where nothing was measured:
+
+* :func:`random_mlp`: 1 to 4 hidden dense layers (widths log-uniform in 24..1536, some odd),
+  each followed by a relu, on an input of 64..3072 features, 10 or 100 classes.
+* :func:`random_cnn`: an image of 1 or 3 channels and 12..32 pixels a side; 1 to 3 blocks of a
+  convolution (4..64 filters, kernel 1, 3, 5 or 7, stride 1 or 2, "same" or no padding), a relu
+  (now and then missing) and, while the image is large enough, a max-pool (2 or 3 wide,
+  stride 2); then a flatten, 0 to 2 dense layers with relus, and the classifier.
+
+Networks are kept to a size a small machine trains in milliseconds per step (FLOPs per sample
+under :data:`MAX_FORWARD_FLOPS_PER_SAMPLE`), redrawn otherwise. Every draw is a plain workload
+description (:meth:`microbench.workload.Workload.from_dict`), so it can be saved as a JSON file
+and handed to ``pdlsim train`` and ``pdlsim predict`` like any user's workload.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from microbench.workload import Workload, WorkloadError
+
+__all__ = ["MAX_FORWARD_FLOPS_PER_SAMPLE", "random_cnn", "random_mlp", "random_workloads"]
+
+MAX_FORWARD_FLOPS_PER_SAMPLE = {"mlp": 6e6, "cnn": 3e7}
+
+
+def _log_uniform_int(rng: np.random.Generator, low: int, high: int) -> int:
+    return int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))
+
+
+def random_mlp(rng: np.random.Generator, name: str) -> dict[str, Any]:
+    features = int(rng.choice([64, 100, 256, 512, 784, 1024, 2048, 3072]))
+    layers: list[dict[str, Any]] = []
+    for _ in range(int(rng.integers(1, 5))):
+        layers += [{"kind": "dense", "units": _log_uniform_int(rng, 24, 1536)}, {"kind": "relu"}]
+    classes = int(rng.choice([10, 10, 100]))
+    layers += [{"kind": "dense", "units": classes}, {"kind": "softmax_cross_entropy"}]
+    return {"name": name, "input_shape": [features], "layers": layers}
+
+
+def random_cnn(rng: np.random.Generator, name: str) -> dict[str, Any]:
+    channels, input_side = int(rng.choice([1, 3])), int(rng.choice([12, 16, 24, 28, 32]))
+    side = input_side
+    layers: list[dict[str, Any]] = []
+    for _ in range(int(rng.integers(1, 4))):
+        kernel = int(rng.choice([1, 3, 3, 5, 7]))
+        if kernel > side:
+            break
+        stride = int(rng.choice([1, 1, 1, 2]))
+        padding = kernel // 2 if rng.random() < 0.7 else 0
+        filters = _log_uniform_int(rng, 4, 64)
+        layers.append(
+            {"kind": "conv2d", "filters": filters, "kernel": kernel, "stride": stride,
+             "padding": padding}
+        )  # fmt: skip
+        side = (side + 2 * padding - kernel) // stride + 1
+        if rng.random() < 0.85:
+            layers.append({"kind": "relu"})
+        if side >= 4 and rng.random() < 0.75:
+            size = int(rng.choice([2, 2, 3]))
+            layers.append({"kind": "maxpool2d", "size": size, "stride": 2})
+            side = (side - size) // 2 + 1
+    layers.append({"kind": "flatten"})
+    for _ in range(int(rng.integers(0, 3))):
+        layers += [{"kind": "dense", "units": _log_uniform_int(rng, 16, 512)}, {"kind": "relu"}]
+    classes = int(rng.choice([10, 10, 100]))
+    layers += [{"kind": "dense", "units": classes}, {"kind": "softmax_cross_entropy"}]
+    return {"name": name, "input_shape": [channels, input_side, input_side], "layers": layers}
+
+
+def random_workloads(
+    seed: int, count: int, kinds: tuple[str, ...] = ("mlp", "cnn")
+) -> list[Workload]:
+    """``count`` random workloads alternating over ``kinds``, named ``<kind>-s<seed>-<i>``."""
+    rng = np.random.default_rng(seed)
+    out: list[Workload] = []
+    makers = {"mlp": random_mlp, "cnn": random_cnn}
+    while len(out) < count:
+        kind = kinds[len(out) % len(kinds)]
+        name = f"{kind}-s{seed}-{len(out)}"
+        try:
+            workload = Workload.from_dict(makers[kind](rng, name), f"held-out {name}")
+        except WorkloadError:
+            continue
+        if workload.forward_flops_per_sample <= MAX_FORWARD_FLOPS_PER_SAMPLE[kind]:
+            out.append(workload)
+    return out
