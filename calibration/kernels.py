@@ -1,18 +1,11 @@
 """The machine's compute model: what each kernel costs, fitted from the kernel sweep alone.
 
 ``KernelModel().fit(df)`` reads the "kernels" records (:mod:`microbench.kernelbench`) and
-holds three measured terms, each with a physical meaning and its own benchmark:
+holds two measured terms, each with a physical meaning and its own benchmark:
 
 * **Kernel tables**: a GEMM's seconds over (m, n, k) per layout and thread count, a loop's over
   (elements, inner run) per driver and thread count (:mod:`calibration.kernel_tables`).
   :meth:`KernelModel.call_s` prices any :class:`~microbench.kernels.calls.KernelCall` from them.
-* **Locality** (:meth:`KernelModel.locality_s`): a kernel timed alone finds its operands where
-  its own footprint puts them; inside a step, an operand that other calls touched since its
-  last use comes back from farther out. One core's streaming bandwidth by footprint (the
-  "bandwidth" points) says how far: an operand whose reuse distance (bytes of other buffers
-  touched since) plus its own size is D is read at bandwidth(D) instead of bandwidth(the call's
-  footprint); the difference, over the threads the call runs on, is added. No parameter is
-  fitted to any step.
 * **Glue** (:attr:`KernelModel.glue_`): the Python between kernels, per op call (an op's forward
   or backward, the loss, the update) and per step, fitted by least squares to tiny networks'
   steps less their kernels' table times, with 95% intervals.
@@ -26,7 +19,6 @@ uses.
     {"modeler": "kernel_tables",
      "gemm": {"<layout>": {"<threads>": GemmTable.to_dict()}},
      "loops": {"<variant>": {"<threads>": LoopTable.to_dict()}},
-     "bandwidth": {"bytes": [...], "bandwidth_bytes_per_s": [...]},
      "glue": {"per_op_s", "per_step_s", "intervals": {...}, "points"},
      "spread": {"gemm": <log sigma>, "loops": <log sigma>},
      "quality": {"<table>": {"points", "median_abs_log_error", "p90_abs_log_error"}}}
@@ -35,7 +27,6 @@ uses.
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,7 +62,7 @@ def _nearest_threads(have: Sequence[int], threads: int) -> int:
 
 
 class KernelModel:
-    """Kernel tables, one core's bandwidth by footprint, and the glue (module docstring)."""
+    """Kernel tables and the glue (module docstring)."""
 
     def fit(self, df: pd.DataFrame) -> KernelModel:
         rows = df[(df["type"] == "measurement") & (df["benchmark"] == "kernels")]
@@ -93,9 +84,6 @@ class KernelModel:
             )
         if not self.gemm_ or not self.loops_:
             raise UserError("the kernel sweep records hold no GEMM or no loop points")
-        band = rows[rows["name"] == "bandwidth"].sort_values("params.bytes")
-        self.bandwidth_bytes_ = band["params.bytes"].astype(float).to_numpy()
-        self.bandwidth_bytes_per_s_ = 2 * self.bandwidth_bytes_ / _medians(band)
         self._fit_glue(rows[rows["name"] == "glue"])
         self._fit_spread()
         return self
@@ -172,46 +160,6 @@ class KernelModel:
     def _calls_s(self, calls: Sequence[KernelCall], threads: int) -> list[float]:
         return [self.call_s(c, threads) for c in calls]
 
-    def bandwidth_at(self, footprint_bytes: float) -> float:
-        """One core's streaming bandwidth (bytes/s, read plus written) for a working set of
-        ``footprint_bytes``: interpolated in log-log, held beyond the measured sizes."""
-        if self.bandwidth_bytes_.size == 0:
-            return float("inf")
-        x = np.log(max(footprint_bytes, 1.0))
-        return float(
-            np.exp(np.interp(x, np.log(self.bandwidth_bytes_),
-                             np.log(self.bandwidth_bytes_per_s_)))
-        )  # fmt: skip
-
-    def locality_s(self, calls: Sequence[KernelCall], threads: int) -> np.ndarray:
-        """Seconds each call of a step loses to operands that other calls evicted (module
-        docstring). The step is walked twice, so that the first calls see what the previous
-        step's last ones left."""
-        if self.bandwidth_bytes_.size == 0:
-            return np.zeros(len(calls))
-        recent: OrderedDict[str, int] = OrderedDict()
-        extra = np.zeros(len(calls))
-        for _ in range(2):
-            for j, call in enumerate(calls):
-                operands: dict[str, int] = {}
-                for name, nbytes in (*call.reads, *call.writes):
-                    operands[name] = max(operands.get(name, 0), nbytes)
-                footprint = sum(operands.values())
-                alone = 1.0 / self.bandwidth_at(footprint)
-                seconds = 0.0
-                for name, nbytes in operands.items():
-                    if name in recent:
-                        keys = list(recent)
-                        since = sum(recent[k] for k in keys[keys.index(name) + 1 :])
-                        del recent[name]
-                    else:
-                        since = float("inf")
-                    recent[name] = nbytes
-                    if np.isfinite(since):
-                        seconds += nbytes * max(1.0 / self.bandwidth_at(since + nbytes) - alone, 0)
-                extra[j] = seconds / (threads if call.parallel else 1)
-        return extra
-
     # ----------------------------------------------------------------------------- dicts
     def to_dict(self) -> dict[str, Any]:
         gemm: dict[str, dict[str, Any]] = {}
@@ -224,10 +172,6 @@ class KernelModel:
             "modeler": "kernel_tables",
             "gemm": gemm,
             "loops": loops,
-            "bandwidth": {
-                "bytes": self.bandwidth_bytes_.tolist(),
-                "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s_.tolist(),
-            },
             "glue": {**self.glue_, "points": [list(p) for p in self.glue_points_]},
             "spread": dict(self.spread_),
             "quality": self.quality_,
@@ -246,9 +190,6 @@ class KernelModel:
             for variant, by_threads in doc["loops"].items()
             for t, table in by_threads.items()
         }
-        band = doc.get("bandwidth") or {"bytes": [], "bandwidth_bytes_per_s": []}
-        model.bandwidth_bytes_ = np.array(band["bytes"], dtype=float)
-        model.bandwidth_bytes_per_s_ = np.array(band["bandwidth_bytes_per_s"], dtype=float)
         glue = dict(doc.get("glue") or {})
         model.glue_points_ = [(int(n), float(s)) for n, s in glue.pop("points", [])]
         model.glue_ = {"per_op_s": 0.0, "per_step_s": 0.0, "intervals": {}, **glue}

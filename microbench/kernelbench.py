@@ -17,10 +17,6 @@ workloads, batches and thread counts it never ran:
   elements and, where a kernel's speed depends on it, a few lengths of its inner contiguous
   run (:func:`microbench.kernels.calls.call_features`: channels, columns, classes, row bytes).
   A loop's serial driver is timed at one thread, its parallel driver at every other count.
-* **Bandwidth** ``bandwidth``: one core streaming a buffer of each size of
-  :data:`BANDWIDTH_BYTES` (a read and a write per element): the bandwidth of each cache level
-  and of memory, by footprint. A step's operands that other calls evicted come back at this
-  rate (the locality term of :mod:`calibration.kernels`).
 * **Glue** ``glue``: whole steps (forward, loss, backward, update) of tiny networks whose
   kernels do next to no work: what is left over the kernels is the Python between them, per
   op call and per step.
@@ -34,7 +30,6 @@ Record params (benchmark "kernels"; all carry ``threads``):
 * "gemm": ``layout``, ``m``, ``n``, ``k``, ``flops``.
 * "loop": ``kernel``, ``variant``, ``dims`` (:data:`~microbench.kernels.calls.KERNEL_DIMS`),
   ``elements``, ``run``.
-* "bandwidth": ``bytes`` (the buffer; each sample reads and writes it once).
 * "glue": ``workload_json`` (its description, as JSON text), ``batch``, ``op_calls``.
 """
 
@@ -58,7 +53,6 @@ from microbench.threads import set_threads
 from microbench.workload import Workload
 
 __all__ = [
-    "BANDWIDTH_BYTES",
     "FULL_POLICY",
     "GEMM_MAX_FLOPS",
     "QUICK_GEMM_MAX_FLOPS",
@@ -92,7 +86,6 @@ SKINNY_MAX_FLOPS = 2**30
 MAX_ELEMENTS = 2**24  # per operand: 64 MiB of float32
 LOOP_ELEMENTS = tuple(8**e for e in range(2, 9))  # 64 .. 16.8 M
 QUICK_LOOP_ELEMENTS = (64, 2**12, 2**15, 2**18, 2**21, 2**24)
-BANDWIDTH_BYTES = tuple(2**e for e in range(13, 29))  # 8 KiB .. 256 MiB
 FULL_POLICY = SamplingPolicy(warmup=2, min_samples=5, max_samples=40, time_cap_s=0.01)
 QUICK_POLICY = SamplingPolicy(warmup=1, min_samples=3, max_samples=15, time_cap_s=0.003)
 
@@ -321,7 +314,7 @@ def _loop_points(plan: KernelPlan, threads: int) -> list[tuple[str, str, tuple[i
     return out
 
 
-# ------------------------------------------------------------------------ bandwidth, glue
+# ----------------------------------------------------------------------------------- glue
 
 
 def glue_workloads() -> list[Workload]:
@@ -378,13 +371,6 @@ def _glue_fn(workload: Workload, batch: int) -> Callable[[], object]:
     return step
 
 
-def _bandwidth_fn(nbytes: int) -> Callable[[], object]:
-    from microbench.kernels import loops
-
-    x = np.ones(nbytes // 4, dtype=np.float32)  # its own: beyond the pool's size
-    return lambda: loops.relu_serial(x)
-
-
 # ----------------------------------------------------------------------------------- run
 
 
@@ -401,8 +387,6 @@ def _points(plan: KernelPlan, threads: int, pool: _Pool) -> list[tuple[str, dict
                   "elements": elements, "run": run}  # fmt: skip
         points.append(("loop", params, (_loop_fn, pool, kernel, variant, dims)))
     if threads == 1:
-        for nbytes in BANDWIDTH_BYTES:
-            points.append(("bandwidth", {**base, "bytes": nbytes}, (_bandwidth_fn, nbytes)))
         for workload in glue_workloads():
             params = {**base, "workload_json": json.dumps(workload.to_dict()), "batch": 1,
                       "op_calls": len(op_calls(workload))}  # fmt: skip
@@ -441,8 +425,6 @@ def _label(name: str, p: dict[str, Any]) -> str:
         what = f"gemm_{p['layout']} {p['m']}x{p['n']}x{p['k']}"
     elif name == "loop":
         what = f"{p['variant']} {p['dims']}"
-    elif name == "bandwidth":
-        what = f"bandwidth {p['bytes']} B"
     else:
         what = f"glue {json.loads(p['workload_json'])['name']}"
     return f"t={p['threads']} {what:<44}"

@@ -13,8 +13,6 @@ from microbench.errors import UserError
 __all__ = ["CORRECTIONS", "parse_corrections"]
 
 CORRECTIONS: dict[str, str] = {
-    "locality": "operands that other kernel calls of the step evicted come back from farther "
-    "out in the memory hierarchy (one core's bandwidth by footprint, from the kernel sweep)",
     "glue": "the Python between kernel calls, per op call and per step (tiny networks' steps "
     "less their kernels, from the kernel sweep)",
     "colocation": "ranks sharing a node slow each other's compute (the jitter step at 1 and at "

@@ -9,11 +9,15 @@ asks about (``compute_time(layer, phase, ...)``):
   layer's), the loss to the loss layer's forward, the mini-batch gather to the first layer's
   forward (what a training loop does before it), the one SGD update over all parameters to
   each layer with parameters in proportion to its parameter count;
-* with the **locality** term, each call also pays for the operands other calls evicted
-  (:meth:`~calibration.kernels.KernelModel.locality_s`);
 * with the **glue** term, each op call pays the Python between kernels, and the step its own.
 
-Both terms are :data:`TERMS`, each switchable; nothing here is fitted to any step of any
+The prediction band draws the tables' own error (:meth:`KernelCompute.drawn`): each kernel
+family's calls (GEMMs, loops) move together by one normal draw of that family's spread, the
+robust standard deviation of its tables' neighbour residuals (a grid point predicted from its
+neighbours: what a shape between grid points is exposed to). A step dominated by loops,
+whose tables interpolate over coarser steps, gets the wider band.
+
+The glue is one of :data:`TERMS`, switchable; nothing here is fitted to any step of any
 workload, so a workload, batch or thread count never measured is priced like one that was.
 """
 
@@ -22,6 +26,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from calibration.kernels import KernelModel
 from microbench.kernels.calls import op_calls, step_calls
@@ -29,7 +36,7 @@ from microbench.workload import LayerInfo, Workload, sliced_dense
 
 __all__ = ["TERMS", "KernelCompute", "sliced_layers"]
 
-TERMS = ("locality", "glue")  # the kernel model's switchable terms
+TERMS = ("glue",)  # the kernel model's switchable terms
 
 
 def sliced_layers(workload: Workload, ranks: int) -> tuple[LayerInfo, ...]:
@@ -52,7 +59,17 @@ class KernelCompute:
 
     model: KernelModel
     terms: frozenset[str] = frozenset(TERMS)
+    z: tuple[float, float] = (0.0, 0.0)  # the band's draws of the GEMM and loop tables' errors
     _cache: dict[tuple, dict[tuple[int, str], float]] = field(default_factory=dict, repr=False)
+
+    def drawn(self, rng: Any) -> KernelCompute:
+        """This model with one draw of each kernel family's table error (module docstring)."""
+        z = (float(rng.standard_normal()), float(rng.standard_normal()))
+        return KernelCompute(self.model, self.terms, z)
+
+    def _error(self, call: Any) -> float:
+        family, z = ("gemm", self.z[0]) if call.kernel.startswith("gemm_") else ("loops", self.z[1])
+        return float(np.exp(z * self.model.spread_.get(family, 0.0)))
 
     def __post_init__(self) -> None:
         unknown = set(self.terms) - set(TERMS)
@@ -70,14 +87,11 @@ class KernelCompute:
         """Seconds per (layer index, phase) of one step of ``workload`` computing ``layers``
         (its own, or a rank's slices), at ``batch`` and ``threads``."""
         shapes = tuple((x.index, x.kind, x.input_shape, x.output_shape) for x in layers)
-        key = (workload.name, workload.input_shape, shapes, batch, threads, training)
+        key = (workload.name, workload.input_shape, shapes, batch, threads, training, self.z)
         if key in self._cache:
             return self._cache[key]
         calls = step_calls(workload, batch, threads, training, layers=layers)
-        seconds = [self.model.call_s(c, threads) for c in calls]
-        if "locality" in self.terms:
-            extra = self.model.locality_s(calls, threads)
-            seconds = [s + float(e) for s, e in zip(seconds, extra, strict=True)]
+        seconds = [self.model.call_s(c, threads) * self._error(c) for c in calls]
         first = min(info.index for info in layers if info.kind != "flatten")
         loss = layers[-1].index
         parametric = [info for info in layers if info.param_count > 0]

@@ -78,7 +78,7 @@ def test_a_profile_that_measured_a_heldout_batch_or_workload_is_refused(tmp_path
 def test_corrections_parse_and_ablations_take_each_out():
     assert parse_corrections("all") == frozenset(CORRECTIONS)
     assert parse_corrections("none") == frozenset()
-    assert parse_corrections("glue, locality") == {"glue", "locality"}
+    assert parse_corrections("glue, insitu") == {"glue", "insitu"}
     with pytest.raises(UserError, match="unknown correction"):
         parse_corrections("glue,magic")
     sets = ablation_sets("all")

@@ -1,5 +1,5 @@
 """The kernel model: fitted from a (tiny) real sweep, it prices any workload's calls; its glue
-and locality terms behave as their physics says; it travels through a profile to predict."""
+is recovered from tiny networks' steps; it travels through a profile to predict."""
 
 from __future__ import annotations
 
@@ -79,33 +79,6 @@ def test_glue_is_recovered_from_tiny_networks_steps(sweep):
     assert interval["low"] <= per_op <= interval["high"]
 
 
-def _with_bandwidth(model: KernelModel, sizes: list[float], rates: list[float]) -> KernelModel:
-    other = KernelModel.from_dict(model.to_dict())
-    other.bandwidth_bytes_ = np.array(sizes, dtype=float)
-    other.bandwidth_bytes_per_s_ = np.array(rates, dtype=float)
-    return other
-
-
-def test_locality_charges_evicted_operands_only(sweep):
-    _, model = sweep
-    mib = 2**20
-    calls = [
-        KernelCall("relu", (mib,), 0, "forward", reads=(("a", 4 * mib),), writes=(("a", 4 * mib),)),
-        KernelCall("relu", (mib,), 0, "forward", reads=(("a", 4 * mib),), writes=(("a", 4 * mib),)),
-        KernelCall("copy", (8 * mib,), 1, "forward", reads=(("big", 32 * mib),),
-                   writes=(("big2", 32 * mib),)),
-    ]  # fmt: skip
-    flat = _with_bandwidth(model, [1e3, 1e9], [1e11, 1e11])
-    assert not flat.locality_s(calls, 1).any()  # one level: nothing comes back slower
-    # a 16 MiB cache at 100 GB/s, memory beyond it at 10 GB/s
-    cached = _with_bandwidth(model, [1e3, 16 * mib, 64 * mib, 1e9], [1e11, 1e11, 1e10, 1e10])
-    extra = cached.locality_s(calls, 1)
-    # "a" is reused right away (call 2) but after 64 MiB of other buffers in the next step
-    assert extra[1] == 0.0
-    assert extra[0] == pytest.approx(4 * mib * (1 / 1e10 - 1 / 1e11), rel=0.3)
-    assert cached.locality_s(calls, 2)[0] == pytest.approx(extra[0])  # serial calls: whole
-
-
 def test_compute_table_charges_every_call_once(sweep):
     _, model = sweep
     cnn = load_workload("cnn")
@@ -120,7 +93,10 @@ def test_compute_table_charges_every_call_once(sweep):
     gather = model.call_s(calls[0], 1)
     assert table[(0, "forward")] > gather  # the gather is charged to the first layer
     full = KernelCompute(model)
-    assert full.step_s(cnn, 9, 1) > plain.step_s(cnn, 9, 1)  # glue and locality add
+    assert full.step_s(cnn, 9, 1) > plain.step_s(cnn, 9, 1)  # the glue adds
+    rng = np.random.default_rng(0)
+    draws = [full.drawn(rng).step_s(cnn, 9, 1) for _ in range(40)]
+    assert min(draws) < full.step_s(cnn, 9, 1) < max(draws)  # the band moves the tables
     with pytest.raises(ValueError, match="unknown kernel-model terms"):
         KernelCompute(model, frozenset({"magic"}))
 

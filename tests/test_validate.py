@@ -90,7 +90,7 @@ def test_tiny_run_writes_csv_json_and_plots(tiny: tuple[Path, dict]) -> None:
     held = doc["heldout"]
     assert held["seed"] == 0 and len(held["workloads"]) == 1 and held["batches"][0] != 16
     assert doc["summary"]["held-out"]["configurations"] == 2
-    assert [t["corrections"] for t in doc["ablation"]][:3] == ["all", "none", "all - locality"]
+    assert [t["corrections"] for t in doc["ablation"]][:3] == ["all", "none", "all - glue"]
 
 
 def test_the_report_leads_with_the_heldout_figures(tiny: tuple[Path, dict]) -> None:

@@ -43,7 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Time the kernels a training step is made of, alone, over a designed grid "
         "of shapes that covers any workload of the supported layer kinds: float32 GEMMs in "
         "three layouts over (m, n, k), each numba loop, the gather and the copy over sizes and "
-        "inner-run lengths, one core's bandwidth by footprint, and tiny networks' steps for "
+        "inner-run lengths, and tiny networks' steps for "
         "the Python between kernels. No workload is run. Every raw sample is recorded.",
     )
     parser.add_argument(
