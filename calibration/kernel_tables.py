@@ -34,6 +34,12 @@ __all__ = ["VECTOR_FLOATS", "GemmTable", "LoopTable"]
 VECTOR_FLOATS = 8
 
 
+def _sig(seconds: float) -> float:
+    """Five significant digits: far below the noise of any timing, and a profile a fifth the
+    size."""
+    return float(f"{seconds:.5g}")
+
+
 def _median_by(keys: Iterable[Any], values: Iterable[float]) -> dict[Any, float]:
     groups: dict[Any, list[float]] = {}
     for key, value in zip(keys, values, strict=True):
@@ -111,7 +117,7 @@ class GemmTable:
 
     def to_dict(self) -> dict[str, Any]:
         rows = sorted(self.points.items())
-        return {"points_m_n_k_s": [[m, n, k, float(t)] for (m, n, k), t in rows]}
+        return {"points_m_n_k_s": [[m, n, k, _sig(t)] for (m, n, k), t in rows]}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> GemmTable:
@@ -219,7 +225,7 @@ class LoopTable:
     def to_dict(self) -> dict[str, Any]:
         return {
             "curves": [
-                {"run": run, "elements": list(xs), "time_s": list(ts)}
+                {"run": run, "elements": list(xs), "time_s": [_sig(t) for t in ts]}
                 for run, (xs, ts) in sorted(self.curves.items())
             ]
         }

@@ -139,6 +139,7 @@ def perturbed_cost(
         overlap_efficiency=efficiency,
         step_z=float(rng.standard_normal()),
         colocation_z=float(rng.standard_normal()),
+        kernels=None if cost.kernels is None else cost.kernels.drawn(rng),
         drift_factor=drift_draw(cost, rng, stratum),
         insitu=None if cost.insitu is None else insitu_draw(cost.insitu, rng),
         _ops_cache={},

@@ -59,8 +59,8 @@ def test_skipped_grid_points_keep_the_efficiency_of_their_measured_neighbour():
 def test_neighbour_residuals_are_small_on_a_smooth_law_and_json_round_trips():
     table = gemm_table()
     assert np.median(np.abs(table.neighbour_residuals())) < 0.2
-    again = GemmTable.from_dict(table.to_dict())
-    assert again.time_s(37, 5, 900) == pytest.approx(table.time_s(37, 5, 900))
+    again = GemmTable.from_dict(table.to_dict())  # five significant digits kept
+    assert again.time_s(37, 5, 900) == pytest.approx(table.time_s(37, 5, 900), rel=1e-4)
 
 
 def test_gemm_tables_refuse_nonsense():
@@ -107,5 +107,5 @@ def test_loops_hold_below_the_smallest_size_and_grow_in_proportion_beyond_the_la
     assert table.time_s(top * 8, 8) == pytest.approx(8 * table.time_s(top, 8))
     assert table.time_s(1, 8) == pytest.approx(table.time_s(ELEMENTS[0], 8))
     again = LoopTable.from_dict(table.to_dict())
-    assert again.time_s(12345, 23) == pytest.approx(table.time_s(12345, 23))
+    assert again.time_s(12345, 23) == pytest.approx(table.time_s(12345, 23), rel=1e-4)
     assert np.median(np.abs(table.neighbour_residuals())) < 0.3
