@@ -123,8 +123,9 @@ class PredictConfig:
 
 
 # The profile a prediction uses without --profile: the first of these that is packaged. The
-# 2-core Xeon's, which the README's examples print; h100-16core is there for --profile.
-DEFAULT_PROFILES = ("reference", "xeon-2core")
+# 2-core EPYC's, which the README's examples print (its kernel tables price any workload);
+# xeon-2core and h100-16core are there for --profile.
+DEFAULT_PROFILES = ("reference", "epyc-2core")
 
 
 def resolve_profile(name: str | None) -> tuple[Profile, str]:

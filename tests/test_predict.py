@@ -79,7 +79,7 @@ def test_the_packaged_h100_profile_predicts_gpu_ranks_from_what_it_measured():
     assert sources["copies"] == "profile"
     assert "compute" not in out["data_sheet"] and "copies" not in out["data_sheet"]
     default = json.loads(_cli("predict", "--nodes", "2", "--gpus", "4", "--json").stdout)
-    assert default["provenance"]["profile"] == "xeon-2core"
+    assert default["provenance"]["profile"] == "epyc-2core"
     assert out["breakdown"]["compute_s"] > 3 * default["breakdown"]["compute_s"]
 
 
