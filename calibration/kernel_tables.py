@@ -52,7 +52,8 @@ class GemmTable:
     """Seconds of one GEMM layout at one thread count over the sweep's (m, n, k) grid."""
 
     points: Mapping[tuple[int, int, int], float]  # measured medians
-    _interp: Any = field(default=None, repr=False)
+    # (interpolator or None for a one-point grid, log dims, filled log-seconds grid), built once
+    _grid_cache: tuple[Any, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     @classmethod
     def from_points(cls, points: Mapping[tuple[int, int, int], float]) -> GemmTable:
@@ -66,9 +67,9 @@ class GemmTable:
     def dims(self) -> np.ndarray:
         return np.array(sorted({d for key in self.points for d in key}), dtype=float)
 
-    def _grid(self) -> RegularGridInterpolator:
-        if self._interp is not None:
-            return self._interp
+    def _grid(self) -> tuple[Any, np.ndarray, np.ndarray]:
+        if self._grid_cache is not None:
+            return self._grid_cache
         dims = self.dims
         logs = np.log(dims)
         index = {d: i for i, d in enumerate(dims)}
@@ -80,8 +81,8 @@ class GemmTable:
         for ijk in zip(*np.nonzero(np.isnan(measured)), strict=True):
             filled[ijk] = _filled(measured, logs, list(ijk))
         interp = RegularGridInterpolator((logs, logs, logs), filled) if n > 1 else None
-        object.__setattr__(self, "_interp", (interp, logs, filled))
-        return self._interp
+        object.__setattr__(self, "_grid_cache", (interp, logs, filled))
+        return (interp, logs, filled)
 
     def time_s(self, m: float, n: float, k: float) -> float:
         """Seconds of ``(m x k) @ (k x n)`` (module docstring for the law off the grid)."""

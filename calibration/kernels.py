@@ -94,7 +94,8 @@ class KernelModel:
         for _, row in rows.iterrows():
             workload = Workload.from_dict(json.loads(row["params.workload_json"]), "glue")
             batch = int(row["params.batch"])
-            kernels = sum(self._calls_s(step_calls(workload, batch, 1, gather=False), 1))
+            calls = step_calls(workload, batch, 1, gather=False)
+            kernels = sum(self.call_s(c, 1) for c in calls)
             step = float(np.median(row["samples"]))
             self.glue_points_.append((int(row["params.op_calls"]), step - kernels))
         self.glue_ = {"per_op_s": 0.0, "per_step_s": 0.0, "intervals": {}}
@@ -156,9 +157,6 @@ class KernelModel:
         elements, run = call_features(call.kernel, call.dims)
         used = threads if call.parallel else 1
         return self._table(self.loops_, call.variant, used).time_s(elements, run)
-
-    def _calls_s(self, calls: Sequence[KernelCall], threads: int) -> list[float]:
-        return [self.call_s(c, threads) for c in calls]
 
     # ----------------------------------------------------------------------------- dicts
     def to_dict(self) -> dict[str, Any]:

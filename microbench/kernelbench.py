@@ -95,17 +95,11 @@ QUICK_POLICY = SamplingPolicy(warmup=1, min_samples=3, max_samples=15, time_cap_
 # remainders of 1 and 7 (calibration.kernel_tables interpolates between those classes).
 CHANNEL_RUNS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 32, 48, 63, 64, 128, 512)
 QUICK_CHANNEL_RUNS = (1, 3, 7, 8, 9, 15, 16, 23, 24, 32, 63, 64, 512)
-_RUNS: dict[str, str | tuple[int, ...]] = {
-    "bias_act": "channels",
-    "column_sum": "channels",
-    "col2im": "channels",
-    "maxpool": "channels",
-    "maxpool_backward": "channels",
-    "maxpool_backward_tiled": "channels",
-    "nchw_to_nhwc": "channels",
-    "softmax_xent": (2, 10, 100, 1000),
-    "gather": (16, 256, 4096, 65536),
-}
+CHANNEL_KERNELS = frozenset(
+    {"bias_act", "column_sum", "col2im", "maxpool", "maxpool_backward",
+     "maxpool_backward_tiled", "nchw_to_nhwc"}
+)  # fmt: skip
+_RUNS = {"softmax_xent": (2, 10, 100, 1000), "gather": (16, 256, 4096, 65536)}
 # im2col's run depends on the kernel, the channels and how many windows overhang the padding
 # (microbench.kernels.calls.call_features): (kernel, padding, channels) settings spanning it.
 IM2COL_SHAPES = ((1, 0, 1), (1, 0, 8), (1, 0, 64), (3, 1, 1), (3, 1, 3), (3, 0, 3), (3, 1, 8),
@@ -119,6 +113,12 @@ POOL_WINDOWS = {"maxpool": ((2, 2), (3, 2)), "maxpool_backward": ((3, 2),),
 # A channel-like point walks at most this many elements per channel (and at least 2**21): a
 # loop over 16 M single-channel elements takes 0.1 s and matches no layer.
 ELEMENTS_PER_RUN = 2**19
+
+
+def _within_cap(elements: int, channels: int) -> bool:
+    return elements <= max(2**21, ELEMENTS_PER_RUN * channels)
+
+
 # Loops with a parallel driver (numba prange); the gather, copy and loss have one variant.
 _PARALLEL = (
     set(KERNEL_DIMS) - {"softmax_xent", "gather", "copy"} - {f"gemm_{x}" for x in GEMM_LAYOUTS}
@@ -300,16 +300,15 @@ def _loop_points(plan: KernelPlan, threads: int) -> list[tuple[str, str, tuple[i
         if kernel == "im2col":
             for elements in plan.loop_elements:
                 for shape in plan.im2col_shapes:
-                    if elements <= max(2**21, ELEMENTS_PER_RUN * shape[2]):
+                    if _within_cap(elements, shape[2]):
                         out.append((kernel, variant, im2col_dims(elements, shape)))
             continue
-        runs = _RUNS.get(kernel, (1,))
-        runs = plan.channel_runs if runs == "channels" else runs
+        channels = kernel in CHANNEL_KERNELS
+        runs = plan.channel_runs if channels else _RUNS.get(kernel, (1,))
         for window in POOL_WINDOWS.get(kernel, ((2, 2),)):
             for elements in plan.loop_elements:
                 for run in runs:
-                    capped = runs is plan.channel_runs and elements > ELEMENTS_PER_RUN * run
-                    if run <= elements and not (capped and elements > 2**21):
+                    if run <= elements and (not channels or _within_cap(elements, run)):
                         out.append((kernel, variant, loop_dims(kernel, elements, run, window)))
     return out
 

@@ -154,26 +154,11 @@ class ComputeCost:
         value, ci = self.colocation.factor(self.workload or "", threads, self.ranks_per_node)
         return moved(value, ci, self.colocation_z, 1.0)
 
-    def _kernel_workload(self) -> Any:
-        """The workload this model prices with the kernel model (None: not at hand)."""
-        from microbench.workload import load_workload
-
-        if self.description is not None:
-            return self.description
-        key = ("workload", self.workload)
-        if key not in self._share_cache:
-            try:
-                found = load_workload(self.workload) if self.workload else None
-            except Exception:  # noqa: BLE001 - a workload file not at hand: see the caller
-                found = None
-            self._share_cache[key] = found  # type: ignore[assignment]
-        return self._share_cache[key]
-
     def compute_time(
         self, layer: LayerInfo, phase: str, batch: int, threads: int, device: str
     ) -> float:
         if device == "cpu" and self.kernels is not None:
-            workload = self._kernel_workload()
+            workload = self.description
             if workload is None:
                 raise ConfigError(
                     f"the workload {self.workload!r} is needed to price its kernel calls; "

@@ -68,6 +68,7 @@ Data-sheet figures and assumptions are not perturbed: they have no interval.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +82,8 @@ from calibration.overlap import OverlapModel
 from calibration.profile import Profile
 from calibration.stats import Interval
 from calibration.transfer import TransferModel
-from microbench.workload import LayerInfo, Workload
+from microbench.errors import UserError
+from microbench.workload import LayerInfo, Workload, load_workload
 from pdlsim.compute_cost import (
     GPU_FLOPS_EFFICIENCY,
     GPU_KERNEL_LAUNCH_S,
@@ -208,6 +210,9 @@ class ProfileCostModel(ComputeCost):
             kernels = KernelCompute(
                 profile.model("kernels"), frozenset(corrections) & frozenset(TERMS)
             )
+            if description is None and workload:  # a file not at hand: compute_time says so
+                with contextlib.suppress(UserError):
+                    description = load_workload(workload)
         regimes = _intra_regimes(profile)
         cpu_curves = [r for (d, _), r in sorted(compute.curves_.items()) if d == "cpu"]
         mem_bw = cpu_curves[0].bandwidth_bytes_per_s if cpu_curves else 10e9

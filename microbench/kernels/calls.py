@@ -2,7 +2,7 @@
 
 :class:`microbench.nn.Network` runs a step as a fixed sequence of kernel calls (GEMMs through
 numpy's BLAS, numba loops, a few numpy copies); :func:`step_calls` lists that sequence without
-running anything, by the same rules the network follows (:mod:`microbench.nn.layers`: a dense
+running anything, by the same rules the network follows (:func:`fused_ops`: a dense
 or conv2d layer absorbs the relu and max-pool after it; :mod:`microbench.kernels.policy`: which
 loops run in parallel, how col2im is chunked). A compute model that knows what each kernel
 costs at its shape then prices any workload of the supported layer kinds, including one it
@@ -29,7 +29,10 @@ __all__ = [
     "KERNEL_DIMS",
     "LABEL_BYTES",
     "KernelCall",
+    "FusedOp",
     "call_elements",
+    "channels_last",
+    "fused_ops",
     "call_features",
     "op_calls",
     "step_calls",
@@ -186,19 +189,23 @@ def _gemm(
 
 
 @dataclass(frozen=True)
-class _Group:
-    """One op of the network: a lead layer and the relu / max-pool fused into it."""
+class FusedOp:
+    """One op of the network: a lead layer and the relu / max-pool fused into it; a standalone
+    relu works ``in_place`` unless its input is the caller's array."""
 
     lead: LayerInfo
     relu: bool = False
     pool: LayerInfo | None = None
-    in_place: bool = True  # a standalone relu works in place (its input is the network's)
+    in_place: bool = True
 
 
-def _groups(layers: Sequence[LayerInfo], channels_last_input: bool) -> list[_Group]:
-    """The ops :func:`microbench.nn.layers.build_ops` makes of ``layers`` (the loss excluded)."""
-    groups: list[_Group] = []
-    owned, i = channels_last_input, 0
+def fused_ops(layers: Sequence[LayerInfo], input_owned: bool) -> list[FusedOp]:
+    """The ops a network makes of ``layers`` (the loss excluded): a dense layer absorbs a relu
+    right after it, a conv2d the relu and max-pool after it in either order. ``input_owned``:
+    the network feeds its own copy of the input (it runs channels-last), so a first relu may
+    work in place. :func:`microbench.nn.layers.build_ops` builds the ops from these."""
+    groups: list[FusedOp] = []
+    owned, i = input_owned, 0
     while i < len(layers):
         info, after = layers[i], layers[i + 1 : i + 3]
         if info.kind == "conv2d":
@@ -210,22 +217,23 @@ def _groups(layers: Sequence[LayerInfo], channels_last_input: bool) -> list[_Gro
                     pool = nxt
                 else:
                     break
-            groups.append(_Group(info, relu, pool))
+            groups.append(FusedOp(info, relu, pool))
             i += 1 + relu + (pool is not None)
         elif info.kind == "dense":
             fuse = bool(after) and after[0].kind == "relu"
-            groups.append(_Group(info, fuse))
+            groups.append(FusedOp(info, fuse))
             i += 1 + fuse
         else:
-            groups.append(_Group(info, in_place=owned))
+            groups.append(FusedOp(info, in_place=owned))
             i += 1
         owned = owned or info.kind != "flatten"
     return groups
 
 
-def _channels_last(workload_input: tuple[int, ...], layers: Sequence[LayerInfo]) -> bool:
-    """As :func:`microbench.nn.network.runs_channels_last`."""
-    if len(workload_input) != 3:
+def channels_last(input_shape: tuple[int, ...], layers: Sequence[LayerInfo]) -> bool:
+    """Whether a network runs channels-last: an image input that a convolution or a pool reads
+    before the first flatten (relu and flatten alone work on the input as it comes)."""
+    if len(input_shape) != 3:
         return False
     for info in layers:
         if info.kind == "flatten":
@@ -256,7 +264,7 @@ class _Step:
         self.calls.append(_gemm(*args))
 
     # forward ---------------------------------------------------------------------------
-    def forward(self, g: _Group, x: str) -> str:
+    def forward(self, g: FusedOp, x: str) -> str:
         """Append ``g``'s forward on input buffer ``x``; the buffer of its output."""
         info, i, batch = g.lead, g.lead.index, self.batch
         x_bytes = batch * info.input_bytes_per_sample
@@ -307,7 +315,15 @@ class _Step:
         return x  # flatten: a view
 
     # backward --------------------------------------------------------------------------
-    def backward(self, g: _Group, x: str, y: str, dy: str) -> str:
+    def _relu_mask(self, i: int, elements: int, dy: str, y: str) -> None:
+        out = ((dy, elements * _F),)
+        self.loop("relu_mask", (elements,), i, "backward", (*out, (y, elements * _F)), out)
+
+    def _bias_grad(self, i: int, rows: int, units: int, dy: str) -> None:
+        grad = ((dy, rows * units * _F),)
+        self.loop("column_sum", (rows, units), i, "backward", grad, ((f"db{i}", units * _F),))
+
+    def backward(self, g: FusedOp, x: str, y: str, dy: str) -> str:
         """Append ``g``'s backward, its forward input ``x`` and output ``y`` kept, on the
         output gradient in buffer ``dy``; the buffer of its input gradient."""
         info, i, batch = g.lead, g.lead.index, self.batch
@@ -315,21 +331,17 @@ class _Step:
         x_bytes = batch * info.input_bytes_per_sample
         if info.kind == "dense":
             units, inputs = info.output_shape[0], info.input_shape[0]
-            out = ((dy, batch * units * _F),)
             if g.relu:
-                self.loop("relu_mask", (batch * units,), i, "backward",
-                          (*out, (y, batch * units * _F)), out)  # fmt: skip
+                self._relu_mask(i, batch * units, dy, y)
             self.gemm("tn", inputs, units, batch, i, "backward", x, dy, f"dW{i}")
-            self.loop("column_sum", (batch, units), i, "backward", out, ((f"db{i}", units * _F),))
+            self._bias_grad(i, batch, units, dy)
             if info.needs_input_grad:
                 self.gemm("nt", batch, inputs, units, i, "backward", dy, f"W{i}", dx)
             return dx
         if info.kind == "conv2d":
             return self._conv_backward(g, x, y, dy)
         if info.kind == "relu":
-            n = batch * math.prod(info.input_shape)
-            out = ((dy, n * _F),)
-            self.loop("relu_mask", (n,), i, "backward", (*out, (y, n * _F)), out)
+            self._relu_mask(i, batch * math.prod(info.input_shape), dy, y)
             return dy
         if info.kind == "maxpool2d":
             h, w, c = _hwc(info.input_shape)
@@ -341,7 +353,7 @@ class _Step:
             return dx
         return dy  # flatten: a view
 
-    def _conv_backward(self, g: _Group, x: str, y: str, dy: str) -> str:
+    def _conv_backward(self, g: FusedOp, x: str, y: str, dy: str) -> str:
         info, i, batch = g.lead, g.lead.index, self.batch
         h, w, c = _hwc(info.input_shape)
         k, s, p, f = (info.layer.get(key) for key in ("kernel", "stride", "padding", "filters"))
@@ -355,9 +367,8 @@ class _Step:
             pooled = batch * ph * pw
             out = ((dy, pooled * f * _F),)
             if g.relu:
-                self.loop("relu_mask", (pooled * f,), i, "backward",
-                          (*out, (y, pooled * f * _F)), out)  # fmt: skip
-            self.loop("column_sum", (pooled, f), i, "backward", out, ((f"db{i}", f * _F),))
+                self._relu_mask(i, pooled * f, dy, y)
+            self._bias_grad(i, pooled, f, dy)
             kernel = "maxpool_backward_tiled" if stride == size else "maxpool_backward"
             dz = f"dz{i}"
             self.loop(kernel, (batch, oh, ow, f, size, stride), i, "backward",
@@ -365,12 +376,10 @@ class _Step:
                       ((dz, out_rows * f * _F),))  # fmt: skip
             self.gemm("tn", width, f, out_rows, i, "backward", cols, dz, f"dW{i}")
         else:
-            out = ((dy, out_rows * f * _F),)
             if g.relu:
-                self.loop("relu_mask", (out_rows * f,), i, "backward",
-                          (*out, (y, out_rows * f * _F)), out)  # fmt: skip
+                self._relu_mask(i, out_rows * f, dy, y)
             self.gemm("tn", width, f, out_rows, i, "backward", cols, dz, f"dW{i}")
-            self.loop("column_sum", (out_rows, f), i, "backward", out, ((f"db{i}", f * _F),))
+            self._bias_grad(i, out_rows, f, dy)
         if not info.needs_input_grad:
             return f"dx{i}"
         step = col2im_chunk_samples(oh * ow, width, _F)
@@ -390,7 +399,7 @@ def op_calls(
     (a flatten's too: a call that computes nothing), the loss, then (``training``) each op's
     backward down to the first layer with parameters and the update (layer -1)."""
     layers = tuple(workload.layers if layers is None else layers)
-    groups = _groups(layers[:-1], _channels_last(workload.input_shape, layers[:-1]))
+    groups = fused_ops(layers[:-1], channels_last(workload.input_shape, layers[:-1]))
     out = [(g.lead.index, "forward") for g in groups] + [(layers[-1].index, "loss")]
     if not training:
         return out
@@ -426,8 +435,8 @@ def step_calls(
         row_bytes = math.prod(workload.input_shape) * _F
         writes = (("input", input_bytes), ("labels", batch * LABEL_BYTES))
         step.calls.append(KernelCall("gather", (batch, row_bytes), -1, "data", writes=writes))
-    nhwc = _channels_last(workload.input_shape, body)
-    groups = _groups(body, nhwc)
+    nhwc = channels_last(workload.input_shape, body)
+    groups = fused_ops(body, nhwc)
     x = "input"
     if nhwc:
         c, h, w = workload.input_shape

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from microbench.kernels import Kernels, conv_output_hw, pool_output_hw
+from microbench.kernels.calls import fused_ops
 from microbench.workload import LayerInfo
 
 Buffers = dict[str, Any]
@@ -232,41 +233,27 @@ class Flatten(Op):
 def build_ops(
     layers: tuple[LayerInfo, ...], kernels: Kernels, in_shape: tuple[int, ...], input_owned: bool
 ) -> list[Op]:
-    """The ops for ``layers`` (the loss excluded), fusing relu/max-pool into the layer before.
+    """The ops for ``layers`` (the loss excluded), fusing relu/max-pool into the layer before
+    (:func:`microbench.kernels.calls.fused_ops`, whose rule the compute model prices by).
 
     ``in_shape`` is the per-sample input in the layout the network runs (channels-last when
     the input goes through 2-D layers); ``input_owned`` says whether the network feeds its own
     copy of the input. A standalone relu works in place unless its input is the caller's."""
     ops: list[Op] = []
-    shape, owned, i = in_shape, input_owned, 0
-    while i < len(layers):
-        info, after = layers[i], layers[i + 1 : i + 3]
+    shape = in_shape
+    for fused in fused_ops(layers, input_owned):
+        info = fused.lead
         op: Op
         if info.kind == "conv2d":
-            relu = pool = None
-            for nxt in after:
-                if nxt.kind == "relu" and relu is None:
-                    relu = nxt
-                elif nxt.kind == "maxpool2d" and pool is None:
-                    pool = nxt
-                else:
-                    break
-            op = Conv2d(info, kernels, shape, relu=relu is not None, pool=pool)
-            i += 1 + (relu is not None) + (pool is not None)
+            op = Conv2d(info, kernels, shape, relu=fused.relu, pool=fused.pool)
         elif info.kind == "dense":
-            fuse = bool(after) and after[0].kind == "relu"
-            op = Dense(info, kernels, shape, relu=fuse)
-            i += 1 + fuse
+            op = Dense(info, kernels, shape, relu=fused.relu)
         elif info.kind == "relu":
-            op = ReLU(info, kernels, shape, in_place=owned)
-            i += 1
+            op = ReLU(info, kernels, shape, in_place=fused.in_place)
         elif info.kind == "maxpool2d":
             op = MaxPool2d(info, kernels, shape)
-            i += 1
         else:
             op = Flatten(info, kernels, shape)
-            i += 1
-        owned = owned or info.kind != "flatten"
         ops.append(op)
         shape = op.out_shape
     return ops

@@ -23,6 +23,7 @@ from typing import Any
 import numpy
 
 from microbench.kernels import kernels_for
+from microbench.kernels.calls import channels_last
 from microbench.nn.layers import Buffers, Op, build_ops
 from microbench.workload import LayerInfo, Workload
 
@@ -202,7 +203,7 @@ class Network:
 def runs_channels_last(workload: Workload) -> bool:
     """Whether a network of ``workload`` runs channels-last: an image input that a convolution
     or a pool reads before the first flatten."""
-    return len(workload.input_shape) == 3 and _has_2d_layers(workload)
+    return channels_last(workload.input_shape, workload.layers)
 
 
 def prepare_input(
@@ -220,14 +221,3 @@ def prepare_input(
         kernels.nchw_to_nhwc(x, space[-1]["input"])
         x = space[-1]["input"]
     return x
-
-
-def _has_2d_layers(workload: Workload) -> bool:
-    """Whether a convolution or pool runs before the first flatten (only then go channels-last:
-    relu and flatten alone work on the input as it comes)."""
-    for info in workload.layers:
-        if info.kind == "flatten":
-            return False
-        if info.kind in ("conv2d", "maxpool2d"):
-            return True
-    return False
