@@ -203,14 +203,14 @@ def heldout_matrix(cfg: ValidateConfig, cores: int) -> tuple[list[RunSpec], list
     return specs, refused
 
 
-def check_unseen(profile: str | None, specs: list[RunSpec]) -> None:
+def check_unseen(profile: str, specs: list[RunSpec]) -> None:
     """UserError unless the profile holds no measurement of a held-out workload (its name
     anywhere in the document) or batch (a ``batch`` or ``batches`` field)."""
     import numpy as np
 
-    from pdlsim.predict import resolve_profile
+    from calibration.profile import load_profile
 
-    doc = resolve_profile(profile)[0].to_dict()
+    doc = load_profile(profile).to_dict()
     text = json.dumps(doc)
     batches: set[int] = set()
 
