@@ -8,6 +8,14 @@
   **a GEMM keeps the efficiency it reached**, so its time grows in proportion to each
   dimension beyond the grid. Below the smallest size, time stays that size's (a call's fixed
   cost).
+  **A dimension of m or n that is not a multiple of the vector width** (:data:`VECTOR_FLOATS`)
+  is computed as whole vector tiles plus edge tiles of 4, 2 and 1 columns, which run far below
+  the GEMM's rate (a 47-wide GEMM can cost more than a 48-wide one). The table is interpolated
+  among whole dimensions only, and a ragged dimension is priced as if it were wider by the
+  columns its edge tiles cost (the set bits of its remainder: tiles of 4, 2 and 1), each
+  tile's width in columns fitted per axis, without negative widths, to ragged shapes the sweep
+  times for it (a BLAS whose register tile along an axis is 4 pays nothing for a 4-column
+  edge on that axis, and the fit says so).
 * :class:`LoopTable`: a loop's seconds over (elements, inner run), one curve of log seconds in
   log elements per measured run length, linear between runs in log run (held outside them).
   Beyond the largest measured size **time grows in proportion to the elements** (a streaming
@@ -15,23 +23,34 @@
 
 Each table reports its own interpolation error: every interior point predicted from its
 neighbours alone (:meth:`GemmTable.neighbour_residuals`, :meth:`LoopTable.neighbour_residuals`),
-which is what a shape between grid points is exposed to.
+which is what a shape between grid points is exposed to; a GEMM table adds its ragged points'
+errors under the edge law.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from scipy.interpolate import RegularGridInterpolator
+from scipy.optimize import brentq, nnls
 
-__all__ = ["VECTOR_FLOATS", "GemmTable", "LoopTable"]
+__all__ = ["VECTOR_FLOATS", "GemmTable", "LoopTable", "edge_tiles"]
 
 # float32 values in one SIMD register of the loops' target (AVX2: 256 bits). The sweep's
 # channel-like runs are laid out around it (microbench.kernelbench.CHANNEL_RUNS).
 VECTOR_FLOATS = 8
+
+
+def edge_tiles(dim: float) -> np.ndarray:
+    """Which edge tiles (of 4, 2 and 1 columns) a GEMM dimension needs past its whole vectors:
+    the set bits of its remainder, as 0/1; none for a whole dimension or one within a single
+    vector (the sweep measures those exactly)."""
+    dim = int(round(dim))
+    rest = 0 if dim <= VECTOR_FLOATS else dim % VECTOR_FLOATS
+    return np.array([(rest >> b) & 1 for b in (2, 1, 0)], dtype=float)
 
 
 def _sig(seconds: float) -> float:
@@ -47,86 +66,186 @@ def _median_by(keys: Iterable[Any], values: Iterable[float]) -> dict[Any, float]
     return {key: float(np.median(v)) for key, v in groups.items()}
 
 
+@dataclass(frozen=True)
+class _Grid:
+    """A GEMM table's whole-dimension grid: log dims per axis (m, n, k), the log seconds with
+    skipped points filled, their interpolator (None for a single point), and per axis (m, n)
+    the columns each edge tile (4, 2, 1) costs."""
+
+    logs: tuple[np.ndarray, np.ndarray, np.ndarray]
+    filled: np.ndarray
+    interp: Any
+    edge: tuple[np.ndarray, np.ndarray]
+
+
 @dataclass(frozen=True, eq=False)
 class GemmTable:
     """Seconds of one GEMM layout at one thread count over the sweep's (m, n, k) grid."""
 
     points: Mapping[tuple[int, int, int], float]  # measured medians
-    # (interpolator or None for a one-point grid, log dims, filled log-seconds grid), built once
-    _grid_cache: tuple[Any, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    # per axis (m, n), columns each edge tile costs: fitted from the ragged points when None
+    edge_columns: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    _grid_cache: _Grid | None = field(default=None, repr=False)  # built once
 
     @classmethod
-    def from_points(cls, points: Mapping[tuple[int, int, int], float]) -> GemmTable:
+    def from_points(
+        cls,
+        points: Mapping[tuple[int, int, int], float],
+        edge_columns: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+    ) -> GemmTable:
         if not points:
             raise ValueError("a GEMM table needs at least one point")
         if any(not np.isfinite(t) or t <= 0 for t in points.values()):
             raise ValueError("GEMM times must be positive and finite")
-        return cls(dict(points))
+        if edge_columns is not None and (
+            np.shape(edge_columns) != (2, 3) or not np.all(np.asarray(edge_columns) >= 0)
+        ):
+            raise ValueError("edge columns must be two rows of three non-negative widths")
+        return cls(dict(points), edge_columns)
+
+    @staticmethod
+    def _whole(key: tuple[int, int, int]) -> bool:
+        return not edge_tiles(key[0]).any() and not edge_tiles(key[1]).any()
 
     @property
-    def dims(self) -> np.ndarray:
-        return np.array(sorted({d for key in self.points for d in key}), dtype=float)
+    def dims(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The grid's dims per axis: m and n whole (module docstring), k any."""
+        whole = [key for key in self.points if self._whole(key)] or list(self.points)
+        return tuple(  # type: ignore[return-value]
+            np.array(sorted({key[a] for key in whole}), dtype=float) for a in range(3)
+        )
 
-    def _grid(self) -> tuple[Any, np.ndarray, np.ndarray]:
+    def _grid(self) -> _Grid:
         if self._grid_cache is not None:
             return self._grid_cache
         dims = self.dims
-        logs = np.log(dims)
-        index = {d: i for i, d in enumerate(dims)}
-        n = len(dims)
-        measured = np.full((n, n, n), np.nan)
-        for (m, nn, k), t in self.points.items():
-            measured[index[m], index[nn], index[k]] = np.log(t)
+        logs = tuple(np.log(d) for d in dims)
+        index = [{d: i for i, d in enumerate(axis)} for axis in dims]
+        measured = np.full(tuple(len(d) for d in dims), np.nan)
+        for key, t in self.points.items():
+            if all(key[a] in index[a] for a in range(3)):
+                measured[tuple(index[a][key[a]] for a in range(3))] = np.log(t)
         filled = measured.copy()
         for ijk in zip(*np.nonzero(np.isnan(measured)), strict=True):
             filled[ijk] = _filled(measured, logs, list(ijk))
-        interp = RegularGridInterpolator((logs, logs, logs), filled) if n > 1 else None
-        object.__setattr__(self, "_grid_cache", (interp, logs, filled))
-        return (interp, logs, filled)
+        interp = (
+            RegularGridInterpolator(logs, filled, bounds_error=False, fill_value=None)
+            if min(len(d) for d in dims) > 1
+            else None
+        )
+        grid = _Grid(logs, filled, interp, (np.zeros(3), np.zeros(3)))
+        if self.edge_columns is not None:
+            edge = (np.array(self.edge_columns[0]), np.array(self.edge_columns[1]))
+        else:
+            edge = (self._edge_width(grid, 0), self._edge_width(grid, 1))
+        grid = _Grid(logs, filled, interp, edge)
+        object.__setattr__(self, "_grid_cache", grid)
+        return grid
+
+    @staticmethod
+    def _whole_s(grid: _Grid, m: float, n: float, k: float) -> float:
+        """Seconds at whole dims (m, n, k), interpolated, with the law beyond the grid."""
+        q = np.log(np.maximum([m, n, k], 1.0))
+        lo = np.array([axis[0] for axis in grid.logs])
+        hi = np.array([axis[-1] for axis in grid.logs])
+        beyond = float(np.sum(np.maximum(q - hi, 0.0)))
+        if grid.interp is None:
+            pairs = zip(grid.logs, q, strict=True)
+            at = tuple(int(np.argmin(np.abs(axis - x))) for axis, x in pairs)
+            return float(np.exp(grid.filled[at] + beyond))
+        return float(np.exp(grid.interp(np.clip(q, lo, hi))[0] + beyond))
+
+    def _ragged(self, axis: int) -> list[tuple[tuple[int, int, int], float]]:
+        """Measured points ragged along ``axis`` (0: m, 1: n) only."""
+        other = 1 - axis
+        return [
+            (key, t)
+            for key, t in self.points.items()
+            if edge_tiles(key[axis]).any() and not edge_tiles(key[other]).any()
+        ]
+
+    def _edge_width(self, grid: _Grid, axis: int) -> np.ndarray:
+        """Columns each edge tile costs along ``axis``: for each ragged point, the extra width
+        at which the whole grid takes its measured time; the non-negative least-squares split
+        of those over the tiles each point needs (0 for a tile nothing measured)."""
+        tiles, widths = [], []
+        for key, t in self._ragged(axis):
+            dim = key[axis]
+
+            def gap(extra: float, key: tuple[int, int, int] = key, t: float = t) -> float:
+                wider = list(key)
+                wider[axis] += extra
+                return np.log(self._whole_s(grid, *wider)) - np.log(t)
+
+            if gap(0.0) >= 0:
+                extra = 0.0
+            elif gap(float(dim)) <= 0:
+                extra = float(dim)
+            else:
+                extra = brentq(gap, 0.0, float(dim), xtol=0.01)
+            tiles.append(edge_tiles(dim))
+            widths.append(extra)
+        if not widths:
+            return np.zeros(3)
+        return nnls(np.array(tiles), np.array(widths))[0]
+
+    @property
+    def edge_width(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per axis (m, n): the columns each edge tile (4, 2, 1) costs (module docstring)."""
+        return self._grid().edge
 
     def time_s(self, m: float, n: float, k: float) -> float:
-        """Seconds of ``(m x k) @ (k x n)`` (module docstring for the law off the grid)."""
-        interp, logs, filled = self._grid()
-        q = np.log(np.maximum([m, n, k], 1.0))
-        if interp is None:
-            return float(np.exp(filled.ravel()[0] + np.sum(np.maximum(q - logs[0], 0.0))))
-        inside = np.clip(q, logs[0], logs[-1])
-        beyond = float(np.sum(np.maximum(q - logs[-1], 0.0)))
-        return float(np.exp(interp(inside)[0] + beyond))
+        """Seconds of ``(m x k) @ (k x n)`` (module docstring for the edge law and the law off
+        the grid)."""
+        grid = self._grid()
+        m_eff = m + float(grid.edge[0] @ edge_tiles(m))
+        n_eff = n + float(grid.edge[1] @ edge_tiles(n))
+        return self._whole_s(grid, m_eff, n_eff, k)
 
     def neighbour_residuals(self) -> np.ndarray:
-        """log(measured / predicted from neighbours) at every measured point that has a measured
-        neighbour on both sides along some axis: the prediction is the log-linear interpolation
-        between them, the median over such axes."""
-        _, logs, filled = self._grid()
-        index = {d: i for i, d in enumerate(self.dims)}
+        """log(measured / predicted from neighbours) at every whole point that has a measured
+        neighbour on both sides along some axis (the prediction is the log-linear interpolation
+        between them, the median over such axes), and log(measured / priced) at every ragged
+        point under the edge law."""
+        grid = self._grid()
+        index = [{d: i for i, d in enumerate(axis)} for axis in self.dims]
         out = []
-        n = len(logs)
-        for (m, nn, k), t in self.points.items():
-            ijk = [index[m], index[nn], index[k]]
+        for key, t in self.points.items():
+            if not all(key[a] in index[a] for a in range(3)):
+                out.append(np.log(t) - np.log(self.time_s(*key)))
+                continue
+            ijk = [index[a][key[a]] for a in range(3)]
             guesses = []
             for axis in range(3):
-                i = ijk[axis]
-                if 0 < i < n - 1:
+                i, logs = ijk[axis], grid.logs[axis]
+                if 0 < i < len(logs) - 1:
                     lo, hi = list(ijk), list(ijk)
                     lo[axis], hi[axis] = i - 1, i + 1
                     w = (logs[i] - logs[i - 1]) / (logs[i + 1] - logs[i - 1])
-                    guesses.append((1 - w) * filled[tuple(lo)] + w * filled[tuple(hi)])
+                    guesses.append((1 - w) * grid.filled[tuple(lo)] + w * grid.filled[tuple(hi)])
             if guesses:
                 out.append(np.log(t) - float(np.median(guesses)))
         return np.array(out)
 
     def to_dict(self) -> dict[str, Any]:
         rows = sorted(self.points.items())
-        return {"points_m_n_k_s": [[m, n, k, _sig(t)] for (m, n, k), t in rows]}
+        edge = [[round(float(w), 3) for w in axis] for axis in self.edge_width]
+        return {
+            "points_m_n_k_s": [[m, n, k, _sig(t)] for (m, n, k), t in rows],
+            "edge_columns_m_n": edge,  # per axis, the columns edge tiles of 4, 2, 1 cost
+        }
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> GemmTable:
         rows = doc["points_m_n_k_s"]
-        return cls.from_points({(int(m), int(n), int(k)): float(t) for m, n, k, t in rows})
+        edge = doc.get("edge_columns_m_n")
+        return cls.from_points(
+            {(int(m), int(n), int(k)): float(t) for m, n, k, t in rows},
+            None if edge is None else (tuple(edge[0]), tuple(edge[1])),
+        )
 
 
-def _filled(measured: np.ndarray, logs: np.ndarray, ijk: list[int]) -> float:
+def _filled(measured: np.ndarray, logs: Sequence[np.ndarray], ijk: list[int]) -> float:
     """A skipped grid point: the nearest measured point below it along its largest dimensions,
     scaled by the ratio of the dimensions given up (constant efficiency)."""
     idx, add = list(ijk), 0.0
@@ -134,8 +253,8 @@ def _filled(measured: np.ndarray, logs: np.ndarray, ijk: list[int]) -> float:
         if max(idx) == 0:
             found = measured[~np.isnan(measured)]
             return float(found.min()) + add
-        axis = int(np.argmax([logs[i] for i in idx]))
-        add += logs[idx[axis]] - logs[idx[axis] - 1]
+        axis = int(np.argmax([logs[a][i] if i > 0 else -np.inf for a, i in enumerate(idx)]))
+        add += logs[axis][idx[axis]] - logs[axis][idx[axis] - 1]
         idx[axis] -= 1
     return float(measured[tuple(idx)]) + add
 

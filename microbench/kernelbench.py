@@ -11,8 +11,11 @@ workloads, batches and thread counts it never ran:
   a weight gradient) and ``nt`` (``b`` transposed, an input gradient), at every (m, n, k) of
   :data:`GEMM_DIMS` (small values closely spaced: BLAS's edge tiles make odd small dimensions
   cost more than their FLOPs) whose FLOPs stay under ``gemm_max_flops`` and operands under
-  :data:`MAX_ELEMENTS`, at each thread count. Beyond the grid a GEMM keeps the efficiency of
-  the grid's edge (:mod:`calibration.kernels`).
+  :data:`MAX_ELEMENTS`, at each thread count; and **ragged** shapes, one of m and n at
+  :data:`GEMM_RAGGED_DIMS` (remainders past whole 8-float vectors that need BLAS's edge tiles
+  of 4, 2 and 1 columns) with the other dimensions at :data:`GEMM_PARTNER_DIMS`, from which
+  :mod:`calibration.kernel_tables` measures what each edge tile costs. Beyond the grid a GEMM
+  keeps the efficiency of the grid's edge.
 * **Loops** ``loop``: each numba loop, the gather and the copy over :data:`LOOP_ELEMENTS`
   elements and, where a kernel's speed depends on it, a few lengths of its inner contiguous
   run (:func:`microbench.kernels.calls.call_features`: channels, columns, classes, row bytes).
@@ -64,6 +67,11 @@ __all__ = [
     "gemm_shapes",
     "loop_dims",
     "GEMM_DIMS",
+    "GEMM_PARTNER_DIMS",
+    "GEMM_RAGGED_DIMS",
+    "QUICK_GEMM_PARTNER_DIMS",
+    "QUICK_GEMM_RAGGED_DIMS",
+    "ragged_shapes",
     "LOOP_ELEMENTS",
     "MAX_ELEMENTS",
     "QUICK_GEMM_DIMS",
@@ -76,6 +84,12 @@ __all__ = [
 GEMM_DIMS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096,
              16384, 65536)  # fmt: skip
 QUICK_GEMM_DIMS = (1, 2, 3, 4, 5, 7, 8, 12, 16, 32, 64, 256, 1024, 4096, 16384, 65536)
+# Ragged m or n: 14 needs the edge tiles of 4 and 2 columns, 15 and 63 all three (12, on the
+# grid, the tile of 4); the other two dimensions span the grid's range.
+GEMM_RAGGED_DIMS = (14, 15, 63)
+GEMM_PARTNER_DIMS = (16, 64, 256, 1024, 4096, 16384)
+QUICK_GEMM_RAGGED_DIMS = (14, 15)
+QUICK_GEMM_PARTNER_DIMS = (16, 256, 4096)
 GEMM_MAX_FLOPS = 2**28
 QUICK_GEMM_MAX_FLOPS = 2**27
 # A GEMM with a dimension this small or smaller (a convolution's: few filters, a narrow
@@ -132,6 +146,8 @@ class KernelPlan:
     threads: tuple[int, ...]
     gemm_dims: tuple[int, ...] = GEMM_DIMS
     gemm_max_flops: float = GEMM_MAX_FLOPS
+    gemm_ragged_dims: tuple[int, ...] = GEMM_RAGGED_DIMS
+    gemm_partner_dims: tuple[int, ...] = GEMM_PARTNER_DIMS
     loop_elements: tuple[int, ...] = LOOP_ELEMENTS
     channel_runs: tuple[int, ...] = CHANNEL_RUNS
     im2col_shapes: tuple[tuple[int, int, int], ...] = IM2COL_SHAPES
@@ -154,15 +170,25 @@ class _Pool:
 # ----------------------------------------------------------------------------------- GEMM
 
 
+def _within_limits(m: int, n: int, k: int, max_flops: float) -> bool:
+    flops = SKINNY_MAX_FLOPS if min(m, n, k) <= SKINNY_DIM else max_flops
+    return 2 * m * n * k <= flops and max(m * k, k * n, m * n) <= MAX_ELEMENTS
+
+
 def gemm_shapes(dims: tuple[int, ...], max_flops: float) -> list[tuple[int, int, int]]:
     """The grid's (m, n, k) within the FLOP limits (``max_flops``; a skinny GEMM's own) and
     the operand limit."""
-    return [
-        (m, n, k)
-        for m, n, k in itertools.product(dims, repeat=3)
-        if 2 * m * n * k <= (SKINNY_MAX_FLOPS if min(m, n, k) <= SKINNY_DIM else max_flops)
-        and max(m * k, k * n, m * n) <= MAX_ELEMENTS
-    ]
+    return [key for key in itertools.product(dims, repeat=3) if _within_limits(*key, max_flops)]
+
+
+def ragged_shapes(
+    ragged: tuple[int, ...], partners: tuple[int, ...], max_flops: float
+) -> list[tuple[int, int, int]]:
+    """(m, n, k) with m or n ragged and the other two at ``partners``, within the limits."""
+    shapes = []
+    for d, other, k in itertools.product(ragged, partners, partners):
+        shapes += [(d, other, k), (other, d, k)]
+    return [key for key in shapes if _within_limits(*key, max_flops)]
 
 
 def _gemm_fn(pool: _Pool, layout: str, m: int, n: int, k: int) -> Callable[[], object]:
@@ -377,7 +403,10 @@ def _points(plan: KernelPlan, threads: int, pool: _Pool) -> list[tuple[str, dict
     base = {"threads": threads}
     points: list[tuple[str, dict, Any]] = []
     for layout in GEMM_LAYOUTS:
-        for m, n, k in gemm_shapes(plan.gemm_dims, plan.gemm_max_flops):
+        shapes = gemm_shapes(plan.gemm_dims, plan.gemm_max_flops) + ragged_shapes(
+            plan.gemm_ragged_dims, plan.gemm_partner_dims, plan.gemm_max_flops
+        )
+        for m, n, k in shapes:
             params = {**base, "layout": layout, "m": m, "n": n, "k": k, "flops": 2 * m * n * k}
             points.append(("gemm", params, (_gemm_fn, pool, layout, m, n, k)))
     for kernel, variant, dims in _loop_points(plan, threads):

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from calibration.kernel_tables import VECTOR_FLOATS, GemmTable, LoopTable
+from calibration.kernel_tables import VECTOR_FLOATS, GemmTable, LoopTable, edge_tiles
 
 DIMS = (1, 2, 4, 8, 16, 64, 256, 1024)
 PEAK = 1e11
@@ -68,6 +68,61 @@ def test_gemm_tables_refuse_nonsense():
         GemmTable.from_points({})
     with pytest.raises(ValueError):
         GemmTable.from_points({(1, 1, 1): -1.0})
+
+
+# A BLAS whose edge tiles of 4, 2 and 1 columns cost as much as this many more whole columns:
+# along m the register tile is 4 wide, so a 4-column edge costs nothing there.
+EDGE_COLUMNS = {"m": (0.0, 3.0, 2.0), "n": (4.0, 2.5, 1.5)}
+
+
+def ragged_law(m, n, k):
+    return gemm_law(
+        m + np.dot(EDGE_COLUMNS["m"], edge_tiles(m)),
+        n + np.dot(EDGE_COLUMNS["n"], edge_tiles(n)),
+        k,
+    )
+
+
+WHOLE = sorted({*DIMS, 24, 32, 48, 128})  # whole widths around the ragged ones
+
+
+def ragged_table(ragged=(12, 14, 15, 63)) -> GemmTable:
+    points = {key: ragged_law(*key) for key in itertools.product(WHOLE, repeat=3)}
+    partners = (16, 64, 256, 1024)
+    for d, other, k in itertools.product(ragged, partners, partners):
+        points[(d, other, k)] = ragged_law(d, other, k)
+        points[(other, d, k)] = ragged_law(other, d, k)
+    return GemmTable.from_points(points)
+
+
+def test_edge_tiles_are_the_set_bits_of_a_dimensions_remainder_past_whole_vectors():
+    assert list(edge_tiles(47)) == [1, 1, 1]
+    assert list(edge_tiles(12)) == [1, 0, 0]
+    assert list(edge_tiles(66)) == [0, 1, 0]
+    assert not edge_tiles(64).any() and not edge_tiles(7).any()  # whole, or within one vector
+
+
+def test_the_edge_tiles_widths_are_recovered_from_ragged_shapes():
+    table = ragged_table()
+    widths_m, widths_n = table.edge_width
+    assert widths_m == pytest.approx(EDGE_COLUMNS["m"], abs=0.5)
+    assert widths_n == pytest.approx(EDGE_COLUMNS["n"], abs=0.5)
+
+
+@pytest.mark.parametrize("key", [(256, 47, 512), (47, 256, 512), (99, 207, 300), (1000, 9, 64)])
+def test_ragged_shapes_never_measured_are_priced_by_their_edge_tiles(key):
+    with_law = ragged_table()
+    assert with_law.time_s(*key) == pytest.approx(ragged_law(*key), rel=0.05)
+    # without ragged shapes in the sweep the law has nothing to go by, and a 47 costs like 47
+    blind = GemmTable.from_points({k: ragged_law(*k) for k in itertools.product(WHOLE, repeat=3)})
+    assert blind.edge_width[1] == pytest.approx([0, 0, 0])
+    assert blind.time_s(*key) < 0.97 * ragged_law(*key)
+
+
+def test_ragged_points_count_in_the_tables_residuals():
+    table = ragged_table()
+    whole = GemmTable.from_points({k: ragged_law(*k) for k in itertools.product(WHOLE, repeat=3)})
+    assert table.neighbour_residuals().size > whole.neighbour_residuals().size
 
 
 def row_cost_s(run: int) -> float:
