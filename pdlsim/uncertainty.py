@@ -85,7 +85,8 @@ def perturbed_cost(
     """A :class:`~pdlsim.costmodel.ProfileCostModel` with every fitted parameter drawn in its
     interval, and new draws of the measured steps, co-location and drift (see
     :mod:`pdlsim.costmodel`); ``stratum`` (i, K): the drift from stratum i of K
-    (:func:`drift_draw`)."""
+    (:func:`drift_draw`), the kernel tables' errors from a Latin hypercube over the K
+    (:meth:`pdlsim.kernel_cost.KernelCompute.drawn`)."""
     compute = copy.copy(cost.compute)
     compute.curves_ = {}
     for key, roof in cost.compute.curves_.items():
@@ -139,7 +140,7 @@ def perturbed_cost(
         overlap_efficiency=efficiency,
         step_z=float(rng.standard_normal()),
         colocation_z=float(rng.standard_normal()),
-        kernels=None if cost.kernels is None else cost.kernels.drawn(rng),
+        kernels=None if cost.kernels is None else cost.kernels.drawn(rng, stratum),
         drift_factor=drift_draw(cost, rng, stratum),
         insitu=None if cost.insitu is None else insitu_draw(cost.insitu, rng),
         _ops_cache={},
