@@ -14,6 +14,14 @@ Each table's neighbour residuals (a grid point predicted from its neighbours) gi
 error of a shape between grid points (:attr:`KernelModel.spread_`), which the prediction band
 uses.
 
+**Its own generalisation** (:attr:`KernelModel.quality_`, the profile's fit quality): the
+tables' neighbour errors pooled per family (each point predicted without itself); the glue with
+each tiny network left out of its fit in turn; and whole training steps (``microbench speed``'s
+``step_compute``: forward, backward and update of the calibration's workloads at its batches
+and thread counts) against the model's price of them, per workload, batch and thread count.
+The model fits nothing to any workload or batch, so every step is a leave-one-workload-out and
+leave-one-batch-out prediction: its in-sample and leave-out errors are the same by construction.
+
 ``to_dict()`` (the profile's ``models.kernels``)::
 
     {"modeler": "kernel_tables",
@@ -21,7 +29,9 @@ uses.
      "loops": {"<variant>": {"<threads>": LoopTable.to_dict()}},
      "glue": {"per_op_s", "per_step_s", "intervals": {...}, "points"},
      "spread": {"gemm": <log sigma>, "loops": <log sigma>},
-     "quality": {"<table>": {"points", "median_abs_log_error", "p90_abs_log_error"}}}
+     "quality": {"gemm" | "loops" | "glue": FitQuality,
+                 "steps": {"workload": {...}, "batch": {...}, "threads": {...}}: FitQuality each,
+                 "tables": {"<table>": {"points", "median_abs_log_error", "p90_abs_log_error"}}}}
 """
 
 from __future__ import annotations
@@ -35,10 +45,11 @@ import pandas as pd
 from scipy import stats
 
 from microbench.errors import UserError
-from microbench.kernels.calls import KernelCall, call_features, step_calls
-from microbench.workload import Workload
+from microbench.kernels.calls import KernelCall, call_features, op_calls, step_calls
+from microbench.workload import Workload, load_workload
 
 from .kernel_tables import GemmTable, LoopTable
+from .stats import fit_quality
 
 __all__ = ["KernelModel"]
 
@@ -65,7 +76,10 @@ class KernelModel:
     """Kernel tables and the glue (module docstring)."""
 
     def fit(self, df: pd.DataFrame) -> KernelModel:
-        rows = df[(df["type"] == "measurement") & (df["benchmark"] == "kernels")]
+        """Fit to ``df``'s "kernels" records; its "speed" records, if any, are the steps the
+        model is checked on (module docstring), never fitted."""
+        measured = df[df["type"] == "measurement"]
+        rows = measured[measured["benchmark"] == "kernels"]
         if rows.empty:
             raise UserError("no kernel sweep records to fit the kernel model from")
         gemm = rows[rows["name"] == "gemm"]
@@ -86,22 +100,40 @@ class KernelModel:
             raise UserError("the kernel sweep records hold no GEMM or no loop points")
         self._fit_glue(rows[rows["name"] == "glue"])
         self._fit_spread()
+        self._check_steps(measured[measured["benchmark"] == "speed"])
         return self
 
     # ----------------------------------------------------------------------------- glue
     def _fit_glue(self, rows: pd.DataFrame) -> None:
         self.glue_points_: list[tuple[int, float]] = []
+        steps, kernel_s = [], []
         for _, row in rows.iterrows():
             workload = Workload.from_dict(json.loads(row["params.workload_json"]), "glue")
-            batch = int(row["params.batch"])
-            calls = step_calls(workload, batch, 1, gather=False)
-            kernels = sum(self.call_s(c, 1) for c in calls)
-            step = float(np.median(row["samples"]))
-            self.glue_points_.append((int(row["params.op_calls"]), step - kernels))
-        self.glue_ = {"per_op_s": 0.0, "per_step_s": 0.0, "intervals": {}}
-        if len({n for n, _ in self.glue_points_}) < 2:
-            return
-        x, y = np.array(self.glue_points_, dtype=float).T
+            calls = step_calls(workload, int(row["params.batch"]), 1, gather=False)
+            kernel_s.append(sum(self.call_s(c, 1) for c in calls))
+            steps.append(float(np.median(row["samples"])))
+            self.glue_points_.append((int(row["params.op_calls"]), steps[-1] - kernel_s[-1]))
+        self.glue_ = self._glue_fit(self.glue_points_)
+        self._glue_quality = None
+        if self.glue_["intervals"] and len(steps) > 2:  # each tiny network left out in turn
+            points = self.glue_points_
+
+            def priced(i: int, glue: dict[str, Any]) -> float:
+                return kernel_s[i] + glue["per_op_s"] * points[i][0] + glue["per_step_s"]
+
+            fitted = [priced(i, self.glue_) for i in range(len(steps))]
+            left_out = [
+                priced(i, self._glue_fit(points[:i] + points[i + 1 :])) for i in range(len(steps))
+            ]
+            self._glue_quality = fit_quality(steps, fitted, left_out).to_dict()
+
+    @staticmethod
+    def _glue_fit(points: list[tuple[int, float]]) -> dict[str, Any]:
+        """Per op call and per step seconds by least squares on (op calls, step - kernels),
+        with 95% intervals; zeros (and no intervals) from fewer than two distinct op counts."""
+        if len({n for n, _ in points}) < 2:
+            return {"per_op_s": 0.0, "per_step_s": 0.0, "intervals": {}}
+        x, y = np.array(points, dtype=float).T
         fit = stats.linregress(x, y)
         per_op, per_step = max(float(fit.slope), 0.0), max(float(fit.intercept), 0.0)
         t = float(stats.t.ppf(0.975, max(len(x) - 2, 1)))
@@ -112,7 +144,7 @@ class KernelModel:
         def interval(ci: tuple[float, float], value: float) -> dict[str, float]:
             return {"low": min(max(ci[0], 0.0), value), "high": max(ci[1], value)}
 
-        self.glue_ = {
+        return {
             "per_op_s": per_op,
             "per_step_s": per_step,
             "intervals": {"per_op_s": interval(slope_ci, per_op),
@@ -120,7 +152,7 @@ class KernelModel:
         }  # fmt: skip
 
     def _fit_spread(self) -> None:
-        self.quality_: dict[str, dict[str, float]] = {}
+        self.quality_: dict[str, Any] = {"tables": {}}
         pooled: dict[str, list[np.ndarray]] = {"gemm": [], "loops": []}
         tables = [("gemm", f"gemm_{k[0]}@{k[1]}", t) for k, t in self.gemm_.items()]
         tables += [("loops", f"{k[0]}@{k[1]}", t) for k, t in self.loops_.items()]
@@ -128,7 +160,7 @@ class KernelModel:
             r = table.neighbour_residuals()
             if r.size:
                 pooled[family].append(r)
-                self.quality_[name] = {
+                self.quality_["tables"][name] = {
                     "points": int(r.size),
                     "median_abs_log_error": float(np.median(np.abs(r))),
                     "p90_abs_log_error": float(np.quantile(np.abs(r), 0.9)),
@@ -136,6 +168,47 @@ class KernelModel:
         self.spread_ = {
             family: _robust_sigma(np.concatenate(parts)) if parts else 0.0
             for family, parts in pooled.items()
+        }
+        for family, parts in pooled.items():
+            if parts:  # measured over each point predicted from its neighbours, without it
+                ratio = np.exp(np.concatenate(parts))
+                q = fit_quality(ratio, np.ones_like(ratio), np.ones_like(ratio)).to_dict()
+                self.quality_[family] = {**q, "r2": None}
+        if self._glue_quality is not None:
+            self.quality_["glue"] = self._glue_quality
+
+    def step_s(self, workload: Workload, batch: int, threads: int) -> float:
+        """Seconds of one training step's compute (forward, loss, backward, update; no
+        gather), glue included: what ``microbench speed`` times as ``step_compute``."""
+        calls = step_calls(workload, batch, threads, gather=False)
+        glue = self.glue_["per_op_s"] * len(op_calls(workload)) + self.glue_["per_step_s"]
+        return sum(self.call_s(c, threads) for c in calls) + glue
+
+    def _check_steps(self, speed: pd.DataFrame) -> None:
+        """The calibration's whole steps against the model (module docstring), grouped by
+        workload, batch and thread count."""
+        if speed.empty or "params.model" not in speed:
+            return
+        steps = speed[(speed["name"] == "step_compute") & (speed["params.device"] == "cpu")]
+        rows = []
+        for (name, batch, threads), part in steps.groupby(
+            ["params.model", "params.batch", "params.threads"]
+        ):
+            measured = float(np.median(np.concatenate([np.asarray(s) for s in part["samples"]])))
+            try:
+                predicted = self.step_s(load_workload(str(name)), int(batch), int(threads))
+            except (UserError, KeyError):  # a workload file no longer there, a kernel not swept
+                continue
+            rows.append((str(name), f"b{int(batch)}", f"t{int(threads)}", measured, predicted))
+        if not rows:
+            return
+        frame = pd.DataFrame(rows, columns=["workload", "batch", "threads", "t", "p"])
+        self.quality_["steps"] = {
+            by: {
+                str(key): fit_quality(g["t"], g["p"], g["p"]).to_dict()
+                for key, g in frame.groupby(by)
+            }
+            for by in ("workload", "batch", "threads")
         }
 
     # ----------------------------------------------------------------------------- predict
@@ -159,6 +232,10 @@ class KernelModel:
         return self._table(self.loops_, call.variant, used).time_s(elements, run)
 
     # ----------------------------------------------------------------------------- dicts
+    def quality_dict(self) -> dict[str, Any]:
+        """The profile's fit quality of this model (module docstring)."""
+        return dict(self.quality_)
+
     def to_dict(self) -> dict[str, Any]:
         gemm: dict[str, dict[str, Any]] = {}
         for (layout, threads), table in sorted(self.gemm_.items()):

@@ -26,10 +26,11 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
         help="fit cost models to microbenchmark records and write a profile",
         description=(
             "Run 'pdlsim bench' (or read an existing run with --from), fit the cost models "
-            "(Hockney regimes and algorithm models per collective, compute roofline and thread "
-            "scaling, transfer, jitter, overlap) with 95%% bootstrap intervals and fit quality, "
-            "and write them to a versioned profile, with a report, fit plots and an Extra-P "
-            "export beside it."
+            "(the kernel tables and glue of the compute model, Hockney regimes and algorithm "
+            "models per collective, transfer, jitter, overlap) with 95% intervals and fit "
+            "quality, and write them to a versioned profile, with a report, fit plots and an "
+            "Extra-P export beside it. The fit-quality table scores the compute model on the "
+            "calibration's own training steps, none of which it was fitted to."
         ),
     )
     p.add_argument("--quick", action="store_true", help="a short benchmark and fewer bootstraps")

@@ -79,6 +79,37 @@ def test_glue_is_recovered_from_tiny_networks_steps(sweep):
     assert interval["low"] <= per_op <= interval["high"]
 
 
+def test_glue_is_scored_with_each_tiny_network_left_out(sweep):
+    _, model = sweep
+    quality = model.quality_dict()["glue"]
+    assert quality["n_points"] == len(glue_workloads())
+    assert quality["leave_out_rel_error"] is not None
+
+
+def test_calibration_steps_score_the_model_by_workload_batch_and_threads(sweep):
+    """Whole steps measured 10% slower than the model prices them: every workload, batch and
+    thread count reports that error, and, the model having fitted none of them, a leave-out
+    error equal to it; the steps move no fitted number."""
+    out, _ = sweep
+    kernels = load_dataframe(out, type="measurement")
+    alone = KernelModel().fit(kernels)  # not the shared fixture, whose glue a test refits
+    speed = [
+        {"type": "measurement", "benchmark": "speed", "name": "step_compute",
+         "params.model": name, "params.batch": batch, "params.threads": 1,
+         "params.device": "cpu", "samples": [1.1 * alone.step_s(load_workload(name), batch, 1)]}
+        for name in ("mlp", "cnn") for batch in (5, 9)
+    ]  # fmt: skip
+    checked = KernelModel().fit(pd.concat([kernels, pd.DataFrame(speed)], ignore_index=True))
+    steps = checked.quality_dict()["steps"]
+    assert set(steps["workload"]) == {"mlp", "cnn"} and set(steps["batch"]) == {"b5", "b9"}
+    for group in steps.values():
+        for q in group.values():
+            assert q["median_rel_error"] == pytest.approx(0.1 / 1.1, rel=1e-6)
+            assert q["leave_out_rel_error"] == q["median_rel_error"]
+    assert checked.to_dict()["gemm"] == alone.to_dict()["gemm"]
+    assert checked.glue_ == alone.glue_
+
+
 def test_compute_table_charges_every_call_once(sweep):
     _, model = sweep
     cnn = load_workload("cnn")
@@ -99,6 +130,20 @@ def test_compute_table_charges_every_call_once(sweep):
     assert min(draws) < full.step_s(cnn, 9, 1) < max(draws)  # the band moves the tables
     with pytest.raises(ValueError, match="unknown kernel-model terms"):
         KernelCompute(model, frozenset({"magic"}))
+
+
+def test_a_bands_draws_cover_each_tables_error_evenly(sweep):
+    """K band samples put one draw of each family's error in each of K equal-probability
+    strata (a Latin hypercube), the two families independently of each other."""
+    from scipy import stats
+
+    _, model = sweep
+    compute, k = KernelCompute(model), 40
+    rng = np.random.default_rng(3)
+    z = np.array([compute.drawn(rng, (i, k)).z for i in range(k)])
+    for family in z.T:
+        assert sorted((stats.norm.cdf(family) * k).astype(int)) == list(range(k))
+    assert abs(stats.spearmanr(z[:, 0], z[:, 1]).statistic) < 0.5
 
 
 def test_the_model_predicts_through_a_profile(sweep, tmp_path):
