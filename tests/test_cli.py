@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -26,6 +27,25 @@ def test_help_lists_every_subcommand_and_each_has_its_own_help():
         assert name in result.stdout
         sub = run_pdlsim(name, "--help", timeout=60)
         assert sub.returncode == 0 and "usage: pdlsim " + name in sub.stdout
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and every subcommand's parser under it."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += _parsers(sub)
+    return found
+
+
+def test_no_help_text_shows_a_doubled_percent_sign():
+    """argparse formats help strings but prints descriptions as written: a "%%" meant as an
+    escape shows up doubled in a description."""
+    from microbench.__main__ import build_parser as microbench_parser
+
+    for parser in _parsers(build_parser()) + _parsers(microbench_parser()):
+        assert "%%" not in parser.format_help(), parser.prog
 
 
 def test_python_dash_m_and_the_console_script_are_the_same_program(capsys):

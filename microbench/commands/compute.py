@@ -64,7 +64,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Time every op of the real network as training runs it, at each thread "
         "count and batch size, plus square float32 GEMMs and the STREAM triad as machine "
         "references; on a GPU (CuPy) the same at GPU batch sizes. Each point is sampled until "
-        "the median's 95%% confidence interval is narrow enough or its time cap is reached; "
+        "the median's 95% confidence interval is narrow enough or its time cap is reached; "
         "every raw sample is recorded.",
     )
     add_workloads_arguments(parser, None)
