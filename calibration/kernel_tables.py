@@ -30,7 +30,8 @@ errors under the edge law.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -76,6 +77,11 @@ class _Grid:
     filled: np.ndarray
     interp: Any
     edge: tuple[np.ndarray, np.ndarray]
+
+    @cached_property
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """The smallest and largest log dim of each axis."""
+        return np.array([a[0] for a in self.logs]), np.array([a[-1] for a in self.logs])
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,12 +139,12 @@ class GemmTable:
             if min(len(d) for d in dims) > 1
             else None
         )
-        grid = _Grid(logs, filled, interp, (np.zeros(3), np.zeros(3)))
+        grid = _Grid(logs, filled, interp, (np.zeros(3), np.zeros(3)))  # the whole grid alone
         if self.edge_columns is not None:
             edge = (np.array(self.edge_columns[0]), np.array(self.edge_columns[1]))
         else:
             edge = (self._edge_width(grid, 0), self._edge_width(grid, 1))
-        grid = _Grid(logs, filled, interp, edge)
+        grid = replace(grid, edge=edge)
         object.__setattr__(self, "_grid_cache", grid)
         return grid
 
@@ -146,8 +152,7 @@ class GemmTable:
     def _whole_s(grid: _Grid, m: float, n: float, k: float) -> float:
         """Seconds at whole dims (m, n, k), interpolated, with the law beyond the grid."""
         q = np.log(np.maximum([m, n, k], 1.0))
-        lo = np.array([axis[0] for axis in grid.logs])
-        hi = np.array([axis[-1] for axis in grid.logs])
+        lo, hi = grid.bounds
         beyond = float(np.sum(np.maximum(q - hi, 0.0)))
         if grid.interp is None:
             pairs = zip(grid.logs, q, strict=True)

@@ -28,10 +28,13 @@ leave-one-batch-out prediction: its in-sample and leave-out errors are the same 
      "gemm": {"<layout>": {"<threads>": GemmTable.to_dict()}},
      "loops": {"<variant>": {"<threads>": LoopTable.to_dict()}},
      "glue": {"per_op_s", "per_step_s", "intervals": {...}, "points"},
-     "spread": {"gemm": <log sigma>, "loops": <log sigma>},
-     "quality": {"gemm" | "loops" | "glue": FitQuality,
-                 "steps": {"workload": {...}, "batch": {...}, "threads": {...}}: FitQuality each,
-                 "tables": {"<table>": {"points", "median_abs_log_error", "p90_abs_log_error"}}}}
+     "spread": {"gemm": <log sigma>, "loops": <log sigma>}}
+
+``quality_dict()`` (the profile's ``fit_quality.kernels``)::
+
+    {"gemm" | "loops" | "glue": FitQuality,
+     "steps": {"workload": {...}, "batch": {...}, "threads": {...}}: FitQuality each,
+     "tables": {"<table>": {"points", "median_abs_log_error", "p90_abs_log_error"}}}
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ class KernelModel:
             )
         if not self.gemm_ or not self.loops_:
             raise UserError("the kernel sweep records hold no GEMM or no loop points")
+        self.quality_: dict[str, Any] = {}
         self._fit_glue(rows[rows["name"] == "glue"])
         self._fit_spread()
         self._check_steps(measured[measured["benchmark"] == "speed"])
@@ -109,12 +113,10 @@ class KernelModel:
         steps, kernel_s = [], []
         for _, row in rows.iterrows():
             workload = Workload.from_dict(json.loads(row["params.workload_json"]), "glue")
-            calls = step_calls(workload, int(row["params.batch"]), 1, gather=False)
-            kernel_s.append(sum(self.call_s(c, 1) for c in calls))
+            kernel_s.append(self._kernels_s(workload, int(row["params.batch"]), 1))
             steps.append(float(np.median(row["samples"])))
             self.glue_points_.append((int(row["params.op_calls"]), steps[-1] - kernel_s[-1]))
         self.glue_ = self._glue_fit(self.glue_points_)
-        self._glue_quality = None
         if self.glue_["intervals"] and len(steps) > 2:  # each tiny network left out in turn
             points = self.glue_points_
 
@@ -125,7 +127,7 @@ class KernelModel:
             left_out = [
                 priced(i, self._glue_fit(points[:i] + points[i + 1 :])) for i in range(len(steps))
             ]
-            self._glue_quality = fit_quality(steps, fitted, left_out).to_dict()
+            self.quality_["glue"] = fit_quality(steps, fitted, left_out).to_dict()
 
     @staticmethod
     def _glue_fit(points: list[tuple[int, float]]) -> dict[str, Any]:
@@ -152,7 +154,7 @@ class KernelModel:
         }  # fmt: skip
 
     def _fit_spread(self) -> None:
-        self.quality_: dict[str, Any] = {"tables": {}}
+        self.quality_["tables"] = {}
         pooled: dict[str, list[np.ndarray]] = {"gemm": [], "loops": []}
         tables = [("gemm", f"gemm_{k[0]}@{k[1]}", t) for k, t in self.gemm_.items()]
         tables += [("loops", f"{k[0]}@{k[1]}", t) for k, t in self.loops_.items()]
@@ -174,15 +176,17 @@ class KernelModel:
                 ratio = np.exp(np.concatenate(parts))
                 q = fit_quality(ratio, np.ones_like(ratio), np.ones_like(ratio)).to_dict()
                 self.quality_[family] = {**q, "r2": None}
-        if self._glue_quality is not None:
-            self.quality_["glue"] = self._glue_quality
 
     def step_s(self, workload: Workload, batch: int, threads: int) -> float:
         """Seconds of one training step's compute (forward, loss, backward, update; no
         gather), glue included: what ``microbench speed`` times as ``step_compute``."""
-        calls = step_calls(workload, batch, threads, gather=False)
         glue = self.glue_["per_op_s"] * len(op_calls(workload)) + self.glue_["per_step_s"]
-        return sum(self.call_s(c, threads) for c in calls) + glue
+        return self._kernels_s(workload, batch, threads) + glue
+
+    def _kernels_s(self, workload: Workload, batch: int, threads: int) -> float:
+        """The table seconds of one training step's kernel calls (no gather)."""
+        calls = step_calls(workload, batch, threads, gather=False)
+        return sum(self.call_s(c, threads) for c in calls)
 
     def _check_steps(self, speed: pd.DataFrame) -> None:
         """The calibration's whole steps against the model (module docstring), grouped by
@@ -249,7 +253,6 @@ class KernelModel:
             "loops": loops,
             "glue": {**self.glue_, "points": [list(p) for p in self.glue_points_]},
             "spread": dict(self.spread_),
-            "quality": self.quality_,
         }
 
     @classmethod
@@ -269,5 +272,5 @@ class KernelModel:
         model.glue_points_ = [(int(n), float(s)) for n, s in glue.pop("points", [])]
         model.glue_ = {"per_op_s": 0.0, "per_step_s": 0.0, "intervals": {}, **glue}
         model.spread_ = {"gemm": 0.0, "loops": 0.0, **doc.get("spread", {})}
-        model.quality_ = dict(doc.get("quality", {}))
+        model.quality_ = dict(doc.get("quality", {}))  # a profile may keep it in the section
         return model

@@ -304,11 +304,11 @@ def _loop_fn(pool: _Pool, kernel: str, variant: str, dims: tuple[int, ...]) -> A
     # to some 10^5 taps (a max-pool over 5 channels then ran 3x faster than on fresh data). So
     # each call reads the next of several random inputs (random data that no loop writes, in a
     # GEMM operand's buffer) and random winning taps (the backward's branches).
-    inputs = _fresh_views(pool.buffers[0], (n, h, w, c))
     taps = np.random.default_rng(0).integers(0, size * size, 2 * n * oh * ow * c, dtype=np.int32)
     argmaxes = _fresh_views(taps, (n, oh, ow, c))
     turn = itertools.count()
     if kernel == "maxpool":
+        inputs = _fresh_views(pool.buffers[0], (n, h, w, c))
         return lambda: fn(inputs[next(turn) % FRESH_DATA], size, stride, small, argmaxes[0])
     if kernel == "maxpool_backward_tiled":
         return lambda: fn(small, argmaxes[next(turn) % FRESH_DATA], size, big)
