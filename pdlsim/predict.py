@@ -38,6 +38,7 @@ from pdlsim.whatif import apply_to_cost, rank_speeds, scenario_options
 
 if TYPE_CHECKING:  # the heavy modules are imported where used: building the parser stays light
     from calibration.profile import Profile
+    from microbench.workload import Workload
     from pdlsim.costmodel import ProfileCostModel
     from pdlsim.sim import Cluster, Scenario
 
@@ -80,9 +81,9 @@ class PredictConfig:
     gpus: int = 0  # per node; 0: CPU ranks
     procs_per_node: int = 1
     threads: int = 1
-    model: str = "cnn"
+    model: str | Workload = "cnn"  # a preset name, a workload file's path, or a Workload
     batch: int = 32
-    profile: str | None = None
+    profile: str | Profile | None = None  # a packaged name or a path; None: the default
     network: str | None = None
     inter_bw: str | None = None
     inter_lat: str | None = None
@@ -121,6 +122,13 @@ class PredictConfig:
     restart_time: str | None = None
     corrections: str = "all"  # named corrections switched on (pdlsim.corrections)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as the JSON document's ``config``: a workload or a profile given as an
+        object appears by its name."""
+        model = self.model if isinstance(self.model, str) else self.model.name
+        profile = self.profile if self.profile is None or isinstance(self.profile, str) else "given"
+        return asdict(replace(self, model=model, profile=profile))
+
 
 # The profile a prediction uses without --profile: the first of these that is packaged. The
 # 2-core EPYC's, which the README's examples print (its kernel tables price any workload);
@@ -128,9 +136,13 @@ class PredictConfig:
 DEFAULT_PROFILES = ("reference", "epyc-2core")
 
 
-def resolve_profile(name: str | None) -> tuple[Profile, str]:
-    from calibration.profile import ProfileError, load_profile, packaged_profile_names
+def resolve_profile(name: str | Profile | None) -> tuple[Profile, str]:
+    """The profile a prediction prices with, and what to call it: a packaged name or a path,
+    the packaged default (:data:`DEFAULT_PROFILES`) for None, or a profile already loaded."""
+    from calibration.profile import Profile, ProfileError, load_profile, packaged_profile_names
 
+    if isinstance(name, Profile):
+        return name, f"given (created {name.created_utc})"
     if name is None:
         names = packaged_profile_names()
         if not names:
@@ -155,7 +167,7 @@ def resolve_network(cfg: PredictConfig, profile_has_inter: bool) -> NetworkPrese
 
 def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict[str, Any]]:
     """The cluster, scenario and cost model of a configuration, and where the numbers came from."""
-    from microbench.workload import load_workload
+    from microbench.workload import Workload
     from pdlsim.costmodel import ProfileCostModel
     from pdlsim.insitu_cost import sync_parallelism
     from pdlsim.sim import Cluster, Scenario
@@ -172,7 +184,7 @@ def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict
             least = "0 or more" if flag == "--gpus" else "positive"
             raise UserError(f"{flag} must be {least}, got {value}")
     profile, profile_name = resolve_profile(cfg.profile)
-    workload = load_workload(cfg.model)
+    workload = Workload.load(cfg.model)
     has_inter = any(r.inter is not None for r in _regimes(profile))
     network = resolve_network(cfg, has_inter)
     # looked up even for CPU ranks, which use none: a typo fails either way

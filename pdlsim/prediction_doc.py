@@ -10,7 +10,7 @@ checkpoints and restarts (:mod:`pdlsim.reliability`) are added from the finished
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from pdlsim.energy import energy_for_prediction
@@ -83,7 +83,7 @@ def prediction_document(
         "single_device_step_time_s": base_step_s,
         "dataset_samples": dataset,
         "samples_per_step": samples_per_step,
-        "config": {**asdict(cfg), "mode": cluster.mode, "devices": devices},
+        "config": {**cfg.to_dict(), "mode": cluster.mode, "devices": devices},
         **extra,
         "provenance": provenance,
     }
