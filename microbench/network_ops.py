@@ -59,8 +59,8 @@ from typing import Any
 
 import numpy as np
 
-from microbench.compute import Point
 from microbench.nn import SGD, Network
+from microbench.sampling import Point
 from microbench.workload import BYTES_PER_VALUE, LayerInfo, Workload
 
 __all__ = [
