@@ -20,6 +20,7 @@ from microbench.network_ops import LABEL_BYTES, layer_bytes, update_cost
 from microbench.workload import LayerInfo, sliced_dense
 from pdlsim.kernel_cost import sliced_layers
 from pdlsim.sim import ConfigError
+from pdlsim.sim.cost import CostHooks
 from pdlsim.uncertainty import moved
 
 __all__ = ["GPU_FLOPS_EFFICIENCY", "GPU_KERNEL_LAUNCH_S", "GPU_MEMORY_EFFICIENCY", "ComputeCost"]
@@ -31,7 +32,7 @@ GPU_KERNEL_LAUNCH_S = 5e-6  # per layer per phase
 STEP = ("forward", "backward", "update")  # the phases of a training step
 
 
-class ComputeCost:
+class ComputeCost(CostHooks):
     """Layer compute times of :class:`pdlsim.costmodel.ProfileCostModel` (module docstring)."""
 
     compute: Any

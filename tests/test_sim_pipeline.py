@@ -21,6 +21,7 @@ from pdlsim.sim import (
     Scenario,
     simulate,
 )
+from pdlsim.sim.cost import CostHooks
 from pdlsim.sim.pipeline import (
     build_pipeline_plan,
     micro_batch_sizes,
@@ -40,7 +41,7 @@ REL = 1e-9
 
 
 @dataclass(frozen=True)
-class PhaseCost:
+class PhaseCost(CostHooks):
     """Dense layers cost ``forward_s`` / ``backward_s`` per sample, everything else nothing;
     messages, collectives, copies and updates are free."""
 

@@ -21,6 +21,7 @@ from pdlsim.sim import (
     Scenario,
     simulate,
 )
+from pdlsim.sim.cost import CostHooks
 from pdlsim.sim.messages import allgather_schedule, allgather_time, message_time
 from pdlsim.sim.tensor import (
     build_tensor_plan,
@@ -37,7 +38,7 @@ REL = 1e-9
 
 
 @dataclass(frozen=True)
-class FreeComm:
+class FreeComm(CostHooks):
     """The example machine's compute with every message and collective free."""
 
     base: object

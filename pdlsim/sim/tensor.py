@@ -157,9 +157,8 @@ def build_tensor_plan(
     check_layerwise(cluster, scenario, "inference" if p == 1 else "model parallelism")
     placement = _group_placement(cluster, p, scenario.algorithm)
     batch, threads, device = scenario.batch_per_rank, cluster.threads_per_rank, cluster.device
-    sliced = getattr(cost, "sliced", None)
-    if p > 1 and sliced is not None:  # a cost model that prices a slice apart (its share)
-        cost = sliced(p)
+    if p > 1:  # a cost model may price a slice apart (its share)
+        cost = cost.sliced(p)
     layers = scenario.workload.layers
     params = [i for i, info in enumerate(layers) if info.param_count > 0]
     if not params:
@@ -179,15 +178,14 @@ def build_tensor_plan(
         seconds = cost.compute_time(local[i], phase, batch, threads, device)
         return TensorOp("compute", layers[i].name, phase, seconds, split=local[i] is not layers[i])
 
-    priced = getattr(cost, "in_situ_s", None) if p > 1 else None
     parallel = MODEL_INFERENCE if inference else "model"  # as the profile's in-place calls
 
     def in_situ(op: str, layer: str, nbytes: float, back_to_back_s: float) -> float:
         """The call's in-place excess over ``back_to_back_s`` (module docstring; negative: a
         saving); 0 without one."""
-        if priced is None:
+        if p == 1:
             return 0.0
-        return float(priced(parallel, op, layer, batch, int(nbytes), back_to_back_s))
+        return float(cost.in_situ_s(parallel, op, layer, batch, int(nbytes), back_to_back_s))
 
     ops: list[TensorOp] = []
     for i, info in enumerate(layers):
@@ -215,8 +213,7 @@ def build_tensor_plan(
                     TensorOp("allreduce", layers[i].name, "backward", seconds, nbytes, name, extra)
                 )
         ops += [compute(i, "update") for i in params]
-    barrier = getattr(cost, "step_barrier_s", None) if p > 1 else None
-    barrier_s = 0.0 if barrier is None else float(barrier(parallel, batch, p, placement))
+    barrier_s = float(cost.step_barrier_s(parallel, batch, p, placement)) if p > 1 else 0.0
     if barrier_s > 0:  # the loop's barrier between two steps, where it was timed in place
         ops.append(TensorOp("barrier", "step", "step", barrier_s, 0.0, "in place", barrier_s))
     h2d_s = 0.0
