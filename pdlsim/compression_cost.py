@@ -13,10 +13,10 @@ F_m: compressing is dominated by the O(n) selection and is used as measured; exp
 scatter at F_m; each further rank's, scaled to density F, adds one ``scatter``).
 
 **GPU ranks** (an **assumption**, not measured): memory-bound kernels at the preset's HBM
-bandwidth x :data:`pdlsim.costmodel.GPU_MEMORY_EFFICIENCY`, one kernel launch each. Bytes
-moved per float32 element: fp16 6 each way (read 4, write 2); top-k compression 8 (two passes
-over the gradient, as a radix select does) plus 8 per kept element, expansion 4 (zeroing) plus
-16 per received element (read the pair, read-modify-write the value).
+bandwidth x the assumed ``gpu_memory_efficiency`` (:data:`pdlsim.presets.ASSUMPTIONS`), one
+kernel launch each. Bytes moved per float32 element: fp16 6 each way (read 4, write 2); top-k
+compression 8 (two passes over the gradient, as a radix select does) plus 8 per kept element,
+expansion 4 (zeroing) plus 16 per received element (read the pair, read-modify-write the value).
 """
 
 from __future__ import annotations

@@ -23,12 +23,8 @@ from pdlsim.sim import ConfigError
 from pdlsim.sim.cost import CostHooks
 from pdlsim.uncertainty import moved
 
-__all__ = ["GPU_FLOPS_EFFICIENCY", "GPU_KERNEL_LAUNCH_S", "GPU_MEMORY_EFFICIENCY", "ComputeCost"]
+__all__ = ["ComputeCost"]
 
-# Assumptions used with data-sheet presets (documented in pdlsim.costmodel; not measured).
-GPU_FLOPS_EFFICIENCY = 0.5  # of FP32 non-tensor peak reached by a training layer's kernels
-GPU_MEMORY_EFFICIENCY = 0.8  # of HBM bandwidth reached by a memory-bound kernel
-GPU_KERNEL_LAUNCH_S = 5e-6  # per layer per phase
 STEP = ("forward", "backward", "update")  # the phases of a training step
 
 
@@ -55,9 +51,15 @@ class ComputeCost(CostHooks):
     tensor_ranks: int  # the ranks this model's dense layers are split over (1: whole layers)
     kernels: Any  # pdlsim.kernel_cost.KernelCompute, where the profile has kernel tables
     description: Any  # the workload itself, where the caller gave it
+    assumptions: Any  # name -> pdlsim.presets.Assumption: figures taken where nothing measured
     _ops_cache: dict[tuple[Any, ...], float]
     _share_cache: dict[tuple[Any, ...], float]
     _pin_cache: dict[tuple[str, str, int, int, str], float]
+
+    def assumed(self, name: str) -> float:
+        """The value this model takes for assumption ``name`` (:data:`pdlsim.presets.ASSUMPTIONS`;
+        the band draws it in its range)."""
+        return float(self.assumptions[name].value)
 
     def _workload_layers(self, model: str | None = None) -> tuple[LayerInfo, ...]:
         """The layers of ``model`` (default: this model's workload); none if it cannot be
@@ -248,9 +250,9 @@ class ComputeCost(CostHooks):
                 raise ConfigError("GPU ranks need a GPU compute model or a GPU preset")
             g = self.gpu
             busy = max(
-                flops / (g.fp32_flops_per_s * GPU_FLOPS_EFFICIENCY),
-                nbytes / (g.hbm_bandwidth_bytes_per_s * GPU_MEMORY_EFFICIENCY),
+                flops / (g.fp32_flops_per_s * self.assumed("gpu_flops_efficiency")),
+                nbytes / (g.hbm_bandwidth_bytes_per_s * self.assumed("gpu_memory_efficiency")),
             )
-            return GPU_KERNEL_LAUNCH_S + busy
+            return self.assumed("gpu_kernel_launch_s") + busy
         used = 1 if device == "gpu" else threads
         return float(self.compute.predict(flops, nbytes, used, device, kind, label))

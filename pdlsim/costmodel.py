@@ -7,15 +7,16 @@
   roofline of its op class (``dense:forward``, ``conv2d:backward``, ``softmax_cross_entropy:loss``,
   ``sgd:update``; pooled where a class was not measured) and thread-scaling law. A flatten is a
   view and costs nothing. GPU ranks use the profile's GPU curves when it has them, else the GPU
-  preset's data-sheet roofline: FLOPs / (FP32 non-tensor peak x :data:`GPU_FLOPS_EFFICIENCY`)
-  or bytes / (HBM x :data:`GPU_MEMORY_EFFICIENCY`), whichever is longer, plus a kernel launch
-  (:data:`GPU_KERNEL_LAUNCH_S`). These three are **assumptions**, not data-sheet figures.
+  preset's data-sheet roofline: FLOPs / (FP32 non-tensor peak x ``gpu_flops_efficiency``)
+  or bytes / (HBM x ``gpu_memory_efficiency``), whichever is longer, plus a kernel launch
+  (``gpu_kernel_launch_s``). These three are **assumptions** (:data:`pdlsim.presets.ASSUMPTIONS`,
+  from ``pdlsim/hardware.json``), each with a range the band draws it in.
 * **Collectives.** The simulator's algorithm steps (:func:`pdlsim.sim.collectives.schedule`),
   each timed on its level's :class:`~pdlsim.sim.LinkCost`, so the schedule sums to
   ``collective_time`` by construction. CPU ranks inside a node: the profile's allreduce alpha and
   beta of the size regime the message falls in (the fitted beta absorbs the reduction, so no
   gamma). GPU ranks inside a node: NVLink, half the preset's bidirectional figure per direction,
-  :data:`NVLINK_LATENCY_S` assumed. Across nodes: the network (a preset or given numbers), or the
+  ``nvlink_latency_s`` assumed. Across nodes: the network (a preset or given numbers), or the
   profile's fitted inter-node parameters when it has them and no network is given; the receiver
   reduces at a third of its memory bandwidth (two reads, one write per byte): the profile's
   triad bandwidth for CPU ranks, the preset's HBM for GPU ranks.
@@ -50,7 +51,7 @@
   do the same with the GPU steps' own moments and deviations (a small network's GPU step is
   the host launching kernels, and drifts with the host); from a data sheet they have none.
 * **Copies.** The profile's transfer model, else the preset's PCIe per-direction rate times
-  :data:`PINNED_EFFICIENCY` or :data:`PAGEABLE_EFFICIENCY` plus :data:`COPY_LATENCY_S` (assumed).
+  ``pinned_efficiency`` or ``pageable_efficiency`` plus ``copy_latency_s`` (assumed).
 * **Jitter.** The profile's :class:`calibration.jitter.JitterModel` behind the simulator's
   ``Jitter`` protocol (:class:`ProfileJitter`).
 * **Overlap efficiency.** The profile's measured hidden fraction of an allreduce of the bucket
@@ -69,6 +70,7 @@ Data-sheet figures and assumptions are not perturbed: they have no interval.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,38 +86,21 @@ from calibration.stats import Interval
 from calibration.transfer import TransferModel
 from microbench.errors import UserError
 from microbench.workload import LayerInfo, Workload, load_workload
-from pdlsim.compute_cost import (
-    GPU_FLOPS_EFFICIENCY,
-    GPU_KERNEL_LAUNCH_S,
-    GPU_MEMORY_EFFICIENCY,
-    ComputeCost,
-)
+from pdlsim.compute_cost import ComputeCost
 from pdlsim.corrections import CORRECTIONS
 from pdlsim.insitu_cost import InSituCost, in_place_colocation, in_place_share, in_place_sync
 from pdlsim.kernel_cost import TERMS, KernelCompute
 from pdlsim.oppins import OpPins
-from pdlsim.presets import GpuPreset, NetworkPreset
+from pdlsim.presets import ASSUMPTIONS, Assumption, GpuPreset, NetworkPreset
 from pdlsim.sim import ConfigError, LinkCost, Placement, TimedStep, collectives
 from pdlsim.stepscale import StepRow, StepScale
 from pdlsim.uncertainty import ProfileJitter, perturbed_cost
 
 __all__ = [
-    "COPY_LATENCY_S",
-    "GPU_FLOPS_EFFICIENCY",
-    "GPU_KERNEL_LAUNCH_S",
-    "GPU_MEMORY_EFFICIENCY",
-    "NVLINK_LATENCY_S",
-    "PAGEABLE_EFFICIENCY",
-    "PINNED_EFFICIENCY",
     "ProfileCostModel",
     "ProfileJitter",
 ]
 
-# Assumptions used with data-sheet presets (documented above; not measured, not data sheet).
-NVLINK_LATENCY_S = 2e-6
-COPY_LATENCY_S = 10e-6
-PINNED_EFFICIENCY = 0.8  # of the PCIe per-direction rate
-PAGEABLE_EFFICIENCY = 0.4  # staged through a pinned driver buffer
 _COLLECTIVE_OPS = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "pingpong")
 
 
@@ -182,6 +167,7 @@ class ProfileCostModel(ComputeCost):
     kernels: KernelCompute | None = None  # CPU compute from the profile's kernel tables
     corrections: frozenset[str] = frozenset(CORRECTIONS)
     description: Workload | None = None  # the workload itself, where given
+    assumptions: Mapping[str, Assumption] = field(default_factory=lambda: dict(ASSUMPTIONS))
 
     @classmethod
     def from_profile(
@@ -198,12 +184,14 @@ class ProfileCostModel(ComputeCost):
         parallel: str | None = None,
         corrections: frozenset[str] = frozenset(CORRECTIONS),
         description: Workload | None = None,
+        assumptions: Mapping[str, Assumption] | None = None,
     ) -> ProfileCostModel:
         """The cost model of ``workload`` from ``profile``; ``batch`` and ``parallel`` (the
         in-place step, :func:`pdlsim.insitu_cost.sync_parallelism`) size the sync where the
         profile timed that step's skew in place; ``corrections``: the named corrections
         (:data:`pdlsim.corrections.CORRECTIONS`) switched on; ``description``: the workload
-        itself (default: loaded by the name ``workload``)."""
+        itself (default: loaded by the name ``workload``); ``assumptions``: the figures taken
+        where nothing measured says (default: the packaged :data:`pdlsim.presets.ASSUMPTIONS`)."""
         compute = profile.model("compute")
         kernels = None
         if profile.models.get("kernels") and device == "cpu":
@@ -345,6 +333,7 @@ class ProfileCostModel(ComputeCost):
             colocation_in_place=in_place, colocation_in_place_threads=in_place_threads,
             slice_shares=shares, slice_share_ranks=share_ranks, slice_share_threads=share_threads,
             kernels=kernels, corrections=frozenset(corrections), description=description,
+            assumptions=dict(ASSUMPTIONS if assumptions is None else assumptions),
         )  # fmt: skip
 
     # ------------------------------------------------------------------------ collectives
@@ -358,7 +347,9 @@ class ProfileCostModel(ComputeCost):
         if self.device == "gpu" and self.gpu is not None:
             g = self.gpu
             intra = LinkCost(
-                NVLINK_LATENCY_S, g.nvlink_bytes_per_s / 2, g.hbm_bandwidth_bytes_per_s / 3
+                self.assumed("nvlink_latency_s"),
+                g.nvlink_bytes_per_s / 2,
+                g.hbm_bandwidth_bytes_per_s / 3,
             )
         else:
             regime = self._regime(nbytes)
@@ -434,8 +425,8 @@ class ProfileCostModel(ComputeCost):
                 pass
         if self.gpu is None:
             raise ConfigError("no transfer model in the profile and no GPU preset for copies")
-        share = PINNED_EFFICIENCY if pinned else PAGEABLE_EFFICIENCY
-        return COPY_LATENCY_S + nbytes / (self.gpu.pcie_bytes_per_s * share)
+        share = self.assumed("pinned_efficiency" if pinned else "pageable_efficiency")
+        return self.assumed("copy_latency_s") + nbytes / (self.gpu.pcie_bytes_per_s * share)
 
     # ------------------------------------------------------------------------ uncertainty
     def perturbed(
@@ -458,9 +449,9 @@ class ProfileCostModel(ComputeCost):
 
         hbm = None
         if self.device == "gpu" and self.gpu is not None:
-            hbm = self.gpu.hbm_bandwidth_bytes_per_s * GPU_MEMORY_EFFICIENCY
+            hbm = self.gpu.hbm_bandwidth_bytes_per_s * self.assumed("gpu_memory_efficiency")
         return compression_seconds(
-            self.compression, method, nbytes, phase, ranks, hbm, GPU_KERNEL_LAUNCH_S
+            self.compression, method, nbytes, phase, ranks, hbm, self.assumed("gpu_kernel_launch_s")
         )
 
 

@@ -30,9 +30,10 @@ from pdlsim.prediction_doc import band_step_times, prediction_document
 from pdlsim.presets import (
     DEFAULT_GPU_PRESET,
     DEFAULT_NETWORK_PRESET,
+    HARDWARE,
+    Hardware,
     NetworkPreset,
-    gpu_preset,
-    network_preset,
+    load_hardware,
 )
 from pdlsim.whatif import apply_to_cost, rank_speeds, scenario_options
 
@@ -121,6 +122,7 @@ class PredictConfig:
     mtbf: str | None = None  # per node
     restart_time: str | None = None
     corrections: str = "all"  # named corrections switched on (pdlsim.corrections)
+    hardware: str | None = None  # a file overlaying the packaged presets and assumptions
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as the JSON document's ``config``: a workload or a profile given as an
@@ -154,10 +156,12 @@ def resolve_profile(name: str | Profile | None) -> tuple[Profile, str]:
         raise UserError(f"--profile: {exc}") from None
 
 
-def resolve_network(cfg: PredictConfig, profile_has_inter: bool) -> NetworkPreset | None:
+def resolve_network(
+    cfg: PredictConfig, profile_has_inter: bool, hardware: Hardware = HARDWARE
+) -> NetworkPreset | None:
     if cfg.network is None and cfg.inter_bw is None and cfg.inter_lat is None:
-        return None if profile_has_inter else network_preset(DEFAULT_NETWORK_PRESET)
-    base = network_preset(cfg.network or DEFAULT_NETWORK_PRESET)
+        return None if profile_has_inter else hardware.network(DEFAULT_NETWORK_PRESET)
+    base = hardware.network(cfg.network or DEFAULT_NETWORK_PRESET)
     if cfg.inter_bw is None and cfg.inter_lat is None:
         return base
     bw = parse_rate(cfg.inter_bw) if cfg.inter_bw else base.bandwidth_bytes_per_s
@@ -185,10 +189,11 @@ def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict
             raise UserError(f"{flag} must be {least}, got {value}")
     profile, profile_name = resolve_profile(cfg.profile)
     workload = Workload.load(cfg.model)
+    hardware = load_hardware(cfg.hardware)
     has_inter = any(r.inter is not None for r in _regimes(profile))
-    network = resolve_network(cfg, has_inter)
+    network = resolve_network(cfg, has_inter, hardware)
     # looked up even for CPU ranks, which use none: a typo fails either way
-    preset = None if cfg.gpu_preset == "none" else gpu_preset(cfg.gpu_preset)
+    preset = None if cfg.gpu_preset == "none" else hardware.gpu(cfg.gpu_preset)
     gpu = preset if cfg.gpus > 0 else None
     if cfg.gpus > 0:
         cluster = Cluster.gpus(cfg.nodes, cfg.gpus)
@@ -215,11 +220,14 @@ def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict
         cluster.ranks_per_node, inference=cfg.inference, batch=cfg.batch,
         parallel=sync_parallelism(cfg.parallel, cfg.inference),
         corrections=parse_corrections(cfg.corrections), description=workload,
+        assumptions=hardware.assumptions,
     )  # fmt: skip
     cost = apply_to_cost(cfg, cost)
     provenance = {"profile": profile_name, **cost.provenance}
     if gpu is not None:
         provenance["gpu_preset"] = f"{gpu.name} (data sheet: {gpu.source})"
+    if cfg.hardware is not None:
+        provenance["hardware"] = hardware.source
     return cluster, scenario, cost, provenance
 
 

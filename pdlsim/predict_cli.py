@@ -111,6 +111,9 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inter-lat", default=None, metavar="TIME", help="e.g. 2us")
     p.add_argument("--gpu-preset", default=DEFAULT_GPU_PRESET, metavar="NAME",
                    help="h100-sxm (default), a100-sxm, v100, none")  # fmt: skip
+    p.add_argument("--hardware", default=None, metavar="FILE",
+                   help="a JSON file shaped as pdlsim/hardware.json: your GPUs, networks "
+                   "or assumed figures, over the packaged ones")  # fmt: skip
     p.add_argument("--iterations", type=int, default=100, help="simulated steps (100)")
     p.add_argument("--bucket-mb", type=non_negative_float, default=25.0, help="bucket MiB (25)")
     p.add_argument("--no-overlap", dest="overlap", action="store_false")

@@ -17,18 +17,28 @@ state it), and memory capacity.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
 
 from microbench.errors import UserError
 
 __all__ = [
+    "ASSUMPTIONS",
+    "HARDWARE",
+    "Assumption",
     "DEFAULT_GPU_PRESET",
     "DEFAULT_NETWORK_PRESET",
     "GPU_PRESETS",
     "NETWORK_PRESETS",
     "GpuPreset",
+    "Hardware",
     "NetworkPreset",
     "gpu_preset",
+    "load_hardware",
     "network_preset",
 ]
 
@@ -66,103 +76,162 @@ class GpuPreset:
     kind: str = "data sheet"
 
 
-_GB = 1e9
-_TFLOPS = 1e12
+@dataclass(frozen=True)
+class Assumption:
+    """A figure the model takes where nothing measured says, with the range it may lie in:
+    read as a 95% interval, the prediction band draws it there (:mod:`pdlsim.uncertainty`)."""
 
-# Gb/s of the port -> bytes/s: / 8.
-NETWORK_PRESETS: dict[str, NetworkPreset] = {
-    p.name: p
-    for p in (
-        NetworkPreset(
-            "ib-hdr",
-            1.0e-6,
-            200e9 / 8,
-            "NVIDIA ConnectX-6 / Quantum HDR InfiniBand data sheets: 200 Gb/s per port, "
-            "sub-microsecond to ~1 us end-to-end latency (1 us taken)",
-        ),
-        NetworkPreset(
-            "ib-ndr",
-            1.0e-6,
-            400e9 / 8,
-            "NVIDIA ConnectX-7 / Quantum-2 NDR InfiniBand data sheets: 400 Gb/s per port, "
-            "~1 us end-to-end latency",
-        ),
-        NetworkPreset(
-            "roce-100g",
-            2.0e-6,
-            100e9 / 8,
-            "NVIDIA ConnectX-5/6 Ethernet data sheets: 100 GbE with RoCE v2; ~2 us "
-            "application-level latency as published for RoCE on these adapters",
-        ),
-        NetworkPreset(
-            "eth-25g",
-            10.0e-6,
-            25e9 / 8,
-            "IEEE 802.3by 25GBASE line rate; ~10 us MPI latency over kernel TCP, a typical "
-            "published figure for commodity 25 GbE (no RDMA)",
-        ),
-        NetworkPreset(
-            "eth-10g",
-            25.0e-6,
-            10e9 / 8,
-            "IEEE 802.3ae 10GBASE line rate; ~25 us MPI latency over kernel TCP, a typical "
-            "published figure for commodity 10 GbE (no RDMA)",
-        ),
-    )
-}
+    name: str
+    value: float
+    low: float
+    high: float
+    unit: str
+    basis: str
 
-GPU_PRESETS: dict[str, GpuPreset] = {
-    p.name: p
-    for p in (
-        GpuPreset(
-            "h100-sxm",
-            fp32_flops_per_s=67 * _TFLOPS,
-            tf32_tensor_flops_per_s=495 * _TFLOPS,
-            hbm_bandwidth_bytes_per_s=3350 * _GB,
-            pcie_bytes_per_s=64 * _GB,
-            nvlink_bytes_per_s=900 * _GB,
-            memory_bytes=80 * 10**9,
-            source="NVIDIA H100 Tensor Core GPU data sheet (SXM5): FP32 67 TFLOP/s, TF32 "
-            "tensor 989 TFLOP/s with sparsity (495 dense), HBM3 3.35 TB/s, 80 GB, NVLink "
-            "900 GB/s, PCIe Gen5 x16 (64 GB/s per direction)",
-        ),
-        GpuPreset(
-            "a100-sxm",
-            fp32_flops_per_s=19.5 * _TFLOPS,
-            tf32_tensor_flops_per_s=156 * _TFLOPS,
-            hbm_bandwidth_bytes_per_s=2039 * _GB,
-            pcie_bytes_per_s=32 * _GB,
-            nvlink_bytes_per_s=600 * _GB,
-            memory_bytes=80 * 10**9,
-            source="NVIDIA A100 Tensor Core GPU data sheet (80GB SXM4): FP32 19.5 TFLOP/s, TF32 "
-            "tensor 156 TFLOP/s dense, HBM2e 2,039 GB/s, NVLink 600 GB/s, PCIe Gen4 x16 "
-            "(32 GB/s per direction)",
-        ),
-        GpuPreset(
-            "v100",
-            fp32_flops_per_s=15.7 * _TFLOPS,
-            tf32_tensor_flops_per_s=15.7 * _TFLOPS,  # no TF32: FP32 through CUDA cores
-            hbm_bandwidth_bytes_per_s=900 * _GB,
-            pcie_bytes_per_s=16 * _GB,
-            nvlink_bytes_per_s=300 * _GB,
-            memory_bytes=32 * 10**9,
-            source="NVIDIA Tesla V100 data sheet (SXM2 32GB): FP32 15.7 TFLOP/s (no TF32), "
-            "HBM2 900 GB/s, NVLink 300 GB/s, PCIe Gen3 x16 (16 GB/s per direction)",
-        ),
-    )
-}
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.low) and self.low <= self.value <= self.high < math.inf):
+            raise UserError(
+                f"assumption '{self.name}': need low <= value <= high, all finite, "
+                f"got {self.low}, {self.value}, {self.high}"
+            )
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The presets and assumptions a prediction may rest on: the packaged file
+    (``pdlsim/hardware.json``), optionally overlaid by a user's file of the same shape."""
+
+    networks: Mapping[str, NetworkPreset]
+    gpus: Mapping[str, GpuPreset]
+    assumptions: Mapping[str, Assumption]
+    source: str
+
+    def network(self, name: str) -> NetworkPreset:
+        if name not in self.networks:
+            raise UserError(f"unknown network preset '{name}'; known: {', '.join(self.networks)}")
+        return self.networks[name]
+
+    def gpu(self, name: str) -> GpuPreset:
+        if name not in self.gpus:
+            raise UserError(f"unknown GPU preset '{name}'; known: {', '.join(self.gpus)}, none")
+        return self.gpus[name]
+
+    def overlaid(self, doc: Any, source: str) -> Hardware:
+        """This catalogue with ``doc``'s presets added or replaced and its assumptions
+        replaced, field by field (an assumption may give only a new ``value``); an empty
+        catalogue takes ``doc``'s assumptions whole."""
+        if not isinstance(doc, Mapping):
+            raise UserError(f"{source}: expected a JSON object with networks, gpus, assumptions")
+        unknown = set(doc) - {"about", "networks", "gpus", "assumptions"}
+        if unknown:
+            raise UserError(
+                f"{source}: unknown key(s) {', '.join(sorted(unknown))}; "
+                "allowed: about, networks, gpus, assumptions"
+            )
+        networks = {**self.networks, **_section(doc, "networks", source, NetworkPreset)}
+        gpus = {**self.gpus, **_section(doc, "gpus", source, GpuPreset)}
+        assumptions = dict(self.assumptions)
+        for name, given in _entries(doc, "assumptions", source):
+            if name not in assumptions and self.assumptions:
+                raise UserError(
+                    f"{source}: assumptions.{name}: no such assumption; "
+                    f"known: {', '.join(assumptions)}"
+                )
+            old = asdict(assumptions[name]) if name in assumptions else {"name": name}
+            assumptions[name] = _made(Assumption, {**old, **given}, f"{source}: assumptions.{name}")
+        return Hardware(networks, gpus, assumptions, f"{self.source} + {source}")
+
+
+def _entries(doc: Mapping[str, Any], key: str, source: str) -> list[tuple[str, dict[str, Any]]]:
+    section = doc.get(key, {})
+    if not isinstance(section, Mapping):
+        raise UserError(f"{source}: '{key}' must be an object of named entries")
+    for name, entry in section.items():
+        if not isinstance(entry, Mapping):
+            raise UserError(f"{source}: {key}.{name} must be an object")
+    return [(str(name), dict(entry)) for name, entry in section.items()]
+
+
+def _section(doc: Mapping[str, Any], key: str, source: str, kind: type) -> dict[str, Any]:
+    return {
+        name: _made(kind, {"name": name, **entry}, f"{source}: {key}.{name}")
+        for name, entry in _entries(doc, key, source)
+    }
+
+
+def _made(kind: type, values: dict[str, Any], where: str) -> Any:
+    """``kind(**values)`` with its fields checked: each named field present, numbers finite."""
+    names = {f.name for f in fields(kind)}
+    required = {f.name for f in fields(kind) if f.default is MISSING}
+    unknown, missing = set(values) - names, required - set(values)
+    if unknown or missing:
+        problem = (
+            f"unknown field(s) {', '.join(sorted(unknown))}"
+            if unknown
+            else f"missing field(s) {', '.join(sorted(missing))}"
+        )
+        raise UserError(f"{where}: {problem}; fields: {', '.join(sorted(names))}")
+    for f in fields(kind):
+        if f.name not in values:
+            continue
+        value = values[f.name]
+        numeric = f.type in ("float", "int")
+        if numeric and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise UserError(f"{where}.{f.name}: expected a number, got {value!r}")
+        if numeric and not math.isfinite(value):
+            raise UserError(f"{where}.{f.name}: expected a finite number, got {value!r}")
+        if f.type == "str" and not isinstance(value, str):
+            raise UserError(f"{where}.{f.name}: expected a string, got {value!r}")
+        if f.type == "int" and value != int(value):
+            raise UserError(f"{where}.{f.name}: expected a whole number, got {value!r}")
+        if f.type == "int":
+            values[f.name] = int(value)
+    try:
+        return kind(**values)
+    except UserError as exc:  # the kind's own checks, which do not know the file
+        raise UserError(f"{where}: {exc}") from None
+
+
+PACKAGED = Path(__file__).with_name("hardware.json")
+_EMPTY = Hardware({}, {}, {}, str(PACKAGED))
+
+
+def _read(path: Path, source: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UserError(
+            f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{source}: cannot read it ({exc}); give a readable JSON file") from None
+
+
+def load_hardware(path: str | Path | None = None) -> Hardware:
+    """The packaged presets and assumptions, overlaid by the file at ``path`` if given."""
+    base = _EMPTY.overlaid(_read(PACKAGED, str(PACKAGED)), str(PACKAGED))
+    base = replace(base, source=str(PACKAGED))
+    if path is None:
+        return base
+    if not Path(path).is_file():
+        raise UserError(f"--hardware {path}: no such file; give a JSON file shaped as {PACKAGED}")
+    return base.overlaid(_read(Path(path), f"--hardware {path}"), str(path))
+
+
+HARDWARE = load_hardware()
+NETWORK_PRESETS = HARDWARE.networks
+GPU_PRESETS = HARDWARE.gpus
+ASSUMPTIONS = HARDWARE.assumptions
 
 DEFAULT_NETWORK_PRESET = "ib-hdr"
 DEFAULT_GPU_PRESET = "h100-sxm"
 
 
 def network_preset(name: str) -> NetworkPreset:
-    if name not in NETWORK_PRESETS:
-        raise UserError(f"unknown network preset '{name}'; known: {', '.join(NETWORK_PRESETS)}")
-    return NETWORK_PRESETS[name]
+    """A packaged network preset by name."""
+    return HARDWARE.network(name)
 
 
 def gpu_preset(name: str) -> GpuPreset:
-    if name not in GPU_PRESETS:
-        raise UserError(f"unknown GPU preset '{name}'; known: {', '.join(GPU_PRESETS)}, none")
-    return GPU_PRESETS[name]
+    """A packaged GPU preset by name."""
+    return HARDWARE.gpu(name)

@@ -83,7 +83,8 @@ def perturbed_cost(
     cost: Any, rng: np.random.Generator, stratum: tuple[int, int] | None = None
 ) -> Any:
     """A :class:`~pdlsim.costmodel.ProfileCostModel` with every fitted parameter drawn in its
-    interval, and new draws of the measured steps, co-location and drift (see
+    interval, every assumption (:data:`pdlsim.presets.ASSUMPTIONS`) in its range, and new
+    draws of the measured steps, co-location and drift (see
     :mod:`pdlsim.costmodel`); ``stratum`` (i, K): the drift from stratum i of K
     (:func:`drift_draw`), the kernel tables' errors from a Latin hypercube over the K
     (:meth:`pdlsim.kernel_cost.KernelCompute.drawn`)."""
@@ -130,6 +131,10 @@ def perturbed_cost(
             ]
             transfer.curves_[key] = new
     efficiency = min(1.0, draw(rng, cost.overlap_efficiency, cost.overlap_interval))
+    assumptions = {
+        name: replace(a, value=min(max(draw(rng, a.value, Interval(a.low, a.high)), a.low), a.high))
+        for name, a in cost.assumptions.items()
+    }
     jitter = None if cost.jitter is None else cost.jitter.perturbed(rng)
     return replace(
         cost,
@@ -138,6 +143,7 @@ def perturbed_cost(
         transfer=transfer,
         jitter=jitter,
         overlap_efficiency=efficiency,
+        assumptions=assumptions,
         step_z=float(rng.standard_normal()),
         colocation_z=float(rng.standard_normal()),
         kernels=None if cost.kernels is None else cost.kernels.drawn(rng, stratum),
