@@ -41,6 +41,7 @@ pinned=..., prefetch=...)``. Their speedup is the serial CPU run's step over the
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -211,6 +212,24 @@ def launch_rounds(n: int, repeats: int) -> list[list[int]]:
     return [[(k * n // repeats + i) % n for i in range(n)] for k in range(repeats)]
 
 
+def _frozen_profile(name: str) -> Any:
+    """The frozen profile at path ``name``, read once for all the predictions made from it (a
+    kernel-table profile takes most of a second to read): keyed on the file's identity, so a
+    profile written anew at the same path is read again. A packaged profile's name is given
+    through as it is."""
+    if not os.path.isfile(name):
+        return name
+    stat = os.stat(name)
+    return _read_profile(name, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_profile(path: str, mtime_ns: int, size: int) -> Any:
+    from pdlsim.predict import resolve_profile
+
+    return resolve_profile(path)[0]
+
+
 def predict_spec(
     spec: RunSpec, cfg: ValidateConfig, corrections: str | None = None, samples: int | None = None
 ) -> dict[str, Any]:
@@ -223,9 +242,10 @@ def predict_spec(
     from pdlsim.predict import PredictConfig, run_prediction
 
     grad_mb = load_workload(spec.model).gradient_bytes / 2**20
+    profile = _frozen_profile(cfg.profile) if cfg.profile is not None else None
     pcfg = PredictConfig(
         nodes=1, gpus=int(spec.device == "gpu"), procs_per_node=spec.procs,
-        threads=spec.threads, model=spec.model, batch=spec.batch, profile=cfg.profile,
+        threads=spec.threads, model=spec.model, batch=spec.batch, profile=profile,
         bucket_mb=math.ceil(grad_mb) + 1.0, overlap=False, iterations=50,
         samples=samples or cfg.band_samples,
         cpu_sockets=(1, available_cores()),  # this machine: one socket of its cores
