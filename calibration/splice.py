@@ -1,13 +1,13 @@
 """One step-time distribution for both the expected maxima and the simulator's draws.
 
 The jitter model (:mod:`calibration.jitter`) keeps the measured step times as sorted atoms and
-fits a parametric family to them. The atoms describe the body of the distribution best (a
-shared VM's steps have a narrow core and a heavy tail, which no family fits both of: the
-2-core test machine's CNN step had P10-P90 of 0.96-1.05x its median and P99 1.33x, and the
-lognormal that fitted it spread its core three times as wide); the family extrapolates the tail
-beyond the largest samples, which the slowest of many ranks reaches. :class:`Spliced` is the
-distribution with the atoms' quantile function below quantile level ``switch`` and the family's
-above it, shifted to meet the atoms there, so that it stays monotone.
+fits a parametric family to them. The atoms describe the body of the distribution best (a shared
+VM's steps have a narrow core and a heavy tail, which no family fits both of: a lognormal fitted
+to the steps spreads their core several times as wide as measured; evidence: docs/evidence.md,
+"Jitter"); the family extrapolates the tail beyond the largest samples, which the slowest of
+many ranks reaches. :class:`Spliced` is the distribution with the atoms' quantile function below
+quantile level ``switch`` and the family's above it, shifted to meet the atoms there, so that it
+stays monotone.
 
 Everything that prices the slowest rank uses it: E[max of P draws] (:meth:`Spliced.expected_max`,
 the analytic model's sync) and the draws, quantiles and tail quantiles of the simulator
