@@ -11,9 +11,10 @@ stays monotone.
 
 Everything that prices the slowest rank uses it: E[max of P draws] (:meth:`Spliced.expected_max`,
 the analytic model's sync) and the draws, quantiles and tail quantiles of the simulator
-(:meth:`Spliced.sample`, :meth:`Spliced.quantile`, :meth:`Spliced.upper_quantile`). Before, the
-expected maxima came from the atoms and the draws from the family alone: the simulator's 2-rank
-sync for that CNN step was 1.57x the model's, which its measured skew had been fitted to.
+(:meth:`Spliced.sample`, :meth:`Spliced.quantile`, :meth:`Spliced.upper_quantile`). With the
+expected maxima from the atoms and the draws from the family alone, the simulator's sync would
+sit well above the analytic model's, which the measured skew is fitted to (evidence:
+docs/evidence.md, "Jitter").
 
 E[max of P] = the integral over v in (0, 1) of Q(v^(1/P)) dv (u = F(x), v = u^P): exact over
 the atoms' steps below v = switch^P, and by tanh-sinh quadrature over the family's tail above
