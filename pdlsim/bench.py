@@ -236,13 +236,13 @@ def speed_command(
     threads: tuple[int, ...] = (1,),
     gpu_batches: tuple[int, ...] = (),
 ) -> list[str]:
-    """``python -m microbench speed`` for the steps of ``models`` at ``batches`` and
-    ``threads`` (and on the GPU at ``gpu_batches``), labelled ``moment``, into
-    ``out/speed.jsonl``: the bench's checks and validate's use it. Every thread count the
-    compute stage times, so that each of its steps gets its own typical time
-    (:mod:`calibration.drift`): a step at 2 threads on this 2-core VM does not move with the
-    1-thread step (its single compute moment put the CNN's 2-thread rows 15-30% fast in two
-    validations)."""
+    """``python -m microbench speed`` for the steps of ``models`` at ``batches`` and ``threads``
+    (and on the GPU at ``gpu_batches``), labelled ``moment``, into ``out/speed.jsonl``: the
+    bench's checks and validate's use it. Every thread count the compute stage times, so that
+    each of its steps gets its own typical time (:mod:`calibration.drift`): a step at more
+    threads (on a small VM, every core) does not move with the 1-thread step, so a single
+    compute moment would set its rows at whatever speed that moment had (evidence:
+    docs/evidence.md, "Drift")."""
     return [
         sys.executable, *_microbench(
             "speed", "--model", models, "--batch", _csv(batches),

@@ -15,25 +15,25 @@ excess, a local cost of each rank (caches, copies), is assumed not to grow with 
 band sample multiplies ``T_in_place`` by ``factor``, one of the rounds' deviations from their
 point's median (:func:`pdlsim.uncertainty.insitu_draw`).
 
-The excess may be negative: a call can run faster inside the step than back to back. On the
-development VM the MLP's 0.9 MiB gradient allreduce took 0.16-0.19 ms in place over four
-calibrations, and 0.19 ms timed back to back in place (0.25 ms out of place, which the
-collectives benchmark timed until 2026-11-24). A saving is fixed seconds, like an excess, but
-never a larger share of the call than it was where measured: T is at least
-``T_back_to_back(placement) x T_in_place / T_back_to_back(measured)``, so a placement whose
-back-to-back time is smaller (one rank per node over a fast network) keeps a positive cost.
-CPU ranks only (the measurements are CPU ranks'); a workload or call the profile did not
-measure in place keeps its back-to-back time, and the provenance says which applies.
+The excess may be negative: a call can run faster inside the step than back to back, the step
+having left its buffers in cache (evidence: docs/evidence.md, "Collectives in place"). A saving
+is fixed seconds, like an excess, but never a larger share of the call than it was where
+measured: T is at least ``T_back_to_back(placement) x T_in_place / T_back_to_back(measured)``,
+so a placement whose back-to-back time is smaller (one rank per node over a fast network) keeps
+a positive cost. CPU ranks only (the measurements are CPU ranks'); a workload or call the
+profile did not measure in place keeps its back-to-back time, and the provenance says which
+applies.
 
 **The step's barrier.** ``pdlsim train`` calls one barrier per step (data parallel: before the
 gradient allreduce, to tell waiting from reducing; model parallel: at the step's start). The
-rank that reaches it last, after the step's compute, spends 7-20 us in it (MLP) on the
-development VM where a barrier back to back takes 2 us: a third of the MLP's 2-rank wait, and
-in no other term. Where the profile timed it in place (op ``barrier``, layer ``step``),
-:meth:`InSituCost.barrier_s` prices it as a latency-bound allreduce of
-:data:`BARRIER_PROXY_BYTES` (a barrier's rounds grow with the ranks as that allreduce's do; the
-simulator has no barrier algorithm of its own) plus the in-place excess over that allreduce at
-the placement measured. Unmeasured, the barrier is left out, as before profiles timed it.
+rank that reaches it last, after the step's compute, spends several times a back-to-back
+barrier's latency in it: for a small network a sizeable share of the ranks' wait, and in no
+other term (evidence: docs/evidence.md, "Barrier"). Where the profile timed it in place (op
+``barrier``, layer ``step``), :meth:`InSituCost.barrier_s` prices it as a latency-bound
+allreduce of :data:`BARRIER_PROXY_BYTES` (a barrier's rounds grow with the ranks as that
+allreduce's do; the simulator has no barrier algorithm of its own) plus the in-place excess over
+that allreduce at the placement measured. A profile that did not time it in place leaves the
+barrier out.
 
 A layer-wise forward-only step (parallelism ``model-inference``) takes the calls timed in the
 benchmark's forward-only step, which leaves more in cache than a training step does; a profile
@@ -41,44 +41,43 @@ that did not time them prices them as the training step's calls.
 
 **The step's skew** (:func:`in_place_sync`). The jitter model's sync (T_sync: the slowest rank's
 compute over the typical one's) is sized by the jitter benchmark's ranks, which time the step
-alone between barriers. The ranks of a training step, with its collectives between steps,
-skew less: on the development VM the CNN's 2-rank trainer waited 0.8% of its compute at the
-barrier where the jitter model said 2.2% and the simulator, drawing from the fitted family,
-3.5%; ``microbench insitu``'s own barrier, in the same step as training, waited 0.7-1.6%.
-Where the profile timed the ranks' compute with the barrier, the sync at the ranks measured is
-the barrier's mean wait over that compute (:meth:`calibration.insitu.InSituModel.wait_fraction`,
-per parallelism, pooled over the batches measured), and the distribution keeps its shape for
-more ranks (:meth:`calibration.jitter.JitterModel.with_sync`).
+alone between barriers. The ranks of a training step, with its collectives between steps, skew
+less: the trainer waits a fraction of what the jitter model and the simulator's draws from the
+fitted family say, about what ``microbench insitu``'s own barrier, in the same step as training,
+waits (evidence: docs/evidence.md, "Skew in place"). Where the profile timed the ranks' compute
+with the barrier, the sync at the ranks measured is the barrier's mean wait over that compute
+(:meth:`calibration.insitu.InSituModel.wait_fraction`, per parallelism, pooled over the batches
+measured), and the distribution keeps its shape for more ranks
+(:meth:`calibration.jitter.JitterModel.with_sync`).
 
 **The update in place** (:meth:`InSituCost.update_s`). Data parallel, the ranks update their
-parameters together right after the allreduce. On the development VM the MLP's 2-rank trainer
-spent 1.3-1.5x its serial update there (0.065-0.077 ms against 0.042-0.056 ms, four
-validations), while the CNN's, memory-bound either way, took 1.0-1.1x. Where the profile timed
-the update in place, a data-parallel step with two or more ranks prices it as its share of the
-compute before the barrier (:meth:`calibration.insitu.InSituModel.update_fraction`: update and
-compute timed in the same steps) times the step's forward and backward, the gather left out
-as the benchmark has none; else as the layers' update times.
+parameters together right after the allreduce, on what the reduction just wrote: a small
+network's update there can take noticeably longer than its serial update, while a large
+network's, memory-bound either way, barely changes (evidence: docs/evidence.md, "Update in
+place"). Where the profile timed the update in place, a data-parallel step with two or more
+ranks prices it as its share of the compute before the barrier
+(:meth:`calibration.insitu.InSituModel.update_fraction`: update and compute timed in the same
+steps) times the step's forward and backward, the gather left out as the benchmark has none;
+else as the layers' update times.
 
 **Co-location in place** (:func:`in_place_colocation`). Two ranks on a node slow each other's
 compute; the co-location model measures it with the jitter benchmark's steps, which have no
-collective between them (x1.025 for the MLP here). Inside the data-parallel step, with the
-allreduce and the barrier between steps, the trainer's 2-rank MLP computed 1.07-1.09x its
-serial step at batch 16 and 1.01-1.02x at 64. Where the profile timed rank 0's compute alone
-beside the step in place, a prediction of that step (data parallel, layer-wise or its forward
-pass) at the ranks per node and thread count measured takes that step's factor instead,
-interpolated in the batch (held outside the measured batches); other placements and thread
-counts keep the co-location model's. A band sample keeps the factor as measured (the rounds'
-spread of it is not drawn).
+collective between them. Inside the data-parallel step, with the allreduce and the barrier
+between steps, the slowdown differs from that and varies with the batch (evidence:
+docs/evidence.md, "Co-location"). Where the profile timed rank 0's compute alone beside the step
+in place, a prediction of that step (data parallel, layer-wise or its forward pass) at the ranks
+per node and thread count measured takes that step's factor instead, interpolated in the batch
+(held outside the measured batches); other placements and thread counts keep the co-location
+model's. A band sample keeps the factor as measured (the rounds' spread of it is not drawn).
 
-**A slice's share** (:func:`in_place_share`). A layer-wise rank computes its slices of the
-dense layers and the rest whole; the roofline prices a half-width dense layer at about half
-the whole one, but small GEMMs do not scale so: alone on the development VM, rank 0's part of
-the MLP's 2-rank step took 0.51-0.55 of the whole network's where the ops said 0.59-0.71
-(batches 64 to 16).
-Where the profile timed both alone, round by round, a layer-wise prediction multiplies its
-rank's compute by the measured share over the predicted one
-(:meth:`pdlsim.compute_cost.ComputeCost.slice_factor`), at the thread count measured, for
-any number of ranks (measured at two, held at others).
+**A slice's share** (:func:`in_place_share`). A layer-wise rank computes its slices of the dense
+layers and the rest whole; the roofline prices a half-width dense layer at about half the whole
+one, but small GEMMs do not scale so: a rank's part of a small network's step can take a share
+of the whole network's that differs from the share its ops predict (evidence: docs/evidence.md,
+"A layer-wise rank's slice share"). Where the profile timed both alone, round by round, a
+layer-wise prediction multiplies its rank's compute by the measured share over the predicted one
+(:meth:`pdlsim.compute_cost.ComputeCost.slice_factor`), at the thread count measured, for any
+number of ranks (measured at two, held at others).
 """
 
 from __future__ import annotations

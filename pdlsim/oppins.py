@@ -1,12 +1,11 @@
 """Each layer's time pinned to the compute benchmark's measurement of its own op.
 
-The roofline of an op class (``conv2d:forward``...) is fitted over every layer, batch and
-model measured, so one op can sit far from it: on the development VM the CNN's second
-convolution runs its forward in 1.6 ms at batch 16 where the pooled ``conv2d:forward`` curve
-says 3.2 ms, and its backward faster than the curve says. The whole-step correction
-(:mod:`pdlsim.stepscale`) brings the step's total back to the measured step but keeps the
-roofline's split between forward and backward, which is what overlap, pipelines and
-forward-only runs depend on (a CNN forward pass predicted 55% too slow).
+The roofline of an op class (``conv2d:forward``...) is fitted over every layer, batch and model
+measured, so one op can sit far from it, by as much as a factor of two, and its forward and
+backward need not sit on the same side. The whole-step correction (:mod:`pdlsim.stepscale`)
+brings the step's total back to the measured step but keeps the roofline's split between forward
+and backward, which is what overlap, pipelines and forward-only runs depend on: with that split
+wrong, a forward pass is predicted far off (evidence: docs/evidence.md, "Compute").
 
 So, for a workload the profile measured, each op of the compute benchmark's table (a layer, or
 a layer with the relu and pooling fused into it: ``conv2d3+relu4+maxpool2d5``; ``loss``; the

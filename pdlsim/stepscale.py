@@ -15,16 +15,17 @@ and answers:
   step at that thread count. ``z`` moves each measured step time by z standard deviations, in
   log units, for the prediction band: of its interval (sigma = width / 3.92), or, where the
   drift model set its typical time from the step's moments, of that typical time
-  (:meth:`StepScale.with_sigma`; the moments' own spread is the band's drift draw). A --quick
-  compute stage once timed the CNN's 2-thread step at 10.8 ms [10.2, 35.6]: moved by its
-  interval, the band's P10 was 1.5 ms.
-* The same for a forward-only step (``forward_ops_s`` given): its measured time / the sum of
-  the predicted forward ops and loss. Its rows (:meth:`StepScale.with_forward`) are the
-  step rows at the typical speed times the forward-only step's measured share of the step
-  (:meth:`calibration.drift.DriftModel.forward_fraction`, a ratio timed side by side). A
-  forward pass alone does not pay all of the training step's evictions: on the development
-  VM the CNN's forward-only step is 0.33-0.36 of its step, its forward ops 0.45-0.5 of the
-  step's ops. Without such rows forward-only steps take the training step's ratio.
+  (:meth:`StepScale.with_sigma`; the moments' own spread is the band's drift draw): a short
+  compute stage's interval can be far wider than the step's real spread, and a band moved by it
+  reaches absurdly fast steps (evidence: docs/evidence.md, "Whole-step correction").
+* The same for a forward-only step (``forward_ops_s`` given): its measured time / the sum of the
+  predicted forward ops and loss. Its rows (:meth:`StepScale.with_forward`) are the step rows at
+  the typical speed times the forward-only step's measured share of the step
+  (:meth:`calibration.drift.DriftModel.forward_fraction`, a ratio timed side by side). A forward
+  pass alone does not pay all of the training step's evictions, so the forward-only step is a
+  smaller share of the step than its forward ops are of the step's ops (evidence:
+  docs/evidence.md, "Whole-step correction"). Without such rows forward-only steps take the
+  training step's ratio.
 * :meth:`StepScale.data_time_s`: the gather's seconds at a batch: a straight line in the batch
   through the model's measured rows (one row: proportional), else a straight line in bytes
   through every measured row.

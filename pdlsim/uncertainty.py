@@ -175,8 +175,9 @@ def drift_draw(
     ``stratum`` (i, K): the draw at a uniform quantile inside [i/K, (i+1)/K) instead of
     anywhere, so that K draws cover the deviations evenly (stratified sampling). A speed with
     two levels makes a plain draw's median over K = 20 samples land on either level from one
-    seed to the next (a band's P50 15% above or below the typical step in two validations);
-    stratified, it stays at the deviations' median, which is the typical speed."""
+    seed to the next (a band's P50 well above or below the typical step; evidence:
+    docs/evidence.md, "Drift"); stratified, it stays at the deviations' median, which is the
+    typical speed."""
     u = rng.random() if stratum is None else (stratum[0] + rng.random()) / stratum[1]
     if cost.drift_log_deviations:
         ordered = np.sort(np.asarray(cost.drift_log_deviations, dtype=float))

@@ -205,10 +205,8 @@ def launch_rounds(n: int, repeats: int) -> list[list[int]]:
     once per round (a configuration's launches minutes apart), each round the first one
     rotated by ``n / repeats`` more, so that no configuration sits at the same point of every
     round. On a machine whose speed drifts through a round, a fixed order gives the last
-    configurations of each round like moments every time: in the 07:27 and 08:05 validations
-    of 2026-11-24 the speed checks around the CNN's model-parallel rows (always last) ran
-    0.3-2.4% faster than the span's typical speed, while no other rows' did by more than
-    1.4%."""
+    configurations of each round like moments every time, so their rows share one bias
+    (evidence: docs/evidence.md, "Validation order")."""
     return [[(k * n // repeats + i) % n for i in range(n)] for k in range(repeats)]
 
 

@@ -116,8 +116,9 @@ class ValidateConfig:
 def steps_for(cfg: ValidateConfig, predicted_step_s: float, oversubscribed: bool = False) -> int:
     """Steps per launch: enough for ``target_run_s`` at the *predicted* step time (short MLP
     steps need many to settle), between ``cfg.steps`` and ``cfg.max_steps``; ``cfg.steps`` when
-    oversubscribed (the model assumes a core per thread, so its step is no guide there: a cnn
-    hybrid step here collapses from 10 ms to 0.7 s, and 300 of them would take minutes)."""
+    oversubscribed (the model assumes a core per thread, so its step is no guide there: an
+    oversubscribed step can run tens of times slower, and hundreds of them would take minutes;
+    evidence: docs/evidence.md, "Compute")."""
     if oversubscribed:
         return cfg.steps
     wanted = math.ceil(cfg.target_run_s / max(predicted_step_s, 1e-6))
