@@ -72,9 +72,8 @@ def test_sweep_rows_are_single_predictions(profile_path):
     table = api.sweep("mlp", nodes=[1, 4], per_node=[2], batches=[8, 32], gpus=True,
                       profile=profile_path, samples=5)  # fmt: skip
     assert len(table) == 4
-    assert list(table[["nodes", "batch"]].itertuples(index=False, name=None)) == [
-        (1, 8), (1, 32), (4, 8), (4, 32)
-    ]
+    pairs = list(table[["nodes", "batch"]].itertuples(index=False, name=None))
+    assert pairs == [(1, 8), (1, 32), (4, 8), (4, 32)]
     row = table.iloc[3]
     one = api.predict("mlp", api.Cluster.gpus(4, 2), batch=32, profile=profile_path, samples=5)
     assert row["step_time_s"] == one["step_time_s"]
