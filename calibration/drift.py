@@ -17,13 +17,13 @@ speed checks ``pdlsim bench`` spreads over the calibration (``microbench speed``
 * the **typical speed** is the median of its medians, and each moment's **log-deviation** from
   it is one draw of the machine's state. The pooled deviations are the empirical speed
   distribution (``log_deviations``); the simulator's band draws one of them per sample for the
-  host's compute (:meth:`pdlsim.costmodel.ProfileCostModel.perturbed`), so its P50 is at the
+  host's compute (:meth:`pdlsim.costmodel.model.ProfileCostModel.perturbed`), so its P50 is at the
   typical speed and its P10..P90 spans the speeds the calibration saw.
 * each step's **level** (:meth:`DriftModel.step_level`) is its typical time over the compute
   benchmark's: the whole-step rows the simulator scales its ops to
-  (:class:`pdlsim.stepscale.StepScale`) are multiplied by it, so that predictions describe the
-  typical speed, not the moment the compute stage happened to see. The compute stage takes
-  seconds per step and the speed may switch in between, so each step gets its own level when
+  (:class:`pdlsim.costmodel.stepscale.StepScale`) are multiplied by it, so that predictions
+  describe the typical speed, not the moment the compute stage happened to see. The compute stage
+  takes seconds per step and the speed may switch in between, so each step gets its own level when
   the speed checks timed it (they time every step the compute stage times); a step with fewer
   than :data:`MIN_MOMENTS` moments gets the **compute stage's offset**
   (``compute_log_offset``), the median over steps of the compute moment's log-deviation.
@@ -36,10 +36,10 @@ moments: by the compute benchmark beside its step, and by each speed check in al
 the step, sample for sample (``forward_medians_s``). Its median over the step's median at one
 moment is free of that moment's speed; :meth:`DriftModel.forward_fraction`, the median of those
 ratios over the moments, is the forward-only step's share of the training step, which the
-simulator applies to the step's typical time (:mod:`pdlsim.stepscale`). A lone forward-only
-median cannot be brought to the typical speed: its own step's level says nothing of the level
-the forward pass itself caught, and one timed on the other speed level puts a forward pass far
-off.
+simulator applies to the step's typical time (:mod:`pdlsim.costmodel.stepscale`). A lone
+forward-only median cannot be brought to the typical speed: its own step's level says nothing of
+the level the forward pass itself caught, and one timed on the other speed level puts a forward
+pass far off.
 
 A **span** (:meth:`DriftModel.add_moments` with ``span=True``: ``pdlsim validate``'s speed
 checks between its training launches) is the stretch of time the predictions are for. A step

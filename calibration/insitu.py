@@ -17,17 +17,18 @@ rounds, moments seconds apart (:func:`microbench.insitu.sample_rounds`), because
 costs up to 2x more at one moment than at another on a shared machine; the point's median is
 over all of them, the machine's typical state, and each round's median over it is one draw of
 the state: the pooled log-deviations (``log_deviations_``) are what the prediction band draws
-the in-place cost from (:func:`pdlsim.uncertainty.insitu_draw`). :meth:`InSituModel.seconds`
-interpolates a call's time linearly in the batch between measured batches (held at the nearest
-measured batch outside them); :class:`pdlsim.costmodel.ProfileCostModel` adds its excess over
-the back-to-back prediction to the collective, at any scale.
+the in-place cost from (:func:`pdlsim.costmodel.uncertainty.insitu_draw`).
+:meth:`InSituModel.seconds` interpolates a call's time linearly in the batch between measured
+batches (held at the nearest measured batch outside them);
+:class:`pdlsim.costmodel.model.ProfileCostModel` adds its excess over the back-to-back prediction
+to the collective, at any scale.
 
 **The step's skew.** The benchmark also times each rank's compute before the step's barrier (op
 ``compute``, not a collective, so not a point). Its median over ranks and steps goes on the
 barrier's point as ``compute_s``, and :meth:`InSituModel.wait_fraction` is the barrier's mean
 wait over it: the ranks' skew as a share of the step's compute, measured in the step training
-runs (:func:`pdlsim.insitu_cost.in_place_sync` sizes the jitter model's sync by it). A mean over
-100 steps is moved by the few in which a rank was held up, so one batch's share can come out
+runs (:func:`pdlsim.costmodel.insitu.in_place_sync` sizes the jitter model's sync by it). A mean
+over 100 steps is moved by the few in which a rank was held up, so one batch's share can come out
 several times the trainer's in one calibration and near it in the next, while the trainer's
 holds steady across batches (evidence: docs/evidence.md, "Skew in place"); the share is pooled
 over the batches measured (the waits' sum over the computes' sum), three times the steps.

@@ -3,9 +3,9 @@
     import pdlsim
 
     cnn = pdlsim.Workload.load("cnn")  # a preset, a workload JSON file, or a dict like one
-    p = pdlsim.predict(cnn, pdlsim.Cluster.gpus(nodes=16, gpus_per_node=4), batch=32)
+    p = pdlsim.prediction.core(cnn, pdlsim.Cluster.gpus(nodes=16, gpus_per_node=4), batch=32)
     p["step_time_s"], p["band"]["p10_s"], p["breakdown"]["comm_s"]
-    table = pdlsim.sweep("mlp", nodes=[1, 2, 4, 8], per_node=[1, 2])  # a pandas DataFrame
+    table = pdlsim.cli.sweep("mlp", nodes=[1, 2, 4, 8], per_node=[1, 2])  # a pandas DataFrame
 
 A prediction is the JSON document that ``pdlsim predict --json`` prints (docs/formats.md), so
 that what a script reads and what the command line shows are the same numbers. Options are the
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 from calibration.profile import Profile, load_profile
 from microbench.errors import UserError
 from microbench.workload import Workload
-from pdlsim.predict import PredictConfig, resolve_profile, run_prediction
+from pdlsim.cli.sweep import sweep as _sweep
+from pdlsim.prediction.core import PredictConfig, resolve_profile, run_prediction
 from pdlsim.sim import Cluster
-from pdlsim.sweep import sweep as _sweep
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -12,7 +12,7 @@ from calibration.profile import load_profile
 from microbench.errors import UserError
 from microbench.workload import PRESETS, Workload
 from pdlsim import api
-from pdlsim.cli import main
+from pdlsim.cli.main import main
 from tests.test_costmodel import write_synthetic_profile
 
 

@@ -15,9 +15,9 @@ from microbench.compression import METHODS, PHASES, Codec, run_compression
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter, load_dataframe
 from microbench.sampling import SamplingPolicy
-from pdlsim.compression_cost import compression_seconds
-from pdlsim.costmodel import ProfileCostModel
-from pdlsim.presets import ASSUMPTIONS, GPU_PRESETS, network_preset
+from pdlsim.costmodel.compression import compression_seconds
+from pdlsim.costmodel.model import ProfileCostModel
+from pdlsim.costmodel.presets import ASSUMPTIONS, GPU_PRESETS, network_preset
 from pdlsim.sim import ConfigError
 from tests.conftest import run_microbench
 from tests.synthetic_comm import noisy_samples

@@ -9,8 +9,14 @@ import pytest
 
 from microbench.errors import UserError
 from pdlsim import api
-from pdlsim.cli import main
-from pdlsim.presets import ASSUMPTIONS, GPU_PRESETS, NETWORK_PRESETS, PACKAGED, load_hardware
+from pdlsim.cli.main import main
+from pdlsim.costmodel.presets import (
+    ASSUMPTIONS,
+    GPU_PRESETS,
+    NETWORK_PRESETS,
+    PACKAGED,
+    load_hardware,
+)
 from tests.test_costmodel import write_synthetic_profile
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from pdlsim.cli import main
+from pdlsim.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -8,7 +8,7 @@ rank):
   W and b (uneven splits: the busiest rank sets the pace) and computes that slice of the
   output: the layer's FLOPs / P. The sliced layer is costed by the cost model like any layer
   (:func:`sliced_dense`); a cost model with a ``sliced(P)`` method is asked for that one, which
-  may price a rank's part apart (:meth:`pdlsim.compute_cost.ComputeCost.slice_factor`: the
+  may price a rank's part apart (:meth:`pdlsim.costmodel.compute.ComputeCost.slice_factor`: the
   share of the whole network's compute a rank's part was measured to take).
 * After each dense layer's forward the slices are **all-gathered** (``B x units x 4`` bytes in
   total, :func:`pdlsim.sim.messages.allgather_time`) so that every rank has the whole activation
@@ -24,7 +24,7 @@ rank):
 * The update (plain SGD) updates each rank's slice (dense) or its replica (conv).
 * Communication is on the critical path: nothing overlaps a collective. A cost model that
   measured the workload's collectives inside real steps (``in_situ_s``, as
-  :class:`pdlsim.costmodel.ProfileCostModel` does) adds each call's excess over its
+  :class:`pdlsim.costmodel.model.ProfileCostModel` does) adds each call's excess over its
   back-to-back time: the same op costs more after the layers' compute than in a loop.
 
 ``inference=True`` runs the forward pass only (no backward, no update, no input-gradient

@@ -37,9 +37,9 @@ from microbench.machine import machine_metadata
 from microbench.nn import SGD, Network
 from microbench.records import RecordWriter
 from microbench.workload import Workload, load_workload
-from pdlsim.data import Dataset, load_dataset
 from pdlsim.train.checkpoint import records_path, restore, save_checkpoint
 from pdlsim.train.config import TrainConfig
+from pdlsim.train.data import Dataset, load_dataset
 from pdlsim.train.device import Device
 from pdlsim.train.feed import BatchFeed, step_indices
 from pdlsim.train.runinfo import (

@@ -9,8 +9,8 @@ from typing import Any
 from microbench.records import RecordWriter
 from microbench.threads import available_cores, oversubscription
 from microbench.workload import Workload
-from pdlsim.data import Dataset
 from pdlsim.train.config import TrainConfig
+from pdlsim.train.data import Dataset
 from pdlsim.train.device import Device
 
 __all__ = ["StepLog", "device_pool_bytes", "peak_rss_bytes", "run_metadata", "state_parts"]

@@ -2,7 +2,7 @@
 
 * ``--compression none|fp16|topk:F``: gradients cast to float16 (half the allreduce bytes) or
   top-k sparsified (an allgather of F x n value/index pairs), compression and expansion timed
-  from the profile (:mod:`pdlsim.compression_cost`).
+  from the profile (:mod:`pdlsim.costmodel.compression`).
 * ``--sync-every K``: local SGD, gradients allreduced every K-th step (the mean step time is
   over whole periods of K steps; iterations are rounded up to a multiple of K).
 * ``--network-scale X`` / ``--latency-scale Y``: the inter-node links' bandwidth times X and
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from microbench.errors import UserError
 
 if TYPE_CHECKING:
-    from pdlsim.costmodel import ProfileCostModel
-    from pdlsim.predict import PredictConfig
+    from pdlsim.costmodel.model import ProfileCostModel
+    from pdlsim.prediction.core import PredictConfig
 
 __all__ = [
     "add_whatif_options",
@@ -71,9 +71,9 @@ def speeds_arg(text: str) -> tuple[float, ...]:
 
 
 def add_whatif_options(p: argparse.ArgumentParser) -> None:
-    from pdlsim.cli import positive_int
+    from pdlsim.cli.main import positive_int
 
-    group = p.add_argument_group("what-ifs (pdlsim.whatif)")
+    group = p.add_argument_group("what-ifs (pdlsim.prediction.whatif)")
     group.add_argument(
         "--compression",
         type=compression_arg,

@@ -2,10 +2,11 @@
 
 The roofline of an op class (``conv2d:forward``...) is fitted over every layer, batch and model
 measured, so one op can sit far from it, by as much as a factor of two, and its forward and
-backward need not sit on the same side. The whole-step correction (:mod:`pdlsim.stepscale`)
-brings the step's total back to the measured step but keeps the roofline's split between forward
-and backward, which is what overlap, pipelines and forward-only runs depend on: with that split
-wrong, a forward pass is predicted far off (evidence: docs/evidence.md, "Compute").
+backward need not sit on the same side. The whole-step correction
+(:mod:`pdlsim.costmodel.stepscale`) brings the step's total back to the measured step but keeps the
+roofline's split between forward and backward, which is what overlap, pipelines and forward-only
+runs depend on: with that split wrong, a forward pass is predicted far off (evidence:
+docs/evidence.md, "Compute").
 
 So, for a workload the profile measured, each op of the compute benchmark's table (a layer, or
 a layer with the relu and pooling fused into it: ``conv2d3+relu4+maxpool2d5``; ``loss``; the
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from pdlsim.stepscale import threads_row
+from pdlsim.costmodel.stepscale import threads_row
 
 __all__ = ["OpPins"]
 

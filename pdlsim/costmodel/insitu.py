@@ -13,7 +13,7 @@ moments the benchmark took its rounds at. At the measured placement that is the 
 on a larger cluster the back-to-back part follows the collective's algorithm model and the
 excess, a local cost of each rank (caches, copies), is assumed not to grow with the ranks. A
 band sample multiplies ``T_in_place`` by ``factor``, one of the rounds' deviations from their
-point's median (:func:`pdlsim.uncertainty.insitu_draw`).
+point's median (:func:`pdlsim.costmodel.uncertainty.insitu_draw`).
 
 The excess may be negative: a call can run faster inside the step than back to back, the step
 having left its buffers in cache (evidence: docs/evidence.md, "Collectives in place"). A saving
@@ -76,7 +76,7 @@ one, but small GEMMs do not scale so: a rank's part of a small network's step ca
 of the whole network's that differs from the share its ops predict (evidence: docs/evidence.md,
 "A layer-wise rank's slice share"). Where the profile timed both alone, round by round, a
 layer-wise prediction multiplies its rank's compute by the measured share over the predicted one
-(:meth:`pdlsim.compute_cost.ComputeCost.slice_factor`), at the thread count measured, for any
+(:meth:`pdlsim.costmodel.compute.ComputeCost.slice_factor`), at the thread count measured, for any
 number of ranks (measured at two, held at others).
 """
 

@@ -1,7 +1,7 @@
 """Memory per rank and the printed report of the layer-wise modes (model, pipeline, inference).
 
-Memory per rank, float32, plain SGD (no optimizer state), as :func:`pdlsim.predict.memory_per_rank`
-counts it for data parallelism:
+Memory per rank, float32, plain SGD (no optimizer state), as
+:func:`pdlsim.prediction.core.memory_per_rank` counts it for data parallelism:
 
 * model parallelism: the rank's slice of every dense layer and the whole of every other layer
   (weights, and as much again for gradients in training); activations: every layer's whole
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdlsim.predict_cli import fmt_s
+from pdlsim.cli.predict import fmt_s
 
 __all__ = ["layerwise_memory", "mode_lines"]
 

@@ -9,8 +9,9 @@
   view and costs nothing. GPU ranks use the profile's GPU curves when it has them, else the GPU
   preset's data-sheet roofline: FLOPs / (FP32 non-tensor peak x ``gpu_flops_efficiency``)
   or bytes / (HBM x ``gpu_memory_efficiency``), whichever is longer, plus a kernel launch
-  (``gpu_kernel_launch_s``). These three are **assumptions** (:data:`pdlsim.presets.ASSUMPTIONS`,
-  from ``pdlsim/hardware.json``), each with a range the band draws it in.
+  (``gpu_kernel_launch_s``). These three are **assumptions**
+  (:data:`pdlsim.costmodel.presets.ASSUMPTIONS`, from ``pdlsim/costmodel/hardware.json``), each
+  with a range the band draws it in.
 * **Collectives.** The simulator's algorithm steps (:func:`pdlsim.sim.collectives.schedule`),
   each timed on its level's :class:`~pdlsim.sim.LinkCost`, so the schedule sums to
   ``collective_time`` by construction. CPU ranks inside a node: the profile's allreduce alpha and
@@ -22,14 +23,14 @@
   triad bandwidth for CPU ranks, the preset's HBM for GPU ranks.
 * **Collectives in place.** A training step's collectives cost more than the same ones back to
   back; where the profile measured the workload's calls inside real steps, :meth:`in_situ_s`
-  gives the excess the engines add to each call (:mod:`pdlsim.insitu_cost`), and
+  gives the excess the engines add to each call (:mod:`pdlsim.costmodel.insitu`), and
   :meth:`step_barrier_s` the training loop's barrier per step, where it was timed in place.
 * **Whole-step correction.** Ops timed one at a time do not add up to the same ops run back to
   back as one training step (caches, allocator state, per-call overheads). Where the profile's
   compute table holds whole-step rows (phase ``step``, per model, batch and threads, measured
   by the compute microbenchmark), every op's time is multiplied by measured step / sum of the
   predicted ops of that step, for the ``workload`` this model is built for, interpolated in the
-  batch (:class:`pdlsim.stepscale.StepScale`). No step rows: no correction.
+  batch (:class:`pdlsim.costmodel.stepscale.StepScale`). No step rows: no correction.
 * **Mini-batch gather.** CPU ranks gather each mini-batch before the step (``np.take`` of the
   rows, as ``pdlsim train`` does): the profile's measured ``data`` rows, added to the first
   layer's forward, so that T_compute is what the training loop's data + forward + backward +
@@ -37,11 +38,11 @@
 * **Co-location.** CPU ranks sharing a node slow each other down (memory bandwidth, caches):
   compute is multiplied by the profile's measured co-location factor at ``ranks_per_node``
   (:mod:`calibration.colocation`; held at the largest measured ranks per node beyond it), or
-  by the step's own factor where ``insitu`` timed it in place (:mod:`pdlsim.insitu_cost`).
+  by the step's own factor where ``insitu`` timed it in place (:mod:`pdlsim.costmodel.insitu`).
 * **A layer-wise rank's part.** Asked for a layer-wise step's slices (:meth:`sliced`), compute
   is multiplied by the share of the whole network's compute a rank's part was measured to take
   over the share its ops predict, where ``insitu`` timed both alone
-  (:meth:`~pdlsim.compute_cost.ComputeCost.slice_factor`).
+  (:meth:`~pdlsim.costmodel.compute.ComputeCost.slice_factor`).
 * **Drift.** The same step measured at several moments of the calibration
   (:mod:`calibration.drift`) gives the machine's typical speed and the spread around it. CPU
   compute is divided by exp(the compute stage's log-offset from typical), so a prediction
@@ -63,8 +64,9 @@ centred on the fitted value whose 95% interval has the width of the fitted inter
 (sigma = width / 3.92), clipped at 0 (rates and efficiencies at 1% of the fitted value, so that
 nothing divides by zero; the overlap efficiency at 1); the measured whole-step times and the
 co-location factor move by one normal draw each within their intervals; the in-place
-collectives take one of the moments their rounds measured (:func:`pdlsim.uncertainty.insitu_draw`).
-Data-sheet figures and assumptions are not perturbed: they have no interval.
+collectives take one of the moments their rounds measured
+(:func:`pdlsim.costmodel.uncertainty.insitu_draw`). Data-sheet figures and assumptions are not
+perturbed: they have no interval.
 """
 
 from __future__ import annotations
@@ -86,15 +88,15 @@ from calibration.stats import Interval
 from calibration.transfer import TransferModel
 from microbench.errors import UserError
 from microbench.workload import LayerInfo, Workload, load_workload
-from pdlsim.compute_cost import ComputeCost
-from pdlsim.corrections import CORRECTIONS
-from pdlsim.insitu_cost import InSituCost, in_place_colocation, in_place_share, in_place_sync
-from pdlsim.kernel_cost import TERMS, KernelCompute
-from pdlsim.oppins import OpPins
-from pdlsim.presets import ASSUMPTIONS, Assumption, GpuPreset, NetworkPreset
+from pdlsim.costmodel.compute import ComputeCost
+from pdlsim.costmodel.corrections import CORRECTIONS
+from pdlsim.costmodel.insitu import InSituCost, in_place_colocation, in_place_share, in_place_sync
+from pdlsim.costmodel.kernels import TERMS, KernelCompute
+from pdlsim.costmodel.oppins import OpPins
+from pdlsim.costmodel.presets import ASSUMPTIONS, Assumption, GpuPreset, NetworkPreset
+from pdlsim.costmodel.stepscale import StepRow, StepScale
+from pdlsim.costmodel.uncertainty import ProfileJitter, perturbed_cost
 from pdlsim.sim import ConfigError, LinkCost, Placement, TimedStep, collectives
-from pdlsim.stepscale import StepRow, StepScale
-from pdlsim.uncertainty import ProfileJitter, perturbed_cost
 
 __all__ = [
     "ProfileCostModel",
@@ -125,7 +127,7 @@ def _overlap_interval(model: OverlapModel, nbytes: int, method: str) -> Interval
 class ProfileCostModel(ComputeCost):
     """The sim's ``CostModel`` from a profile (see the module docstring). Build with
     :meth:`from_profile`; ``device`` is the kind of the ranks the collectives run between.
-    Compute is priced by :class:`pdlsim.compute_cost.ComputeCost`."""
+    Compute is priced by :class:`pdlsim.costmodel.compute.ComputeCost`."""
 
     compute: ComputeModel
     intra_regimes: tuple[CollectiveRegime, ...]
@@ -187,11 +189,12 @@ class ProfileCostModel(ComputeCost):
         assumptions: Mapping[str, Assumption] | None = None,
     ) -> ProfileCostModel:
         """The cost model of ``workload`` from ``profile``; ``batch`` and ``parallel`` (the
-        in-place step, :func:`pdlsim.insitu_cost.sync_parallelism`) size the sync where the
+        in-place step, :func:`pdlsim.costmodel.insitu.sync_parallelism`) size the sync where the
         profile timed that step's skew in place; ``corrections``: the named corrections
-        (:data:`pdlsim.corrections.CORRECTIONS`) switched on; ``description``: the workload
-        itself (default: loaded by the name ``workload``); ``assumptions``: the figures taken
-        where nothing measured says (default: the packaged :data:`pdlsim.presets.ASSUMPTIONS`)."""
+        (:data:`pdlsim.costmodel.corrections.CORRECTIONS`) switched on; ``description``: the
+        workload itself (default: loaded by the name ``workload``); ``assumptions``: the figures
+        taken where nothing measured says (default: the packaged
+        :data:`pdlsim.costmodel.presets.ASSUMPTIONS`)."""
         compute = profile.model("compute")
         kernels = None
         if profile.models.get("kernels") and device == "cpu":
@@ -389,7 +392,7 @@ class ProfileCostModel(ComputeCost):
     ) -> float:
         """Seconds a training step's collective costs beyond its back-to-back time
         ``back_to_back_s`` (negative: less), where the profile measured it in place
-        (:mod:`pdlsim.insitu_cost`); else 0."""
+        (:mod:`pdlsim.costmodel.insitu`); else 0."""
         if self.insitu is None:
             return 0.0
         return self.insitu.extra_s(self, parallel, op, layer, batch, nbytes, back_to_back_s)
@@ -399,7 +402,7 @@ class ProfileCostModel(ComputeCost):
     ) -> float | None:
         """Seconds of a CPU rank's update after the step's collectives, given its forward and
         backward ``compute_s`` (the gather in ``first``'s forward included), where the profile
-        timed it in place (:mod:`pdlsim.insitu_cost`); else None."""
+        timed it in place (:mod:`pdlsim.costmodel.insitu`); else None."""
         if self.insitu is None:
             return None
         gather_s = self.gather_s(first, batch, threads)
@@ -407,7 +410,7 @@ class ProfileCostModel(ComputeCost):
 
     def step_barrier_s(self, parallel: str, batch: int, ranks: int, placement: Placement) -> float:
         """Seconds of the training loop's barrier per step, where the profile timed it in place
-        (:mod:`pdlsim.insitu_cost`); else 0."""
+        (:mod:`pdlsim.costmodel.insitu`); else 0."""
         if self.insitu is None:
             return 0.0
         return self.insitu.barrier_s(self, parallel, batch, ranks, placement)
@@ -444,8 +447,8 @@ class ProfileCostModel(ComputeCost):
         ``nbytes`` by ``method`` (fp16, topk:F), expanding what ``ranks`` ranks sent
         (``"decompress"``) or both (``"round_trip"``): the profile's compression model on CPU
         ranks (ConfigError without one), a memory-bound data-sheet estimate on GPU ranks
-        (:func:`pdlsim.compression_cost.compression_seconds`)."""
-        from pdlsim.compression_cost import compression_seconds
+        (:func:`pdlsim.costmodel.compression.compression_seconds`)."""
+        from pdlsim.costmodel.compression import compression_seconds
 
         hbm = None
         if self.device == "gpu" and self.gpu is not None:

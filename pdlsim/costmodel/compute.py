@@ -1,6 +1,6 @@
-"""Compute on a calibrated profile: what :class:`pdlsim.costmodel.ProfileCostModel` charges a
-layer's forward, backward and update (the module docstring of :mod:`pdlsim.costmodel` gives the
-model: roofline and thread scaling, op pins, the whole-step and forward-only rows, the gather,
+"""Compute on a calibrated profile: what :class:`pdlsim.costmodel.model.ProfileCostModel` charges a
+layer's forward, backward and update (the module docstring of :mod:`pdlsim.costmodel.model` gives
+the model: roofline and thread scaling, op pins, the whole-step and forward-only rows, the gather,
 co-location, a layer-wise rank's part and drift).
 
 :class:`ComputeCost` is the compute half of that class, kept apart so that each file reads as
@@ -18,10 +18,10 @@ import numpy as np
 
 from microbench.network_ops import LABEL_BYTES, layer_bytes, update_cost
 from microbench.workload import LayerInfo, sliced_dense
-from pdlsim.kernel_cost import sliced_layers
+from pdlsim.costmodel.kernels import sliced_layers
+from pdlsim.costmodel.uncertainty import moved
 from pdlsim.sim import ConfigError
 from pdlsim.sim.cost import CostHooks
-from pdlsim.uncertainty import moved
 
 __all__ = ["ComputeCost"]
 
@@ -29,7 +29,8 @@ STEP = ("forward", "backward", "update")  # the phases of a training step
 
 
 class ComputeCost(CostHooks):
-    """Layer compute times of :class:`pdlsim.costmodel.ProfileCostModel` (module docstring)."""
+    """Layer compute times of :class:`pdlsim.costmodel.model.ProfileCostModel` (module
+    docstring)."""
 
     compute: Any
     gpu: Any
@@ -49,16 +50,16 @@ class ComputeCost(CostHooks):
     slice_share_ranks: int  # the ranks the shares were measured at
     slice_share_threads: int
     tensor_ranks: int  # the ranks this model's dense layers are split over (1: whole layers)
-    kernels: Any  # pdlsim.kernel_cost.KernelCompute, where the profile has kernel tables
+    kernels: Any  # pdlsim.costmodel.kernels.KernelCompute, where the profile has kernel tables
     description: Any  # the workload itself, where the caller gave it
-    assumptions: Any  # name -> pdlsim.presets.Assumption: figures taken where nothing measured
+    assumptions: Any  # name -> costmodel.presets.Assumption: figures taken where unmeasured
     _ops_cache: dict[tuple[Any, ...], float]
     _share_cache: dict[tuple[Any, ...], float]
     _pin_cache: dict[tuple[str, str, int, int, str], float]
 
     def assumed(self, name: str) -> float:
-        """The value this model takes for assumption ``name`` (:data:`pdlsim.presets.ASSUMPTIONS`;
-        the band draws it in its range)."""
+        """The value this model takes for assumption ``name``
+        (:data:`pdlsim.costmodel.presets.ASSUMPTIONS`; the band draws it in its range)."""
         return float(self.assumptions[name].value)
 
     def _workload_layers(self, model: str | None = None) -> tuple[LayerInfo, ...]:
@@ -104,7 +105,7 @@ class ComputeCost(CostHooks):
 
     def slice_factor(self, batch: int, threads: int) -> float:
         """Measured over predicted share of the whole network's compute that a layer-wise
-        rank's part takes (:func:`pdlsim.insitu_cost.in_place_share`): the measured share at
+        rank's part takes (:func:`pdlsim.costmodel.insitu.in_place_share`): the measured share at
         ``batch`` (interpolated, held outside), the predicted one from the layers' ops at the
         ranks measured; 1 for whole layers, at another thread count, where unmeasured or where
         the workload's file is not at hand."""
@@ -145,7 +146,7 @@ class ComputeCost(CostHooks):
     def colocation_factor(self, threads: int, batch: int) -> float:
         """Slowdown of a CPU rank's compute with ``ranks_per_node`` ranks busy on its node: the
         step's measured in place at ``batch`` where the profile has it for these ranks per node
-        and ``threads`` (:func:`pdlsim.insitu_cost.in_place_colocation`), else the
+        and ``threads`` (:func:`pdlsim.costmodel.insitu.in_place_colocation`), else the
         co-location model's."""
         if self.ranks_per_node <= 1:
             return 1.0
@@ -204,7 +205,8 @@ class ComputeCost(CostHooks):
         return seconds * self._pin(layer, phase, batch, threads, device) if seconds else seconds
 
     def _pin(self, layer: LayerInfo, phase: str, batch: int, threads: int, device: str) -> float:
-        """Measured op / roofline of its layers (:mod:`pdlsim.oppins`); 1 where unmeasured."""
+        """Measured op / roofline of its layers (:mod:`pdlsim.costmodel.oppins`); 1 where
+        unmeasured."""
         found = self.pins.op_of(device, self.workload, layer.name, layer.kind, phase)
         if found is None:
             return 1.0

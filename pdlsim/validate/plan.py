@@ -4,8 +4,8 @@
   mode of ``cfg.modes``; model-parallel training and forward-only rows; one GPU copying in
   turn and prefetching, where a GPU and a GPU model are.
 * **Held-out** (:func:`heldout_matrix`): random workloads of the supported layer kinds
-  (:mod:`pdlsim.heldout`) drawn from ``cfg.seed``, at batches drawn between and up to 4x beyond
-  the calibrated ones, in every mode that fits the cores (the others refused in the open).
+  (:mod:`pdlsim.validate.heldout`) drawn from ``cfg.seed``, at batches drawn between and up to 4x
+  beyond the calibrated ones, in every mode that fits the cores (the others refused in the open).
   :func:`check_unseen` refuses a profile that measured any of them.
 * :func:`ablation_sets`: the correction sets every configuration is predicted again with.
 """
@@ -110,7 +110,7 @@ class ValidateConfig:
     seed: int = 0  # draws the held-out workloads and batches
     heldout_workloads: int = 8  # random workloads (half MLPs, half CNNs)
     heldout_batches: int = 2  # batches per held-out workload
-    corrections: str = "all"  # the named corrections of the headline (pdlsim.corrections)
+    corrections: str = "all"  # the named corrections of the headline (pdlsim.costmodel.corrections)
 
 
 def steps_for(cfg: ValidateConfig, predicted_step_s: float, oversubscribed: bool = False) -> int:
@@ -164,7 +164,7 @@ HELDOUT_BATCHES = (8, 12, 24, 48, 96, 128, 256)  # between and up to 4x beyond 1
 
 
 def heldout_matrix(cfg: ValidateConfig, cores: int) -> tuple[list[RunSpec], list[str]]:
-    """The held-out configurations: :func:`pdlsim.heldout.random_workloads` drawn from
+    """The held-out configurations: :func:`pdlsim.validate.heldout.random_workloads` drawn from
     ``cfg.seed`` (written to ``OUT/workloads/``), each at ``cfg.heldout_batches`` batches
     drawn from :data:`HELDOUT_BATCHES` less the calibration's, in every mode of ``cfg.modes``
     that fits the cores; with "model" in ``cfg.parallel``, the first two also split layer-wise
@@ -173,7 +173,7 @@ def heldout_matrix(cfg: ValidateConfig, cores: int) -> tuple[list[RunSpec], list
     import numpy as np
 
     from microbench.nn.sliced import check_splittable
-    from pdlsim.heldout import random_workloads
+    from pdlsim.validate.heldout import random_workloads
 
     rng = np.random.default_rng(cfg.seed + 1)
     batches = [b for b in HELDOUT_BATCHES if b not in cfg.batches]
@@ -238,7 +238,7 @@ def check_unseen(profile: str, specs: list[RunSpec]) -> None:
 def ablation_sets(chosen: str) -> dict[str, str]:
     """The correction sets the report compares: the chosen one, none, all, and the chosen
     one without each of its terms."""
-    from pdlsim.corrections import CORRECTIONS, parse_corrections
+    from pdlsim.costmodel.corrections import CORRECTIONS, parse_corrections
 
     on = parse_corrections(chosen)
     sets = {chosen: chosen, "none": "none", "all": "all"}

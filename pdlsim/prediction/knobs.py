@@ -19,12 +19,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
-from pdlsim.whatif import compression_arg, positive_number
+from pdlsim.prediction.whatif import compression_arg, positive_number
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from pdlsim.predict import PredictConfig
+    from pdlsim.prediction.core import PredictConfig
 
 __all__ = ["KNOBS", "Knob", "format_report", "parse_vary", "rank_knobs", "run_vary", "vary"]
 
@@ -124,7 +124,7 @@ def vary(
     import pandas as pd
 
     if predict is None:
-        from pdlsim.predict import run_prediction as predict
+        from pdlsim.prediction.core import run_prediction as predict
     seen = [name for name, _, _ in knobs]
     twice = {name for name in seen if seen.count(name) > 1}
     if twice:

@@ -8,9 +8,9 @@ from dataclasses import replace
 from typing import Any
 
 from microbench.fileio import check_writable
-from pdlsim.knobs import KNOBS, parse_vary, run_vary
-from pdlsim.predict import PredictConfig, run_prediction
-from pdlsim.predict_cli import add_common_options, config_from_args, cores_warning
+from pdlsim.cli.predict import add_common_options, config_from_args, cores_warning
+from pdlsim.prediction.core import PredictConfig, run_prediction
+from pdlsim.prediction.knobs import KNOBS, parse_vary, run_vary
 
 
 def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...],
@@ -46,7 +46,7 @@ def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...]
 def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
     from pathlib import Path
 
-    from pdlsim.cli import int_list
+    from pdlsim.cli.main import int_list
 
     p = commands.add_parser("sweep", help="predict many configurations: CSV and scaling plot")
     p.add_argument("--nodes", type=int_list, required=True, metavar="N,...")

@@ -8,11 +8,11 @@ in-memory ``.npz``, the atomic fsynced write, pruning old checkpoints) and the f
 ``bytes``. Measured: the median ``write_s`` over the run's checkpoints, interval min..max.
 
 Predicted: ``checkpoint_cost_s`` of ``pdlsim predict --checkpoint-every K`` for the same
-configuration and the same profile as the rest of the validation (:mod:`pdlsim.reliability`):
-latency + state bytes / bandwidth from the profile's storage model when it has one, else the
-stated assumptions; ``cost_source`` says which, so an error against an assumption is not read
-as the model's. The prediction prices the weights and optimizer state; the file adds a JSON
-header and the zip directory (both bytes figures are reported).
+configuration and the same profile as the rest of the validation
+(:mod:`pdlsim.prediction.reliability`): latency + state bytes / bandwidth from the profile's
+storage model when it has one, else the stated assumptions; ``cost_source`` says which, so an error
+against an assumption is not read as the model's. The prediction prices the weights and optimizer
+state; the file adds a JSON header and the zip directory (both bytes figures are reported).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
-from pdlsim.validate import RunSpec, ValidateConfig, launch_train
+from pdlsim.validate.run import RunSpec, ValidateConfig, launch_train
 
 __all__ = [
     "CHECKPOINTS",
@@ -67,7 +67,7 @@ def predicted_checkpoint(spec: RunSpec, cfg: ValidateConfig) -> dict[str, Any]:
     for ``spec`` from ``cfg.profile`` (the cost does not depend on the simulated step, so a
     short simulation suffices)."""
     from microbench.threads import available_cores
-    from pdlsim.predict import PredictConfig, run_prediction
+    from pdlsim.prediction.core import PredictConfig, run_prediction
 
     pcfg = PredictConfig(
         nodes=1, gpus=0, procs_per_node=spec.procs, threads=spec.threads, model=spec.model,

@@ -24,7 +24,7 @@ from microbench.errors import UserError
 from microbench.fileio import atomic_write_text, check_writable
 from microbench.jitter import FULL_SAMPLES
 from microbench.threads import available_cores, oversubscription, thread_env
-from pdlsim.launch import mpiexec_command, run_supervised
+from pdlsim.train.launch import mpiexec_command, run_supervised
 
 PLAN_FILE = "bench.json"
 # The jitter step at P >= 2 is timed at this many moments of the bench (one with --quick): a

@@ -3,8 +3,9 @@
 Definitions: speedup = replicas x the one-device step / the step (replicas: the data-parallel
 copies of the model, each of ``samples_per_step / replicas`` samples); efficiency = speedup /
 devices; communication overhead = exposed communication (T_comm - T_overlap) over T_step; epoch
-= ceil(dataset / samples per step) steps. Energy (:mod:`pdlsim.energy`) and, where asked,
-checkpoints and restarts (:mod:`pdlsim.reliability`) are added from the finished document.
+= ceil(dataset / samples per step) steps. Energy (:mod:`pdlsim.prediction.energy`) and, where asked,
+checkpoints and restarts (:mod:`pdlsim.prediction.reliability`) are added from the finished
+document.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from pdlsim.energy import energy_for_prediction
-from pdlsim.reliability import checkpoint_for_prediction
+from pdlsim.prediction.energy import energy_for_prediction
+from pdlsim.prediction.reliability import checkpoint_for_prediction
 
 __all__ = ["band_step_times", "prediction_document"]
 
@@ -23,7 +24,7 @@ def band_step_times(
     run: Any, cluster: Any, scenario: Any, cost: Any, samples: int, seed: int, iterations: int
 ) -> list[float]:
     """The band's step times: ``samples`` runs of ``run(cluster, scenario, cost)``, each with
-    a perturbed cost model (:meth:`~pdlsim.costmodel.ProfileCostModel.perturbed`, run i with
+    a perturbed cost model (:meth:`~pdlsim.costmodel.model.ProfileCostModel.perturbed`, run i with
     the machine's speed drawn from stratum i of ``samples``) and its own jitter seed, over
     ``iterations`` steps."""
     import numpy as np

@@ -82,12 +82,12 @@ class ProfileJitter:
 def perturbed_cost(
     cost: Any, rng: np.random.Generator, stratum: tuple[int, int] | None = None
 ) -> Any:
-    """A :class:`~pdlsim.costmodel.ProfileCostModel` with every fitted parameter drawn in its
-    interval, every assumption (:data:`pdlsim.presets.ASSUMPTIONS`) in its range, and new
+    """A :class:`~pdlsim.costmodel.model.ProfileCostModel` with every fitted parameter drawn in its
+    interval, every assumption (:data:`pdlsim.costmodel.presets.ASSUMPTIONS`) in its range, and new
     draws of the measured steps, co-location and drift (see
-    :mod:`pdlsim.costmodel`); ``stratum`` (i, K): the drift from stratum i of K
+    :mod:`pdlsim.costmodel.model`); ``stratum`` (i, K): the drift from stratum i of K
     (:func:`drift_draw`), the kernel tables' errors from a Latin hypercube over the K
-    (:meth:`pdlsim.kernel_cost.KernelCompute.drawn`)."""
+    (:meth:`pdlsim.costmodel.kernels.KernelCompute.drawn`)."""
     compute = copy.copy(cost.compute)
     compute.curves_ = {}
     for key, roof in cost.compute.curves_.items():
@@ -156,7 +156,7 @@ def perturbed_cost(
 
 
 def insitu_draw(insitu: Any, rng: np.random.Generator) -> Any:
-    """``insitu`` (:class:`pdlsim.insitu_cost.InSituCost`) at one moment of the machine: its
+    """``insitu`` (:class:`pdlsim.costmodel.insitu.InSituCost`) at one moment of the machine: its
     factor one of the in-place rounds' log-deviations (:mod:`calibration.insitu`), drawn
     anywhere, independently of the compute's drift (the two are measured minutes apart and
     the in-place cost is a small share of a step); unchanged without deviations."""

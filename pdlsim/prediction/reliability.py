@@ -137,7 +137,7 @@ DEFAULT_RESTART = "60s"  # assumption: relaunch the job and read the checkpoint 
 
 
 def add_checkpoint_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("checkpoints and failures (pdlsim.reliability)")
+    g = p.add_argument_group("checkpoints and failures (pdlsim.prediction.reliability)")
     g.add_argument(
         "--checkpoint-every",
         default=None,
@@ -174,7 +174,7 @@ def profile_storage_model(profile_name: str | None) -> Any:
     profile is loaded here: the prediction has read it once already, and this costs a second
     read only when checkpoints are asked for without both cost flags."""
     from microbench.errors import UserError
-    from pdlsim.predict import resolve_profile
+    from pdlsim.prediction.core import resolve_profile
 
     profile, name = resolve_profile(profile_name)
     try:
@@ -187,7 +187,7 @@ def plan_from_config(cfg: Any, state_bytes: int) -> CheckpointPlan | None:
     """The checkpoint plan ``pdlsim predict`` flags ask for; None when no flag was given.
     Latency and bandwidth: the flags, else the profile's storage model, else the defaults."""
     from microbench.errors import UserError
-    from pdlsim.predict import parse_rate, parse_time
+    from pdlsim.prediction.core import parse_rate, parse_time
 
     flags = (cfg.checkpoint_every, cfg.checkpoint_bw, cfg.checkpoint_latency, cfg.mtbf,
              cfg.restart_time)  # fmt: skip

@@ -1,6 +1,6 @@
 """What gradient compression costs a rank, from the profile's measurements (or a GPU data sheet).
 
-:meth:`pdlsim.costmodel.ProfileCostModel.compression_time` answers through
+:meth:`pdlsim.costmodel.model.ProfileCostModel.compression_time` answers through
 :func:`compression_seconds`. Phases, for a bucket of ``nbytes`` float32 gradient bytes:
 ``compress`` (before the collective), ``decompress`` (after it: the fp16 cast back, or for
 top-k zeroing a dense gradient and scatter-adding the ``ranks`` contributions an allgather
@@ -13,8 +13,8 @@ F_m: compressing is dominated by the O(n) selection and is used as measured; exp
 scatter at F_m; each further rank's, scaled to density F, adds one ``scatter``).
 
 **GPU ranks** (an **assumption**, not measured): memory-bound kernels at the preset's HBM
-bandwidth x the assumed ``gpu_memory_efficiency`` (:data:`pdlsim.presets.ASSUMPTIONS`), one
-kernel launch each. Bytes moved per float32 element: fp16 6 each way (read 4, write 2); top-k
+bandwidth x the assumed ``gpu_memory_efficiency`` (:data:`pdlsim.costmodel.presets.ASSUMPTIONS`),
+one kernel launch each. Bytes moved per float32 element: fp16 6 each way (read 4, write 2); top-k
 compression 8 (two passes over the gradient, as a radix select does) plus 8 per kept element,
 expansion 4 (zeroing) plus 16 per received element (read the pair, read-modify-write the value).
 """

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 from microbench.errors import UserError
 from microbench.fileio import atomic_write_text, check_writable
 from microbench.threads import oversubscription, set_threads, size_numba_pool
-from pdlsim.launch import Stopped, launch_ranks, under_mpi_launcher
 from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig
+from pdlsim.train.launch import Stopped, launch_ranks, under_mpi_launcher
 
 if TYPE_CHECKING:
     from pdlsim.train.loop import TrainResult
 
 
 def add_train_parser(commands: Any) -> None:
-    from pdlsim.cli import non_negative_float, positive_int, seed
+    from pdlsim.cli.main import non_negative_float, positive_int, seed
 
     p = commands.add_parser(
         "train",

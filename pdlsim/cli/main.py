@@ -118,11 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", type=Path, default=None, metavar="DIR", help="run directory")
     bench.set_defaults(handler=run_bench_command)
 
-    from pdlsim.calibrate import add_calibrate_parser
-    from pdlsim.predict_cli import add_predict_parser
-    from pdlsim.sweep import add_sweep_parser
-    from pdlsim.train.cli import add_train_parser
-    from pdlsim.validate_cli import add_validate_parser
+    from pdlsim.cli.calibrate import add_calibrate_parser
+    from pdlsim.cli.predict import add_predict_parser
+    from pdlsim.cli.sweep import add_sweep_parser
+    from pdlsim.cli.train import add_train_parser
+    from pdlsim.cli.validate import add_validate_parser
 
     add_calibrate_parser(commands)
     add_predict_parser(commands)
@@ -152,9 +152,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
     from microbench.threads import available_cores
     from microbench.workload import load_workload
-    from pdlsim.bench import BenchPlan, run_bench
-    from pdlsim.bench_summary import format_bench_summary
-    from pdlsim.launch import Stopped
+    from pdlsim.cli.bench import BenchPlan, run_bench
+    from pdlsim.cli.bench_summary import format_bench_summary
+    from pdlsim.train.launch import Stopped
 
     for model in args.model.split(","):  # a bad name or file fails here, before any stage runs
         load_workload(model)
@@ -188,7 +188,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
 def _cmd_workload_show(args: argparse.Namespace) -> int:
     from microbench.workload import load_workload
-    from pdlsim.workload_table import workload_table
+    from pdlsim.cli.workload_table import workload_table
 
     workload = load_workload(args.workload)
     table = workload_table(workload)
@@ -200,7 +200,7 @@ def _cmd_workload_show(args: argparse.Namespace) -> int:
         f"{workload.num_classes} classes, {workload.param_count:,} parameters, "
         f"{workload.gradient_bytes:,} gradient bytes to allreduce per step"
     )
-    from pdlsim.workload_table import format_table
+    from pdlsim.cli.workload_table import format_table
 
     print(format_table(table))
     return 0

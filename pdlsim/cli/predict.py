@@ -1,6 +1,6 @@
 """The ``pdlsim predict`` command line: options shared with ``pdlsim sweep``, the printed report.
 
-:mod:`pdlsim.predict` computes; this module parses and prints.
+:mod:`pdlsim.prediction.core` computes; this module parses and prints.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import sys
 from typing import Any
 
 from microbench.fileio import check_writable
-from pdlsim.energy import add_power_options, format_energy
-from pdlsim.parallel_predict import add_parallel_options
-from pdlsim.predict import PredictConfig, resolve_profile, run_prediction
-from pdlsim.presets import DEFAULT_GPU_PRESET
-from pdlsim.reliability import add_checkpoint_options, format_checkpoint
-from pdlsim.whatif import add_whatif_options, whatif_lines
+from pdlsim.costmodel.presets import DEFAULT_GPU_PRESET
+from pdlsim.prediction.core import PredictConfig, resolve_profile, run_prediction
+from pdlsim.prediction.energy import add_power_options, format_energy
+from pdlsim.prediction.layerwise import add_parallel_options
+from pdlsim.prediction.reliability import add_checkpoint_options, format_checkpoint
+from pdlsim.prediction.whatif import add_whatif_options, whatif_lines
 
 __all__ = [
     "add_common_options",
@@ -50,7 +50,7 @@ def fmt_s(seconds: float) -> str:
 
 def format_prediction(out: dict[str, Any]) -> str:
     """The text report (``--json`` prints ``out`` itself); layer-wise modes (model, pipeline,
-    inference) add their lines (:func:`pdlsim.parallel_report.mode_lines`)."""
+    inference) add their lines (:func:`pdlsim.prediction.layerwise_report.mode_lines`)."""
     c, b, band, m = out["config"], out["breakdown"], out["band"], out["memory_breakdown_bytes"]
     par = out.get("parallel")
     where = (
@@ -81,7 +81,7 @@ def format_prediction(out: dict[str, Any]) -> str:
     if par is None:
         lines[1:1] = whatif_lines(c)
     else:
-        from pdlsim.parallel_report import mode_lines
+        from pdlsim.prediction.layerwise_report import mode_lines
 
         lines[1:1] = mode_lines(out)
     if out["gpu_utilization"] is not None:
@@ -100,8 +100,8 @@ def format_prediction(out: dict[str, Any]) -> str:
 
 
 def add_common_options(p: argparse.ArgumentParser) -> None:
-    from pdlsim.cli import non_negative_float, positive_int, seed
-    from pdlsim.corrections import CORRECTIONS
+    from pdlsim.cli.main import non_negative_float, positive_int, seed
+    from pdlsim.costmodel.corrections import CORRECTIONS
 
     p.add_argument("--model", default="cnn", metavar="NAME|PATH", help="workload (cnn)")
     p.add_argument("--profile", default=None, metavar="NAME|PATH", help="default: packaged")
@@ -112,7 +112,7 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-preset", default=DEFAULT_GPU_PRESET, metavar="NAME",
                    help="h100-sxm (default), a100-sxm, v100, none")  # fmt: skip
     p.add_argument("--hardware", default=None, metavar="FILE",
-                   help="a JSON file shaped as pdlsim/hardware.json: your GPUs, networks "
+                   help="a JSON file shaped as pdlsim/costmodel/hardware.json: your GPUs, networks "
                    "or assumed figures, over the packaged ones")  # fmt: skip
     p.add_argument("--iterations", type=int, default=100, help="simulated steps (100)")
     p.add_argument("--bucket-mb", type=non_negative_float, default=25.0, help="bucket MiB (25)")

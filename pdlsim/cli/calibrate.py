@@ -19,7 +19,7 @@ from microbench.fileio import check_writable
 
 
 def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
-    from pdlsim.cli import int_list, positive_int, seed
+    from pdlsim.cli.main import int_list, positive_int, seed
 
     p = commands.add_parser(
         "calibrate",
@@ -59,7 +59,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
         if not run_dir.is_dir():
             raise UserError(f"--from {run_dir}: no such directory of records")
     else:
-        from pdlsim.cli import run_bench_command
+        from pdlsim.cli.main import run_bench_command
 
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         run_dir = Path("runs") / "calibrate" / stamp

@@ -24,10 +24,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
-from pdlsim.corrections import parse_corrections
-from pdlsim.parallel_predict import layerwise_mode, run_layerwise
-from pdlsim.prediction_doc import band_step_times, prediction_document
-from pdlsim.presets import (
+from pdlsim.costmodel.corrections import parse_corrections
+from pdlsim.costmodel.presets import (
     DEFAULT_GPU_PRESET,
     DEFAULT_NETWORK_PRESET,
     HARDWARE,
@@ -35,12 +33,14 @@ from pdlsim.presets import (
     NetworkPreset,
     load_hardware,
 )
-from pdlsim.whatif import apply_to_cost, rank_speeds, scenario_options
+from pdlsim.prediction.document import band_step_times, prediction_document
+from pdlsim.prediction.layerwise import layerwise_mode, run_layerwise
+from pdlsim.prediction.whatif import apply_to_cost, rank_speeds, scenario_options
 
 if TYPE_CHECKING:  # the heavy modules are imported where used: building the parser stays light
     from calibration.profile import Profile
     from microbench.workload import Workload
-    from pdlsim.costmodel import ProfileCostModel
+    from pdlsim.costmodel.model import ProfileCostModel
     from pdlsim.sim import Cluster, Scenario
 
 __all__ = [
@@ -98,17 +98,17 @@ class PredictConfig:
     samples: int = 20
     dataset_samples: int | None = None
     algorithm: str | None = None
-    power_preset: str | None = None  # power model (pdlsim.energy); None: by device
+    power_preset: str | None = None  # power model (pdlsim.prediction.energy); None: by device
     cpu_watts: tuple[float, float] | None = None  # idle, busy W per socket
     gpu_watts: tuple[float, float] | None = None  # idle, busy W per GPU
     node_other_watts: float | None = None
     cpu_sockets: tuple[int, int] | None = None  # sockets, cores per socket
-    parallel: str = "data"  # data, model or pipeline (pdlsim.parallel_predict)
+    parallel: str = "data"  # data, model or pipeline (pdlsim.prediction.layerwise)
     stages: int | None = None  # pipeline stages
     microbatches: int | None = None  # micro-batches per pipeline step
     schedule: str | None = None  # gpipe or 1f1b (default)
     inference: bool = False  # forward pass only
-    compression: str | None = None  # what-ifs (pdlsim.whatif): none, fp16, topk:F
+    compression: str | None = None  # what-ifs (pdlsim.prediction.whatif): none, fp16, topk:F
     sync_every: int = 1  # local SGD: allreduce every k-th step
     network_scale: float = 1.0  # inter-node bandwidth x
     latency_scale: float = 1.0  # inter-node latency x
@@ -116,12 +116,12 @@ class PredictConfig:
     slow_factor: float | None = None  # ... F times slower
     speeds: tuple[float, ...] | None = None  # or one speed per rank
     balance: str = "static"  # batch per rank: static or proportional to speed
-    checkpoint_every: str | None = None  # steps, or "auto" (pdlsim.reliability)
+    checkpoint_every: str | None = None  # steps, or "auto" (pdlsim.prediction.reliability)
     checkpoint_bw: str | None = None
     checkpoint_latency: str | None = None
     mtbf: str | None = None  # per node
     restart_time: str | None = None
-    corrections: str = "all"  # named corrections switched on (pdlsim.corrections)
+    corrections: str = "all"  # named corrections switched on (pdlsim.costmodel.corrections)
     hardware: str | None = None  # a file overlaying the packaged presets and assumptions
 
     def to_dict(self) -> dict[str, Any]:
@@ -172,8 +172,8 @@ def resolve_network(
 def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict[str, Any]]:
     """The cluster, scenario and cost model of a configuration, and where the numbers came from."""
     from microbench.workload import Workload
-    from pdlsim.costmodel import ProfileCostModel
-    from pdlsim.insitu_cost import sync_parallelism
+    from pdlsim.costmodel.insitu import sync_parallelism
+    from pdlsim.costmodel.model import ProfileCostModel
     from pdlsim.sim import Cluster, Scenario
 
     if cfg.nodes < 1:

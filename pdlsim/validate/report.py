@@ -1,10 +1,11 @@
-"""The rows, summary, files and printed tables of ``pdlsim validate`` (see :mod:`pdlsim.validate`).
+"""The rows, summary, files and printed tables of ``pdlsim validate`` (see
+:mod:`pdlsim.validate.run`).
 
 Relative error = |predicted P50 - measured median| / measured median. "In band": the measured
 median lies within the prediction's P10..P90.
 
 Rows say their ``parallel`` mode (data or model) and whether they are ``inference`` (forward
-only). Model-parallel rows are strong scaling (:mod:`pdlsim.validate`); their communication is
+only). Model-parallel rows are strong scaling (:mod:`pdlsim.validate.run`); their communication is
 ``allgather`` + ``allreduce`` (of activations and input gradients), their ``wait`` the barrier
 at the step start. Their plots are drawn as a workload of their own (``mlp-model``,
 ``mlp-model-inference``), so that their points never join the data-parallel lines.
@@ -14,10 +15,10 @@ own count of the same parts; the CNN's im2col columns make its activations large
 prediction's) and the peak resident memory of the biggest rank (the interpreter, numpy, numba
 and MPI included).
 
-Energy per sample (:mod:`pdlsim.energy`): the prediction's, and the same power model applied to
-the measured step and phases (forward + backward + update busy, the rest polling), so that the
-two differ only by what was measured; no power counter is read (most machines, this one too,
-do not expose them to users).
+Energy per sample (:mod:`pdlsim.prediction.energy`): the prediction's, and the same power model
+applied to the measured step and phases (forward + backward + update busy, the rest polling), so
+that the two differ only by what was measured; no power counter is read (most machines, this one
+too, do not expose them to users).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def build_rows(results: list[tuple[Any, dict[str, Any], dict[str, Any]]], cores:
 
 def _energy(spec: Any, meas: dict[str, Any], pred: dict[str, Any]) -> dict[str, float]:
     """Joules per sample: predicted, and the prediction's power model on the measured step."""
-    from pdlsim.energy import PowerModel, StepActivity, estimate_energy
+    from pdlsim.prediction.energy import PowerModel, StepActivity, estimate_energy
 
     energy = pred["energy"]
     activity = StepActivity.from_phases(
@@ -323,8 +324,8 @@ def format_report(report: dict[str, Any]) -> str:
             f"{r['measured_speedup']:6.2f} {r['predicted_speedup']:6.2f} {_pct(r.get('steal_max'))}"
         )
     lines += ["", format_ablation(report["ablation"])]
-    if report.get("checkpoint"):  # pdlsim.validate_checkpoint
-        from pdlsim.validate_checkpoint import format_checkpoint_check
+    if report.get("checkpoint"):  # pdlsim.validate.checkpoint
+        from pdlsim.validate.checkpoint import format_checkpoint_check
 
         lines.append(format_checkpoint_check(report["checkpoint"]))
     lines.append(f"elapsed {report['elapsed_s']:.0f} s; files: {', '.join(report['files'])}")

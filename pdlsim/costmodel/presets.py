@@ -79,7 +79,8 @@ class GpuPreset:
 @dataclass(frozen=True)
 class Assumption:
     """A figure the model takes where nothing measured says, with the range it may lie in:
-    read as a 95% interval, the prediction band draws it there (:mod:`pdlsim.uncertainty`)."""
+    read as a 95% interval, the prediction band draws it there
+    (:mod:`pdlsim.costmodel.uncertainty`)."""
 
     name: str
     value: float
@@ -99,7 +100,7 @@ class Assumption:
 @dataclass(frozen=True)
 class Hardware:
     """The presets and assumptions a prediction may rest on: the packaged file
-    (``pdlsim/hardware.json``), optionally overlaid by a user's file of the same shape."""
+    (``pdlsim/costmodel/hardware.json``), optionally overlaid by a user's file of the same shape."""
 
     networks: Mapping[str, NetworkPreset]
     gpus: Mapping[str, GpuPreset]

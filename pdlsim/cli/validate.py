@@ -1,4 +1,4 @@
-"""The ``pdlsim validate`` command line (the work is :mod:`pdlsim.validate`'s)."""
+"""The ``pdlsim validate`` command line (the work is :mod:`pdlsim.validate.run`'s)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
-from pdlsim.validate import GPU_CHOICES, ValidateConfig, run_validation
+from pdlsim.validate.run import GPU_CHOICES, ValidateConfig, run_validation
 
 __all__ = ["add_validate_parser", "run_validate_command"]
 
 
 def add_validate_parser(commands: argparse._SubParsersAction) -> None:
-    from pdlsim.cli import positive_int
+    from pdlsim.cli.main import positive_int
 
     p = commands.add_parser(
         "validate", help="run real training over a matrix, predict each, report the error"
@@ -77,8 +77,8 @@ def _parse_modes(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def run_validate_command(args: argparse.Namespace) -> int:
-    from pdlsim.cli import int_list
-    from pdlsim.validate_report import format_breakdown, format_report
+    from pdlsim.cli.main import int_list
+    from pdlsim.validate.report import format_breakdown, format_report
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     extra: dict[str, Any] = {}
@@ -89,7 +89,7 @@ def run_validate_command(args: argparse.Namespace) -> int:
             raise UserError(f"--batches: {exc}") from None
     if args.modes:
         extra["modes"] = _parse_modes(args.modes)
-    from pdlsim.corrections import parse_corrections
+    from pdlsim.costmodel.corrections import parse_corrections
 
     parse_corrections(args.corrections)  # a typo fails before the calibration, not after
     parallel = tuple(m for m in args.parallel.split(",") if m)

@@ -11,14 +11,14 @@ steps: numba compiles, first touch), of the per-step ``step_s`` taken as the **m
 ranks** (a synchronous step ends when its slowest rank does). The configuration's measured
 figure is the median over launches, its interval the **min..max over launches**.
 
-Which configurations run, held-out and in-sample, is :mod:`pdlsim.validate_plan`'s. The
+Which configurations run, held-out and in-sample, is :mod:`pdlsim.validate.plan`'s. The
 profile is frozen before the first launch: given (``--profile``) or calibrated first, in the
-same invocation (:mod:`pdlsim.validate_calibrate`: ``pdlsim bench`` at 1 and 2 ranks, the
+same invocation (:mod:`pdlsim.validate.calibrate`: ``pdlsim bench`` at 1 and 2 ranks, the
 calibration's workloads and batches, then the fits). Every prediction comes from it, in the
 scenario that ``pdlsim train`` really runs (one bucket holding every gradient, no overlap,
 CPU ranks without copies); nothing measured during the validation enters a prediction. Each
 configuration is predicted again with other sets of the model's named corrections
-(:func:`~pdlsim.validate_plan.ablation_sets`), held-out and in-sample reported apart.
+(:func:`~pdlsim.validate.plan.ablation_sets`), held-out and in-sample reported apart.
 
 Speedup is the throughput ratio against the serial run (P1T1) at the same batch per rank:
 ``P x T_serial / T_config``, measured with measured times, predicted with predicted times.
@@ -54,7 +54,7 @@ from typing import Any
 
 from microbench.errors import UserError
 from microbench.fileio import check_writable
-from pdlsim.validate_plan import (
+from pdlsim.validate.plan import (
     GPU_CHOICES,
     RunSpec,
     ValidateConfig,
@@ -144,7 +144,7 @@ def measured_memory(run_dir: Path) -> dict[str, int]:
 
 def launch_train(spec: RunSpec, steps: int, run_dir: Path, extra: tuple[str, ...] = ()) -> None:
     """One ``pdlsim train`` launch of ``spec`` (and ``extra`` flags) into ``run_dir``."""
-    from pdlsim.launch import run_supervised
+    from pdlsim.train.launch import run_supervised
 
     global_batch = spec.batch * (1 if spec.parallel == "model" else spec.procs)
     samples = max(steps * global_batch, 256)
@@ -223,7 +223,7 @@ def _frozen_profile(name: str) -> Any:
 
 @functools.lru_cache(maxsize=2)
 def _read_profile(path: str, mtime_ns: int, size: int) -> Any:
-    from pdlsim.predict import resolve_profile
+    from pdlsim.prediction.core import resolve_profile
 
     return resolve_profile(path)[0]
 
@@ -233,11 +233,11 @@ def predict_spec(
 ) -> dict[str, Any]:
     """The prediction of what ``pdlsim train`` runs: one bucket with every gradient, no
     overlap, CPU ranks on one node or one GPU (copies pinned and prefetched, or neither); model
-    parallelism and inference through :mod:`pdlsim.parallel_predict` (``parallel``,
+    parallelism and inference through :mod:`pdlsim.prediction.layerwise` (``parallel``,
     ``inference``)."""
     from microbench.threads import available_cores
     from microbench.workload import load_workload
-    from pdlsim.predict import PredictConfig, run_prediction
+    from pdlsim.prediction.core import PredictConfig, run_prediction
 
     grad_mb = load_workload(spec.model).gradient_bytes / 2**20
     profile = _frozen_profile(cfg.profile) if cfg.profile is not None else None
@@ -258,14 +258,14 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     """Freeze a profile, then measure and predict every configuration of :func:`plan_matrix`
     and of :func:`heldout_matrix`; write the report."""
     from microbench.threads import available_cores
-    from pdlsim.validate_calibrate import (
+    from pdlsim.validate.calibrate import (
         calibrate_now,
         check_gpu_choice,
         gpu_configurations,
         profile_provenance,
     )
-    from pdlsim.validate_checkpoint import validate_checkpoint
-    from pdlsim.validate_report import ablation, build_rows, summarize, write_outputs
+    from pdlsim.validate.checkpoint import validate_checkpoint
+    from pdlsim.validate.report import ablation, build_rows, summarize, write_outputs
 
     check_out(cfg.out)
     if cfg.repeats < 1 or cfg.steps < 2:
@@ -339,7 +339,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         "summary": summarize(rows),
         "ablation": table,
         "rows": rows,
-        "checkpoint": validate_checkpoint(cfg, log),  # pdlsim.validate_checkpoint
+        "checkpoint": validate_checkpoint(cfg, log),  # pdlsim.validate.checkpoint
     }
     report["files"] = write_outputs(report, cfg.out)
     return report

@@ -1,8 +1,8 @@
 """``pdlsim predict --parallel model|pipeline`` and ``--inference``: the layer-wise modes.
 
-``--parallel data`` (the default) without ``--inference`` is :mod:`pdlsim.predict`'s own path,
-unchanged. Everything else is predicted here, from the same profile, cluster and cost model
-(:func:`pdlsim.predict.build`):
+``--parallel data`` (the default) without ``--inference`` is :mod:`pdlsim.prediction.core`'s own
+path, unchanged. Everything else is predicted here, from the same profile, cluster and cost model
+(:func:`pdlsim.prediction.core.build`):
 
 * ``--parallel model``: tensor parallelism over all ranks, one model replica
   (:mod:`pdlsim.sim.tensor`). ``--batch`` is the batch the ranks share: the scaling is
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from microbench.errors import UserError
 
 if TYPE_CHECKING:
-    from pdlsim.predict import PredictConfig
+    from pdlsim.prediction.core import PredictConfig
 
 __all__ = [
     "PARALLEL_MODES",
@@ -45,7 +45,7 @@ DEFAULT_SCHEDULE = "1f1b"
 
 
 def add_parallel_options(p: argparse.ArgumentParser) -> None:
-    from pdlsim.cli import positive_int
+    from pdlsim.cli.main import positive_int
 
     p.add_argument("--parallel", choices=PARALLEL_MODES, default="data",
                    help="data (default), model (tensor: dense layers split over all ranks), "
@@ -88,7 +88,9 @@ def layerwise_mode(cfg: PredictConfig) -> bool:
                 "micro-batch needs a sample; lower --microbatches or raise --batch"
             )
     layerwise = cfg.parallel != "data" or cfg.inference
-    if layerwise:  # the checkpoint what-ifs (pdlsim.reliability) read data-parallel results
+    if (
+        layerwise
+    ):  # the checkpoint what-ifs (pdlsim.prediction.reliability) read data-parallel results
         for flag in ("checkpoint_every", "checkpoint_bw", "checkpoint_latency", "mtbf",
                      "restart_time"):  # fmt: skip
             if getattr(cfg, flag, None) is not None:
@@ -126,8 +128,8 @@ def run_layerwise(
     band_iterations: int,
 ) -> dict[str, Any]:
     """Predict ``cfg`` in its layer-wise mode: the JSON object ``pdlsim predict`` prints."""
-    from pdlsim.parallel_report import layerwise_memory
-    from pdlsim.prediction_doc import band_step_times, prediction_document
+    from pdlsim.prediction.document import band_step_times, prediction_document
+    from pdlsim.prediction.layerwise_report import layerwise_memory
     from pdlsim.sim import Cluster, simulate, write_chrome_trace
     from pdlsim.sim.pipeline_engine import simulate_pipeline
     from pdlsim.sim.tensor import simulate_tensor
