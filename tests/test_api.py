@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -105,3 +107,20 @@ def test_bad_input_raises_the_command_lines_one_line_error(call, match, profile_
 def test_cluster_must_be_a_cluster(profile_path):
     with pytest.raises(TypeError, match="pdlsim.Cluster"):
         api.predict("mlp", (4, 2), profile=profile_path)
+
+
+def test_import_pdlsim_gives_the_api_without_loading_numpy_first():
+    import pdlsim
+
+    assert pdlsim.predict is api.predict and pdlsim.sweep is api.sweep
+    assert pdlsim.Workload is Workload and pdlsim.load_profile is load_profile
+    assert set(pdlsim.__all__) <= set(dir(pdlsim))
+    with pytest.raises(AttributeError, match="no attribute 'predikt'"):
+        pdlsim.predikt  # noqa: B018
+    code = (
+        "import sys, pdlsim; light = 'numpy' not in sys.modules; "
+        "from pdlsim import Cluster, Workload, load_profile, predict, sweep; "
+        "print(light, callable(predict), Cluster.gpus(2, 4).ranks)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.stdout.split() == ["True", "True", "8"], run.stderr
