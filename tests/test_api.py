@@ -15,7 +15,7 @@ from microbench.errors import UserError
 from microbench.workload import PRESETS, Workload
 from pdlsim import api
 from pdlsim.cli.main import main
-from tests.test_costmodel import write_synthetic_profile
+from tests.costmodel.test_model import write_synthetic_profile
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ collective's start and end) depends on the P factors only through their max. The
 typical factor and the slowest-of-the-others factor has exactly the law of the max of P, and
 the typical rank has exactly the law of any one rank, jointly: T_step and the typical rank's
 breakdown have exactly the distribution that P simulated ranks would give
-(tests/test_sim_engine.py checks it step by step against ``all_ranks`` on the same draws).
+(tests/sim/test_engine.py checks it step by step against ``all_ranks`` on the same draws).
 What is not represented: the spread of the breakdown over ranks within one step (one typical
 rank is drawn per step, so averages over steps converge to averages over ranks), and
 differences between nodes (all nodes' links behave alike).

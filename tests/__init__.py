@@ -1,0 +1,1 @@
+"""The test suite, in folders mirroring the packages."""

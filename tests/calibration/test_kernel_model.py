@@ -1,0 +1,179 @@
+"""The kernel model: fitted from a (tiny) real sweep, it prices any workload's calls; its glue
+is recovered from tiny networks' steps; it travels through a profile to predict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibration.kernels import KernelModel
+from microbench.kernelbench import FRESH_DATA, KernelPlan, _fresh_views, glue_workloads, run_kernels
+from microbench.kernels.calls import KernelCall, op_calls, step_calls
+from microbench.machine import machine_metadata
+from microbench.records import RecordWriter, load_dataframe
+from microbench.sampling import SamplingPolicy
+from microbench.workload import load_workload
+from pdlsim.costmodel.kernels import KernelCompute
+from pdlsim.validate.heldout import random_workloads
+from tests.conftest import run_pdlsim
+
+PACKAGED = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
+TINY = KernelPlan(
+    threads=(1,),
+    gemm_dims=(1, 16, 256),
+    gemm_max_flops=2**22,
+    loop_elements=(64, 4096),
+    channel_runs=(1, 8),
+    im2col_shapes=((3, 1, 1), (3, 1, 8)),
+    policy=SamplingPolicy(warmup=0, min_samples=2, max_samples=2, time_cap_s=0.001),
+)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, KernelModel]:
+    out = tmp_path_factory.mktemp("kernels")
+    with RecordWriter(out / "kernels.jsonl", machine_metadata(), {"command": "test"}) as writer:
+        run_kernels(TINY, writer)
+    return out, KernelModel().fit(load_dataframe(out, type="measurement"))
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_any_workloads_calls_are_priced(sweep, name):
+    _, model = sweep
+    workloads = [load_workload(name), *random_workloads(5, 2)]
+    for workload in workloads:
+        for call in step_calls(workload, 7, 1):
+            seconds = model.call_s(call, 1)
+            assert np.isfinite(seconds) and seconds > 0, call
+
+
+def test_data_dependent_loops_read_fresh_data_each_call():
+    """A max-pool's branches follow its data: each call reads another sequence of values, so
+    the branch predictor cannot learn them; a call too large for shifts reads one."""
+    views = _fresh_views(np.arange(100.0), (4, 5))
+    assert len(views) == FRESH_DATA and all(v.shape == (4, 5) for v in views)
+    assert len({v[0, 0] for v in views}) == FRESH_DATA
+    assert len({id(v) for v in _fresh_views(np.arange(20.0), (4, 5))}) == 1
+
+
+def test_a_thread_count_not_swept_takes_the_nearest_below(sweep):
+    _, model = sweep
+    call = KernelCall("gemm_nn", (16, 16, 16), 0, "forward")
+    assert model.call_s(call, 8) == model.call_s(call, 1)
+    with pytest.raises(KeyError, match="not measured"):
+        model._table(model.loops_, "no_such_loop", 1)
+
+
+def test_glue_is_recovered_from_tiny_networks_steps(sweep):
+    _, model = sweep
+    per_op, per_step = 3e-6, 10e-6
+    rows = []
+    noise = iter(np.random.default_rng(0).normal(0.0, 0.3e-6, 100))
+    for workload in glue_workloads():
+        kernels = sum(model.call_s(c, 1) for c in step_calls(workload, 1, 1, gather=False))
+        ops = len(op_calls(workload))
+        step = kernels + per_step + per_op * ops + next(noise)
+        rows.append(
+            {"params.workload_json": json.dumps(workload.to_dict()), "params.batch": 1,
+             "params.op_calls": ops, "samples": [step * 0.999, step, step * 1.001]}
+        )  # fmt: skip
+    model._fit_glue(pd.DataFrame(rows))
+    assert model.glue_["per_op_s"] == pytest.approx(per_op, rel=0.05)
+    assert model.glue_["per_step_s"] == pytest.approx(per_step, rel=0.2)
+    interval = model.glue_["intervals"]["per_op_s"]
+    assert interval["low"] <= per_op <= interval["high"]
+
+
+def test_glue_is_scored_with_each_tiny_network_left_out(sweep):
+    _, model = sweep
+    quality = model.quality_dict()["glue"]
+    assert quality["n_points"] == len(glue_workloads())
+    assert quality["leave_out_rel_error"] is not None
+
+
+def test_calibration_steps_score_the_model_by_workload_batch_and_threads(sweep):
+    """Whole steps measured 10% slower than the model prices them: every workload, batch and
+    thread count reports that error, and, the model having fitted none of them, a leave-out
+    error equal to it; the steps move no fitted number."""
+    out, _ = sweep
+    kernels = load_dataframe(out, type="measurement")
+    alone = KernelModel().fit(kernels)  # not the shared fixture, whose glue a test refits
+    speed = [
+        {"type": "measurement", "benchmark": "speed", "name": "step_compute",
+         "params.model": name, "params.batch": batch, "params.threads": 1,
+         "params.device": "cpu", "samples": [1.1 * alone.step_s(load_workload(name), batch, 1)]}
+        for name in ("mlp", "cnn") for batch in (5, 9)
+    ]  # fmt: skip
+    checked = KernelModel().fit(pd.concat([kernels, pd.DataFrame(speed)], ignore_index=True))
+    steps = checked.quality_dict()["steps"]
+    assert set(steps["workload"]) == {"mlp", "cnn"} and set(steps["batch"]) == {"b5", "b9"}
+    for group in steps.values():
+        for q in group.values():
+            assert q["median_rel_error"] == pytest.approx(0.1 / 1.1, rel=1e-6)
+            assert q["leave_out_rel_error"] == q["median_rel_error"]
+    assert checked.to_dict()["gemm"] == alone.to_dict()["gemm"]
+    assert checked.glue_ == alone.glue_
+
+
+def test_compute_table_charges_every_call_once(sweep):
+    _, model = sweep
+    cnn = load_workload("cnn")
+    plain = KernelCompute(model, frozenset())
+    table = plain.step_table(cnn, cnn.layers, 9, 1)
+    calls = step_calls(cnn, 9, 1)
+    assert sum(table.values()) == pytest.approx(sum(model.call_s(c, 1) for c in calls))
+    update = {k: v for k, v in table.items() if k[1] == "update"}
+    params = {info.index: info.param_count for info in cnn.layers if info.param_count}
+    shares = {k[0]: v / sum(update.values()) for k, v in update.items()}
+    assert shares == pytest.approx({i: n / cnn.param_count for i, n in params.items()})
+    gather = model.call_s(calls[0], 1)
+    assert table[(0, "forward")] > gather  # the gather is charged to the first layer
+    full = KernelCompute(model)
+    assert full.step_s(cnn, 9, 1) > plain.step_s(cnn, 9, 1)  # the glue adds
+    rng = np.random.default_rng(0)
+    draws = [full.drawn(rng).step_s(cnn, 9, 1) for _ in range(40)]
+    assert min(draws) < full.step_s(cnn, 9, 1) < max(draws)  # the band moves the tables
+    with pytest.raises(ValueError, match="unknown kernel-model terms"):
+        KernelCompute(model, frozenset({"magic"}))
+
+
+def test_a_bands_draws_cover_each_tables_error_evenly(sweep):
+    """K band samples put one draw of each family's error in each of K equal-probability
+    strata (a Latin hypercube), the two families independently of each other."""
+    from scipy import stats
+
+    _, model = sweep
+    compute, k = KernelCompute(model), 40
+    rng = np.random.default_rng(3)
+    z = np.array([compute.drawn(rng, (i, k)).z for i in range(k)])
+    for family in z.T:
+        assert sorted((stats.norm.cdf(family) * k).astype(int)) == list(range(k))
+    assert abs(stats.spearmanr(z[:, 0], z[:, 1]).statistic) < 0.5
+
+
+def test_the_model_predicts_through_a_profile(sweep, tmp_path):
+    _, model = sweep
+    doc = json.loads((PACKAGED / "xeon-2core.json").read_text())
+    doc["models"]["kernels"] = model.to_dict()
+    profile = tmp_path / "kernels-profile.json"
+    profile.write_text(json.dumps(doc))
+    workload = tmp_path / "w.json"
+    workload.write_text(json.dumps(random_workloads(9, 2)[1].to_dict()))
+    steps = {}
+    for corrections in ("all", "none"):
+        done = run_pdlsim(
+            "predict", "--nodes", "1", "--batch", "24", "--model", str(workload), "--profile",
+            str(profile), "--corrections", corrections, "--samples", "3", "--json",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout)
+        assert out["provenance"]["compute"].startswith("profile kernel tables")
+        steps[corrections] = out["step_time_s"]
+    assert steps["all"] > steps["none"] > 0
+    bad = run_pdlsim("predict", "--nodes", "1", "--corrections", "magic")
+    assert bad.returncode == 2 and "unknown correction" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -1,0 +1,231 @@
+"""The profile: round trip, loading by name, and one clear line for every kind of corruption."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import calibration.profile as profile_module
+from calibration.compute import ComputeModel
+from calibration.jitter import JitterModel
+from calibration.overlap import OverlapModel
+from calibration.profile import (
+    SCHEMA_VERSION,
+    Profile,
+    ProfileError,
+    load_profile,
+    read_sources,
+)
+from microbench.errors import UserError
+from microbench.records import load_dataframe, read_records
+from tests.calibration.test_compute_model import write_records
+from tests.calibration.test_jitter_model import lognormal_table, write_jitter
+from tests.calibration.test_overlap_model import write_interference
+
+COLLECTIVES = {  # the shape calibration.communication.CollectiveModels writes
+    "model": "collectives",
+    "collectives": {
+        "allreduce": {
+            "model": "collective_algorithms",
+            "op": "allreduce",
+            "regimes": [
+                {
+                    "min_bytes": 8,
+                    "max_bytes": 1 << 20,
+                    "algorithm": "ring",
+                    "a_s": 2e-6,
+                    "b_s_per_byte": 1e-10,
+                    "g_s_per_byte": 0.0,
+                    "intervals": {
+                        "a_s": {"low": 1.5e-6, "high": 2.5e-6, "confidence": 0.95},
+                        "b_s_per_byte": {"low": 0.9e-10, "high": 1.1e-10, "confidence": 0.95},
+                    },
+                }
+            ],
+            "hockney": [
+                {
+                    "ranks": 2,
+                    "fit": {
+                        "regimes": [
+                            {
+                                "alpha_s": 2e-6,
+                                "beta_s_per_byte": 1e-10,
+                                "alpha_ci": {"low": 1e-6, "high": 3e-6, "confidence": 0.95},
+                                "beta_ci": None,
+                            }
+                        ]
+                    },
+                }
+            ],
+        }
+    },
+    "skipped": {},
+}
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    path = tmp_path_factory.mktemp("records")
+    write_records(path, seed=0, threads=(1, 2), speedup=lambda n: n**0.9)
+    write_jitter(path, lognormal_table(0, ranks=2, n=200))
+    write_interference(path, seed=0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def profile(records):
+    df = load_dataframe(records)
+    models = {
+        "collectives": COLLECTIVES,
+        "compute": ComputeModel(n_boot=10).fit(df),
+        "transfer": None,
+        "jitter": JitterModel(n_boot=20).fit(df),
+        "overlap": OverlapModel(n_boot=20).fit(df),
+    }
+    machine, sources = read_sources([records])
+    return Profile.from_models(models, machine, sources, fit_quality={"collectives": {}})
+
+
+def test_round_trip_save_load_equal(profile, tmp_path):
+    path = profile.save(tmp_path / "profile.json")
+    loaded = load_profile(path)
+    assert loaded == profile
+    assert loaded.schema_version == SCHEMA_VERSION
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]  # no temporary file left
+    assert loaded.model("transfer") is None
+    assert loaded.model("jitter").expected_max_factor(64) == pytest.approx(
+        JitterModel.from_dict(profile.models["jitter"]).expected_max_factor(64)
+    )
+    compute = loaded.model("compute")
+    assert compute.op_time("dense0", "forward", 32, threads=2) > 0
+    assert set(loaded.fit_quality) == {"collectives", "compute", "jitter", "overlap"}
+
+
+def test_sources_pin_the_records(profile, records):
+    by_name = {Path(s.path).name: s for s in profile.sources}
+    assert sorted(by_name) == ["compute.jsonl", "interference.jsonl", "jitter.jsonl"]
+    assert by_name["jitter.jsonl"].benchmark == "jitter,timer"
+    assert by_name["compute.jsonl"].records == len(read_records(records / "compute.jsonl")[1])
+    digest = hashlib.sha256((records / "interference.jsonl").read_bytes()).hexdigest()
+    assert by_name["interference.jsonl"].sha256 == digest
+    assert profile.machine["hostname"] == "test"
+
+
+def test_load_by_name_from_packaged_profiles(profile, tmp_path, monkeypatch):
+    profile.save(tmp_path / "reference-cpu.json")
+    monkeypatch.setattr(profile_module, "_profiles_dir", lambda: tmp_path)
+    assert profile_module.packaged_profile_names() == ["reference-cpu"]
+    assert load_profile("reference-cpu") == profile
+    with pytest.raises(UserError, match="packaged: reference-cpu"):
+        load_profile("nonesuch")
+
+
+def test_missing_file_and_directory_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        load_profile(tmp_path / "absent.json")
+    with pytest.raises(UserError, match="is a directory"):
+        load_profile(tmp_path)
+
+
+def _set(doc, path, value):
+    *head, last = path
+    for key in head:
+        doc = doc[key]
+    if value is _DELETE:
+        del doc[last]
+    else:
+        doc[last] = value
+
+
+_DELETE = object()
+_CPU1 = ("models", "compute", "devices", "cpu", "threads", "1")
+_REGIME = ("models", "collectives", "collectives", "allreduce", "regimes", 0)
+_HOCKNEY = (*_REGIME[:4], "hockney", 0, "fit", "regimes", 0)
+
+CORRUPTIONS = {
+    "wrong schema": (("schema",), "pdlsim.other", "schema", "expected 'pdlsim.profile'"),
+    "unknown version": (("schema_version",), 2, "schema_version", "reads 1"),
+    "missing model": (("models", "jitter"), _DELETE, "models.jitter", "missing model"),
+    "missing field": (("models", "compute", "devices"), _DELETE, "models.compute.devices", ""),
+    "model not an object": (("models", "transfer"), 5, "models.transfer", "object or null"),
+    "negative bandwidth": (
+        (*_CPU1, "bandwidth_bytes_per_s"),
+        -2e10,
+        "models.compute.devices.cpu.threads.1.bandwidth_bytes_per_s",
+        "must be > 0",
+    ),
+    "zero peak": (
+        (*_CPU1, "peak_flops_per_s"),
+        0.0,
+        "models.compute.devices.cpu.threads.1.peak_flops_per_s",
+        "must be > 0",
+    ),
+    "negative latency": (
+        (*_REGIME, "a_s"),
+        -1e-6,
+        "models.collectives.collectives.allreduce.regimes[0].a_s",
+        "must be >= 0",
+    ),
+    "nan": (("models", "jitter", "median_s"), math.nan, "models.jitter.median_s", "finite"),
+    "infinity": (
+        ("fit_quality", "jitter", "r2"),
+        math.inf,
+        "fit_quality.jitter.r2",
+        "finite",
+    ),
+    "interval misses value": (
+        ("models", "jitter", "params", "intervals", "sigma"),
+        {"low": 10.0, "high": 20.0},
+        "models.jitter.params.intervals.sigma",
+        "does not contain",
+    ),
+    "ci misses value": (
+        (*_HOCKNEY, "alpha_ci"),
+        {"low": 1.0, "high": 2.0},
+        "regimes[0].alpha_ci",
+        "does not contain",
+    ),
+    "table interval reversed": (
+        ("models", "compute", "table", 0, "time_s_interval"),
+        {"low": 2.0, "high": 1.0},
+        "models.compute.table[0].time_s_interval",
+        "above high",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPTIONS))
+def test_corrupt_profiles_fail_with_one_line_naming_the_field(profile, tmp_path, case):
+    path, value, field, problem = CORRUPTIONS[case]
+    doc = copy.deepcopy(profile.to_dict())
+    _set(doc, path, value)
+    file = tmp_path / "bad.json"
+    file.write_text(json.dumps(doc))  # NaN and Infinity as Python's writer spells them
+    with pytest.raises(UserError) as info:
+        load_profile(file)
+    message = str(info.value)
+    assert isinstance(info.value, ProfileError)
+    assert "\n" not in message
+    assert message.startswith(str(file))
+    assert field in message and problem in message
+
+
+def test_not_json_is_one_line(tmp_path):
+    file = tmp_path / "bad.json"
+    file.write_text('{"schema": "pdlsim.profile",\n "models": ')
+    with pytest.raises(UserError, match=r"bad\.json: not JSON \(line 2") as info:
+        load_profile(file)
+    assert "\n" not in str(info.value)
+
+
+def test_nonsense_cannot_be_saved(profile, tmp_path):
+    doc = copy.deepcopy(profile.to_dict())
+    doc["models"]["jitter"]["median_s"] = -1.0
+    with pytest.raises(ProfileError, match="models.jitter.median_s"):
+        Profile.from_models(doc["models"], profile.machine)
+    assert not list(tmp_path.iterdir())

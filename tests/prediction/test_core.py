@@ -1,0 +1,212 @@
+"""``pdlsim predict`` and ``pdlsim sweep``: the JSON contract, errors, scaling sanity, files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from calibration.profile import packaged_profile_names
+from pdlsim.cli.main import main
+from pdlsim.prediction.core import PredictConfig, parse_rate, parse_time, run_prediction
+from tests.conftest import run_pdlsim
+from tests.costmodel.test_model import write_synthetic_profile
+
+KEYS = {
+    "step_time_s", "epoch_time_s", "throughput_samples_per_s", "speedup", "efficiency",
+    "comm_overhead_pct", "breakdown", "band", "memory_bytes_per_rank", "provenance", "config",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def profile_path(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("predict") / "profile.json"
+    write_synthetic_profile(path)
+    return str(path)
+
+
+def _cli(*args: str, timeout: int = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pdlsim", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _check(out: dict) -> None:
+    assert KEYS <= out.keys()
+    assert set(out["breakdown"]) == {"compute_s", "comm_s", "sync_s", "overlap_s"}
+    band = out["band"]
+    assert band["p10_s"] <= band["p50_s"] <= band["p90_s"]
+    assert 0 < out["efficiency"] <= 1
+    assert out["step_time_s"] > 0 and out["memory_bytes_per_rank"] > 0
+    b = out["breakdown"]
+    total = b["compute_s"] + b["comm_s"] + b["sync_s"] - b["overlap_s"]
+    assert total == pytest.approx(out["step_time_s"], rel=1e-9)
+
+
+def test_predict_json_with_a_profile_path(profile_path):
+    run = _cli("predict", "--nodes", "16", "--gpus", "4", "--profile", profile_path, "--json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    _check(out)
+    assert 0 < out["gpu_utilization"] <= 1
+    assert "compute" in out["data_sheet"] and "inter-node links" in out["data_sheet"]
+
+
+@pytest.mark.skipif(not packaged_profile_names(), reason="no packaged reference profile yet")
+def test_predict_exactly_as_documented_on_a_fresh_install():
+    run = _cli("predict", "--nodes", "16", "--gpus", "4")
+    assert run.returncode == 0, run.stderr
+    assert "step time" in run.stdout and "data-sheet" in run.stdout
+    out = json.loads(_cli("predict", "--nodes", "16", "--gpus", "4", "--json").stdout)
+    _check(out)
+
+
+def test_the_packaged_h100_profile_predicts_gpu_ranks_from_what_it_measured():
+    """Measured on one H100 (16-core host): GPU compute from its GPU steps, at the batches it
+    timed there, and copies from its transfer model; the data-sheet default is far quicker for
+    this trainer's launch-bound steps."""
+    run = _cli("predict", "--profile", "h100-16core", "--nodes", "2", "--gpus", "4", "--json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    _check(out)
+    sources = out["provenance"]
+    assert sources["compute"] == (
+        "profile (gpu); scaled to the measured cnn steps (batches 64,256,1024)"
+    )
+    assert sources["copies"] == "profile"
+    assert "compute" not in out["data_sheet"] and "copies" not in out["data_sheet"]
+    default = json.loads(_cli("predict", "--nodes", "2", "--gpus", "4", "--json").stdout)
+    assert default["provenance"]["profile"] == "epyc-2core"
+    assert out["breakdown"]["compute_s"] > 3 * default["breakdown"]["compute_s"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--nodes", "0", "--gpus", "4"],
+        ["--nodes", "2", "--batch", "-3"],
+        ["--nodes", "2", "--gpus", "4", "--gpu-preset", "none"],
+        ["--nodes", "2", "--network", "carrier-pigeon"],
+        ["--nodes", "2", "--gpu-preset", "tpu", "--gpus", "1"],
+        ["--nodes", "2", "--inter-bw", "fast"],
+        ["--nodes", "2", "--inter-lat", "2 parsecs"],
+        ["--nodes", "2", "--procs-per-node", "0"],
+        ["--nodes", "2", "--model", "no-such-model"],
+        ["--nodes", "2", "--gpu-preset", "tpu"],  # a typo, even where CPU ranks use no preset
+    ],
+)
+def test_nonsense_is_one_line_and_exit_2(profile_path, args, capsys):
+    assert main(["predict", *args, "--profile", profile_path]) == 2, args
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_nonsense_from_the_shell_is_one_line_without_traceback(profile_path):
+    run = _cli("predict", "--nodes", "0", "--gpus", "4", "--profile", profile_path)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_unreadable_profile_is_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for profile in (str(bad), str(tmp_path / "missing.json"), "no-such-packaged-profile"):
+        assert main(["predict", "--nodes", "2", "--profile", profile]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_step_larger_than_the_dataset_is_flagged(profile_path):
+    """The epoch is then one step, not dataset / samples per step of them."""
+    args = ["--nodes", "2", "--batch", "40000", "--profile", profile_path, "--json"]
+    out = json.loads(_cli("predict", *args).stdout)
+    assert out["samples_per_step"] == 80_000 and out["dataset_samples"] == 50_000
+    assert out["epoch_time_s"] == out["step_time_s"]
+    assert "a step takes 80,000 samples, more than the dataset's 50,000" in out["warning"]
+    fits = json.loads(_cli("predict", *args[:3], "20000", *args[4:]).stdout)
+    assert "warning" not in fits
+
+
+def test_parsing_units():
+    assert parse_rate("25GB/s") == 25e9
+    assert parse_rate("100Gb/s") == 12.5e9
+    assert parse_time("2us") == pytest.approx(2e-6)
+
+
+def test_one_device_has_speedup_one(profile_path):
+    for cfg in (
+        PredictConfig(nodes=1, gpus=1, profile=profile_path, samples=3, iterations=10),
+        PredictConfig(nodes=1, threads=2, profile=profile_path, samples=3, iterations=10),
+    ):
+        out = run_prediction(cfg)
+        assert out["speedup"] == pytest.approx(1.0) and out["efficiency"] == pytest.approx(1.0)
+
+
+def test_more_nodes_on_a_slow_network_lose_efficiency(profile_path):
+    def eff(nodes: int) -> float:
+        cfg = PredictConfig(nodes=nodes, gpus=4, profile=profile_path, network="eth-10g",
+                            samples=2, iterations=10)  # fmt: skip
+        return run_prediction(cfg)["efficiency"]
+
+    effs = [eff(n) for n in (2, 8, 32)]
+    assert effs[0] > effs[1] > effs[2]
+    fast = run_prediction(PredictConfig(nodes=32, gpus=4, profile=profile_path, network="ib-ndr",
+                                        samples=2, iterations=10))  # fmt: skip
+    assert fast["efficiency"] > effs[2]
+
+
+def test_cpu_cluster_warns_when_oversubscribing_the_profile_machine(profile_path):
+    run = _cli("predict", "--nodes", "4", "--procs-per-node", "4", "--threads", "2",
+               "--profile", profile_path, "--inter-bw", "25GB/s", "--inter-lat", "2us")  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "warning" in run.stderr
+    assert "given" in run.stdout
+
+
+def test_trace_is_chrome_json(profile_path, tmp_path):
+    trace = tmp_path / "trace.json"
+    run = _cli("predict", "--nodes", "2", "--gpus", "2", "--profile", profile_path,
+               "--iterations", "3", "--trace", str(trace))  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(trace.read_text())
+    assert doc["traceEvents"]
+
+
+def test_sweep_writes_one_row_per_combination_and_a_png(profile_path, tmp_path):
+    out = tmp_path / "sweep"
+    run = _cli("sweep", "--nodes", "1,2,4", "--gpus", "1,4", "--batch", "16,32",
+               "--profile", profile_path, "--iterations", "5", "--samples", "2",
+               "--out", str(out), timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    frame = pd.read_csv(out / "sweep.csv")
+    assert len(frame) == 3 * 2 * 2
+    assert set(zip(frame["nodes"], frame["per_node"], frame["batch"], strict=True)) == {
+        (n, g, b) for n in (1, 2, 4) for g in (1, 4) for b in (16, 32)
+    }
+    assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_refuses_an_output_that_is_a_file(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("keep")
+    result = run_pdlsim("sweep", "--nodes", "1,2", "--gpus", "1", "--out", str(a_file), timeout=120)
+    assert result.returncode == 2 and "is a file" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and a_file.read_text() == "keep"
+
+
+def test_memory_per_rank_counts_im2col_and_buckets_only_where_they_exist(profile_path):
+    """cnn at batch 16: conv2d0's columns (32 x 32 rows of 3 x 3 x 3 floats, no gradient: it is
+    the first layer) and conv2d3's columns and their gradient (16 x 16 rows of 3 x 3 x 32)."""
+    cols = 32 * 32 * 27 * 4 + 2 * (16 * 16 * 288 * 4)
+    base = dict(model="cnn", batch=16, profile=profile_path, samples=2, iterations=5)
+    cpu = run_prediction(PredictConfig(nodes=1, procs_per_node=2, **base))
+    memory = cpu["memory_breakdown_bytes"]
+    assert memory["workspace"] == 16 * cols
+    assert memory["buffers"] == 16 * 3 * 32 * 32 * 4  # the batch; CPU ranks reduce in place
+    assert memory["weights"] == memory["gradients"] == 4 * 1_070_794
+    assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
+    gpu = run_prediction(PredictConfig(nodes=1, gpus=2, **base))["memory_breakdown_bytes"]
+    assert gpu["buffers"] == memory["buffers"] + 4 * 1_070_794  # DDP buckets

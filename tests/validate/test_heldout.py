@@ -1,0 +1,110 @@
+"""Held-out sets: random workloads from a seed, batches the calibration never ran, and a
+validation whose profile cannot have seen them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from microbench.errors import UserError
+from microbench.workload import load_workload
+from pdlsim.costmodel.corrections import CORRECTIONS, parse_corrections
+from pdlsim.validate.heldout import MAX_FORWARD_FLOPS_PER_SAMPLE, random_workloads
+from pdlsim.validate.report import HELDOUT, IN_SAMPLE, ablation, summarize
+from pdlsim.validate.run import (
+    RunSpec,
+    ValidateConfig,
+    ablation_sets,
+    check_unseen,
+    heldout_matrix,
+)
+
+PROFILE = str(Path(__file__).resolve().parents[2] / "calibration" / "profiles" / "xeon-2core.json")
+
+
+def test_random_workloads_are_valid_bounded_and_drawn_from_the_seed():
+    first = random_workloads(11, 12)
+    assert [w.to_dict() for w in first] == [w.to_dict() for w in random_workloads(11, 12)]
+    assert [w.to_dict() for w in first] != [w.to_dict() for w in random_workloads(12, 12)]
+    kinds = [w.name.split("-")[0] for w in first]
+    assert kinds == ["mlp", "cnn"] * 6
+    for w in first:
+        assert w.forward_flops_per_sample <= MAX_FORWARD_FLOPS_PER_SAMPLE[w.name[:3]]
+        assert w.layers[-1].kind == "softmax_cross_entropy" and w.param_count > 0
+    cnn_kernels = {i.layer.get("kernel") for w in random_workloads(1, 40) for i in w.layers
+                   if i.kind == "conv2d"}  # fmt: skip
+    assert len(cnn_kernels) >= 3  # the layer kinds' settings vary, not just the widths
+
+
+def test_the_heldout_matrix_never_uses_a_calibrated_batch(tmp_path: Path):
+    cfg = ValidateConfig(out=tmp_path, heldout_workloads=4, heldout_batches=2, seed=3)
+    specs, refused = heldout_matrix(cfg, cores=2)
+    assert specs and all(s.heldout for s in specs)
+    assert not {s.batch for s in specs} & set(cfg.batches)
+    assert max(s.batch for s in specs) <= 4 * max(cfg.batches)
+    assert all(s.procs * s.threads <= 2 for s in specs)
+    assert len(refused) == 2 and all("cores" in line for line in refused)  # 2x2, 4x1
+    assert any(s.parallel == "model" for s in specs)
+    for path in {s.model for s in specs}:
+        assert load_workload(path).name == Path(path).stem
+
+
+def test_a_profile_that_measured_a_heldout_batch_or_workload_is_refused(tmp_path: Path):
+    doc = json.loads(Path(PROFILE).read_text())
+    measured = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "batch":
+                    measured.add(value)
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(doc["models"])
+    assert measured  # the packaged profile's in-place and op tables are keyed by batch
+    unseen = next(b for b in (24, 48, 96) if b not in measured)
+    check_unseen(PROFILE, [RunSpec(str(tmp_path / "mlp-s0-0.json"), 1, 1, unseen, heldout=True)])
+    with pytest.raises(UserError, match="not held out"):
+        check_unseen(PROFILE, [RunSpec("x.json", 1, 1, sorted(measured)[0], heldout=True)])
+    with pytest.raises(UserError, match="not held out"):
+        check_unseen(PROFILE, [RunSpec("mlp", 1, 1, unseen, heldout=True)])  # its name
+
+
+def test_corrections_parse_and_ablations_take_each_out():
+    assert parse_corrections("all") == frozenset(CORRECTIONS)
+    assert parse_corrections("none") == frozenset()
+    assert parse_corrections("glue, insitu") == {"glue", "insitu"}
+    with pytest.raises(UserError, match="unknown correction"):
+        parse_corrections("glue,magic")
+    sets = ablation_sets("all")
+    assert {"all", "none"} <= set(sets) and len(sets) == 2 + len(CORRECTIONS)
+    assert parse_corrections(sets["all - glue"]) == frozenset(CORRECTIONS) - {"glue"}
+    assert set(ablation_sets("glue")) == {"glue", "none", "all"}
+
+
+def _row(kind: str, measured: float, p50: float, over: bool = False) -> dict:
+    return {"set": kind, "model": "m", "procs": 1, "threads": 1, "batch": 8, "parallel": "data",
+            "inference": False, "oversubscribed": over, "measured_s": measured,
+            "predicted_p50_s": p50, "predicted_p10_s": 0.9 * p50, "predicted_p90_s": 1.1 * p50,
+            "rel_error": abs(p50 - measured) / measured,
+            "in_band": 0.9 * p50 <= measured <= 1.1 * p50}  # fmt: skip
+
+
+def test_summaries_keep_heldout_and_in_sample_apart_and_rescore_each_correction_set():
+    rows = [_row(HELDOUT, 1.0, 1.05), _row(HELDOUT, 1.0, 1.5), _row(IN_SAMPLE, 2.0, 2.0),
+            _row(HELDOUT, 1.0, 9.0, over=True)]  # fmt: skip
+    summary = summarize(rows)
+    assert summary[HELDOUT]["configurations"] == 2  # the oversubscribed row is not scored
+    assert summary[HELDOUT]["worst_rel_error"] == pytest.approx(0.5)
+    assert summary[IN_SAMPLE]["median_rel_error"] == 0.0
+    assert summary[HELDOUT]["median_band_width"] == pytest.approx(0.2)
+    other = [{"band": {"p50_s": 1.0, "p10_s": 0.5, "p90_s": 2.0}} for _ in rows]
+    table = ablation(rows, {"none": other}, "all")
+    assert [t["corrections"] for t in table] == ["all", "none"]
+    assert table[1][HELDOUT]["median_rel_error"] == 0.0
+    assert table[1][IN_SAMPLE]["median_rel_error"] == pytest.approx(0.5)
