@@ -13,7 +13,9 @@ T_overlap) over T_step; epoch = ceil(dataset / (ranks x batch)) steps, dataset b
 
 The band: ``--samples`` K cost models drawn with :meth:`ProfileCostModel.perturbed`, each
 simulated with its own jitter seed for min(iterations, :data:`BAND_ITERATIONS`) steps (the mean
-of a few steps: cheap, and still carries the jitter); P10/P50/P90 of their mean step times.
+of a few steps: cheap, and still carries the jitter); P10/P50/P90 of their mean step times,
+relative to their median, around the predicted step (:mod:`pdlsim.prediction_doc`): the P50 is
+the step time.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
                    metavar="KNOB=V1,V2,...", help="vary one knob at a time from the baseline "
                    f"(repeatable) and rank what each buys; knobs: {', '.join(KNOBS)}")  # fmt: skip
     p.add_argument("--out", type=Path, required=True, metavar="DIR")
-    p.set_defaults(handler=run_sweep_command, samples=5)
+    p.set_defaults(handler=run_sweep_command)
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:

@@ -1,0 +1,60 @@
+"""Output that agrees with itself: the printed step time sits inside its own band, and one
+configuration gets the same band from ``predict`` and ``sweep``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from pdlsim.cli import main
+from pdlsim.predict import PredictConfig, run_prediction
+from pdlsim.sweep import sweep
+
+QUICK = PredictConfig(iterations=20, samples=7)
+CONFIGS = {
+    "cpu ranks": replace(QUICK, nodes=4, procs_per_node=2),
+    "cpu hybrid threads": replace(QUICK, nodes=2, threads=2, model="mlp"),
+    "gpus": replace(QUICK, nodes=2, gpus=4),
+    "one gpu": replace(QUICK, gpus=1, model="mlp", batch=64),
+    "model parallel": replace(QUICK, nodes=1, gpus=4, parallel="model", model="mlp"),
+    "pipeline": replace(QUICK, nodes=2, gpus=2, parallel="pipeline", stages=2, microbatches=4),
+    "inference": replace(QUICK, nodes=2, gpus=2, inference=True),
+    "slow ranks": replace(QUICK, nodes=4, gpus=1, slow_ranks=1, slow_factor=2.0),
+    "fp16, local sgd": replace(QUICK, nodes=4, gpus=2, compression="fp16", sync_every=2),
+    "slow network": replace(QUICK, nodes=4, procs_per_node=1, network_scale=0.1),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_step_time_is_the_bands_p50_in_every_mode(name):
+    out = run_prediction(CONFIGS[name])
+    band, step = out["band"], out["step_time_s"]
+    assert band["p10_s"] <= step <= band["p90_s"], name
+    assert band["p50_s"] == step
+    assert band["p10_s"] < band["p90_s"]  # the draws' spread is kept, not collapsed
+
+
+def test_sweep_rows_have_predicts_band_and_keep_the_step_inside_it():
+    base = replace(QUICK, gpus=2)
+    frame = sweep(base, (1, 2), (2,), (16, 32))
+    assert (frame["p10_s"] <= frame["step_time_s"]).all()
+    assert (frame["step_time_s"] <= frame["p90_s"]).all()
+    for row in frame.itertuples():
+        out = run_prediction(replace(base, nodes=row.nodes, batch=row.batch))
+        assert out["step_time_s"] == row.step_time_s
+        assert out["band"] == {"p10_s": row.p10_s, "p50_s": row.p50_s, "p90_s": row.p90_s}
+
+
+def test_predict_and_sweep_default_to_the_same_band(tmp_path, capsys):
+    args = ["--nodes", "2", "--procs-per-node", "2", "--iterations", "20"]
+    assert main(["predict", *args, "--json"]) == 0
+    import json
+
+    band = json.loads(capsys.readouterr().out)["band"]
+    assert main(["sweep", *args, "--out", str(tmp_path)]) == 0
+    row = pd.read_csv(tmp_path / "sweep.csv").iloc[0]
+    assert row["p10_s"] == pytest.approx(band["p10_s"], rel=1e-12)
+    assert row["p90_s"] == pytest.approx(band["p90_s"], rel=1e-12)
+    assert row["p10_s"] <= row["step_time_s"] <= row["p90_s"]
