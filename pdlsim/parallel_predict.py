@@ -27,6 +27,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
+from pdlsim.epoch import dataset_samples
 
 if TYPE_CHECKING:
     from pdlsim.predict import PredictConfig
@@ -122,7 +123,6 @@ def run_layerwise(
     cfg: PredictConfig,
     build: Callable[[PredictConfig], tuple[Any, Any, Any, dict[str, Any]]],
     trace: str | None,
-    dataset_samples: dict[str, int],
     band_iterations: int,
 ) -> dict[str, Any]:
     """Predict ``cfg`` in its layer-wise mode: the JSON object ``pdlsim predict`` prints."""
@@ -182,7 +182,7 @@ def run_layerwise(
         base_step_s=base.step_time_s,
         replicas=replicas,
         samples_per_step=replicas * scenario.batch_per_rank,
-        dataset=cfg.dataset_samples or dataset_samples.get(w.name, 50_000),
+        dataset=dataset_samples(w.name, cfg.dataset_samples),
         memory=layerwise_memory(cfg, result, scenario),
         provenance=provenance,
         gpu=getattr(cost, "gpu", None),

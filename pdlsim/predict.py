@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
 from pdlsim.corrections import parse_corrections
+from pdlsim.epoch import DATASET_SAMPLES, dataset_samples
 from pdlsim.parallel_predict import layerwise_mode, run_layerwise
 from pdlsim.prediction_doc import band_step_times, prediction_document
 from pdlsim.presets import (
@@ -51,7 +52,6 @@ __all__ = [
     "run_prediction",
 ]
 
-DATASET_SAMPLES = {"cnn": 50_000, "mlp": 60_000}  # CIFAR-10 and MNIST training sets
 BAND_ITERATIONS = 20
 _RATE = re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*([kMGT]?)(B|b|bit)/s\s*$")
 _TIME = re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*(d|h|min|s|ms|us|ns)\s*$")
@@ -254,7 +254,7 @@ def im2col_bytes_per_sample(info: Any) -> int:
 def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, Any]:
     """Predict one configuration: the JSON object ``pdlsim predict --json`` prints."""
     if layerwise_mode(cfg):  # model or pipeline parallelism, or inference
-        return run_layerwise(cfg, build, trace, DATASET_SAMPLES, BAND_ITERATIONS)
+        return run_layerwise(cfg, build, trace, BAND_ITERATIONS)
 
     from pdlsim.sim import Cluster, simulate, write_chrome_trace
 
@@ -276,7 +276,7 @@ def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, An
         base_step_s=base.step_time_s,
         replicas=devices,
         samples_per_step=devices * scenario.batch_per_rank,
-        dataset=cfg.dataset_samples or DATASET_SAMPLES.get(scenario.workload.name, 50_000),
+        dataset=dataset_samples(scenario.workload.name, cfg.dataset_samples),
         memory=memory_per_rank(cluster, scenario),
         provenance=provenance,
         gpu=cost.gpu,

@@ -58,3 +58,16 @@ def test_predict_and_sweep_default_to_the_same_band(tmp_path, capsys):
     assert row["p10_s"] == pytest.approx(band["p10_s"], rel=1e-12)
     assert row["p90_s"] == pytest.approx(band["p90_s"], rel=1e-12)
     assert row["p10_s"] <= row["step_time_s"] <= row["p90_s"]
+
+
+def test_train_and_predict_share_one_epoch_per_workload(monkeypatch):
+    """One definition (pdlsim.epoch): change it and both move."""
+    from microbench.workload import load_workload
+    from pdlsim import epoch
+    from pdlsim.train.config import TrainConfig
+    from pdlsim.train.loop import prepare_data
+
+    monkeypatch.setitem(epoch.DATASET_SAMPLES, "mlp", 96)
+    train, _ = prepare_data(TrainConfig(model="mlp", test_samples=8), load_workload("mlp"))
+    assert len(train.y) == 96
+    assert run_prediction(replace(QUICK, model="mlp", samples=2))["dataset_samples"] == 96

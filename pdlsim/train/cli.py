@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from microbench.errors import UserError
 from microbench.fileio import atomic_write_text, check_writable
 from microbench.threads import oversubscription, set_threads, size_numba_pool
+from pdlsim.epoch import DATASET_SAMPLES, OTHER_DATASET_SAMPLES
 from pdlsim.launch import Stopped, launch_ranks, under_mpi_launcher
 from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 def add_train_parser(commands: Any) -> None:
     from pdlsim.cli import non_negative_float, positive_int, seed
 
+    epochs = ", ".join(f"{name} {n:,}" for name, n in DATASET_SAMPLES.items())
     p = commands.add_parser(
         "train",
         help="run real training (serial, threads, MPI, hybrid, GPU) with per-phase timers",
@@ -64,7 +66,13 @@ def add_train_parser(commands: Any) -> None:
         metavar="SPEC",
         help="synthetic (default), mnist:DIR (IDX files) or cifar10:DIR (binary batches)",
     )
-    p.add_argument("--samples", type=positive_int, default=None, help="training samples to use")
+    p.add_argument(
+        "--samples",
+        type=positive_int,
+        default=None,
+        help="training samples (synthetic default: the workload's epoch, as pdlsim predict "
+        f"prices it: {epochs}, a workload file {OTHER_DATASET_SAMPLES:,})",
+    )
     p.add_argument("--test-samples", type=positive_int, default=1024, help="held-out samples")
     p.add_argument("--max-steps", type=positive_int, default=None, help="steps per epoch cap")
     p.add_argument("--init", choices=("he", "xavier"), default="he", help="weight init")

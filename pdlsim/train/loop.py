@@ -38,6 +38,7 @@ from microbench.nn import SGD, Network
 from microbench.records import RecordWriter
 from microbench.workload import Workload, load_workload
 from pdlsim.data import Dataset, load_dataset
+from pdlsim.epoch import dataset_samples
 from pdlsim.train.checkpoint import records_path, restore, save_checkpoint
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.device import Device
@@ -51,7 +52,6 @@ from pdlsim.train.runinfo import (
 )
 
 PHASES = ("data", "h2d", "forward", "backward", "wait", "allreduce", "update")
-SYNTHETIC_TRAIN_SAMPLES = 8192
 EVAL_CHUNK = 256
 
 
@@ -101,10 +101,11 @@ class _EpochSums:
 
 
 def prepare_data(config: TrainConfig, workload: Workload) -> tuple[Dataset, Dataset]:
-    """The training and held-out test sets, shaped for the workload (synthetic: fresh draws)."""
+    """The training and held-out test sets, shaped for the workload (synthetic: fresh draws, as
+    many as the epoch ``pdlsim predict`` prices, :func:`pdlsim.epoch.dataset_samples`)."""
     n_train = config.samples
     if n_train is None and config.data == "synthetic":
-        n_train = SYNTHETIC_TRAIN_SAMPLES
+        n_train = dataset_samples(workload.name)
     train = load_dataset(config.data, workload, n_samples=n_train, seed=config.seed, train=True)
     test = load_dataset(
         config.data, workload, n_samples=config.test_samples, seed=config.seed, train=False
