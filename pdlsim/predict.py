@@ -29,6 +29,7 @@ from microbench.errors import UserError
 from pdlsim.corrections import parse_corrections
 from pdlsim.epoch import DATASET_SAMPLES, dataset_samples
 from pdlsim.parallel_predict import layerwise_mode, run_layerwise
+from pdlsim.predict_checks import check_bounds, check_epoch, check_memory
 from pdlsim.prediction_doc import band_step_times, prediction_document
 from pdlsim.presets import (
     DEFAULT_GPU_PRESET,
@@ -40,13 +41,19 @@ from pdlsim.presets import (
 from pdlsim.whatif import apply_to_cost, rank_speeds, scenario_options
 
 if TYPE_CHECKING:  # the heavy modules are imported where used: building the parser stays light
+    from collections.abc import Callable
+
     from calibration.profile import Profile
+    from microbench.workload import Workload
     from pdlsim.costmodel import ProfileCostModel
     from pdlsim.sim import Cluster, Scenario
+
+    MemoryOf = Callable[[Cluster, Scenario, ProfileCostModel], dict[str, int]]
 
 __all__ = [
     "DATASET_SAMPLES",
     "PredictConfig",
+    "check_config",
     "parse_rate",
     "parse_time",
     "run_prediction",
@@ -122,6 +129,7 @@ class PredictConfig:
     mtbf: str | None = None  # per node
     restart_time: str | None = None
     corrections: str = "all"  # named corrections switched on (pdlsim.corrections)
+    allow_oversubscribed_memory: bool = False  # predict a layout that does not fit anyway
 
 
 # The profile a prediction uses without --profile: the first of these that is packaged. The
@@ -155,26 +163,31 @@ def resolve_network(cfg: PredictConfig, profile_has_inter: bool) -> NetworkPrese
     return NetworkPreset("given", lat, bw, "--inter-bw/--inter-lat", kind="given")
 
 
-def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict[str, Any]]:
-    """The cluster, scenario and cost model of a configuration, and where the numbers came from."""
+def check_config(cfg: PredictConfig) -> Workload:
+    """The checks that need no profile (bounds, parallelism flags, the workload, the step
+    against the epoch), one-line errors; the workload. ``sweep`` runs them over every row
+    before simulating the first."""
     from microbench.workload import load_workload
+
+    check_bounds(cfg)
+    layerwise_mode(cfg)
+    workload = load_workload(cfg.model)
+    check_epoch(cfg, dataset_samples(workload.name, cfg.dataset_samples))
+    return workload
+
+
+def build(
+    cfg: PredictConfig, memory: MemoryOf | None = None
+) -> tuple[Cluster, Scenario, ProfileCostModel, dict[str, Any], dict[str, int]]:
+    """The cluster, scenario and cost model of a configuration, where the numbers came from,
+    and the bytes per rank (``memory``; default :func:`memory_per_rank`): everything refused
+    up front (:mod:`pdlsim.predict_checks`) is refused here, before any simulation."""
     from pdlsim.costmodel import ProfileCostModel
     from pdlsim.insitu_cost import sync_parallelism
     from pdlsim.sim import Cluster, Scenario
 
-    if cfg.nodes < 1:
-        raise UserError(f"--nodes must be at least 1, got {cfg.nodes}")
-    for flag, value, ok in (
-        ("--gpus", cfg.gpus, cfg.gpus >= 0),
-        ("--batch", cfg.batch, cfg.batch >= 1),
-        ("--bucket-mb", cfg.bucket_mb, cfg.bucket_mb > 0),
-        ("--samples", cfg.samples, cfg.samples >= 1),
-    ):
-        if not ok:
-            least = "0 or more" if flag == "--gpus" else "positive"
-            raise UserError(f"{flag} must be {least}, got {value}")
+    workload = check_config(cfg)
     profile, profile_name = resolve_profile(cfg.profile)
-    workload = load_workload(cfg.model)
     has_inter = any(r.inter is not None for r in _regimes(profile))
     network = resolve_network(cfg, has_inter)
     # looked up even for CPU ranks, which use none: a typo fails either way
@@ -210,7 +223,14 @@ def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict
     provenance = {"profile": profile_name, **cost.provenance}
     if gpu is not None:
         provenance["gpu_preset"] = f"{gpu.name} (data sheet: {gpu.source})"
-    return cluster, scenario, cost, provenance
+    need = (memory or _data_memory)(cluster, scenario, cost)
+    check_memory(cfg, need["total"], cluster.device, cost.gpu, profile.machine,
+                 cluster.ranks_per_node)  # fmt: skip
+    return cluster, scenario, cost, provenance, need
+
+
+def _data_memory(cluster: Cluster, scenario: Scenario, cost: Any) -> dict[str, int]:
+    return memory_per_rank(cluster, scenario)
 
 
 def _regimes(profile: Profile) -> list[Any]:
@@ -259,7 +279,7 @@ def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, An
     from pdlsim.sim import Cluster, simulate, write_chrome_trace
 
     try:
-        cluster, scenario, cost, provenance = build(cfg)
+        cluster, scenario, cost, provenance, memory = build(cfg)
         result = simulate(cluster, scenario, cost, trace=trace is not None)
         one = Cluster(1, 1, cluster.threads_per_rank, cluster.device)
         alone = replace(cost, ranks_per_node=1)  # one device: nothing shares its node
@@ -277,7 +297,7 @@ def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, An
         replicas=devices,
         samples_per_step=devices * scenario.batch_per_rank,
         dataset=dataset_samples(scenario.workload.name, cfg.dataset_samples),
-        memory=memory_per_rank(cluster, scenario),
+        memory=memory,
         provenance=provenance,
         gpu=cost.gpu,
         buckets=[asdict(x) for x in result.buckets],

@@ -121,6 +121,9 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=seed, default=0, help="jitter and band seed")
     p.add_argument("--samples", type=int, default=20, help="band samples (20)")
     p.add_argument("--dataset-samples", type=positive_int, default=None, help="samples per epoch")
+    p.add_argument("--allow-oversubscribed-memory", action="store_true",
+                   help="predict a layout that needs more memory per rank than a GPU (or the "
+                   "host, for CPU ranks) has, instead of refusing it")  # fmt: skip
     p.add_argument(
         "--corrections",
         default="all",

@@ -4,42 +4,52 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from microbench.fileio import check_writable
 from pdlsim.knobs import KNOBS, parse_vary, run_vary
-from pdlsim.predict import PredictConfig, run_prediction
+from pdlsim.predict import PredictConfig, check_config, run_prediction
 from pdlsim.predict_cli import add_common_options, config_from_args, cores_warning
+from pdlsim.progress import Progress
 
 
 def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...],
-          batches: tuple[int, ...]) -> Any:  # fmt: skip
+          batches: tuple[int, ...],
+          progress: Callable[[int, int], None] | None = None) -> Any:  # fmt: skip
     """Predict every (nodes, ranks per node, batch): a DataFrame, one row per combination.
-    ``per_node`` is GPUs per node when ``base.gpus > 0``, else processes per node."""
+    ``per_node`` is GPUs per node when ``base.gpus > 0``, else processes per node;
+    ``progress(done, total)`` is called after each row."""
     import pandas as pd
 
+    gpu = base.gpus > 0
+    configs = [
+        replace(base, nodes=n, batch=batch, **{"gpus" if gpu else "procs_per_node": q})
+        for n in nodes
+        for q in per_node
+        for batch in batches
+    ]
+    for cfg in configs:  # a bad row is refused before the first is simulated
+        check_config(cfg)
     rows = []
-    for n in nodes:
-        for q in per_node:
-            for batch in batches:
-                gpu = base.gpus > 0
-                cfg = replace(
-                    base, nodes=n, batch=batch, **{"gpus" if gpu else "procs_per_node": q}
-                )
-                out = run_prediction(cfg)
-                rows.append({
-                    "nodes": n, "per_node": q, "device": "gpu" if gpu else "cpu",
-                    "threads": cfg.threads, "batch": batch, "devices": n * q,
-                    "step_time_s": out["step_time_s"], "epoch_time_s": out["epoch_time_s"],
-                    "throughput_samples_per_s": out["throughput_samples_per_s"],
-                    "speedup": out["speedup"], "efficiency": out["efficiency"],
-                    "comm_overhead_pct": out["comm_overhead_pct"],
-                    **out["breakdown"], **out["band"],
-                    "memory_bytes_per_rank": out["memory_bytes_per_rank"],
-                    "parallel": cfg.parallel, "inference": cfg.inference,
-                    "bubble_fraction": out.get("parallel", {}).get("bubble_fraction"),
-                })  # fmt: skip
+    for i, cfg in enumerate(configs):
+        n, q, batch = cfg.nodes, cfg.gpus if gpu else cfg.procs_per_node, cfg.batch
+        out = run_prediction(cfg)
+        rows.append({
+            "nodes": n, "per_node": q, "device": "gpu" if gpu else "cpu",
+            "threads": cfg.threads, "batch": batch, "devices": n * q,
+            "step_time_s": out["step_time_s"], "epoch_time_s": out["epoch_time_s"],
+            "throughput_samples_per_s": out["throughput_samples_per_s"],
+            "speedup": out["speedup"], "efficiency": out["efficiency"],
+            "comm_overhead_pct": out["comm_overhead_pct"],
+            **out["breakdown"], **out["band"],
+            "memory_bytes_per_rank": out["memory_bytes_per_rank"],
+            "parallel": cfg.parallel, "inference": cfg.inference,
+            "bubble_fraction": out.get("parallel", {}).get("bubble_fraction"),
+        })  # fmt: skip
+        if progress is not None:
+            progress(i + 1, len(configs))
     return pd.DataFrame(rows)
 
 
@@ -73,7 +83,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     check_writable(args.out, "dir", "--out", "for sweep.csv and the plot")
     if args.vary:
         return run_vary(args, cfg)
-    frame = sweep(cfg, args.nodes, gpus or args.procs_per_node, args.batch)
+    progress = Progress("sweep", "configurations")
+    frame = sweep(cfg, args.nodes, gpus or args.procs_per_node, args.batch, progress)
     args.out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out / "sweep.csv", index=False)
     from pdlsim.plots import plot_scaling
