@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+from microbench.errors import UserError
 from microbench.fileio import check_writable
+from pdlsim.cli_options import given
 from pdlsim.energy import add_power_options, format_energy
 from pdlsim.parallel_predict import add_parallel_options
 from pdlsim.predict import PredictConfig, resolve_profile, run_prediction
@@ -21,6 +24,7 @@ from pdlsim.whatif import add_whatif_options, whatif_lines
 __all__ = [
     "add_common_options",
     "add_predict_parser",
+    "check_flags",
     "config_from_args",
     "cores_warning",
     "fmt_s",
@@ -41,6 +45,46 @@ def cores_warning(cfg: PredictConfig) -> str | None:
             "this predicts nodes like it with more cores"
         )
     return None
+
+
+def check_flags(args: argparse.Namespace, gpus: bool) -> list[str]:
+    """Refuse a flag the configuration would ignore (one line, exit 2); the warnings (for
+    stderr, once, before the work) where one flag refines another."""
+    if gpus:
+        for dest in ("procs_per_node", "threads"):
+            flag = given(args, dest)
+            if flag:
+                raise UserError(
+                    f"{flag} is for CPU ranks; with --gpus every GPU is one rank: drop {flag} "
+                    "(or --gpus for CPU ranks)"
+                )
+    else:
+        for dest in ("gpu_preset", "pinned", "prefetch"):
+            flag = given(args, dest)
+            if flag:
+                raise UserError(
+                    f"{flag} describes GPU ranks, and this configuration has none: add --gpus G "
+                    f"or drop {flag}"
+                )
+    no_overlap = given(args, "overlap")
+    if no_overlap and (args.parallel != "data" or args.inference):
+        raise UserError(
+            f"{no_overlap} is for data-parallel training (gradient buckets overlapping the "
+            "backward); model, pipeline and inference overlap nothing: drop it"
+        )
+    network, bw, lat = (given(args, d) for d in ("network", "inter_bw", "inter_lat"))
+    if network and bw and lat:
+        raise UserError(
+            "--inter-bw and --inter-lat replace every figure of --network: drop --network, or "
+            "one of --inter-bw/--inter-lat to keep its other figure"
+        )
+    if network and (bw or lat):
+        kept = "latency" if bw else "bandwidth"
+        return [
+            f"pdlsim: warning: {bw or lat} replaces the {'bandwidth' if bw else 'latency'} of "
+            f"--network {args.network}; its {kept} is kept"
+        ]
+    return []
 
 
 def fmt_s(seconds: float) -> str:
@@ -157,9 +201,17 @@ def config_from_args(args: argparse.Namespace, **override: Any) -> PredictConfig
 
 
 def run_predict_command(args: argparse.Namespace) -> int:
+    for warning in check_flags(args, gpus=args.gpus > 0):
+        print(warning, file=sys.stderr)
     cfg = config_from_args(args)
     if args.trace is not None:
         check_writable(args.trace, "file", "--trace")
+        folder = Path(args.trace).parent
+        if not folder.is_dir():  # a mistyped folder is not created silently
+            raise UserError(
+                f"--trace {args.trace}: the folder {folder} does not exist; create it, or give "
+                "a file in an existing folder"
+            )
     out = run_prediction(cfg, trace=args.trace)
     warning = cores_warning(cfg)
     if warning:

@@ -11,7 +11,7 @@ from typing import Any
 from microbench.fileio import check_writable
 from pdlsim.knobs import KNOBS, parse_vary, run_vary
 from pdlsim.predict import PredictConfig, check_config, run_prediction
-from pdlsim.predict_cli import add_common_options, config_from_args, cores_warning
+from pdlsim.predict_cli import add_common_options, check_flags, config_from_args, cores_warning
 from pdlsim.progress import Progress
 
 
@@ -75,6 +75,8 @@ def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
 
 def run_sweep_command(args: argparse.Namespace) -> int:
     gpus = args.gpus or ()
+    for warning in check_flags(args, gpus=bool(gpus)):
+        print(warning, file=sys.stderr)
     cfg = config_from_args(args, nodes=1, batch=args.batch[0], gpus=gpus[0] if gpus else 0,
                            procs_per_node=args.procs_per_node[0])  # fmt: skip
     warning = cores_warning(replace(cfg, procs_per_node=max(args.procs_per_node)))

@@ -13,7 +13,11 @@ from pdlsim.progress import Progress
 
 
 def _refused(capsys, *args: str) -> str:
-    assert main(list(args)) == 2
+    try:
+        status = main(list(args))
+    except SystemExit as usage:  # argparse's own errors
+        status = usage.code
+    assert status == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     return err
@@ -47,7 +51,8 @@ def no_simulation(monkeypatch):
 def test_out_of_range_configurations_are_refused_before_simulating(
     capsys, no_simulation, args, message
 ):
-    err = _refused(capsys, "predict", "--nodes", "2", *args)
+    nodes = [] if "--nodes" in args else ["--nodes", "2"]
+    err = _refused(capsys, "predict", *nodes, *args)
     assert message in err
 
 
@@ -57,11 +62,14 @@ def test_a_layout_that_does_not_fit_a_gpu_is_refused_unless_asked_for(capsys, no
     err = _refused(capsys, *args)
     assert "needs 47.0 GB per GPU, the v100 has 32.0 GB" in err
     assert "--allow-oversubscribed-memory" in err
-    for mode in (["--parallel", "model"], ["--parallel", "pipeline", "--stages", "2",
-                 "--microbatches", "2"], ["--inference"]):  # fmt: skip
-        pipeline = "pipeline" in mode
-        big = ["--gpus", "2", "--batch", "300000"] if pipeline else ["--batch", "150000"]
-        err = _refused(capsys, *args, *mode, *big, "--dataset-samples", "400000")
+    v100 = ["predict", "--nodes", "1", "--gpu-preset", "v100", "--dataset-samples", "400000"]
+    for mode in (
+        ["--gpus", "1", "--batch", "150000", "--parallel", "model"],
+        ["--gpus", "2", "--batch", "300000", "--parallel", "pipeline", "--stages", "2",
+         "--microbatches", "2"],
+        ["--gpus", "1", "--batch", "150000", "--inference"],
+    ):  # fmt: skip
+        err = _refused(capsys, *v100, *mode)
         assert "per GPU, the v100 has 32.0 GB" in err, mode
 
 
@@ -134,3 +142,55 @@ def test_sweep_prints_progress_on_stderr_only(capsys, tmp_path, monkeypatch):
     captured = capsys.readouterr()
     assert "sweep: 2/2 configurations" in captured.err
     assert "configurations" not in captured.out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["predict", "--nodes", "2", "--nodes", "4"], "--nodes is given twice (2, then 4)"),
+        (["predict", "--nodes", "2", "--pinned", "--pageable"], "--pageable contradicts --pinned"),
+        (["predict", "--nodes", "2", "--gpus", "4", "--threads", "2"],
+         "--threads is for CPU ranks; with --gpus every GPU is one rank"),
+        (["predict", "--nodes", "2", "--gpus", "4", "--procs-per-node", "2"],
+         "--procs-per-node is for CPU ranks"),
+        (["sweep", "--nodes", "2", "--gpus", "4", "--threads", "2", "--out", "unused"],
+         "--threads is for CPU ranks"),
+        (["predict", "--nodes", "2", "--gpu-preset", "v100"],
+         "--gpu-preset describes GPU ranks, and this configuration has none"),
+        (["predict", "--nodes", "2", "--prefetch"], "--prefetch describes GPU ranks"),
+        (["predict", "--nodes", "2", "--network", "ib-ndr", "--inter-bw", "10GB/s",
+          "--inter-lat", "2us"], "--inter-bw and --inter-lat replace every figure of --network"),
+        (["predict", "--nodes", "1", "--gpus", "2", "--parallel", "model", "--no-overlap"],
+         "--no-overlap is for data-parallel training"),
+        (["predict", "--nodes", "2", "--trace", "no-such-folder/t.json"],
+         "--trace no-such-folder/t.json: the folder no-such-folder does not exist"),
+        (["train", "--inference", "--momentum", "0.9"],
+         "--inference updates no weights, so --momentum is unused"),
+        (["train", "--pinned"], "--pinned is for copies to a GPU: add --device gpu"),
+    ],
+)  # fmt: skip
+def test_ignored_or_contradictory_flags_are_refused(capsys, no_simulation, tmp_path,
+                                                    monkeypatch, args, message):  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    assert message in _refused(capsys, *args)
+    assert not (tmp_path / "no-such-folder").exists() and not (tmp_path / "unused").exists()
+
+
+def test_a_network_preset_refined_by_one_figure_is_warned_about_once(capsys):
+    args = ["predict", "--nodes", "2", "--network", "ib-ndr", "--inter-bw", "10GB/s",
+            "--iterations", "2", "--samples", "2", "--json"]  # fmt: skip
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("warning") == 1
+    assert "--inter-bw replaces the bandwidth of --network ib-ndr; its latency is kept" in (
+        captured.err
+    )
+    json.loads(captured.out)  # stdout stays one JSON document
+
+
+def test_the_same_value_twice_and_the_defaults_stay_accepted(capsys):
+    args = ["predict", "--nodes", "2", "--nodes", "2", "--gpus", "0", "--iterations", "2",
+            "--samples", "2", "--threads", "1"]  # fmt: skip
+    assert main(args) == 0
+    assert main(["predict", "--nodes", "2", "--gpus", "2", "--pageable", "--iterations", "2",
+                 "--samples", "2"]) == 0  # fmt: skip

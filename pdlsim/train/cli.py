@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from microbench.errors import UserError
 from microbench.fileio import atomic_write_text, check_writable
 from microbench.threads import oversubscription, set_threads, size_numba_pool
+from pdlsim.cli_options import given
 from pdlsim.epoch import DATASET_SAMPLES, OTHER_DATASET_SAMPLES
 from pdlsim.launch import Stopped, launch_ranks, under_mpi_launcher
 from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig
@@ -118,6 +119,13 @@ def config_from_args(args: argparse.Namespace, procs: int) -> TrainConfig:
     if args.lr == 0:
         raise UserError("--lr must be above 0")
     checkpointing = args.checkpoint_every is not None or args.resume
+    if args.pinned and args.device != "gpu":
+        raise UserError("--pinned is for copies to a GPU: add --device gpu, or drop --pinned")
+    if args.inference:
+        for dest in ("lr", "momentum", "scale_lr"):
+            flag = given(args, dest)
+            if flag:
+                raise UserError(f"--inference updates no weights, so {flag} is unused: drop it")
     if args.prefetch and args.device != "gpu":
         raise UserError("--prefetch copies mini-batches to a GPU: add --device gpu --pinned")
     if args.prefetch and not args.pinned:
@@ -167,7 +175,8 @@ def config_to_args(config: TrainConfig, out: Path, resume: bool = False) -> list
     args = ["train", "--model", config.model, "--procs", str(config.procs)]
     args += ["--threads", str(config.threads), "--device", config.device]
     args += ["--epochs", str(config.epochs), "--batch", str(config.batch_per_rank)]
-    args += ["--lr", repr(config.lr), "--momentum", repr(config.momentum)]
+    if not config.inference:  # no update: its settings are refused
+        args += ["--lr", repr(config.lr), "--momentum", repr(config.momentum)]
     args += ["--seed", str(config.seed), "--data", config.data, "--init", config.init]
     args += ["--test-samples", str(config.test_samples), "--out", str(out)]
     if config.samples is not None:
