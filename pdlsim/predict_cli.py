@@ -157,9 +157,12 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                    help="h100-sxm (default), a100-sxm, v100, none")  # fmt: skip
     p.add_argument("--iterations", type=int, default=100, help="simulated steps (100)")
     p.add_argument("--bucket-mb", type=non_negative_float, default=25.0, help="bucket MiB (25)")
-    p.add_argument("--no-overlap", dest="overlap", action="store_false")
-    p.add_argument("--pinned", dest="pinned", action="store_true", default=True)
-    p.add_argument("--pageable", dest="pinned", action="store_false")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="allreduce after the backward, not bucket by bucket during it")  # fmt: skip
+    p.add_argument("--pinned", dest="pinned", action="store_true", default=True,
+                   help="GPU ranks copy batches from page-locked memory (default)")  # fmt: skip
+    p.add_argument("--pageable", dest="pinned", action="store_false",
+                   help="GPU ranks copy batches from pageable memory (slower copies)")  # fmt: skip
     p.add_argument("--prefetch", action="store_true", help="copy the next batch during this step")
     p.add_argument("--algorithm", default=None, help="force an allreduce algorithm")
     p.add_argument("--seed", type=seed, default=0, help="jitter and band seed")
@@ -183,10 +186,12 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
 
 def add_predict_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("predict", help="predict one configuration (step, epoch, speedup)")
-    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--nodes", type=int, required=True, help="nodes of the cluster")
     p.add_argument("--gpus", type=int, default=0, help="GPUs per node (0: CPU ranks)")
-    p.add_argument("--procs-per-node", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--procs-per-node", type=int, default=1,
+                   help="CPU ranks per node (1), without --gpus")  # fmt: skip
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads per CPU rank (1), without --gpus")  # fmt: skip
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step (32)")
     add_common_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")

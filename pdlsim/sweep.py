@@ -59,17 +59,21 @@ def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
     from pdlsim.cli import int_list
 
     p = commands.add_parser("sweep", help="predict many configurations: CSV and scaling plot")
-    p.add_argument("--nodes", type=int_list, required=True, metavar="N,...")
+    p.add_argument("--nodes", type=int_list, required=True, metavar="N,...",
+                   help="node counts to predict, e.g. 1,2,4,8")  # fmt: skip
     p.add_argument("--gpus", type=int_list, default=None, metavar="G,...", help="GPUs per node")
     p.add_argument("--procs-per-node", type=int_list, default=(1,), metavar="P,...",
                    help="CPU ranks per node, when no --gpus")  # fmt: skip
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--batch", type=int_list, default=(32,), metavar="B,...")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads per CPU rank (1), without --gpus")  # fmt: skip
+    p.add_argument("--batch", type=int_list, default=(32,), metavar="B,...",
+                   help="samples per rank per step (32), one or more")  # fmt: skip
     add_common_options(p)
     p.add_argument("--vary", type=parse_vary, action="append", default=None,
                    metavar="KNOB=V1,V2,...", help="vary one knob at a time from the baseline "
                    f"(repeatable) and rank what each buys; knobs: {', '.join(KNOBS)}")  # fmt: skip
-    p.add_argument("--out", type=Path, required=True, metavar="DIR")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="folder for sweep.csv and scaling.png (knobs.csv with --vary)")  # fmt: skip
     p.set_defaults(handler=run_sweep_command)
 
 
