@@ -71,3 +71,25 @@ def test_train_and_predict_share_one_epoch_per_workload(monkeypatch):
     train, _ = prepare_data(TrainConfig(model="mlp", test_samples=8), load_workload("mlp"))
     assert len(train.y) == 96
     assert run_prediction(replace(QUICK, model="mlp", samples=2))["dataset_samples"] == 96
+
+
+def test_train_summary_reports_the_steady_step_and_the_warm_up_apart():
+    """A first step that compiles (60 ms) must not be averaged into a 0.2 ms step."""
+    from pathlib import Path
+
+    from pdlsim.train.cli import format_summary
+    from pdlsim.train.config import TrainConfig
+    from pdlsim.train.loop import PHASES, EpochResult, TrainResult
+
+    def step(forward_s: float) -> dict[str, float]:
+        return {name: (forward_s if name == "forward" else 0.0) for name in PHASES}
+
+    steps = [step(0.060)] + [step(0.0002)] * 99
+    mean = {name: sum(s[name] for s in steps) / len(steps) for name in PHASES}
+    epoch = EpochResult(0, 100, 1.0, 0.5, 0.5, 0.08, 400.0, mean, 1, None,
+                        {"weights": 1, "total": 1})  # fmt: skip
+    result = TrainResult(TrainConfig(), Path("run"), [epoch], step_phases_s=steps)
+    text = format_summary(result)
+    assert "step time 0.20 ms in steady state (rank 0, mean of 90 steps after 10 warm-up" in text
+    assert "warm-up steps of 6.18 ms mean" in text  # (60 + 9 x 0.2) / 10
+    assert "forward        0.200   100.0%" in text

@@ -76,6 +76,7 @@ class TrainResult:
     run_dir: Path
     epochs: list[EpochResult] = field(default_factory=list)
     step_losses: list[float] = field(default_factory=list)  # this rank's local mean losses
+    step_phases_s: list[dict[str, float]] = field(default_factory=list)  # this rank's, per step
     last_checkpoint: Path | None = None  # the newest checkpoint this rank wrote (rank 0)
 
 
@@ -217,6 +218,7 @@ def train(
                 sums.loss += loss
                 sums.correct += correct
                 result.step_losses.append(loss)
+                result.step_phases_s.append(phases)
                 step_log.add(
                     {
                         "type": "train_step",
