@@ -167,6 +167,8 @@ def test_sweep_prints_progress_on_stderr_only(capsys, tmp_path, monkeypatch):
         (["train", "--inference", "--momentum", "0.9"],
          "--inference updates no weights, so --momentum is unused"),
         (["train", "--pinned"], "--pinned is for copies to a GPU: add --device gpu"),
+        (["validate", "--parallel", "model", "--modes", "2x1", "--out", "unused"],
+         "--modes lists data-parallel modes, and --parallel model runs none"),
     ],
 )  # fmt: skip
 def test_ignored_or_contradictory_flags_are_refused(capsys, no_simulation, tmp_path,
