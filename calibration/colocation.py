@@ -25,9 +25,9 @@ between its training launches, one moment each) is the stretch of time the predi
 A point with at least :data:`~calibration.drift.MIN_MOMENTS` span moments takes its factor from
 those alone: the median over moments of each moment's ratio of medians, with a bootstrap
 interval over the moments. Each moment's ratio is of blocks interleaved within seconds, so it is
-free of the speed level that moment caught. The calibration's two minutes saw factors 3% away
-from the hour after them (the CNN's 1.057 against the span's 1.026, the MLP's 1.093 against
-1.031, in two validations of 2026-11-24), and every 2-rank row moved with them.
+free of the speed level that moment caught. A calibration's two minutes can see factors a few
+percent away from the hour after them, and every 2-rank row moves with them (evidence:
+docs/evidence.md, "Co-location").
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ scatter-add), a :class:`calibration.hockney.HockneyModel` in the dense float32 g
 with regimes found from the data (a gradient that fits in the caches converts faster per byte
 than one that streams from memory), bootstrap intervals from the raw samples and fit quality.
 Top-k is measured at one density (``density_``, 1% by default); the cost model scales what
-depends on k from there (:meth:`pdlsim.costmodel.ProfileCostModel.compression_time`).
+depends on k from there (:meth:`pdlsim.costmodel.model.ProfileCostModel.compression_time`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Drift: how the speed of the same training step moves between moments minutes apart.
 
 On a shared machine the speed of identical work drifts (other tenants, frequency, memory
-placement): a step measured now and the same step measured two minutes later differ by more
-than either median's confidence interval. On this project's VM it is not even a gentle drift:
-a neighbour on the same physical core switches the speed between two levels about 1.4x apart
-every ten seconds to a minute. The prediction must say which speed it assumes, and its band
-must carry the others, or a measurement taken at another moment falls outside it however right
-the model is.
+placement): a step measured now and the same step measured two minutes later differ by more than
+either median's confidence interval. On a shared VM it need not even be a gentle drift: a
+neighbour on the same physical core can switch the speed between two levels tens of percent
+apart every few seconds to a minute (evidence: docs/evidence.md, "Drift"). The prediction must
+say which speed it assumes, and its band must carry the others, or a measurement taken at
+another moment falls outside it however right the model is.
 
 A calibration run measures the very same step (model, batch, thread count) at several moments:
 the compute benchmark's whole step (less its mini-batch gather), the jitter benchmark's step at
@@ -17,13 +17,13 @@ speed checks ``pdlsim bench`` spreads over the calibration (``microbench speed``
 * the **typical speed** is the median of its medians, and each moment's **log-deviation** from
   it is one draw of the machine's state. The pooled deviations are the empirical speed
   distribution (``log_deviations``); the simulator's band draws one of them per sample for the
-  host's compute (:meth:`pdlsim.costmodel.ProfileCostModel.perturbed`), so its P50 is at the
+  host's compute (:meth:`pdlsim.costmodel.model.ProfileCostModel.perturbed`), so its P50 is at the
   typical speed and its P10..P90 spans the speeds the calibration saw.
 * each step's **level** (:meth:`DriftModel.step_level`) is its typical time over the compute
   benchmark's: the whole-step rows the simulator scales its ops to
-  (:class:`pdlsim.stepscale.StepScale`) are multiplied by it, so that predictions describe the
-  typical speed, not the moment the compute stage happened to see. The compute stage takes
-  seconds per step and the speed may switch in between, so each step gets its own level when
+  (:class:`pdlsim.costmodel.stepscale.StepScale`) are multiplied by it, so that predictions
+  describe the typical speed, not the moment the compute stage happened to see. The compute stage
+  takes seconds per step and the speed may switch in between, so each step gets its own level when
   the speed checks timed it (they time every step the compute stage times); a step with fewer
   than :data:`MIN_MOMENTS` moments gets the **compute stage's offset**
   (``compute_log_offset``), the median over steps of the compute moment's log-deviation.
@@ -36,28 +36,28 @@ moments: by the compute benchmark beside its step, and by each speed check in al
 the step, sample for sample (``forward_medians_s``). Its median over the step's median at one
 moment is free of that moment's speed; :meth:`DriftModel.forward_fraction`, the median of those
 ratios over the moments, is the forward-only step's share of the training step, which the
-simulator applies to the step's typical time (:mod:`pdlsim.stepscale`). A lone forward-only
-median cannot be brought to the typical speed: scaled by its own step's level, one timed on the
-other speed level of this VM put a CNN forward pass 57-70% off.
+simulator applies to the step's typical time (:mod:`pdlsim.costmodel.stepscale`). A lone
+forward-only median cannot be brought to the typical speed: its own step's level says nothing of
+the level the forward pass itself caught, and one timed on the other speed level puts a forward
+pass far off.
 
 A **span** (:meth:`DriftModel.add_moments` with ``span=True``: ``pdlsim validate``'s speed
 checks between its training launches) is the stretch of time the predictions are for. A step
 with at least :data:`MIN_MOMENTS` span moments takes its typical time, deviations and
-forward-only share from those alone; the calibration's moments, timed before the span, only
-say where the compute stage sat. Pooled with them, they moved a step's typical time by -0.3% to
-+2.0% (median over steps) in the validations of 2026-11-24: the calibration ran 3% faster to
-10% slower than the hour after it, and every row of a run moved with it.
+forward-only share from those alone; the calibration's moments, timed before the span, only say
+where the compute stage sat. Pooled with them, the typical time would mix the calibration's
+speed with the span's, which can differ by several percent, and every row of a run would move
+with it (evidence: docs/evidence.md, "Drift").
 
-**GPU steps** (a GPU's training step, driven by one host thread) drift too, and not with the
-GPU alone: a small network's step on a GPU is the host launching kernels, and on the 16-core
-H100 host of 2026-11-24 the MLP's step (flat in the batch: launch-bound) was 2.1 ms in one
-calibration's compute stage, 1.3 ms in the next, 1.15 ms in a third, while the CNN at batch
-1024 (GPU-bound) held 12.6-13.5 ms. The compute stage's GPU step and the speed checks' GPU
-steps (``microbench speed --gpu-batch``) are moments of their own steps (keys ``mlp-b32-gpu``)
-and set those steps' typical time as above; their deviations are pooled apart
-(:meth:`DriftModel.log_deviations` of "gpu"), so that a GPU rank's band draws the GPU steps'
-drift and a CPU rank's the host's. ``sigma`` and the compute offset stay the host's; a GPU step
-with fewer than :data:`MIN_MOMENTS` moments keeps its compute-stage time (level 1).
+**GPU steps** (a GPU's training step, driven by one host thread) drift too, and not with the GPU
+alone: a small network's step on a GPU is the host launching kernels: a launch-bound step (flat
+in the batch) moves by tens of percent from one calibration to the next, while a GPU-bound step
+holds within a few percent (evidence: docs/evidence.md, "Drift"). The compute stage's GPU step
+and the speed checks' GPU steps (``microbench speed --gpu-batch``) are moments of their own
+steps (keys ``mlp-b32-gpu``) and set those steps' typical time as above; their deviations are
+pooled apart (:meth:`DriftModel.log_deviations` of "gpu"), so that a GPU rank's band draws the
+GPU steps' drift and a CPU rank's the host's. ``sigma`` and the compute offset stay the host's;
+a GPU step with fewer than :data:`MIN_MOMENTS` moments keeps its compute-stage time (level 1).
 
 Everything derives from ``medians_s``, so a profile fitted before the speed checks existed
 loads with its deviations and offset recomputed from the medians it kept.

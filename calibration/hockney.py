@@ -2,11 +2,11 @@
 the data.
 
 One straight line is wrong for real MPI: eager and rendezvous protocols, shared-memory copy
-paths and caches give each size range its own latency and bandwidth (on the development machine
-an ordinary least-squares line through 2-rank allreduce gets a negative latency and misses
-32-128 KiB by 10-26x; a relative-error line still misses the largest sizes by 60%). So the
-sorted sizes are cut into up to ``max_regimes`` contiguous segments, each with its own alpha
-and beta:
+paths and caches give each size range its own latency and bandwidth (an ordinary least-squares
+line through a 2-rank allreduce can get a negative latency and miss mid sizes by an order of
+magnitude; a relative-error line still misses the largest sizes; evidence: docs/evidence.md,
+"Collectives benchmark"). So the sorted sizes are cut into up to ``max_regimes`` contiguous
+segments, each with its own alpha and beta:
 
 * **Relative error.** Times span six orders of magnitude, so each segment minimises
   ``sum(((alpha + beta m - t) / t)^2)``: weights ``1/t``, every point counts alike.

@@ -1,13 +1,14 @@
 """Collectives in place: what each collective of a real training step costs where training
 calls it (``python -m microbench insitu``, :mod:`microbench.insitu`).
 
-The collectives section times each op back to back. Inside a step the same op and size cost
-more (caches filled by the layers' compute, the gather's copy into the activation): on the
-development VM 1.3-4x. That is not a property of the op and its size alone: the same 16 KiB
-allgather costs 26 us after the MLP's first layer and 110 us after the CNN's convolutions. So
-this model keeps each measured call as a point, keyed by what the simulator knows when it
-prices the call: the workload, the parallelism (``data``: the gradient allreduce; ``model``: the
-layer-wise allgathers and allreduces), the op, the layer and the batch, at the ranks measured.
+The collectives section times each op back to back. Inside a step the same op and size cost more
+(caches filled by the layers' compute, the gather's copy into the activation), for small calls
+several times more. That is not a property of the op and its size alone: the same call costs
+several times more after a large convolution than after a small dense layer (evidence:
+docs/evidence.md, "Collectives in place"). So this model keeps each measured call as a point,
+keyed by what the simulator knows when it prices the call: the workload, the parallelism
+(``data``: the gradient allreduce; ``model``: the layer-wise allgathers and allreduces), the op,
+the layer and the batch, at the ranks measured.
 
 A point is the median over steps of the per-step minimum over ranks (the rank that arrived
 last waits for nobody: the call's own cost), with its distribution-free 95% interval and the
@@ -16,21 +17,21 @@ rounds, moments seconds apart (:func:`microbench.insitu.sample_rounds`), because
 costs up to 2x more at one moment than at another on a shared machine; the point's median is
 over all of them, the machine's typical state, and each round's median over it is one draw of
 the state: the pooled log-deviations (``log_deviations_``) are what the prediction band draws
-the in-place cost from (:func:`pdlsim.uncertainty.insitu_draw`). :meth:`InSituModel.seconds`
-interpolates a call's time linearly in the batch between measured batches (held at the nearest
-measured batch outside them); :class:`pdlsim.costmodel.ProfileCostModel` adds its excess over
-the back-to-back prediction to the collective, at any scale.
+the in-place cost from (:func:`pdlsim.costmodel.uncertainty.insitu_draw`).
+:meth:`InSituModel.seconds` interpolates a call's time linearly in the batch between measured
+batches (held at the nearest measured batch outside them);
+:class:`pdlsim.costmodel.model.ProfileCostModel` adds its excess over the back-to-back prediction
+to the collective, at any scale.
 
-**The step's skew.** The benchmark also times each rank's compute before the step's barrier
-(op ``compute``, not a collective, so not a point). Its median over ranks and steps goes on
-the barrier's point as ``compute_s``, and :meth:`InSituModel.wait_fraction` is the barrier's
-mean wait over it: the ranks' skew as a share of the step's compute, measured in the step
-training runs (:func:`pdlsim.insitu_cost.in_place_sync` sizes the jitter model's sync by it).
-A mean over 100 steps is moved by the few in which a rank was held up, so one batch's share
-came out anywhere from 0.9% to 3.7% of the CNN's data-parallel step at batch 16 in four
-calibrations on the development VM, while the trainer's held near 0.4-0.9% at every batch; the
-share is pooled over the batches measured (the waits' sum over the computes' sum), three
-times the steps.
+**The step's skew.** The benchmark also times each rank's compute before the step's barrier (op
+``compute``, not a collective, so not a point). Its median over ranks and steps goes on the
+barrier's point as ``compute_s``, and :meth:`InSituModel.wait_fraction` is the barrier's mean
+wait over it: the ranks' skew as a share of the step's compute, measured in the step training
+runs (:func:`pdlsim.costmodel.insitu.in_place_sync` sizes the jitter model's sync by it). A mean
+over 100 steps is moved by the few in which a rank was held up, so one batch's share can come out
+several times the trainer's in one calibration and near it in the next, while the trainer's
+holds steady across batches (evidence: docs/evidence.md, "Skew in place"); the share is pooled
+over the batches measured (the waits' sum over the computes' sum), three times the steps.
 
 **Co-location in place.** Rank 0 also times its compute of each step alone right after each
 round's steps, while the other ranks idle (statistic ``alone``; layer-wise its own slices with

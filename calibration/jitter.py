@@ -18,15 +18,15 @@ maxima price.
 the median step. It is checked against the measured per-step maximum over ranks when the
 records have one.
 
-**The typical moment.** How noisy a step is depends on the moment: on the 2-core test machine
-the same two ranks' per-step skew (each rank against its own median, the max over ranks less
-their mean, averaged over steps) was 10% of the step in one calibration's run and 1.5-2% in
-training launches of the same hour. So the bench times the step at P >= 2 at several moments
+**The typical moment.** How noisy a step is depends on the moment: on a shared machine the same
+two ranks' per-step skew (each rank against its own median, the max over ranks less their mean,
+averaged over steps) can be several times larger in one run than in runs of the same hour
+(evidence: docs/evidence.md, "Jitter"). So the bench times the step at P >= 2 at several moments
 (``params.moment``), and each run at P >= 2 gives its measured skew over what the pooled fit
 predicts for P iid draws. Their median is ``scale``, and every factor x the model gives (the
 expected maxima, the draws) is ``1 + scale * (x - 1)``: the distribution shrunk or stretched
-about its median, so that its sync at the measured P is the typical moment's while the shape
-of its tail still extrapolates to more ranks. Without runs at P >= 2, ``scale`` is 1.
+about its median, so that its sync at the measured P is the typical moment's while the shape of
+its tail still extrapolates to more ranks. Without runs at P >= 2, ``scale`` is 1.
 
 ``to_dict()`` (``models.jitter``): ``family``, ``criterion``, ``params`` (the family's, with
 ``intervals``), ``candidates`` (each family's params, AIC, KS statistic and p-value),

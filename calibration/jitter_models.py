@@ -1,13 +1,13 @@
 """Jitter per workload: one :class:`~calibration.jitter.JitterModel` for each model the jitter
 benchmark ran.
 
-Relative step-time jitter is not a property of the machine alone: a short step (the MLP's
-0.4 ms here) is moved by an interrupt or a scheduler tick by tens of percent, a long one (the
-CNN's 17 ms) by a few. Pooled, the short steps' tail sets the expected wait for the slowest
-rank of every workload: on the 2-core test machine the pooled fit put the CNN's wait at 11%
-of its step where its own steps give 3%. So each workload gets its own fit, from its own
-records (every rank count and thread count of that model pooled); the simulator takes the
-workload's fit when there is one and the pooled ``jitter`` section otherwise.
+Relative step-time jitter is not a property of the machine alone: a short step (a fraction of a
+millisecond) is moved by an interrupt or a scheduler tick by tens of percent, a long one (tens
+of milliseconds) by a few. Pooled, the short steps' tail sets the expected wait for the slowest
+rank of every workload, several times what a long step's own records give (evidence:
+docs/evidence.md, "Jitter"). So each workload gets its own fit, from its own records (every rank
+count and thread count of that model pooled); the simulator takes the workload's fit when there
+is one and the pooled ``jitter`` section otherwise.
 
 ``to_dict()`` (``models.jitter_models``): ``{"models": {name: JitterModel.to_dict()}}``.
 """

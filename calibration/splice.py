@@ -1,19 +1,20 @@
 """One step-time distribution for both the expected maxima and the simulator's draws.
 
 The jitter model (:mod:`calibration.jitter`) keeps the measured step times as sorted atoms and
-fits a parametric family to them. The atoms describe the body of the distribution best (a
-shared VM's steps have a narrow core and a heavy tail, which no family fits both of: the
-2-core test machine's CNN step had P10-P90 of 0.96-1.05x its median and P99 1.33x, and the
-lognormal that fitted it spread its core three times as wide); the family extrapolates the tail
-beyond the largest samples, which the slowest of many ranks reaches. :class:`Spliced` is the
-distribution with the atoms' quantile function below quantile level ``switch`` and the family's
-above it, shifted to meet the atoms there, so that it stays monotone.
+fits a parametric family to them. The atoms describe the body of the distribution best (a shared
+VM's steps have a narrow core and a heavy tail, which no family fits both of: a lognormal fitted
+to the steps spreads their core several times as wide as measured; evidence: docs/evidence.md,
+"Jitter"); the family extrapolates the tail beyond the largest samples, which the slowest of
+many ranks reaches. :class:`Spliced` is the distribution with the atoms' quantile function below
+quantile level ``switch`` and the family's above it, shifted to meet the atoms there, so that it
+stays monotone.
 
 Everything that prices the slowest rank uses it: E[max of P draws] (:meth:`Spliced.expected_max`,
 the analytic model's sync) and the draws, quantiles and tail quantiles of the simulator
-(:meth:`Spliced.sample`, :meth:`Spliced.quantile`, :meth:`Spliced.upper_quantile`). Before, the
-expected maxima came from the atoms and the draws from the family alone: the simulator's 2-rank
-sync for that CNN step was 1.57x the model's, which its measured skew had been fitted to.
+(:meth:`Spliced.sample`, :meth:`Spliced.quantile`, :meth:`Spliced.upper_quantile`). With the
+expected maxima from the atoms and the draws from the family alone, the simulator's sync would
+sit well above the analytic model's, which the measured skew is fitted to (evidence:
+docs/evidence.md, "Jitter").
 
 E[max of P] = the integral over v in (0, 1) of Q(v^(1/P)) dv (u = F(x), v = u^P): exact over
 the atoms' steps below v = switch^P, and by tanh-sinh quadrature over the family's tail above

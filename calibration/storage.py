@@ -8,7 +8,7 @@ small files may be dominated by the fsyncs' fixed cost and a device's write cach
 by its sustained bandwidth; with one line the fit keeps one. Intervals come from the bootstrap
 over the raw samples, fit quality from leave-one-out. :meth:`StorageModel.cost` gives the
 latency and bandwidth of the regime that covers a file size, which is what
-:mod:`pdlsim.reliability` prices a checkpoint with.
+:mod:`pdlsim.prediction.reliability` prices a checkpoint with.
 """
 
 from __future__ import annotations

@@ -21,11 +21,11 @@ sample is half of rank 0's round trip (ranks other than 0 and 1 wait in the barr
 
 The allreduce is timed in place (``MPI_IN_PLACE``), as training loops call it on their gradients
 (``pdlsim train``, PyTorch DDP, Horovod); nccl-tests report both. Out of place, MPICH first
-copies the input to the output: on the development VM (2 ranks, MPICH 5.0) that copy made the
-call 1.14x slower at 256 KiB, 1.3x at 1 MiB and 1.5x at 4 MiB, and every data-parallel prediction
-carried it (the trainer's 4 MiB CNN allreduce took 0.50-0.78 ms where the model said 0.94).
-After the checked first call the buffer is zeroed, so the in-place sums that follow stay 0
-rather than doubling to inf.
+copies the input to the output, a cost that grows with the message (up to half the call again at
+a few MiB) and that a trainer's in-place allreduce never pays: a model timed out of place would
+carry it into every data-parallel prediction (evidence: docs/evidence.md, "Collectives
+benchmark"). After the checked first call the buffer is zeroed, so the in-place sums that follow
+stay 0 rather than doubling to inf.
 
 Buffers are allocated once per size and written before timing (np.zeros could hand back pages
 that fault on first touch inside the timed region). The result of the first repetition of each

@@ -24,7 +24,7 @@ GPU records carry ``threads`` 1: the GPU part runs once, driven by one host thre
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import numpy as np
@@ -33,7 +33,7 @@ from microbench.cli import BenchmarkError
 from microbench.gpu import Gpu, event_timed
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter
-from microbench.sampling import SamplingPolicy, measure, report_point, timed
+from microbench.sampling import Point, SamplingPolicy, measure, report_point, timed
 from microbench.sizes import format_time
 from microbench.threads import available_cores, set_threads
 from microbench.workload import Workload
@@ -66,17 +66,6 @@ QUICK_GEMM_SIZES = (256, 1024)
 GPU_GEMM_SIZES = (1024, 2048, 4096, 8192)
 QUICK_GPU_GEMM_SIZES = (1024, 4096)
 LR, MOMENTUM = 0.05, 0.0  # pdlsim train's defaults
-
-
-@dataclass(frozen=True)
-class Point:
-    """One thing to time: ``fn()`` performs one repetition; ``cleanup()`` runs once after the
-    point is measured (to undo what repeating ``fn`` changed)."""
-
-    name: str
-    params: dict[str, Any]
-    fn: Callable[[], object]
-    cleanup: Callable[[], None] | None = field(default=None)
 
 
 @dataclass(frozen=True)

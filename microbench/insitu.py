@@ -3,12 +3,12 @@
 The collectives benchmark (:mod:`microbench.collectives`) times one op back to back, the
 standard method (OSU, IMB): its buffers and MPI's shared-memory cells stay in cache and the
 ranks arrive together. Training calls the same op after a layer's compute has filled the caches
-with weights and activations, on buffers that compute just wrote. On this project's 2-core VM
-that costs 1.3-4x more for the same op and size (2 ranks, MLP batch 32: an ``Allgatherv`` of
-32 KiB in total and its copy into the activation take 40 us inside the model-parallel step, 10 us
-back to back; a cache sweep before each call reproduces the first collective of a step, not the
-ones between small layers). No synthetic pattern reproduces every case, so this benchmark runs
-the real steps, the same code training runs, and times each collective in them:
+with weights and activations, on buffers that compute just wrote. For the small calls of a small
+network that can cost several times more for the same op and size, and how much more depends on
+what the compute before the call left in cache: a cache sweep before each call reproduces the
+first collective of a step, not the ones between small layers (evidence: docs/evidence.md,
+"Collectives in place"). No synthetic pattern reproduces every case, so this benchmark runs the
+real steps, the same code training runs, and times each collective in them:
 
 * **data parallelism**: the training step of :mod:`pdlsim.train.loop` (forward, backward, a
   barrier, one in-place ``Allreduce`` of the whole flat gradient, the SGD update);
@@ -18,32 +18,30 @@ the real steps, the same code training runs, and times each collective in them:
   ends it (:mod:`pdlsim.train.model_loop` starts each step with one, right after the update);
 * **its forward-only step** (parallelism :data:`MODEL_INFERENCE`: the allgathers and the
   barrier, what ``pdlsim train --parallel model --inference`` runs). A loop of forward passes
-  leaves more in cache than training steps do: on the development VM the MLP's allgathers of a
-  forward-only step cost about half what the training step's do, and priced at the training
-  step's they made 35% of a 2-rank forward pass's prediction error.
+  leaves more in cache than training steps do, so its calls cost less than the training step's,
+  and priced at the training step's they make up much of a forward pass's prediction error.
 
-The barriers are timed too (op ``barrier``, layer ``step``): back to back a 2-rank barrier takes
-2 us on the development VM, but the rank that reaches it last after a step's compute spends
-7-20 us in it after the MLP's step and 30-50 us after the CNN's (the training loop's records
-say the same), a cost no other term of the model holds. So is each rank's compute before the
-barrier (op ``compute``, layer ``step``: not a collective; data parallel the forward and
-backward, layer-wise the step outside its collectives), the time the barrier's wait is a
-share of: the wait of the ranks that arrive first is the step's skew (T_sync) measured where
-training has it, which on the development VM is a third to a half of what ranks timing the same
-step without collectives between steps show. Data parallel, the SGD update after the allreduce
-is timed as well (op ``update``, layer ``step``): the ranks run it together, right after the
-reduction has been through their caches, and on the development VM the MLP's took 1.3-1.5x its
-serial time in four validations' 2-rank training runs.
+The barriers are timed too (op ``barrier``, layer ``step``): the rank that reaches a barrier
+last after a step's compute spends several times a back-to-back barrier's latency in it, and
+more after a larger network's step (evidence: docs/evidence.md, "Barrier"), a cost no other term
+of the model holds. So is each rank's compute before the barrier (op ``compute``, layer
+``step``: not a collective; data parallel the forward and backward, layer-wise the step outside
+its collectives), the time the barrier's wait is a share of: the wait of the ranks that arrive
+first is the step's skew (T_sync) measured where training has it, which is smaller than what
+ranks timing the same step without collectives between steps show (evidence: docs/evidence.md,
+"Skew in place"). Data parallel, the SGD update after the allreduce is timed as well (op
+``update``, layer ``step``): the ranks run it together, right after the reduction has been
+through their caches, which can make it slower than the serial update of the same parameters
+(evidence: docs/evidence.md, "Update in place").
 
 Right after each round's steps, rank 0 also times its compute of the step alone while the
 other ranks idle (statistic ``alone``, op ``compute``): data parallel the same forward and
-backward; layer-wise its own slices' step with the collectives made local (:class:`_Solo`),
-less the seconds in those local calls, so that it counts what the step's op ``compute``
-counts. The ranks' compute in place over that, round by round, is how much the other rank and
-the step's collectives slow a rank's compute down, at that moment's speed whatever it was. On
-the development VM the trainer's 2-rank MLP compute was 1.07-1.09x its serial step at batch 16
-and 1.01-1.02x at batch 64, where the jitter benchmark's 2-rank steps (no collective between
-them) put it at 1.025.
+backward; layer-wise its own slices' step with the collectives made local (:class:`_Solo`), less
+the seconds in those local calls, so that it counts what the step's op ``compute`` counts. The
+ranks' compute in place over that, round by round, is how much the other rank and the step's
+collectives slow a rank's compute down, at that moment's speed whatever it was. It differs from
+the jitter benchmark's co-location factor, whose 2-rank steps have no collective between them,
+and it varies with the batch (evidence: docs/evidence.md, "Co-location").
 
 Each step starts after a barrier. The steps are taken in rounds through every workload, batch
 and parallelism (:func:`sample_rounds`), each round after ``warmup`` steps that are not kept, so
@@ -284,8 +282,8 @@ def sample_rounds(
     then its share of the samples (:func:`split_rounds`). Per step: its calls and this rank's
     seconds, shaped (samples, calls), in time order, round after round.
 
-    The machine's state moves on a scale of seconds (on the development VM the same in-place
-    collective costs 70 us in one second and 150 us a few seconds later), so one block of
+    The machine's state moves on a scale of seconds (on a shared machine the same in-place
+    collective can cost twice as much a few seconds later), so one block of
     consecutive steps measures one moment; rounds measure several, as training's launches do.
 
     ``alone`` (one entry per step, None for none): right after a step's share of a round,

@@ -23,9 +23,9 @@ between samples is the machine's.
 **The gather first.** Each step is preceded, untimed, by the mini-batch gather a training loop
 runs before it (:func:`make_gather`: ``np.take`` of the next rows of a random permutation of
 a dataset, into reused buffers). The gather reads rows of a large array and writes the batch,
-evicting some of the network's weights: on the development VM the MLP's step after a gather
-took 1.03-1.05x the same step run back to back (fresh processes, alternated), which is what
-``pdlsim train``'s phases show. The samplers take it as ``before``.
+evicting some of the network's weights, so the step after it runs a few percent slower than
+the same step run back to back, as in ``pdlsim train``'s phases (evidence: docs/evidence.md,
+"Jitter"). The samplers take it as ``before``.
 
 Every rank's raw samples are kept (gathered to rank 0), and so is the per-sample maximum over
 ranks; :class:`JitterSummary` condenses them.

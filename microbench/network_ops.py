@@ -41,11 +41,11 @@ inputs and labels into reused buffers, walking a random permutation of a
 consecutive steps do. Its ``bytes`` are the rows read and written. The host's whole step (op
 :data:`STEP_WITH_GATHER`) is the step as a training loop runs it, gather first: the gather's
 traffic evicts part of what the previous step left in cache, which costs the step itself
-5-10% at small batches on the 2-core test machine (measured side by side). The forward-only
+several percent at small batches (evidence: docs/evidence.md, "Jitter"). The forward-only
 step (op :data:`INFERENCE_WITH_GATHER`, phase "inference": the gather, the forward and the
 loss, what ``pdlsim train --inference`` runs) is timed the same way. The simulator does not
 scale forward passes to this row alone (a single moment's figure, and on a machine whose speed
-moves, one timed on the other level put a CNN forward pass 57-70% off): its median over the
+moves, one timed on the other level puts a forward pass far off): its median over the
 step's is one moment of the forward-only share (:meth:`calibration.drift.DriftModel
 .forward_fraction`), which the speed checks also time, side by side with the step.
 """
@@ -59,8 +59,8 @@ from typing import Any
 
 import numpy as np
 
-from microbench.compute import Point
 from microbench.nn import SGD, Network
+from microbench.sampling import Point
 from microbench.workload import BYTES_PER_VALUE, LayerInfo, Workload
 
 __all__ = [

@@ -22,7 +22,7 @@ from .sampling import SamplingPolicy, measure, timed
 
 __all__ = ["GEMM_N", "CommThread", "GemmLoop", "Point", "calibrate_gemm_loop", "overlap_pct"]
 
-GEMM_N = 256  # 3 x 256 KiB: cache-resident, compute-bound, ~0.3 ms per GEMM on one core here
+GEMM_N = 256  # 3 x 256 KiB: cache-resident, compute-bound, a fraction of a millisecond per GEMM
 _CALIBRATION_GEMMS = 15
 
 Clock = Callable[[], float]

@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit, prange
 
 from microbench import kernels  # noqa: F401  (sets numba's threading layer before any launch)
-from microbench.compute import Point
+from microbench.sampling import Point
 
 __all__ = [
     "DEFAULT_LLC_BYTES",

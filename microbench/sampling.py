@@ -47,6 +47,7 @@ import numpy as np
 from .measurement import Measurement, relative_ci_width
 
 __all__ = [
+    "Point",
     "STOP_REASONS",
     "SamplingPolicy",
     "StopReason",
@@ -56,6 +57,18 @@ __all__ = [
     "timed",
     "timer_overhead",
 ]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One thing to time: ``fn()`` performs one repetition; ``cleanup()`` runs once after the
+    point is measured (to undo what repeating ``fn`` changed)."""
+
+    name: str
+    params: dict[str, Any]
+    fn: Callable[[], object]
+    cleanup: Callable[[], None] | None = None
+
 
 StopReason = Literal["ci_target", "max_samples", "time_cap"]
 STOP_REASONS: tuple[StopReason, ...] = ("ci_target", "max_samples", "time_cap")

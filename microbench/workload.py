@@ -155,6 +155,20 @@ class Workload:
     def from_dict(cls, doc: Any, source: str = "workload") -> Workload:
         return _build(doc, source)
 
+    @classmethod
+    def load(cls, spec: str | Path | Mapping[str, Any] | Workload) -> Workload:
+        """A workload from a preset name, a workload JSON file's path, a dict in that file's
+        format, or a workload already built (returned as it is)."""
+        if isinstance(spec, Workload):
+            return spec
+        if isinstance(spec, Mapping):
+            return _build(spec, "workload dict")
+        if not isinstance(spec, (str, Path)):
+            raise WorkloadError(
+                f"a workload is a preset name, a file path or a dict, got {type(spec).__name__}"
+            )
+        return load_workload(spec)
+
 
 # ---------------------------------------------------------------------------------------------
 # Presets

@@ -2,6 +2,6 @@
 
 import sys
 
-from pdlsim.cli import main
+from pdlsim.cli.main import main
 
 sys.exit(main())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdlsim.bench_summary import jitter_summaries
+from pdlsim.cli.bench_summary import jitter_summaries
 
 
 def _per_rank(rank: int, moment: str | None, samples: list[float], ranks: int = 2) -> dict:

@@ -32,7 +32,7 @@ from pdlsim.train.comm import LocalComm
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.device import Device, cpu_device
 from pdlsim.train.loop import train
-from pdlsim.validate import measured_step_times
+from pdlsim.validate.run import measured_step_times
 from tests.conftest import MPI_TIMEOUT_S, run_pdlsim
 
 # 512 samples at a global batch of 16: 32 steps per epoch; checkpoints every 50 fall mid-epoch.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pdlsim.cli import build_parser, main
+from pdlsim.cli.main import build_parser, main
 from tests.conftest import run_pdlsim
 
 
@@ -129,6 +129,8 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work(args, flag)
 
 def test_building_the_parser_does_not_load_numpy():
     """OpenBLAS reads its settings when numpy loads: main() must set them first."""
-    code = "import sys, pdlsim.cli; pdlsim.cli.build_parser(); print('numpy' in sys.modules)"
+    code = (
+        "import sys, pdlsim.cli.main; pdlsim.cli.main.build_parser(); print('numpy' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

@@ -15,9 +15,9 @@ from microbench.compression import METHODS, PHASES, Codec, run_compression
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter, load_dataframe
 from microbench.sampling import SamplingPolicy
-from pdlsim.compression_cost import compression_seconds
-from pdlsim.costmodel import GPU_KERNEL_LAUNCH_S, GPU_MEMORY_EFFICIENCY, ProfileCostModel
-from pdlsim.presets import GPU_PRESETS, network_preset
+from pdlsim.costmodel.compression import compression_seconds
+from pdlsim.costmodel.model import ProfileCostModel
+from pdlsim.costmodel.presets import ASSUMPTIONS, GPU_PRESETS, network_preset
 from pdlsim.sim import ConfigError
 from tests.conftest import run_microbench
 from tests.synthetic_comm import noisy_samples
@@ -161,14 +161,15 @@ def test_cost_model_answers_from_the_profile(profile_with_compression, fitted):
 def test_gpu_ranks_use_a_memory_bound_estimate(profile_with_compression):
     gpu = GPU_PRESETS["h100-sxm"]
     cost = ProfileCostModel.from_profile(profile_with_compression, None, gpu, "gpu")
-    bandwidth = gpu.hbm_bandwidth_bytes_per_s * GPU_MEMORY_EFFICIENCY
+    bandwidth = gpu.hbm_bandwidth_bytes_per_s * ASSUMPTIONS["gpu_memory_efficiency"].value
+    launch_s = ASSUMPTIONS["gpu_kernel_launch_s"].value
     n = 8 << 20
     assert cost.compression_time("fp16", n, "compress") == pytest.approx(
-        GPU_KERNEL_LAUNCH_S + 1.5 * n / bandwidth
+        launch_s + 1.5 * n / bandwidth
     )
     kept = 0.01 * n / 4
     assert cost.compression_time("topk:0.01", n, "decompress", 4) == pytest.approx(
-        GPU_KERNEL_LAUNCH_S + (n + 16 * kept * 4) / bandwidth
+        launch_s + (n + 16 * kept * 4) / bandwidth
     )
 
 

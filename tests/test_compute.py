@@ -167,7 +167,7 @@ def test_references_recorded(quick_run):
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
 def test_per_op_medians_add_up_to_the_step(quick_run, model):
     """Loosely: an op repeated alone runs with its operands in cache, so the sum of the ops
-    comes out below the step (about 0.8x on the 2-core test machine), and the machine is noisy."""
+    comes out below the step (evidence: docs/evidence.md, "Compute"), and the machine is noisy."""
     _, _, records = quick_run
     medians = {
         (r["params"]["op"], r["params"]["phase"]): Measurement.from_record(r).median

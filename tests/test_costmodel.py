@@ -14,8 +14,8 @@ from calibration.profile import Profile
 from calibration.stats import Interval
 from microbench.records import RecordWriter, load_dataframe
 from microbench.workload import load_workload
-from pdlsim.costmodel import ProfileCostModel
-from pdlsim.presets import GPU_PRESETS, network_preset
+from pdlsim.costmodel.model import ProfileCostModel
+from pdlsim.costmodel.presets import GPU_PRESETS, network_preset
 from pdlsim.sim import Cluster, CostModel, Placement, Scenario, predict, simulate
 from tests.test_plots import _collectives, _compute, _jitter
 

@@ -1,4 +1,5 @@
-"""Tests for pdlsim.data: the synthetic set, the MNIST and CIFAR-10 readers, and the errors."""
+"""Tests for pdlsim.train.data: the synthetic set, the MNIST and CIFAR-10 readers, and the
+errors."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from microbench.errors import UserError
 from microbench.workload import Workload, load_workload
-from pdlsim.data import (
+from pdlsim.train.data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     MNIST_MEAN,

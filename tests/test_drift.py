@@ -55,7 +55,7 @@ def test_the_band_widens_with_the_drift(tmp_path):
     from dataclasses import replace
 
     from microbench.workload import load_workload
-    from pdlsim.costmodel import ProfileCostModel
+    from pdlsim.costmodel.model import ProfileCostModel
     from tests.test_costmodel import write_synthetic_profile
 
     cost = ProfileCostModel.from_profile(write_synthetic_profile(tmp_path / "p.json"))
@@ -104,7 +104,7 @@ def test_predictions_describe_the_typical_speed_and_the_band_the_slow_moments(tm
     from dataclasses import replace
 
     from microbench.workload import load_workload
-    from pdlsim.costmodel import ProfileCostModel
+    from pdlsim.costmodel.model import ProfileCostModel
     from tests.test_costmodel import write_synthetic_profile
 
     drift = _two_speed_machine(tmp_path)
@@ -130,8 +130,8 @@ def test_stratified_draws_cover_the_speeds_evenly_and_hold_the_band_at_typical(t
     from dataclasses import replace
 
     from microbench.workload import load_workload
-    from pdlsim.costmodel import ProfileCostModel
-    from pdlsim.prediction_doc import band_step_times
+    from pdlsim.costmodel.model import ProfileCostModel
+    from pdlsim.prediction.document import band_step_times
     from pdlsim.sim import Cluster, Scenario, predict
     from tests.test_costmodel import write_synthetic_profile
 
@@ -255,8 +255,8 @@ def test_the_typical_times_standard_error_comes_from_its_moments():
 
 def test_the_cost_model_scales_the_measured_steps_to_their_typical_time():
     from calibration.profile import load_profile
-    from pdlsim.costmodel import ProfileCostModel
-    from pdlsim.stepscale import StepScale
+    from pdlsim.costmodel.model import ProfileCostModel
+    from pdlsim.costmodel.stepscale import StepScale
 
     profile = load_profile("xeon-2core")
     drift = profile.model("drift")
@@ -309,7 +309,7 @@ def test_forward_only_predictions_are_the_typical_step_times_its_measured_share(
     training model is unchanged, and so is a forward-only one without shares."""
     from calibration.profile import Profile, load_profile
     from microbench.network_ops import LABEL_BYTES
-    from pdlsim.costmodel import ProfileCostModel
+    from pdlsim.costmodel.model import ProfileCostModel
 
     doc = load_profile("xeon-2core").to_dict()
 

@@ -80,8 +80,8 @@ def test_a_gpu_rank_predicts_its_steps_typical_time_and_draws_their_drift(tmp_pa
     and its band draws the GPU steps' speeds (x1 or x2), not the host's; a CPU rank's
     prediction does not move."""
     from calibration.profile import Profile, load_profile
-    from pdlsim.costmodel import ProfileCostModel
-    from pdlsim.presets import GPU_PRESETS
+    from pdlsim.costmodel.model import ProfileCostModel
+    from pdlsim.costmodel.presets import GPU_PRESETS
 
     drift = _host_and_gpu()
     del drift.medians_["cnn-b32-t1"]  # the host's moments are the packaged profile's own
@@ -148,7 +148,7 @@ def test_the_calibrations_speed_checks_time_the_gpu_where_one_is_found(monkeypat
     """Where a GPU is found, each speed check of ``pdlsim bench`` times the GPU steps at the
     compute stage's GPU batches; where none is, it times the host's alone."""
     import microbench.gpu
-    from pdlsim.bench import BenchPlan, plan_stages
+    from pdlsim.cli.bench import BenchPlan, plan_stages
 
     plan = BenchPlan(out=tmp_path, model="mlp", procs=(1,), gpu_batches=(16, 64))
     found = microbench.gpu.find_gpu

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from microbench.errors import UserError
-from pdlsim.energy import (
+from pdlsim.prediction.energy import (
     POWER_PRESETS,
     PowerModel,
     StepActivity,
@@ -101,7 +101,7 @@ def test_default_models_and_overrides():
 
 
 def test_prediction_carries_energy_consistent_with_its_breakdown():
-    from pdlsim.predict import PredictConfig, run_prediction
+    from pdlsim.prediction.core import PredictConfig, run_prediction
 
     cfg = PredictConfig(nodes=2, procs_per_node=2, threads=1, model="mlp", samples=2,
                         iterations=20)  # fmt: skip

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pdlsim.data import Dataset
 from pdlsim.train.comm import LocalComm
 from pdlsim.train.config import TrainConfig
+from pdlsim.train.data import Dataset
 from pdlsim.train.device import Device, cpu_device
 from pdlsim.train.feed import BatchFeed, step_indices
 from pdlsim.train.loop import train

@@ -10,16 +10,16 @@ import pytest
 
 from microbench.errors import UserError
 from microbench.workload import load_workload
-from pdlsim.corrections import CORRECTIONS, parse_corrections
-from pdlsim.heldout import MAX_FORWARD_FLOPS_PER_SAMPLE, random_workloads
-from pdlsim.validate import (
+from pdlsim.costmodel.corrections import CORRECTIONS, parse_corrections
+from pdlsim.validate.heldout import MAX_FORWARD_FLOPS_PER_SAMPLE, random_workloads
+from pdlsim.validate.report import HELDOUT, IN_SAMPLE, ablation, summarize
+from pdlsim.validate.run import (
     RunSpec,
     ValidateConfig,
     ablation_sets,
     check_unseen,
     heldout_matrix,
 )
-from pdlsim.validate_report import HELDOUT, IN_SAMPLE, ablation, summarize
 
 PROFILE = str(Path(__file__).resolve().parents[1] / "calibration" / "profiles" / "xeon-2core.json")
 

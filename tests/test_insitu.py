@@ -326,8 +326,8 @@ def insitu_profile(tmp_path_factory):
 
 
 def _mlp_cost(profile, workload="mlp", device="cpu"):
-    from pdlsim.costmodel import ProfileCostModel
-    from pdlsim.presets import GPU_PRESETS, network_preset
+    from pdlsim.costmodel.model import ProfileCostModel
+    from pdlsim.costmodel.presets import GPU_PRESETS, network_preset
 
     gpu = GPU_PRESETS["h100-sxm"] if device == "gpu" else None
     return ProfileCostModel.from_profile(
@@ -465,7 +465,7 @@ def test_the_gather_apart_is_what_the_first_layers_forward_adds_for_it():
     import dataclasses
 
     from calibration.profile import load_profile
-    from pdlsim.costmodel import ProfileCostModel
+    from pdlsim.costmodel.model import ProfileCostModel
 
     cost = ProfileCostModel.from_profile(load_profile("xeon-2core"), workload="mlp",
                                          ranks_per_node=2)  # fmt: skip
@@ -543,7 +543,7 @@ def _with_barriers(profile, seconds: dict[str, float]):
 
 
 def test_the_step_barrier_costs_what_was_measured_and_grows_as_a_tiny_allreduce(insitu_profile):
-    from pdlsim.insitu_cost import BARRIER_PROXY_BYTES
+    from pdlsim.costmodel.insitu import BARRIER_PROXY_BYTES
     from pdlsim.sim import Placement
 
     cost = _mlp_cost(_with_barriers(insitu_profile, {"data": 2e-5}))
@@ -626,8 +626,8 @@ def test_the_sync_at_the_measured_ranks_is_the_in_place_barriers_share_of_the_co
     beyond 2 ranks; model parallelism (its compute untimed here) or a cost model built without
     the step keep the jitter benchmark's sync, and so does a profile without the compute."""
     from calibration.profile import Profile
-    from pdlsim.costmodel import ProfileCostModel
-    from pdlsim.presets import network_preset
+    from pdlsim.costmodel.model import ProfileCostModel
+    from pdlsim.costmodel.presets import network_preset
 
     doc = copy.deepcopy(insitu_profile.to_dict())
     frame = synthetic_frame(

@@ -86,7 +86,7 @@ def packaged_with_colocation():
 
 
 def _cost(profile, parallel: str | None = "data", ranks_per_node: int = 2):
-    from pdlsim.costmodel import ProfileCostModel
+    from pdlsim.costmodel.model import ProfileCostModel
 
     return ProfileCostModel.from_profile(
         profile, workload="mlp", ranks_per_node=ranks_per_node, batch=16, parallel=parallel

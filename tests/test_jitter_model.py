@@ -234,8 +234,8 @@ def test_the_simulators_draws_have_the_maxima_the_model_prices():
     """The analytic model prices the slowest of P ranks with expected_max_factor, the simulator
     draws ranks (every one, or the slowest by its tail quantile): one distribution for both,
     where the fitted family alone would have drawn a core too wide for this machine's steps."""
+    from pdlsim.costmodel.uncertainty import ProfileJitter
     from pdlsim.sim.cost import max_of_draws
-    from pdlsim.uncertainty import ProfileJitter
 
     model = JitterModel(n_boot=0).fit_samples([heavy_tailed(0)])
     model.scale_ = 0.6  # as a typical moment's skew sets it

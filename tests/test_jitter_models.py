@@ -50,7 +50,7 @@ def test_each_workload_gets_its_own_spread(frame):
 def test_cost_model_takes_the_workloads_own_jitter(frame, tmp_path):
     from dataclasses import replace
 
-    from pdlsim.costmodel import ProfileCostModel
+    from pdlsim.costmodel.model import ProfileCostModel
     from tests.test_costmodel import write_synthetic_profile
 
     base = write_synthetic_profile(tmp_path / "profile.json")

@@ -19,7 +19,7 @@ from microbench.kernels.calls import (
 from microbench.nn import SGD, Network
 from microbench.threads import available_cores, set_threads
 from microbench.workload import Workload, load_workload
-from pdlsim.heldout import random_workloads
+from pdlsim.validate.heldout import random_workloads
 
 ODD = Workload.from_dict(
     {

@@ -17,8 +17,8 @@ from microbench.machine import machine_metadata
 from microbench.records import RecordWriter, load_dataframe
 from microbench.sampling import SamplingPolicy
 from microbench.workload import load_workload
-from pdlsim.heldout import random_workloads
-from pdlsim.kernel_cost import KernelCompute
+from pdlsim.costmodel.kernels import KernelCompute
+from pdlsim.validate.heldout import random_workloads
 from tests.conftest import run_pdlsim
 
 PACKAGED = Path(__file__).resolve().parents[1] / "calibration" / "profiles"

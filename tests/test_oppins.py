@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from microbench.workload import load_workload
-from pdlsim.costmodel import ProfileCostModel
-from pdlsim.oppins import OpPins, _Row
+from pdlsim.costmodel.model import ProfileCostModel
+from pdlsim.costmodel.oppins import OpPins, _Row
 from tests.test_costmodel import write_synthetic_profile
 
 

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from pdlsim.cli import main
-from pdlsim.predict import PredictConfig, run_prediction
-from pdlsim.sweep import sweep
+from pdlsim.cli.main import main
+from pdlsim.cli.sweep import sweep
+from pdlsim.prediction.core import PredictConfig, run_prediction
 
 QUICK = PredictConfig(iterations=20, samples=7)
 CONFIGS = {
@@ -61,9 +61,9 @@ def test_predict_and_sweep_default_to_the_same_band(tmp_path, capsys):
 
 
 def test_train_and_predict_share_one_epoch_per_workload(monkeypatch):
-    """One definition (pdlsim.epoch): change it and both move."""
+    """One definition (pdlsim.prediction.epoch): change it and both move."""
     from microbench.workload import load_workload
-    from pdlsim import epoch
+    from pdlsim.prediction import epoch
     from pdlsim.train.config import TrainConfig
     from pdlsim.train.loop import prepare_data
 
@@ -77,7 +77,7 @@ def test_train_summary_reports_the_steady_step_and_the_warm_up_apart():
     """A first step that compiles (60 ms) must not be averaged into a 0.2 ms step."""
     from pathlib import Path
 
-    from pdlsim.train.cli import format_summary
+    from pdlsim.cli.train import format_summary
     from pdlsim.train.config import TrainConfig
     from pdlsim.train.loop import PHASES, EpochResult, TrainResult
 

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from calibration.profile import packaged_profile_names
-from pdlsim.cli import main
-from pdlsim.predict import PredictConfig, parse_rate, parse_time, run_prediction
+from pdlsim.cli.main import main
+from pdlsim.prediction.core import PredictConfig, parse_rate, parse_time, run_prediction
 from tests.conftest import run_pdlsim
 from tests.test_costmodel import write_synthetic_profile
 

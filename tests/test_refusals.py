@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from pdlsim import predict as predict_module
-from pdlsim.cli import main
-from pdlsim.progress import Progress
+from pdlsim.cli.main import main
+from pdlsim.cli.progress import Progress
+from pdlsim.prediction import core as predict_module
 
 
 def _refused(capsys, *args: str) -> str:
@@ -119,7 +119,7 @@ class _Stream(io.StringIO):
 
 def test_progress_rewrites_one_line_on_a_terminal_and_stays_sparse_in_a_file(monkeypatch):
     clock = iter(range(0, 1000, 3))  # 3 s per item
-    monkeypatch.setattr("pdlsim.progress.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("pdlsim.cli.progress.time.monotonic", lambda: next(clock))
     tty = Progress("sweep", "configurations", _Stream(True))
     for i in range(1, 5):
         tty(i, 4)
@@ -136,7 +136,7 @@ def test_progress_rewrites_one_line_on_a_terminal_and_stays_sparse_in_a_file(mon
 
 
 def test_sweep_prints_progress_on_stderr_only(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("pdlsim.progress.FIRST_AFTER_S", 0.0)
+    monkeypatch.setattr("pdlsim.cli.progress.FIRST_AFTER_S", 0.0)
     args = ["sweep", "--nodes", "1,2", "--iterations", "5", "--samples", "2"]
     assert main([*args, "--out", str(tmp_path)]) == 0
     captured = capsys.readouterr()

@@ -9,7 +9,7 @@ import math
 import pytest
 from scipy.optimize import minimize_scalar
 
-from pdlsim.reliability import (
+from pdlsim.prediction.reliability import (
     CheckpointPlan,
     checkpoint_cost_s,
     daly_interval_s,
@@ -95,7 +95,7 @@ def test_bad_checkpoint_flags_are_one_line_exit_2(args, message):
 
 
 def _predict_mlp(profile: str, **checkpoint: str) -> dict:
-    from pdlsim.predict import PredictConfig, run_prediction
+    from pdlsim.prediction.core import PredictConfig, run_prediction
 
     cfg = PredictConfig(nodes=1, model="mlp", profile=profile, iterations=10, samples=2,
                         **checkpoint)  # fmt: skip

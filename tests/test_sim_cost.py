@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from microbench.workload import load_workload
-from pdlsim.sim import CostModel, LognormalJitter, Placement, max_of_draws
+from pdlsim.sim import ConfigError, CostModel, LognormalJitter, Placement, max_of_draws
+from pdlsim.sim.cost import CostHooks
 from tests.sim_costs import example_cost
 
 CNN = load_workload("cnn")
@@ -17,6 +18,38 @@ CNN = load_workload("cnn")
 
 def test_linear_cost_model_satisfies_the_protocol():
     assert isinstance(example_cost(), CostModel)
+
+
+def test_optional_hooks_are_declared_with_the_engines_assumptions_as_defaults():
+    cost = example_cost()
+    place = Placement(2, 1)
+    assert cost.in_situ_s("data", "allreduce", "gradients", 8, 1024, 1e-4) == 0.0
+    assert cost.step_barrier_s("data", 8, 2, place) == 0.0
+    assert cost.in_place_update_s("data", 8, 1, CNN.layers[0], 1e-3) is None
+    assert cost.sliced(4) is cost
+    with pytest.raises(ConfigError, match="needs a cost model that times it"):
+        cost.compression_time("fp16", 1024)
+
+
+def test_a_model_without_the_hooks_is_not_a_cost_model():
+    class Bare:  # the four required questions only
+        jitter = None
+        overlap_efficiency = 1.0
+
+        def compute_time(self, layer, phase, batch, threads, device):
+            return 0.0
+
+        def collective_time(self, op, nbytes, ranks, placement):
+            return 0.0
+
+        def collective_schedule(self, op, nbytes, ranks, placement):
+            return ()
+
+        def transfer_time(self, direction, nbytes, pinned):
+            return 0.0
+
+    assert not isinstance(Bare(), CostModel)
+    assert isinstance(type("Hooked", (Bare, CostHooks), {})(), CostModel)
 
 
 def test_compute_time_is_flops_over_rate_with_amdahl_threads_and_gpu_latency():

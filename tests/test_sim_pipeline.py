@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from microbench.workload import Workload, load_workload
-from pdlsim.cli import main
-from pdlsim.predict import PredictConfig, run_prediction
+from pdlsim.cli.main import main
+from pdlsim.cli.sweep import sweep
+from pdlsim.prediction.core import PredictConfig, run_prediction
 from pdlsim.sim import (
     Cluster,
     ConfigError,
@@ -21,6 +22,7 @@ from pdlsim.sim import (
     Scenario,
     simulate,
 )
+from pdlsim.sim.cost import CostHooks
 from pdlsim.sim.pipeline import (
     build_pipeline_plan,
     micro_batch_sizes,
@@ -31,7 +33,6 @@ from pdlsim.sim.pipeline import (
     stage_order,
 )
 from pdlsim.sim.pipeline_engine import predict_pipeline, simulate_pipeline
-from pdlsim.sweep import sweep
 from tests.sim_costs import example_cost
 from tests.test_costmodel import write_synthetic_profile
 
@@ -40,7 +41,7 @@ REL = 1e-9
 
 
 @dataclass(frozen=True)
-class PhaseCost:
+class PhaseCost(CostHooks):
     """Dense layers cost ``forward_s`` / ``backward_s`` per sample, everything else nothing;
     messages, collectives, copies and updates are free."""
 

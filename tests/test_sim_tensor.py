@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from microbench.workload import load_workload
-from pdlsim.cli import main
-from pdlsim.predict import PredictConfig, run_prediction
+from pdlsim.cli.main import main
+from pdlsim.prediction.core import PredictConfig, run_prediction
 from pdlsim.sim import (
     Cluster,
     ConfigError,
@@ -21,6 +21,7 @@ from pdlsim.sim import (
     Scenario,
     simulate,
 )
+from pdlsim.sim.cost import CostHooks
 from pdlsim.sim.messages import allgather_schedule, allgather_time, message_time
 from pdlsim.sim.tensor import (
     build_tensor_plan,
@@ -37,7 +38,7 @@ REL = 1e-9
 
 
 @dataclass(frozen=True)
-class FreeComm:
+class FreeComm(CostHooks):
     """The example machine's compute with every message and collective free."""
 
     base: object

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from calibration.optable import OpTime
-from pdlsim.stepscale import StepScale
+from pdlsim.costmodel.stepscale import StepScale
 
 
 def _row(phase, model, batch, time_s, threads=1, nbytes=0.0, half_width=0.0):
@@ -89,7 +89,7 @@ def test_cost_model_reproduces_the_measured_step_and_adds_the_gather(tmp_path):
     """Bound to a preset workload, the predicted compute of one step (the sum over layers and
     phases, as the simulator adds it) equals measured step + gather at a measured batch."""
     from microbench.workload import load_workload
-    from pdlsim.costmodel import ProfileCostModel
+    from pdlsim.costmodel.model import ProfileCostModel
     from tests.test_costmodel import write_synthetic_profile
 
     profile = write_synthetic_profile(tmp_path / "profile.json")

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from microbench.workload import load_workload
-from pdlsim.cli import main
-from pdlsim.validate import (
+from pdlsim.cli.main import main
+from pdlsim.validate.report import COLUMNS, format_report
+from pdlsim.validate.run import (
     RunSpec,
     ValidateConfig,
     plan_matrix,
@@ -19,7 +20,6 @@ from pdlsim.validate import (
     steps_for,
     warmup_steps,
 )
-from pdlsim.validate_report import COLUMNS, format_report
 
 PROFILE = str(Path(__file__).resolve().parents[1] / "calibration" / "profiles" / "xeon-2core.json")
 TINY_LOG: list[str] = []
@@ -105,7 +105,7 @@ def _node_joules(row: dict, step_s: float, compute_s: float) -> float:
     """Joules per step of one node under validate's power model (one socket of this machine's
     cores) for a step and its compute time."""
     from microbench.threads import available_cores
-    from pdlsim.energy import StepActivity, estimate_energy, power_model_for
+    from pdlsim.prediction.energy import StepActivity, estimate_energy, power_model_for
 
     power = power_model_for(cpu_sockets=(1, available_cores()))
     activity = StepActivity(step_s, min(compute_s, step_s), 1, row["procs"], row["threads"], "cpu")
@@ -160,7 +160,7 @@ def test_measured_sync_is_the_ranks_mean_wait_not_the_slowest_ranks(tmp_path: Pa
     0 computes 2.5 ms and waits 1 ms (its records say 0.1 ms less in all). The step is the
     slowest rank's (rank 1, 3.5 ms), its phases are rank 1's (wait 0), and the skew is the
     mean wait over ranks, 0.5 ms."""
-    from pdlsim.validate import measured_step_times
+    from pdlsim.validate.run import measured_step_times
 
     for rank, (compute, wait) in enumerate(((2.5e-3, 1e-3), (3.5e-3, 0.0))):
         lines = [
@@ -182,7 +182,7 @@ def test_measured_sync_is_the_ranks_mean_wait_not_the_slowest_ranks(tmp_path: Pa
 
 
 def test_breakdown_table_has_a_line_per_configuration(tiny: tuple[Path, dict]) -> None:
-    from pdlsim.validate_report import format_breakdown
+    from pdlsim.validate.report import format_breakdown
 
     _, report = tiny
     lines = format_breakdown(report["rows"]).splitlines()
@@ -243,7 +243,7 @@ def test_checkpoint_writes_are_measured_and_predicted_from_the_same_profile(tiny
     import statistics
 
     from calibration.profile import load_profile
-    from pdlsim.validate_checkpoint import CHECKPOINTS, EVERY_STEPS, STEPS, measured_checkpoints
+    from pdlsim.validate.checkpoint import CHECKPOINTS, EVERY_STEPS, STEPS, measured_checkpoints
 
     out, report = tiny
     doc = report["checkpoint"]
@@ -290,7 +290,7 @@ def test_each_round_launches_every_configuration_once_from_a_new_start(
 ) -> None:
     """Every round is the list rotated, each starting n / repeats further along, so that the
     configurations at the end of one round are not at the end of the next."""
-    from pdlsim.validate import launch_rounds
+    from pdlsim.validate.run import launch_rounds
 
     rounds = launch_rounds(n, repeats)
     assert len(rounds) == repeats
@@ -310,12 +310,12 @@ def test_elapsed_counts_the_calibration(tmp_path: Path, monkeypatch: pytest.Monk
     import time
     from types import SimpleNamespace
 
-    import pdlsim.validate
-    import pdlsim.validate_calibrate as validate_calibrate
+    import pdlsim.validate.calibrate as validate_calibrate
+    import pdlsim.validate.run
 
     hour_s = [0.0]
     clock = SimpleNamespace(perf_counter=lambda: time.perf_counter() + hour_s[0])
-    monkeypatch.setattr(pdlsim.validate, "time", clock)
+    monkeypatch.setattr(pdlsim.validate.run, "time", clock)
 
     def hour_long_calibration(cfg: ValidateConfig, log: object) -> str:
         hour_s[0] = 3600.0
@@ -333,7 +333,7 @@ def test_elapsed_counts_the_calibration(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_machine_difference_names_what_differs_and_ignores_what_is_unknown() -> None:
-    from pdlsim.validate_calibrate import machine_difference
+    from pdlsim.validate.calibrate import machine_difference
 
     here = {"cpu_model": "Xeon", "cores_available": 2, "arch": "x86_64"}
     assert machine_difference(dict(here), here) is None

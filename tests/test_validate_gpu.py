@@ -16,10 +16,10 @@ import pytest
 
 from microbench.errors import UserError
 from microbench.machine import machine_identity
-from pdlsim.cli import main
-from pdlsim.validate import RunSpec, ValidateConfig, plan_matrix, predict_spec, run_validation
-from pdlsim.validate_calibrate import gpu_configurations
-from pdlsim.validate_report import format_report
+from pdlsim.cli.main import main
+from pdlsim.validate.calibrate import gpu_configurations
+from pdlsim.validate.report import format_report
+from pdlsim.validate.run import RunSpec, ValidateConfig, plan_matrix, predict_spec, run_validation
 from tests import fake_cupy
 
 PROFILE = Path(__file__).resolve().parents[1] / "calibration" / "profiles" / "xeon-2core.json"

@@ -10,11 +10,12 @@ import pandas as pd
 import pytest
 
 from microbench.workload import load_workload
-from pdlsim.cli import main
-from pdlsim.costmodel import ProfileCostModel
-from pdlsim.knobs import format_report, rank_knobs, vary
-from pdlsim.predict import PredictConfig, run_prediction
-from pdlsim.presets import network_preset
+from pdlsim.cli.main import main
+from pdlsim.costmodel.model import ProfileCostModel
+from pdlsim.costmodel.presets import network_preset
+from pdlsim.prediction.core import PredictConfig, run_prediction
+from pdlsim.prediction.knobs import format_report, rank_knobs, vary
+from pdlsim.prediction.whatif import apply_to_cost
 from pdlsim.sim import (
     Cluster,
     ConfigError,
@@ -29,7 +30,6 @@ from pdlsim.sim import (
     simulate_factors,
 )
 from pdlsim.sim.collectives import total_time_s
-from pdlsim.whatif import apply_to_cost
 from tests.conftest import run_pdlsim
 from tests.sim_costs import EXAMPLE
 from tests.test_costmodel import write_synthetic_profile
@@ -136,7 +136,7 @@ def test_compressed_runs_agree_between_the_engines_with_overlap_and_prefetch():
 
 def test_a_cost_model_that_cannot_time_compression_is_a_config_error():
     plain = LinearCostModel(**EXAMPLE)
-    with pytest.raises(ConfigError, match="compression_time"):
+    with pytest.raises(ConfigError, match="fp16. needs a cost model that times it; LinearCost"):
         build_plan(Cluster.cpus(2), Scenario(MLP, 8, compression="fp16"), plain)
     with pytest.raises(ConfigError, match="unknown compression"):
         Scenario(MLP, 8, compression="zip")

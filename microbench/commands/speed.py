@@ -1,40 +1,36 @@
 """``python -m microbench speed``: the same training step now, one moment of the machine's speed.
 
-A shared machine does not run at one speed: on this project's VM a neighbour on the same
-physical core switches the speed of identical work between two levels about 1.4x apart, every
-ten seconds to a minute. A profile fitted from one moment describes whichever level that moment
-had. ``pdlsim bench`` therefore runs this command several times, spread over the whole
-calibration, each run labelled with ``--moment``: the whole training step (forward, backward,
-SGD update on a fixed batch, no communication, :func:`microbench.jitter.make_step_pair`)
-of every workload at every batch and thread count, a fixed, small number of samples after a
-warm-up, each after an untimed mini-batch gather as in training
-(:func:`microbench.jitter.make_gather`: without it the MLP's step ran 3-5% faster than
-``pdlsim train``'s, and every MLP prediction with it). Across moments, the median of each
-step's medians is its typical time and their spread the machine's speed distribution
-(:mod:`calibration.drift`).
+A shared machine does not run at one speed: a neighbour on the same physical core can switch the
+speed of identical work between levels tens of percent apart, every few seconds to a minute
+(evidence: docs/evidence.md, "Drift"). A profile fitted from one moment describes whichever
+level that moment had. ``pdlsim bench`` therefore runs this command several times, spread over
+the whole calibration, each run labelled with ``--moment``: the whole training step (forward,
+backward, SGD update on a fixed batch, no communication,
+:func:`microbench.jitter.make_step_pair`) of every workload at every batch and thread count, a
+fixed, small number of samples after a warm-up, each after an untimed mini-batch gather as in
+training (:func:`microbench.jitter.make_gather`: without it a small network's step runs a few
+percent faster than ``pdlsim train``'s, and every prediction built on it). Across moments, the
+median of each step's medians is its typical time and their spread the machine's speed
+distribution (:mod:`calibration.drift`).
 
 The forward-only step (forward and loss, what ``pdlsim train --inference`` computes) is timed
 with it, in alternation on the same network, in blocks of :data:`BLOCK` calls of each, each
 block after untimed calls (:data:`SETTLE`: one training step, five forward passes): the two
 medians of one moment saw the same speed, so their ratio holds whatever the speed was, and
 across moments its median is the forward-only step's share of the training step
-(:meth:`calibration.drift.DriftModel.forward_fraction`). One untimed forward pass after the
-training steps is not enough to reach a forward loop's speed: on the development VM, side by
-side in one process (gathers before every call), three forward passes right after one were
-1.06x (batch 16), 1.00x (32) and 1.09x (64) the CNN's forward in a loop, which is how
-``pdlsim train --inference`` runs; in the 09:14 validation of 2026-11-24 the CNN's 2-rank
-forward-only rows were predicted 6-8% higher against their training rows than measured. Timed in
-separate runs seconds apart, the two can land on different speed levels of this VM (once a
-forward-only step at 1.57x its ops beside a step at 1.40x). Alternated call for call, each
-forward pass ran right after a training step's backward and update had evicted its weights:
-it put the share at 0.39-0.44 (CNN) and 0.41-0.48 (MLP) in the 2026-11-22 15:17 validation,
-where the compute stage, timing each step in its own block, gave 0.36 and 0.35, and the
-trainer's forward-only loop ran at 0.30-0.33 of the training loop's step (CNN).
+(:meth:`calibration.drift.DriftModel.forward_fraction`). The untimed calls matter: the
+forward passes right after a training step still run several percent slower than a forward
+loop, which is how ``pdlsim train --inference`` runs, so one untimed forward pass is not enough
+and the share would come out too high. Timed in separate runs seconds apart, the two can land
+on different speed levels of a shared machine, and their ratio mixes the speed with the work.
+Alternated call for call, each forward pass runs right after a training step's backward and
+update have evicted its weights, and the share comes out above both the compute stage's and
+the trainer's forward-only loop's (evidence: docs/evidence.md, "Speed checks").
 
 With ``--gpu-batch`` the same pair is timed on the GPU (CuPy arrays, one host thread, each call
 ending with the device synchronised, on the host's clock) at those batches: a small network's
-GPU step is the host launching kernels, and its speed drifts with the host's (the MLP's step on
-the H100 host of 2026-11-24: 2.1 ms at one calibration, 1.3 ms at the next), so
+GPU step is the host launching kernels, and its speed drifts with the host's (by tens of
+percent between calibrations; evidence: docs/evidence.md, "Drift"), so
 ``pdlsim validate`` times it between its GPU launches as it times the CPU steps.
 
 Records go to ``DIR/speed.jsonl``: benchmark "speed", name "step_compute" (the training step)

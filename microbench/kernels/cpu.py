@@ -4,10 +4,11 @@ Thread pools. A training step alternates GEMMs (OpenBLAS's pthreads) with numba 
 pool); with as many threads as cores, a pool that busy-waits while idle steals the cores the
 other one needs. So importing this module makes numba use the GNU OpenMP layer with
 ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep; by default they spin for milliseconds after
-each loop, which turned a 2-thread MLP step from 1 ms into 30 ms). OpenMP reads that when it
-loads, at numba's first parallel loop; if something else (torch, say) loaded it before, with
-its default policy, numba's workqueue layer (whose threads sleep) is used instead. An explicit
-``NUMBA_THREADING_LAYER``, ``NUMBA_THREADING_LAYER_PRIORITY`` or ``OMP_WAIT_POLICY`` wins.
+each loop, which can make a small network's 2-thread step an order of magnitude slower;
+evidence: docs/evidence.md, "Compute"). OpenMP reads that when it loads, at numba's first
+parallel loop; if something else (torch, say) loaded it before, with its default policy, numba's
+workqueue layer (whose threads sleep) is used instead. An explicit ``NUMBA_THREADING_LAYER``,
+``NUMBA_THREADING_LAYER_PRIORITY`` or ``OMP_WAIT_POLICY`` wins.
 
 OpenBLAS spins too, about 0.1 s after each GEMM, and that can only be changed before numpy
 loads it: start processes with ``OPENBLAS_THREAD_TIMEOUT=4`` so that its idle threads sleep at

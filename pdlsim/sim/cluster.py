@@ -261,10 +261,9 @@ def build_plan(
         for i in order
     )
     update_s: float | None = None  # the in-place update where the cost model has one
-    in_place = getattr(cost, "in_place_update_s", None) if cluster.ranks > 1 else None
-    if in_place is not None and device == "cpu":
+    if cluster.ranks > 1 and device == "cpu":
         compute_s = speed * sum(t for _, t in (*forward, *backward))
-        found = in_place("data", batch, threads, layers[0], compute_s)
+        found = cost.in_place_update_s("data", batch, threads, layers[0], compute_s)
         update_s = None if found is None else float(found)
     if update_s is None:
         update_s = sum(
@@ -322,16 +321,13 @@ def _buckets(
     # back-to-back time, off every bucket), and the training loop's barrier before it, where the
     # profile timed them in place (CostModel docstring).
     extra_s, kept = 0.0, 1.0
-    priced = getattr(cost, "in_situ_s", None)
-    if priced is not None and cluster.ranks > 1 and scenario.compression is None:
+    if cluster.ranks > 1 and scenario.compression is None:
         batch, placement = scenario.batch_per_rank, cluster.placement(scenario.algorithm)
         whole_s = cost.collective_time("allreduce", total, cluster.ranks, placement)
-        extra_s = float(priced("data", "allreduce", "gradients", batch, total, whole_s))
+        extra_s = float(cost.in_situ_s("data", "allreduce", "gradients", batch, total, whole_s))
         if extra_s < 0 and whole_s > 0:
             extra_s, kept = 0.0, 1.0 + extra_s / whole_s
-        barrier = getattr(cost, "step_barrier_s", None)
-        if barrier is not None:
-            extra_s += float(barrier("data", batch, cluster.ranks, placement))
+        extra_s += float(cost.step_barrier_s("data", batch, cluster.ranks, placement))
     buckets = []
     for index, (names, nbytes, position) in enumerate(groups):
         w = wire(

@@ -127,17 +127,11 @@ def _with_compute(
     sent: int,
     schedule: tuple[TimedStep, ...],
 ) -> Wire:
-    timer = getattr(cost, "compression_time", None)
-    if not callable(timer):
-        raise ConfigError(
-            f"compression '{compression}' needs a cost model that times it "
-            f"(compression_time); {type(cost).__name__} has none"
-        )
     return Wire(
         algorithm=f"{name} ({compression})",
         wire_bytes=sent,
         schedule=schedule,
         collective_s=collectives.total_time_s(schedule),
-        compress_s=float(timer(compression, nbytes, "compress", ranks)),
-        decompress_s=float(timer(compression, nbytes, "decompress", ranks)),
+        compress_s=float(cost.compression_time(compression, nbytes, "compress", ranks)),
+        decompress_s=float(cost.compression_time(compression, nbytes, "decompress", ranks)),
     )

@@ -12,20 +12,9 @@ analytic model adds up, :meth:`CostModel.collective_schedule` the same collectiv
 (:class:`pdlsim.sim.collectives.TimedStep`) that the simulator plays on its links. The contract:
 the schedule's durations sum to ``collective_time``. Everything is seconds and bytes.
 
-Optional: a cost model may also answer ``in_situ_s(parallel, op, layer, batch, nbytes,
-back_to_back_s)``, the seconds a training step's collective costs beyond its back-to-back time
-``back_to_back_s`` at the placement priced (measured inside real steps: caches filled by the
-layers' compute, the gather's copy; negative where the call ran faster in place). The
-data-parallel plan adds an excess to the gradient buckets (each its share, as one more step of
-its collective) and takes a saving off every step of their schedules alike; the layer-wise plan
-adds it to each allgather and allreduce. Without it, collectives cost their back-to-back time.
-Likewise ``step_barrier_s(parallel, batch, ranks, placement)``: the seconds of the training
-loop's barrier per step, where it was measured in place; the data-parallel plan adds it to the
-buckets' in-place share, the layer-wise plan as the op that ends the step. Without it (or 0),
-no barrier. And ``in_place_update_s(parallel, batch, threads, first_layer, compute_s)``: the
-update after the collectives of a data-parallel step of two or more ranks, given a rank's
-forward and backward seconds, where it was measured in place; without it (or None) the update
-is the layers' ``compute_time`` for phase ``update``.
+Beyond those four, a cost model answers the optional questions of :class:`CostHooks` (calls
+timed inside real training steps, gradient compression, layer slices); a model that measured
+none of them inherits the class's answers, which are what the engines assume without them.
 """
 
 from __future__ import annotations
@@ -42,8 +31,10 @@ from microbench.workload import LayerInfo
 
 from . import collectives
 from .collectives import Step, TimedStep
+from .errors import ConfigError
 
 __all__ = [
+    "CostHooks",
     "CostModel",
     "Device",
     "Direction",
@@ -98,8 +89,61 @@ class Jitter(Protocol):
         ...
 
 
+class CostHooks(Protocol):
+    """The optional part of the cost interface, with the engines' assumptions as defaults: a
+    cost model subclasses it (inheriting the defaults) and overrides what it has measured."""
+
+    def in_situ_s(
+        self,
+        parallel: str,
+        op: str,
+        layer: str,
+        batch: int,
+        nbytes: int,
+        back_to_back_s: float | None = None,
+    ) -> float:
+        """Seconds a training step's collective ``op`` costs beyond its back-to-back time
+        ``back_to_back_s`` at the placement priced (measured inside real steps: caches filled
+        by the layers' compute, the gather's copy; negative where it ran faster in place). The
+        data-parallel plan adds an excess to the gradient buckets (each its share, as one more
+        step of its collective) and takes a saving off every step of their schedules alike;
+        the layer-wise plan adds it to each allgather and allreduce. Default 0: collectives
+        cost their back-to-back time."""
+        return 0.0
+
+    def step_barrier_s(self, parallel: str, batch: int, ranks: int, placement: Placement) -> float:
+        """Seconds of the training loop's barrier per step: the data-parallel plan adds it to
+        the buckets' in-place share, the layer-wise plan as the op that ends the step.
+        Default 0: no barrier."""
+        return 0.0
+
+    def in_place_update_s(
+        self, parallel: str, batch: int, threads: int, first_layer: LayerInfo, compute_s: float
+    ) -> float | None:
+        """Seconds of the update after the collectives of a data-parallel step of two or more
+        ranks, given a rank's forward and backward ``compute_s``. Default None: the update is
+        the layers' ``compute_time`` for phase ``update``."""
+        return None
+
+    def compression_time(
+        self, method: str, nbytes: int, phase: str = "round_trip", ranks: int = 1
+    ) -> float:
+        """Seconds a rank spends compressing (``phase="compress"``) a float32 gradient of
+        ``nbytes`` by ``method``, expanding what ``ranks`` ranks sent (``"decompress"``) or
+        both (``"round_trip"``). Default: refused, a model that never timed it cannot say."""
+        raise ConfigError(
+            f"compression '{method}' needs a cost model that times it; "
+            f"{type(self).__name__} does not"
+        )
+
+    def sliced(self, ranks: int) -> CostHooks:
+        """This model pricing each layer as one of ``ranks`` ranks' slices of a layer-wise
+        step. Default: a slice costs what its layer's shapes say (the model itself)."""
+        return self
+
+
 @runtime_checkable
-class CostModel(Protocol):
+class CostModel(CostHooks, Protocol):
     """What the engines need to know about a machine. See the module docstring."""
 
     jitter: Jitter | None
@@ -226,7 +270,7 @@ def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
 
 
 @dataclass(frozen=True)
-class LinearCostModel:
+class LinearCostModel(CostHooks):
     """A cost model from plain numbers.
 
     Compute: FLOPs / rate + a per-kernel overhead; a layer with no FLOPs (flatten) is free. CPU

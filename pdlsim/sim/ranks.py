@@ -25,14 +25,11 @@ start together.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from .errors import ConfigError
-
-if TYPE_CHECKING:
-    from .cluster import Cluster, Scenario
 
 __all__ = [
     "BALANCES",
@@ -45,6 +42,35 @@ __all__ = [
 ]
 
 BALANCES = ("static", "proportional")
+
+
+class _ClusterLike(Protocol):
+    """What the layout reads of a :class:`pdlsim.sim.cluster.Cluster`."""
+
+    @property
+    def ranks(self) -> int: ...
+
+    @property
+    def speeds(self) -> tuple[float, ...] | None: ...
+
+
+class _ScenarioLike(Protocol):
+    """What the layout and the sync schedule read of a :class:`pdlsim.sim.cluster.Scenario`."""
+
+    @property
+    def batch_per_rank(self) -> int: ...
+
+    @property
+    def balance(self) -> str: ...
+
+    @property
+    def sync_every(self) -> int: ...
+
+    @property
+    def iterations(self) -> int: ...
+
+    @property
+    def warmup_iterations(self) -> int: ...
 
 
 def split_batch(global_batch: int, speeds: np.ndarray) -> np.ndarray:
@@ -83,7 +109,7 @@ class RankLayout:
         return len(self.classes) > 1 or self.classes[0].speed != 1.0
 
 
-def rank_layout(cluster: Cluster, scenario: Scenario) -> RankLayout:
+def rank_layout(cluster: _ClusterLike, scenario: _ScenarioLike) -> RankLayout:
     """Speeds and batches of every rank, grouped into classes (see the module docstring)."""
     p = cluster.ranks
     speeds = np.ones(p) if cluster.speeds is None else np.asarray(cluster.speeds, dtype=float)
@@ -111,7 +137,7 @@ def rank_layout(cluster: Cluster, scenario: Scenario) -> RankLayout:
     return RankLayout(classes, of_rank)
 
 
-def sync_steps(scenario: Scenario) -> np.ndarray:
+def sync_steps(scenario: _ScenarioLike) -> np.ndarray:
     """Per simulated step, whether it allreduces: every warm-up step, then every
     ``sync_every``-th measured step (the last of each period)."""
     k = scenario.sync_every
@@ -119,7 +145,7 @@ def sync_steps(scenario: Scenario) -> np.ndarray:
     return np.concatenate([np.ones(scenario.warmup_iterations, bool), measured])
 
 
-def period_lengths(scenario: Scenario) -> np.ndarray:
+def period_lengths(scenario: _ScenarioLike) -> np.ndarray:
     """Per simulated step, the length of the sync period it belongs to (1 in warm-up)."""
     return np.concatenate(
         [

@@ -8,7 +8,7 @@ rank):
   W and b (uneven splits: the busiest rank sets the pace) and computes that slice of the
   output: the layer's FLOPs / P. The sliced layer is costed by the cost model like any layer
   (:func:`sliced_dense`); a cost model with a ``sliced(P)`` method is asked for that one, which
-  may price a rank's part apart (:meth:`pdlsim.compute_cost.ComputeCost.slice_factor`: the
+  may price a rank's part apart (:meth:`pdlsim.costmodel.compute.ComputeCost.slice_factor`: the
   share of the whole network's compute a rank's part was measured to take).
 * After each dense layer's forward the slices are **all-gathered** (``B x units x 4`` bytes in
   total, :func:`pdlsim.sim.messages.allgather_time`) so that every rank has the whole activation
@@ -24,7 +24,7 @@ rank):
 * The update (plain SGD) updates each rank's slice (dense) or its replica (conv).
 * Communication is on the critical path: nothing overlaps a collective. A cost model that
   measured the workload's collectives inside real steps (``in_situ_s``, as
-  :class:`pdlsim.costmodel.ProfileCostModel` does) adds each call's excess over its
+  :class:`pdlsim.costmodel.model.ProfileCostModel` does) adds each call's excess over its
   back-to-back time: the same op costs more after the layers' compute than in a loop.
 
 ``inference=True`` runs the forward pass only (no backward, no update, no input-gradient
@@ -157,9 +157,8 @@ def build_tensor_plan(
     check_layerwise(cluster, scenario, "inference" if p == 1 else "model parallelism")
     placement = _group_placement(cluster, p, scenario.algorithm)
     batch, threads, device = scenario.batch_per_rank, cluster.threads_per_rank, cluster.device
-    sliced = getattr(cost, "sliced", None)
-    if p > 1 and sliced is not None:  # a cost model that prices a slice apart (its share)
-        cost = sliced(p)
+    if p > 1:  # a cost model may price a slice apart (its share)
+        cost = cost.sliced(p)
     layers = scenario.workload.layers
     params = [i for i, info in enumerate(layers) if info.param_count > 0]
     if not params:
@@ -179,15 +178,14 @@ def build_tensor_plan(
         seconds = cost.compute_time(local[i], phase, batch, threads, device)
         return TensorOp("compute", layers[i].name, phase, seconds, split=local[i] is not layers[i])
 
-    priced = getattr(cost, "in_situ_s", None) if p > 1 else None
     parallel = MODEL_INFERENCE if inference else "model"  # as the profile's in-place calls
 
     def in_situ(op: str, layer: str, nbytes: float, back_to_back_s: float) -> float:
         """The call's in-place excess over ``back_to_back_s`` (module docstring; negative: a
         saving); 0 without one."""
-        if priced is None:
+        if p == 1:
             return 0.0
-        return float(priced(parallel, op, layer, batch, int(nbytes), back_to_back_s))
+        return float(cost.in_situ_s(parallel, op, layer, batch, int(nbytes), back_to_back_s))
 
     ops: list[TensorOp] = []
     for i, info in enumerate(layers):
@@ -215,8 +213,7 @@ def build_tensor_plan(
                     TensorOp("allreduce", layers[i].name, "backward", seconds, nbytes, name, extra)
                 )
         ops += [compute(i, "update") for i in params]
-    barrier = getattr(cost, "step_barrier_s", None) if p > 1 else None
-    barrier_s = 0.0 if barrier is None else float(barrier(parallel, batch, p, placement))
+    barrier_s = float(cost.step_barrier_s(parallel, batch, p, placement)) if p > 1 else 0.0
     if barrier_s > 0:  # the loop's barrier between two steps, where it was timed in place
         ops.append(TensorOp("barrier", "step", "step", barrier_s, 0.0, "in place", barrier_s))
     h2d_s = 0.0

@@ -33,7 +33,7 @@ class TrainConfig:
     scale_lr: bool = False
     seed: int = 0
     data: str = "synthetic"
-    samples: int | None = None  # training samples (synthetic default: pdlsim.epoch)
+    samples: int | None = None  # training samples (synthetic default: pdlsim.prediction.epoch)
     test_samples: int = 1024
     max_steps_per_epoch: int | None = None
     pinned: bool = False  # GPU: stage each mini-batch through page-locked host memory

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from pdlsim.data import Dataset
+from pdlsim.train.data import Dataset
 from pdlsim.train.device import Device, pinned_empty
 
 __all__ = ["BatchFeed", "step_indices"]

@@ -37,10 +37,10 @@ from microbench.machine import machine_metadata
 from microbench.nn import SGD, Network
 from microbench.records import RecordWriter
 from microbench.workload import Workload, load_workload
-from pdlsim.data import Dataset, load_dataset
-from pdlsim.epoch import dataset_samples
+from pdlsim.prediction.epoch import dataset_samples
 from pdlsim.train.checkpoint import records_path, restore, save_checkpoint
 from pdlsim.train.config import TrainConfig
+from pdlsim.train.data import Dataset, load_dataset
 from pdlsim.train.device import Device
 from pdlsim.train.feed import BatchFeed, step_indices
 from pdlsim.train.runinfo import (
@@ -103,7 +103,8 @@ class _EpochSums:
 
 def prepare_data(config: TrainConfig, workload: Workload) -> tuple[Dataset, Dataset]:
     """The training and held-out test sets, shaped for the workload (synthetic: fresh draws, as
-    many as the epoch ``pdlsim predict`` prices, :func:`pdlsim.epoch.dataset_samples`)."""
+    many as the epoch ``pdlsim predict`` prices,
+    :func:`pdlsim.prediction.epoch.dataset_samples`)."""
     n_train = config.samples
     if n_train is None and config.data == "synthetic":
         n_train = dataset_samples(workload.name)

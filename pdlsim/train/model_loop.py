@@ -32,9 +32,9 @@ from microbench.nn import SGD
 from microbench.nn.sliced import SlicedNetwork
 from microbench.records import RecordWriter
 from microbench.workload import load_workload
-from pdlsim.data import Dataset
 from pdlsim.train.checkpoint import records_path
 from pdlsim.train.config import TrainConfig
+from pdlsim.train.data import Dataset
 from pdlsim.train.device import Device
 from pdlsim.train.feed import BatchFeed, step_indices
 from pdlsim.train.loop import (

@@ -9,8 +9,8 @@ from typing import Any
 from microbench.records import RecordWriter
 from microbench.threads import available_cores, oversubscription
 from microbench.workload import Workload
-from pdlsim.data import Dataset
 from pdlsim.train.config import TrainConfig
+from pdlsim.train.data import Dataset
 from pdlsim.train.device import Device
 
 __all__ = ["StepLog", "device_pool_bytes", "peak_rss_bytes", "run_metadata", "state_parts"]
@@ -20,12 +20,12 @@ class StepLog:
     """A training loop's per-step records, held in memory and written in one go.
 
     One flushed line per step put a JSON encoding and a system call between every two timed
-    steps: on the 2-core test machine 80-130 us per step for the MLP at batch 16, a quarter of
-    its 0.36 ms step, untimed but paid by the epoch. Held back, the loop spends 25-70 us
-    between steps, and the steps themselves ran 3% faster (median of 8 interleaved pairs of
-    runs: less of the step's working set is evicted between two steps). The loop flushes at
-    the end of each epoch, before each checkpoint (a resumed run's records are whole up to
-    it) and on leaving the ``with`` block, however it leaves it."""
+    steps: for a small network a sizeable share of its step, untimed but paid by the epoch. Held
+    back, the loop spends a fraction of that between steps, and the steps themselves run a few
+    percent faster: less of the step's working set is evicted between two steps (evidence:
+    docs/evidence.md, "Jitter"). The loop flushes at the end of each epoch, before each
+    checkpoint (a resumed run's records are whole up to it) and on leaving the ``with`` block,
+    however it leaves it."""
 
     def __init__(self, writer: RecordWriter) -> None:
         self.writer = writer

@@ -1,0 +1,108 @@
+"""The Python API: what ``pdlsim predict`` and ``pdlsim sweep`` do, callable from a notebook.
+
+    import pdlsim
+
+    cnn = pdlsim.Workload.load("cnn")  # a preset, a workload JSON file, or a dict like one
+    p = pdlsim.prediction.core(cnn, pdlsim.Cluster.gpus(nodes=16, gpus_per_node=4), batch=32)
+    p["step_time_s"], p["band"]["p10_s"], p["breakdown"]["comm_s"]
+    table = pdlsim.cli.sweep("mlp", nodes=[1, 2, 4, 8], per_node=[1, 2])  # a pandas DataFrame
+
+A prediction is the JSON document that ``pdlsim predict --json`` prints (docs/formats.md), so
+that what a script reads and what the command line shows are the same numbers. Options are the
+command line's (``pdlsim predict --help``) with dashes as underscores, e.g. ``overlap=False``
+or ``network="roce-100g"``. Bad input raises :class:`microbench.errors.UserError`, whose
+message is the one line the command line prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from calibration.profile import Profile, load_profile
+from microbench.errors import UserError
+from microbench.workload import Workload
+from pdlsim.cli.sweep import sweep as _sweep
+from pdlsim.prediction.core import PredictConfig, resolve_profile, run_prediction
+from pdlsim.sim import Cluster
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["Cluster", "Workload", "load_profile", "predict", "sweep"]
+
+WorkloadLike = str | Path | Mapping[str, Any] | Workload
+ProfileLike = str | Path | Profile | None
+
+# Set from the workload, the cluster and the arguments of their own: not options.
+_STRUCTURAL = {"nodes", "gpus", "procs_per_node", "threads", "model", "batch", "profile", "speeds"}
+OPTIONS = tuple(f.name for f in fields(PredictConfig) if f.name not in _STRUCTURAL)
+
+
+def _config(
+    workload: WorkloadLike,
+    cluster: Cluster,
+    batch: int,
+    profile: ProfileLike,
+    options: Mapping[str, Any],
+) -> PredictConfig:
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(unknown)}; options: {', '.join(OPTIONS)}")
+    if not isinstance(cluster, Cluster):
+        raise TypeError(f"cluster must be a pdlsim.Cluster, got {type(cluster).__name__}")
+    gpu = cluster.device == "gpu"
+    return PredictConfig(
+        nodes=cluster.nodes,
+        gpus=cluster.ranks_per_node if gpu else 0,
+        procs_per_node=1 if gpu else cluster.ranks_per_node,
+        threads=cluster.threads_per_rank,
+        speeds=cluster.speeds,
+        model=Workload.load(workload),
+        batch=batch,
+        profile=str(profile) if isinstance(profile, Path) else profile,
+        **options,
+    )
+
+
+def predict(
+    workload: WorkloadLike = "cnn",
+    cluster: Cluster | None = None,
+    *,
+    batch: int = 32,
+    profile: ProfileLike = None,
+    trace: str | Path | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Predict one training configuration: ``workload`` on ``cluster`` (one CPU rank if None)
+    at ``batch`` samples per rank, priced by ``profile`` (a packaged name, a path or a loaded
+    :class:`Profile`; the packaged default if None). ``trace`` writes a Chrome trace of the
+    simulated timeline. Returns the ``pdlsim predict --json`` document."""
+    cfg = _config(workload, cluster or Cluster.cpus(1), batch, profile, options)
+    return run_prediction(cfg, trace=None if trace is None else str(trace))
+
+
+def sweep(
+    workload: WorkloadLike = "cnn",
+    *,
+    nodes: Iterable[int] = (1, 2, 4),
+    per_node: Iterable[int] = (1,),
+    batches: Iterable[int] = (32,),
+    gpus: bool = False,
+    threads: int = 1,
+    profile: ProfileLike = None,
+    **options: Any,
+) -> pd.DataFrame:
+    """Predict every (nodes, ranks per node, batch): one row each, the columns of ``pdlsim
+    sweep``'s CSV. ``per_node`` counts GPUs per node when ``gpus``, else CPU processes per
+    node running ``threads`` threads each. The profile is loaded once for the whole table."""
+    nodes, per_node, batches = tuple(nodes), tuple(per_node), tuple(batches)
+    for name, values in (("nodes", nodes), ("per_node", per_node), ("batches", batches)):
+        if not values or any(int(v) != v or v < 1 for v in values):
+            raise UserError(f"sweep: {name} must be a non-empty list of positive integers")
+    profile, _ = resolve_profile(str(profile) if isinstance(profile, Path) else profile)
+    first = Cluster.gpus(1, per_node[0]) if gpus else Cluster.cpus(1, per_node[0], threads)
+    base = _config(workload, first, batches[0], profile, options)
+    return _sweep(replace(base), nodes, per_node, batches)

@@ -1,0 +1,1 @@
+"""The ``pdlsim`` command line: the only argparse and printing in pdlsim."""

@@ -1,0 +1,100 @@
+"""``pdlsim calibrate``: benchmark (or read records), fit every model, write the profile.
+
+The profile is written atomically and only after every fit succeeded, so a failed calibration
+never replaces a good profile. Beside it: the report table, the fit plots and the
+communication measurements in Extra-P's input format, for cross-checking our fits with an
+established empirical modeller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from microbench.errors import UserError
+from microbench.fileio import check_writable
+
+
+def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
+    from pdlsim.cli.main import int_list, positive_int, seed
+
+    p = commands.add_parser(
+        "calibrate",
+        help="fit cost models to microbenchmark records and write a profile",
+        description=(
+            "Run 'pdlsim bench' (or read an existing run with --from), fit the cost models "
+            "(the kernel tables and glue of the compute model, Hockney regimes and algorithm "
+            "models per collective, transfer, jitter, overlap) with 95% intervals and fit "
+            "quality, and write them to a versioned profile, with a report, fit plots and an "
+            "Extra-P export beside it. The fit-quality table scores the compute model on the "
+            "calibration's own training steps, none of which it was fitted to."
+        ),
+    )
+    p.add_argument("--quick", action="store_true", help="a short benchmark and fewer bootstraps")
+    p.add_argument(
+        "--from", dest="from_dir", type=Path, metavar="RUN_DIR", help="fit existing records"
+    )
+    p.add_argument(
+        "--out", type=Path, metavar="PROFILE", help="profile path (default: RUN_DIR/profile.json)"
+    )
+    p.add_argument("--procs", type=int_list, default=(1, 2), metavar="P,...", help="for bench")
+    p.add_argument("--threads", type=int_list, default=None, metavar="T,...", help="for bench")
+    p.add_argument("--model", default="mlp,cnn", metavar="NAME|PATH,...", help="for bench")
+    p.add_argument(
+        "--batch", type=int_list, default=(16, 32, 64), metavar="B,...", help="for bench"
+    )
+    p.add_argument("--bootstrap", type=positive_int, default=None, help="bootstrap rounds")
+    p.add_argument("--seed", type=seed, default=0, help="bootstrap seed")
+    p.set_defaults(handler=run_calibrate_command)
+
+
+def run_calibrate_command(args: argparse.Namespace) -> int:
+    if args.out is not None:  # before the benchmarks, so that their fits are not lost at the end
+        check_writable(args.out, "file", "--out")
+    if args.from_dir is not None:
+        run_dir = args.from_dir
+        if not run_dir.is_dir():
+            raise UserError(f"--from {run_dir}: no such directory of records")
+    else:
+        from pdlsim.cli.main import run_bench_command
+
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        run_dir = Path("runs") / "calibrate" / stamp
+        bench_args = argparse.Namespace(**{**vars(args), "out": run_dir})
+        status = run_bench_command(bench_args)
+        if status != 0:
+            return status
+    profile_path = args.out or run_dir / "profile.json"
+    return _fit_and_write(run_dir, profile_path, args)
+
+
+def _fit_and_write(run_dir: Path, profile_path: Path, args: argparse.Namespace) -> int:
+    from calibration.extrap import export_extrap
+    from calibration.optable import inconsistent_steps
+    from calibration.pipeline import fit_profile, load_measurements
+    from calibration.report import format_report
+
+    n_boot = args.bootstrap or (50 if args.quick else 200)
+    print(f"fitting the records in {run_dir} ({n_boot} bootstrap rounds) ...", flush=True)
+    extrap = profile_path.parent / "extrap.jsonl"
+    with warnings.catch_warnings(record=True) as caught:  # shown as notes, not tracebacks
+        warnings.simplefilter("always")
+        profile, models = fit_profile(run_dir, n_boot=n_boot, seed=args.seed)
+        profile.save(profile_path)
+        frame = load_measurements(run_dir)
+        lines = export_extrap(frame[frame["benchmark"] == "collectives"], extrap)
+    print(format_report(profile.to_dict()))
+    for note in dict.fromkeys(str(w.message) for w in caught):
+        print(f"pdlsim: note: {note}")
+    for line in inconsistent_steps(models["compute"].table_):
+        print(f"pdlsim: warning: {line}", file=sys.stderr)
+    from pdlsim.plots import plot_calibration
+
+    plots = plot_calibration(models, frame, profile_path.parent / "plots")
+    print(f"profile: {profile_path}")
+    print(f"fit plots: {', '.join(str(p) for p in plots)}")
+    print(f"Extra-P input ({lines} samples): {extrap}")
+    return 0

@@ -1,0 +1,230 @@
+"""The ``pdlsim predict`` command line: options shared with ``pdlsim sweep``, the printed report.
+
+:mod:`pdlsim.prediction.core` computes; this module parses and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from microbench.errors import UserError
+from microbench.fileio import check_writable
+from pdlsim.cli.options import given
+from pdlsim.costmodel.presets import DEFAULT_GPU_PRESET
+from pdlsim.prediction.core import PredictConfig, resolve_profile, run_prediction
+from pdlsim.prediction.energy import add_power_options, format_energy
+from pdlsim.prediction.layerwise import add_parallel_options
+from pdlsim.prediction.reliability import add_checkpoint_options, format_checkpoint
+from pdlsim.prediction.whatif import add_whatif_options, whatif_lines
+
+__all__ = [
+    "add_common_options",
+    "add_predict_parser",
+    "check_flags",
+    "config_from_args",
+    "cores_warning",
+    "fmt_s",
+    "format_prediction",
+    "run_predict_command",
+]
+
+
+def cores_warning(cfg: PredictConfig) -> str | None:
+    if cfg.gpus > 0:
+        return None
+    profile, _ = resolve_profile(cfg.profile)
+    cores = profile.machine.get("cores_available") or profile.machine.get("physical_cores")
+    used = cfg.procs_per_node * cfg.threads
+    if isinstance(cores, int) and used > cores:
+        return (
+            f"pdlsim: warning: {used} cores per node asked, the profile's machine has {cores}: "
+            "this predicts nodes like it with more cores"
+        )
+    return None
+
+
+def check_flags(args: argparse.Namespace, gpus: bool) -> list[str]:
+    """Refuse a flag the configuration would ignore (one line, exit 2); the warnings (for
+    stderr, once, before the work) where one flag refines another."""
+    if gpus:
+        for dest in ("procs_per_node", "threads"):
+            flag = given(args, dest)
+            if flag:
+                raise UserError(
+                    f"{flag} is for CPU ranks; with --gpus every GPU is one rank: drop {flag} "
+                    "(or --gpus for CPU ranks)"
+                )
+    else:
+        for dest in ("gpu_preset", "pinned", "prefetch"):
+            flag = given(args, dest)
+            if flag:
+                raise UserError(
+                    f"{flag} describes GPU ranks, and this configuration has none: add --gpus G "
+                    f"or drop {flag}"
+                )
+    no_overlap = given(args, "overlap")
+    if no_overlap and (args.parallel != "data" or args.inference):
+        raise UserError(
+            f"{no_overlap} is for data-parallel training (gradient buckets overlapping the "
+            "backward); model, pipeline and inference overlap nothing: drop it"
+        )
+    network, bw, lat = (given(args, d) for d in ("network", "inter_bw", "inter_lat"))
+    if network and bw and lat:
+        raise UserError(
+            "--inter-bw and --inter-lat replace every figure of --network: drop --network, or "
+            "one of --inter-bw/--inter-lat to keep its other figure"
+        )
+    if network and (bw or lat):
+        kept = "latency" if bw else "bandwidth"
+        return [
+            f"pdlsim: warning: {bw or lat} replaces the {'bandwidth' if bw else 'latency'} of "
+            f"--network {args.network}; its {kept} is kept"
+        ]
+    return []
+
+
+def fmt_s(seconds: float) -> str:
+    """Milliseconds below a second, else seconds."""
+    return f"{seconds * 1e3:.3f} ms" if seconds < 1 else f"{seconds:.3f} s"
+
+
+def format_prediction(out: dict[str, Any]) -> str:
+    """The text report (``--json`` prints ``out`` itself); layer-wise modes (model, pipeline,
+    inference) add their lines (:func:`pdlsim.prediction.layerwise_report.mode_lines`)."""
+    c, b, band, m = out["config"], out["breakdown"], out["band"], out["memory_breakdown_bytes"]
+    par = out.get("parallel")
+    where = (
+        f"{c['gpus']} GPUs"
+        if c["gpus"]
+        else f"{c['procs_per_node']} procs x {c['threads']} threads"
+    )
+    idle = "idle (bubble)" if par and par["mode"] == "pipeline" else "sync"
+    if par is None:
+        baseline = "one device"
+    else:
+        baseline = "one rank, same batch" if par["scaling"].startswith("strong") else "one rank"
+    per_step = f", {out['samples_per_step']:,} per step" if par else ""
+    lines = [
+        f"{c['model']} batch {c['batch']}{'' if par else '/rank'} on {c['nodes']} nodes x "
+        f"{where} ({c['devices']} ranks, {c['mode']}), {c['iterations']} iterations",
+        f"step time        {fmt_s(out['step_time_s'])}   band P10/P50/P90 "
+        f"{fmt_s(band['p10_s'])} / {fmt_s(band['p50_s'])} / {fmt_s(band['p90_s'])}",
+        f"epoch time       {fmt_s(out['epoch_time_s'])}  ({out['dataset_samples']:,} "
+        f"samples{per_step})",
+        f"throughput       {out['throughput_samples_per_s']:,.0f} samples/s",
+        f"speedup          {out['speedup']:.2f} x {baseline}   efficiency {out['efficiency']:.1%}",
+        f"comm overhead    {out['comm_overhead_pct']:.1f}% of the step (exposed)",
+        f"breakdown        compute {fmt_s(b['compute_s'])} + comm {fmt_s(b['comm_s'])} + "
+        f"{idle} {fmt_s(b['sync_s'])} - overlap {fmt_s(b['overlap_s'])}",
+        "memory per rank  " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in m.items()),
+    ]
+    if par is None:
+        lines[1:1] = whatif_lines(c)
+    else:
+        from pdlsim.prediction.layerwise_report import mode_lines
+
+        lines[1:1] = mode_lines(out)
+    if out["gpu_utilization"] is not None:
+        lines.append(f"GPU utilisation  {out['gpu_utilization']:.1%} (compute busy / step)")
+    if "checkpoint" in out:
+        lines.append(format_checkpoint(out["checkpoint"]))
+    if "energy" in out:
+        lines.append(format_energy(out["energy"]))
+    lines.append("sources:")
+    lines += [f"  {k}: {v}" for k, v in out["provenance"].items()]
+    if out["data_sheet"]:
+        lines.append(f"data-sheet figures (not measured): {', '.join(out['data_sheet'])}")
+    if "warning" in out:
+        lines.append(f"warning: {out['warning']}")
+    return "\n".join(lines)
+
+
+def add_common_options(p: argparse.ArgumentParser) -> None:
+    from pdlsim.cli.main import non_negative_float, positive_int, seed
+    from pdlsim.costmodel.corrections import CORRECTIONS
+
+    p.add_argument("--model", default="cnn", metavar="NAME|PATH", help="workload (cnn)")
+    p.add_argument("--profile", default=None, metavar="NAME|PATH", help="default: packaged")
+    p.add_argument("--network", default=None, metavar="NAME", help="ib-hdr (default), ib-ndr, "
+                   "roce-100g, eth-25g, eth-10g: data-sheet presets")  # fmt: skip
+    p.add_argument("--inter-bw", default=None, metavar="RATE", help="e.g. 25GB/s, 100Gb/s")
+    p.add_argument("--inter-lat", default=None, metavar="TIME", help="e.g. 2us")
+    p.add_argument("--gpu-preset", default=DEFAULT_GPU_PRESET, metavar="NAME",
+                   help="h100-sxm (default), a100-sxm, v100, none")  # fmt: skip
+    p.add_argument("--hardware", default=None, metavar="FILE",
+                   help="a JSON file shaped as pdlsim/costmodel/hardware.json: your GPUs, networks "
+                   "or assumed figures, over the packaged ones")  # fmt: skip
+    p.add_argument("--iterations", type=int, default=100, help="simulated steps (100)")
+    p.add_argument("--bucket-mb", type=non_negative_float, default=25.0, help="bucket MiB (25)")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="allreduce after the backward, not bucket by bucket during it")  # fmt: skip
+    p.add_argument("--pinned", dest="pinned", action="store_true", default=True,
+                   help="GPU ranks copy batches from page-locked memory (default)")  # fmt: skip
+    p.add_argument("--pageable", dest="pinned", action="store_false",
+                   help="GPU ranks copy batches from pageable memory (slower copies)")  # fmt: skip
+    p.add_argument("--prefetch", action="store_true", help="copy the next batch during this step")
+    p.add_argument("--algorithm", default=None, help="force an allreduce algorithm")
+    p.add_argument("--seed", type=seed, default=0, help="jitter and band seed")
+    p.add_argument("--samples", type=int, default=20, help="band samples (20)")
+    p.add_argument("--dataset-samples", type=positive_int, default=None, help="samples per epoch")
+    p.add_argument("--allow-oversubscribed-memory", action="store_true",
+                   help="predict a layout that needs more memory per rank than a GPU (or the "
+                   "host, for CPU ranks) has, instead of refusing it")  # fmt: skip
+    p.add_argument(
+        "--corrections",
+        default="all",
+        metavar="none|all|NAME,...",
+        help="the cost model's named corrections to switch on (default all): "
+        + ", ".join(CORRECTIONS),
+    )
+    add_power_options(p)
+    add_parallel_options(p)
+    add_whatif_options(p)
+    add_checkpoint_options(p)
+
+
+def add_predict_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("predict", help="predict one configuration (step, epoch, speedup)")
+    p.add_argument("--nodes", type=int, required=True, help="nodes of the cluster")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs per node (0: CPU ranks)")
+    p.add_argument("--procs-per-node", type=int, default=1,
+                   help="CPU ranks per node (1), without --gpus")  # fmt: skip
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads per CPU rank (1), without --gpus")  # fmt: skip
+    p.add_argument("--batch", type=int, default=32, help="samples per rank per step (32)")
+    add_common_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace")
+    p.set_defaults(handler=run_predict_command)
+
+
+def config_from_args(args: argparse.Namespace, **override: Any) -> PredictConfig:
+    fields = PredictConfig.__dataclass_fields__
+    values = {k: v for k, v in vars(args).items() if k in fields}
+    return PredictConfig(**{**values, **override})
+
+
+def run_predict_command(args: argparse.Namespace) -> int:
+    for warning in check_flags(args, gpus=args.gpus > 0):
+        print(warning, file=sys.stderr)
+    cfg = config_from_args(args)
+    if args.trace is not None:
+        check_writable(args.trace, "file", "--trace")
+        folder = Path(args.trace).parent
+        if not folder.is_dir():  # a mistyped folder is not created silently
+            raise UserError(
+                f"--trace {args.trace}: the folder {folder} does not exist; create it, or give "
+                "a file in an existing folder"
+            )
+    out = run_prediction(cfg, trace=args.trace)
+    warning = cores_warning(cfg)
+    if warning:
+        print(warning, file=sys.stderr)
+    print(json.dumps(out, indent=2) if args.json else format_prediction(out))
+    if args.trace:
+        print(f"trace: {args.trace}", file=sys.stderr if args.json else sys.stdout)
+    return 0

@@ -1,0 +1,457 @@
+"""``pdlsim train``: one real training run in one execution mode, with per-phase timers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from microbench.errors import UserError
+from microbench.fileio import atomic_write_text, check_writable
+from microbench.threads import oversubscription, set_threads, size_numba_pool
+from pdlsim.cli.options import given
+from pdlsim.prediction.epoch import DATASET_SAMPLES, OTHER_DATASET_SAMPLES
+from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig, warmup_steps
+from pdlsim.train.launch import Stopped, launch_ranks, under_mpi_launcher
+
+if TYPE_CHECKING:
+    from pdlsim.train.loop import TrainResult
+
+
+def add_train_parser(commands: Any) -> None:
+    from pdlsim.cli.main import non_negative_float, positive_int, seed
+
+    epochs = ", ".join(f"{name} {n:,}" for name, n in DATASET_SAMPLES.items())
+    p = commands.add_parser(
+        "train",
+        help="run real training (serial, threads, MPI, hybrid, GPU) with per-phase timers",
+        description=(
+            "Train a workload for real and time every phase of every step. --batch is the "
+            "per-rank batch B; with P ranks the global batch is P x B and one step consumes "
+            "P x B samples. The learning rate is not scaled with P unless --scale-lr is given. "
+            "With --procs > 1 this command starts mpiexec itself; it also runs as one rank "
+            "of a job you start with your own mpiexec or srun. --parallel model splits the "
+            "dense layers' neurons over the ranks instead: every rank computes the same batch "
+            "B, which is then the global batch. --inference times the forward pass only."
+        ),
+    )
+    p.add_argument("--model", default="mlp", metavar="NAME|PATH", help="workload (default: mlp)")
+    p.add_argument(
+        "--procs",
+        type=positive_int,
+        default=None,
+        help="MPI ranks (default: the size of the MPI job this runs in, else 1)",
+    )
+    p.add_argument("--threads", type=positive_int, default=1, help="BLAS/numba threads per rank")
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="cpu (default) or gpu (CuPy)")
+    p.add_argument("--epochs", type=positive_int, default=1, help="passes over the data (1)")
+    p.add_argument(
+        "--batch",
+        type=positive_int,
+        default=32,
+        help="per-rank batch B (default 32); with --parallel model the batch all ranks share",
+    )
+    p.add_argument(
+        "--lr", type=non_negative_float, default=0.02, help="learning rate (default 0.02)"
+    )
+    p.add_argument("--momentum", type=non_negative_float, default=0.0, help="SGD momentum")
+    p.add_argument("--scale-lr", action="store_true", help="linear scaling rule: lr x P")
+    p.add_argument("--seed", type=seed, default=0, help="initialisation, data and order seed")
+    p.add_argument(
+        "--data",
+        default="synthetic",
+        metavar="SPEC",
+        help="synthetic (default), mnist:DIR (IDX files) or cifar10:DIR (binary batches)",
+    )
+    p.add_argument(
+        "--samples",
+        type=positive_int,
+        default=None,
+        help="training samples (synthetic default: the workload's epoch, as pdlsim predict "
+        f"prices it: {epochs}, a workload file {OTHER_DATASET_SAMPLES:,})",
+    )
+    p.add_argument("--test-samples", type=positive_int, default=1024, help="held-out samples")
+    p.add_argument("--max-steps", type=positive_int, default=None, help="steps per epoch cap")
+    p.add_argument("--init", choices=("he", "xavier"), default="he", help="weight init")
+    p.add_argument("--pinned", action="store_true", help="GPU: copy batches from pinned memory")
+    p.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="GPU, with --pinned: copy the next mini-batch on a copy stream while this step "
+        "computes (the h2d phase then times only the wait for it)",
+    )
+    p.add_argument("--out", type=Path, default=None, help="run directory for the records")
+    p.add_argument(
+        "--checkpoint-every",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="write a checkpoint (weights, optimizer, data order) into --out every N optimizer "
+        "steps, counted across epochs, and at the end",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its latest checkpoint (same settings required)",
+    )
+    p.add_argument(
+        "--parallel",
+        choices=PARALLEL_MODES,
+        default="data",
+        help="data (default: a replica per rank, gradients allreduced) or model (dense layers' "
+        "output neurons split over the ranks, activations gathered, one shared batch)",
+    )
+    p.add_argument(
+        "--inference",
+        action="store_true",
+        help="time the forward pass (and loss) only: no backward, no update",
+    )
+    p.set_defaults(handler=run_train_command)
+
+
+def config_from_args(args: argparse.Namespace, procs: int) -> TrainConfig:
+    if args.momentum >= 1.0:
+        raise UserError(f"--momentum must be below 1, got {args.momentum}")
+    if args.lr == 0:
+        raise UserError("--lr must be above 0")
+    checkpointing = args.checkpoint_every is not None or args.resume
+    if args.pinned and args.device != "gpu":
+        raise UserError("--pinned is for copies to a GPU: add --device gpu, or drop --pinned")
+    if args.inference:
+        for dest in ("lr", "momentum", "scale_lr"):
+            flag = given(args, dest)
+            if flag:
+                raise UserError(f"--inference updates no weights, so {flag} is unused: drop it")
+    if args.prefetch and args.device != "gpu":
+        raise UserError("--prefetch copies mini-batches to a GPU: add --device gpu --pinned")
+    if args.prefetch and not args.pinned:
+        raise UserError(
+            "--prefetch needs --pinned: a copy from pageable memory cannot run behind the compute"
+        )
+    if args.parallel == "model" and args.scale_lr:
+        raise UserError(
+            "--scale-lr is for data parallelism (its global batch grows with P); model "
+            "parallelism keeps the batch: drop --scale-lr"
+        )
+    if args.parallel == "model" and checkpointing:
+        raise UserError(
+            "--checkpoint-every/--resume are for data parallelism; drop them with --parallel model"
+        )
+    if args.inference and checkpointing:
+        raise UserError(
+            "--inference trains nothing, so there is nothing to checkpoint: drop "
+            "--checkpoint-every/--resume"
+        )
+    return TrainConfig(
+        model=args.model,
+        procs=procs,
+        threads=args.threads,
+        device=args.device,
+        epochs=args.epochs,
+        batch_per_rank=args.batch,
+        lr=args.lr,
+        momentum=args.momentum,
+        scale_lr=args.scale_lr,
+        seed=args.seed,
+        data=args.data,
+        samples=args.samples,
+        test_samples=args.test_samples,
+        max_steps_per_epoch=args.max_steps,
+        pinned=args.pinned,
+        prefetch=args.prefetch,
+        init=args.init,
+        checkpoint_every=args.checkpoint_every,
+        parallel=args.parallel,
+        inference=args.inference,
+    )
+
+
+def config_to_args(config: TrainConfig, out: Path, resume: bool = False) -> list[str]:
+    """The command-line arguments that make a rank run ``config`` into ``out``."""
+    args = ["train", "--model", config.model, "--procs", str(config.procs)]
+    args += ["--threads", str(config.threads), "--device", config.device]
+    args += ["--epochs", str(config.epochs), "--batch", str(config.batch_per_rank)]
+    if not config.inference:  # no update: its settings are refused
+        args += ["--lr", repr(config.lr), "--momentum", repr(config.momentum)]
+    args += ["--seed", str(config.seed), "--data", config.data, "--init", config.init]
+    args += ["--test-samples", str(config.test_samples), "--out", str(out)]
+    if config.samples is not None:
+        args += ["--samples", str(config.samples)]
+    if config.max_steps_per_epoch is not None:
+        args += ["--max-steps", str(config.max_steps_per_epoch)]
+    if config.checkpoint_every is not None:
+        args += ["--checkpoint-every", str(config.checkpoint_every)]
+    args += ["--scale-lr"] * config.scale_lr + ["--pinned"] * config.pinned
+    args += ["--prefetch"] * config.prefetch
+    args += ["--parallel", config.parallel] + ["--inference"] * config.inference
+    return args + ["--resume"] * resume
+
+
+def default_run_dir(config: TrainConfig) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    name = f"{Path(config.model).stem}-{config.mode.replace('+', '-')}"
+    name += "-model" * (config.parallel == "model") + "-inference" * config.inference
+    return Path("runs") / "train" / f"{name}-p{config.procs}t{config.threads}-{stamp}"
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse a run directory that is a file or already holds records: never overwrite."""
+    check_writable(run_dir, "dir", "--out", "for the run's records")
+    if run_dir.is_dir() and any(run_dir.glob("*.jsonl")):
+        from pdlsim.train.checkpoint import list_checkpoints
+
+        resume = ", or add --resume to continue it" if list_checkpoints(run_dir) else ""
+        raise UserError(
+            f"--out {run_dir} already holds records; choose a new directory (nothing is "
+            f"overwritten){resume}"
+        )
+
+
+def resume_checkpoint(run_dir: Path | None, config: TrainConfig) -> Path:
+    """The checkpoint ``--resume`` continues from, checked against ``config`` (UserError)."""
+    from microbench.workload import load_workload
+    from pdlsim.train.checkpoint import check_resumable, latest_checkpoint, read_header
+
+    if run_dir is None:
+        raise UserError("--resume needs --out DIR, the run directory to continue")
+    path = latest_checkpoint(run_dir)
+    check_resumable(read_header(path), config, load_workload(config.model).to_dict(), path)
+    return path
+
+
+def run_train_command(args: argparse.Namespace) -> int:
+    if under_mpi_launcher():
+        return _run_as_rank(args)
+    if args.procs in (None, 1):  # this process trains: numba's pool as asked (warned below)
+        size_numba_pool(args.threads)
+    config = config_from_args(args, procs=args.procs or 1)
+    run_dir = args.out or default_run_dir(config)
+    resume = resume_checkpoint(args.out, config) if args.resume else None
+    if resume is None:
+        check_run_dir(run_dir)
+    _validate(config)
+    warning = oversubscription(config.procs, config.threads)
+    if warning:
+        print(f"pdlsim: warning: {warning}", file=sys.stderr)
+    if config.procs == 1:
+        return _run_local(config, run_dir, resume)
+    try:
+        child_args = config_to_args(config, run_dir, resume=args.resume)
+        status = launch_ranks(child_args, config.procs, config.threads)
+    except KeyboardInterrupt:
+        print(
+            f"pdlsim: interrupted; all ranks stopped; records so far are in {run_dir}"
+            + _resume_hint(config),
+            file=sys.stderr,
+        )
+        return 130
+    except Stopped as stopped:
+        print(
+            f"pdlsim: stopped by {stopped}; all ranks stopped; records so far are in {run_dir}"
+            + _resume_hint(config),
+            file=sys.stderr,
+        )
+        return 128 + stopped.signum
+    if status != 0:
+        print(
+            f"pdlsim: error: training stopped: mpiexec exited with status {status} (a rank "
+            f"failed or was killed); the records written so far are in {run_dir}"
+            + _resume_hint(config),
+            file=sys.stderr,
+        )
+        return 2 if status == 2 else 1
+    return 0
+
+
+def _resume_hint(config: TrainConfig) -> str:
+    return "; continue from its last checkpoint with --resume" if config.checkpoint_every else ""
+
+
+def _validate(config: TrainConfig) -> None:
+    """Catch bad input once, in the launching process, before any rank starts."""
+    from microbench.workload import load_workload
+    from pdlsim.train.device import gpu_device
+    from pdlsim.train.loop import prepare_data, steps_per_epoch
+
+    if config.device == "gpu":
+        gpu_device()
+    workload = load_workload(config.model)
+    train_set, _ = prepare_data(config, workload)
+    if config.parallel == "model":
+        from microbench.nn.sliced import check_splittable
+        from pdlsim.train.model_loop import model_steps_per_epoch
+
+        check_splittable(workload, config.procs)
+        model_steps_per_epoch(config, len(train_set))
+    else:
+        steps_per_epoch(config, len(train_set))
+
+
+def _train(
+    config: TrainConfig,
+    comm: Any,
+    device: Any,
+    run_dir: Path,
+    log: Any = print,
+    resume: Path | None = None,
+) -> TrainResult:
+    """The data-parallel loop, or the model-parallel one (which never resumes)."""
+    if config.parallel == "model":
+        from pdlsim.train.model_loop import train_model_parallel
+
+        return train_model_parallel(config, comm, device, run_dir, log=log)
+    from pdlsim.train.loop import train
+
+    return train(config, comm, device, run_dir, log=log, resume=resume)
+
+
+def _run_local(config: TrainConfig, run_dir: Path, resume: Path | None) -> int:
+    from pdlsim.train.comm import LocalComm
+    from pdlsim.train.device import cpu_device, gpu_device
+
+    set_threads(config.threads)
+    device = gpu_device() if config.device == "gpu" else cpu_device()
+    print(_banner(config, run_dir))
+    try:
+        result = _train(config, LocalComm(), device, run_dir, resume=resume)
+    except KeyboardInterrupt:
+        print(
+            f"pdlsim: interrupted; records so far are in {run_dir}" + _resume_hint(config),
+            file=sys.stderr,
+        )
+        return 130
+    _finish(result)
+    return 0
+
+
+def _run_as_rank(args: argparse.Namespace) -> int:
+    """One rank of an MPI job, started by our launcher or by the user's mpiexec/srun."""
+    from pdlsim.train.comm import MPIComm
+    from pdlsim.train.device import cpu_device, gpu_device
+
+    comm = MPIComm()
+    try:
+        if args.procs is not None and args.procs != comm.size:
+            raise UserError(
+                f"--procs {args.procs} but this MPI job has {comm.size} ranks; "
+                "drop --procs or make them agree"
+            )
+        config = config_from_args(args, procs=comm.size)
+        run_dir = resume = None
+        if comm.rank == 0:
+            run_dir = args.out or default_run_dir(config)
+            resume = resume_checkpoint(args.out, config) if args.resume else None
+            if resume is None:
+                check_run_dir(run_dir)
+        run_dir, resume = comm.mpi_comm.bcast((run_dir, resume))
+        set_threads(config.threads)
+        device = gpu_device(comm.local_rank()) if config.device == "gpu" else cpu_device()
+        if comm.rank == 0:
+            print(_banner(config, run_dir), flush=True)
+        result = _train(
+            config, comm, device, run_dir, log=lambda line: print(line, flush=True), resume=resume
+        )
+    except UserError as exc:
+        print(f"pdlsim: error (rank {comm.rank}): {exc}", file=sys.stderr, flush=True)
+        comm.abort(2)
+        return 2
+    except KeyboardInterrupt:
+        if comm.rank == 0:
+            print(f"pdlsim: interrupted; records so far are in {args.out}", file=sys.stderr)
+        return 130
+    if comm.rank == 0:
+        _finish(result)
+    return 0
+
+
+def _banner(config: TrainConfig, run_dir: Path) -> str:
+    lr = f"lr {config.effective_lr:g}" + (
+        f" (scaled x{config.procs})" if config.scale_lr else " (not scaled)"
+    )
+    what = "inference (forward only)" if config.inference else "training"
+    if config.parallel == "model":
+        return (
+            f"pdlsim train: {config.model}, model parallel {what}: dense layers split over "
+            f"{config.procs} rank(s) x {config.threads} thread(s), {config.device}; every rank "
+            f"computes the same batch of {config.batch_per_rank} = global batch "
+            f"{config.global_batch}, {lr}, momentum {config.momentum:g}, data {config.data}; "
+            f"records in {run_dir}"
+        )
+    if config.inference:
+        lr = what
+    return (
+        f"pdlsim train: {config.model}, mode {config.mode} ({config.procs} rank(s) x "
+        f"{config.threads} thread(s), {config.device}), batch {config.batch_per_rank} per rank = "
+        f"global batch {config.global_batch}, {lr}, momentum {config.momentum:g}, "
+        f"data {config.data}; records in {run_dir}"
+    )
+
+
+def steady_phases(steps: list[dict[str, float]]) -> tuple[dict[str, float], int, float]:
+    """Mean seconds per phase over the steps after the warm-up (:func:`warmup_steps`), the
+    number of warm-up steps and their mean step time: the first steps compile (numba) and fill
+    caches, and averaged in they would overstate a step several times over."""
+    k = warmup_steps(len(steps))
+    kept = steps[k:]
+    means = {name: sum(s[name] for s in kept) / len(kept) for name in kept[0]}
+    warm_s = sum(sum(s.values()) for s in steps[:k]) / k if k else 0.0
+    return means, k, warm_s
+
+
+def format_summary(result: TrainResult) -> str:
+    """The run's summary: epoch time and throughput as measured (warm-up included), the step
+    time and its phases in steady state (rank 0, after the warm-up), the warm-up apart."""
+    last = result.epochs[-1]
+    mean_epoch_s = sum(e.time_s for e in result.epochs) / len(result.epochs)
+    lines = [
+        f"time per epoch {mean_epoch_s:.3f} s, {last.samples_per_s:,.0f} samples/s "
+        "(last epoch, warm-up included)"
+    ]
+    if result.step_phases_s:
+        phases, k, warm_s = steady_phases(result.step_phases_s)
+        steady = len(result.step_phases_s) - k
+        warm = f"after {k} warm-up steps of {1e3 * warm_s:.2f} ms mean" if k else "no warm-up"
+        where = f"rank 0, mean of {steady} steps {warm}"
+    else:  # a resumed run that had no step left: the epoch's means
+        phases, where = last.phase_mean_s, "last epoch, mean over ranks"
+    step_s = sum(phases.values())
+    lines += [
+        f"step time {1e3 * step_s:.2f} ms in steady state ({where})",
+        f"{'phase':<10}{'ms/step':>10}{'share':>9}",
+    ]
+    for name, seconds in phases.items():
+        share = 100 * seconds / step_s if step_s > 0 else 0.0
+        lines.append(f"{name:<10}{1e3 * seconds:>10.3f}{share:>8.1f}%")
+    lines.append(format_memory(last))
+    return "\n".join(lines)
+
+
+def format_memory(epoch: Any) -> str:
+    """One line: measured peak memory per rank, and the part of it the model's arrays take."""
+    mib = 2.0**20
+    line = f"peak memory per rank {epoch.peak_rss_bytes_max / mib:.1f} MiB resident"
+    if epoch.device_pool_bytes_max is not None:
+        line += f", GPU pool {epoch.device_pool_bytes_max / mib:.1f} MiB"
+    parts = epoch.model_state_bytes
+    detail = ", ".join(
+        f"{k.replace('_', ' ')} {v / mib:.2f}" for k, v in parts.items() if k != "total"
+    )
+    return f"{line} (max over ranks); model state {parts['total'] / mib:.2f} MiB ({detail})"
+
+
+def _finish(result: TrainResult) -> None:
+    if not result.epochs:
+        return
+    print(format_summary(result))
+    if result.last_checkpoint is not None:
+        print(f"checkpoint (weights, optimizer, data order): {result.last_checkpoint}")
+    summary = {
+        "config": result.config.to_dict(),
+        "epochs": [asdict(e) for e in result.epochs],
+        "run_dir": str(result.run_dir),
+    }
+    atomic_write_text(result.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -1,0 +1,125 @@
+"""The ``pdlsim validate`` command line (the work is :mod:`pdlsim.validate.run`'s)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from microbench.errors import UserError
+from pdlsim.validate.run import GPU_CHOICES, ValidateConfig, run_validation
+
+__all__ = ["add_validate_parser", "run_validate_command"]
+
+
+def add_validate_parser(commands: argparse._SubParsersAction) -> None:
+    from pdlsim.cli.main import positive_int
+
+    p = commands.add_parser(
+        "validate", help="run real training over a matrix, predict each, report the error"
+    )
+    p.add_argument("--quick", action="store_true", help="fewer steps and launches (< 5 min)")
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="NAME|PATH",
+        help="predict from this profile (default: calibrate one now, before the training runs)",
+    )
+    p.add_argument("--repeats", type=positive_int, default=None, help="launches each (3; quick 2)")
+    p.add_argument("--steps", type=positive_int, default=None, help="min steps per launch (40; 20)")
+    p.add_argument("--models", default="mlp,cnn", metavar="NAME,...", help="workloads (mlp,cnn)")
+    p.add_argument("--batches", default=None, metavar="B,...", help="batches per rank (16,32,64)")
+    p.add_argument("--modes", default=None, metavar="PxT,...", help="e.g. 1x1,2x1 (all five)")
+    p.add_argument(
+        "--parallel",
+        default="data,model",
+        metavar="MODE,...",
+        help="data (the modes above), model (P=2 tensor parallel, training and inference); "
+        "default both",
+    )
+    p.add_argument(
+        "--gpu",
+        choices=GPU_CHOICES,
+        default="auto",
+        help="one GPU, copying in turn and pinned with prefetch, at every workload and batch: "
+        "auto (default) where a GPU is found and the profile has a GPU model, on (an error "
+        "otherwise), off",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="draws the held-out set: random workloads and batches the calibration never runs "
+        "(default 0)",
+    )
+    p.add_argument(
+        "--corrections",
+        default="all",
+        metavar="none|all|NAME,...",
+        help="the model's named corrections to switch on for the headline (default all); the "
+        "report also scores none, all and this set without each of its terms",
+    )
+    p.add_argument("--breakdown", action="store_true", help="print measured vs predicted phases")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR", help="report directory")
+    p.set_defaults(handler=run_validate_command)
+
+
+def _parse_modes(text: str) -> tuple[tuple[int, int], ...]:
+    try:
+        modes = tuple(tuple(int(v) for v in m.lower().split("x")) for m in text.split(","))
+    except ValueError:
+        raise UserError(f"--modes: expected PxT,... like 1x1,2x1, got '{text}'") from None
+    if any(len(m) != 2 or min(m) < 1 for m in modes):
+        raise UserError(f"--modes: expected PxT,... like 1x1,2x1, got '{text}'")
+    return modes  # type: ignore[return-value]
+
+
+def run_validate_command(args: argparse.Namespace) -> int:
+    from pdlsim.cli.main import int_list
+    from pdlsim.validate.report import format_breakdown, format_report
+
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    extra: dict[str, Any] = {}
+    if args.batches:
+        try:
+            extra["batches"] = int_list(args.batches)
+        except argparse.ArgumentTypeError as exc:
+            raise UserError(f"--batches: {exc}") from None
+    if args.modes:
+        extra["modes"] = _parse_modes(args.modes)
+    from pdlsim.costmodel.corrections import parse_corrections
+
+    parse_corrections(args.corrections)  # a typo fails before the calibration, not after
+    parallel = tuple(m for m in args.parallel.split(",") if m)
+    if not parallel or set(parallel) - {"data", "model"}:
+        raise UserError(f"--parallel: expected data, model or data,model, got '{args.parallel}'")
+    if args.modes and "data" not in parallel:  # model rows run their own P = 2
+        raise UserError(
+            "--modes lists data-parallel modes, and --parallel model runs none: add data to "
+            "--parallel, or drop --modes"
+        )
+    cfg = ValidateConfig(
+        out=args.out or Path("runs") / "validate" / stamp,
+        profile=args.profile,
+        repeats=args.repeats or (2 if args.quick else 3),
+        steps=args.steps or (20 if args.quick else 40),
+        target_run_s=0.25 if args.quick else 2.0,
+        max_steps=120 if args.quick else 300,
+        quick=args.quick,
+        models=tuple(m for m in args.models.split(",") if m),
+        band_samples=30 if args.quick else ValidateConfig.band_samples,
+        parallel=parallel,
+        gpu=args.gpu,
+        seed=args.seed,
+        heldout_workloads=4 if args.quick else 8,
+        heldout_batches=1 if args.quick else 2,
+        corrections=args.corrections,
+        **extra,
+    )
+    report = run_validation(cfg, log=lambda s: print(s, file=sys.stderr))
+    print(format_report(report))
+    if args.breakdown:
+        print(format_breakdown(report["rows"]))
+    return 0

@@ -1,0 +1,464 @@
+"""The simulator's cost interface answered from a calibrated profile (plus presets where needed).
+
+:class:`ProfileCostModel` implements :class:`pdlsim.sim.CostModel`:
+
+* **Compute.** A layer's FLOPs and bytes (:func:`microbench.network_ops.layer_bytes`, the same
+  byte estimate the compute benchmark records) at the batch go through the profile's fitted
+  roofline of its op class (``dense:forward``, ``conv2d:backward``, ``softmax_cross_entropy:loss``,
+  ``sgd:update``; pooled where a class was not measured) and thread-scaling law. A flatten is a
+  view and costs nothing. GPU ranks use the profile's GPU curves when it has them, else the GPU
+  preset's data-sheet roofline: FLOPs / (FP32 non-tensor peak x ``gpu_flops_efficiency``)
+  or bytes / (HBM x ``gpu_memory_efficiency``), whichever is longer, plus a kernel launch
+  (``gpu_kernel_launch_s``). These three are **assumptions**
+  (:data:`pdlsim.costmodel.presets.ASSUMPTIONS`, from ``pdlsim/costmodel/hardware.json``), each
+  with a range the band draws it in.
+* **Collectives.** The simulator's algorithm steps (:func:`pdlsim.sim.collectives.schedule`),
+  each timed on its level's :class:`~pdlsim.sim.LinkCost`, so the schedule sums to
+  ``collective_time`` by construction. CPU ranks inside a node: the profile's allreduce alpha and
+  beta of the size regime the message falls in (the fitted beta absorbs the reduction, so no
+  gamma). GPU ranks inside a node: NVLink, half the preset's bidirectional figure per direction,
+  ``nvlink_latency_s`` assumed. Across nodes: the network (a preset or given numbers), or the
+  profile's fitted inter-node parameters when it has them and no network is given; the receiver
+  reduces at a third of its memory bandwidth (two reads, one write per byte): the profile's
+  triad bandwidth for CPU ranks, the preset's HBM for GPU ranks.
+* **Collectives in place.** A training step's collectives cost more than the same ones back to
+  back; where the profile measured the workload's calls inside real steps, :meth:`in_situ_s`
+  gives the excess the engines add to each call (:mod:`pdlsim.costmodel.insitu`), and
+  :meth:`step_barrier_s` the training loop's barrier per step, where it was timed in place.
+* **Whole-step correction.** Ops timed one at a time do not add up to the same ops run back to
+  back as one training step (caches, allocator state, per-call overheads). Where the profile's
+  compute table holds whole-step rows (phase ``step``, per model, batch and threads, measured
+  by the compute microbenchmark), every op's time is multiplied by measured step / sum of the
+  predicted ops of that step, for the ``workload`` this model is built for, interpolated in the
+  batch (:class:`pdlsim.costmodel.stepscale.StepScale`). No step rows: no correction.
+* **Mini-batch gather.** CPU ranks gather each mini-batch before the step (``np.take`` of the
+  rows, as ``pdlsim train`` does): the profile's measured ``data`` rows, added to the first
+  layer's forward, so that T_compute is what the training loop's data + forward + backward +
+  update phases add up to.
+* **Co-location.** CPU ranks sharing a node slow each other down (memory bandwidth, caches):
+  compute is multiplied by the profile's measured co-location factor at ``ranks_per_node``
+  (:mod:`calibration.colocation`; held at the largest measured ranks per node beyond it), or
+  by the step's own factor where ``insitu`` timed it in place (:mod:`pdlsim.costmodel.insitu`).
+* **A layer-wise rank's part.** Asked for a layer-wise step's slices (:meth:`sliced`), compute
+  is multiplied by the share of the whole network's compute a rank's part was measured to take
+  over the share its ops predict, where ``insitu`` timed both alone
+  (:meth:`~pdlsim.costmodel.compute.ComputeCost.slice_factor`).
+* **Drift.** The same step measured at several moments of the calibration
+  (:mod:`calibration.drift`) gives the machine's typical speed and the spread around it. CPU
+  compute is divided by exp(the compute stage's log-offset from typical), so a prediction
+  describes the typical speed rather than the moment the op table was measured (per measured
+  step, its whole-step row; without rows, all compute); the band (:meth:`perturbed`) scales it
+  by one of the measured log-deviations per sample. GPU ranks on a profile that timed the GPU
+  do the same with the GPU steps' own moments and deviations (a small network's GPU step is
+  the host launching kernels, and drifts with the host); from a data sheet they have none.
+* **Copies.** The profile's transfer model, else the preset's PCIe per-direction rate times
+  ``pinned_efficiency`` or ``pageable_efficiency`` plus ``copy_latency_s`` (assumed).
+* **Jitter.** The profile's :class:`calibration.jitter.JitterModel` behind the simulator's
+  ``Jitter`` protocol (:class:`ProfileJitter`).
+* **Overlap efficiency.** The profile's measured hidden fraction of an allreduce of the bucket
+  size behind computation, thread method (a communication thread, as in the hybrid trainer;
+  ``nbc`` if only that was measured). It was measured on the host; GPU ranks use it as well.
+
+:meth:`ProfileCostModel.perturbed` draws every fitted parameter from a normal distribution
+centred on the fitted value whose 95% interval has the width of the fitted interval
+(sigma = width / 3.92), clipped at 0 (rates and efficiencies at 1% of the fitted value, so that
+nothing divides by zero; the overlap efficiency at 1); the measured whole-step times and the
+co-location factor move by one normal draw each within their intervals; the in-place
+collectives take one of the moments their rounds measured
+(:func:`pdlsim.costmodel.uncertainty.insitu_draw`). Data-sheet figures and assumptions are not
+perturbed: they have no interval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from calibration.collective_regimes import CollectiveRegime
+from calibration.colocation import ColocationModel
+from calibration.compression import CompressionModel
+from calibration.compute import ComputeModel
+from calibration.overlap import OverlapModel
+from calibration.profile import Profile
+from calibration.stats import Interval
+from calibration.transfer import TransferModel
+from microbench.errors import UserError
+from microbench.workload import LayerInfo, Workload, load_workload
+from pdlsim.costmodel.compute import ComputeCost
+from pdlsim.costmodel.corrections import CORRECTIONS
+from pdlsim.costmodel.insitu import InSituCost, in_place_colocation, in_place_share, in_place_sync
+from pdlsim.costmodel.kernels import TERMS, KernelCompute
+from pdlsim.costmodel.oppins import OpPins
+from pdlsim.costmodel.presets import ASSUMPTIONS, Assumption, GpuPreset, NetworkPreset
+from pdlsim.costmodel.stepscale import StepRow, StepScale
+from pdlsim.costmodel.uncertainty import ProfileJitter, perturbed_cost
+from pdlsim.sim import ConfigError, LinkCost, Placement, TimedStep, collectives
+
+__all__ = [
+    "ProfileCostModel",
+    "ProfileJitter",
+]
+
+_COLLECTIVE_OPS = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "pingpong")
+
+
+def _intra_regimes(profile: Profile) -> tuple[CollectiveRegime, ...]:
+    models = profile.model("collectives").models_
+    op = next((o for o in _COLLECTIVE_OPS if o in models), None) or next(iter(models))
+    return tuple(models[op].regimes_)
+
+
+def _overlap_interval(model: OverlapModel, nbytes: int, method: str) -> Interval | None:
+    points = [p for p in model.points_ if p.method == method and "overlap_fraction" in p.intervals]
+    if not points:
+        return None
+    size = min({p.bytes for p in points}, key=lambda b: abs(np.log(max(b, 1) / max(nbytes, 1))))
+    near = [p.intervals["overlap_fraction"] for p in points if p.bytes == size]
+    return Interval(
+        float(np.median([i.low for i in near])), float(np.median([i.high for i in near]))
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class ProfileCostModel(ComputeCost):
+    """The sim's ``CostModel`` from a profile (see the module docstring). Build with
+    :meth:`from_profile`; ``device`` is the kind of the ranks the collectives run between.
+    Compute is priced by :class:`pdlsim.costmodel.compute.ComputeCost`."""
+
+    compute: ComputeModel
+    intra_regimes: tuple[CollectiveRegime, ...]
+    inter: LinkCost | None
+    inter_source: str
+    transfer: TransferModel | None
+    gpu: GpuPreset | None
+    device: str
+    cpu_memory_bandwidth_bytes_per_s: float
+    jitter: ProfileJitter | None
+    overlap_efficiency: float
+    overlap_interval: Interval | None = None
+    provenance: dict[str, str] = field(default_factory=dict)
+    workload: str | None = None  # the preset the whole-step rows are looked up for
+    ranks_per_node: int = 1
+    scale: StepScale = field(default_factory=StepScale)
+    colocation: ColocationModel | None = None
+    step_z: float = 0.0  # standard deviations the measured steps are moved by (the band)
+    colocation_z: float = 0.0
+    drift_sigma: float = 0.0  # the profile's run-to-run drift of a step's median (lognormal)
+    drift_log_deviations: tuple[float, ...] = ()  # the speeds it saw, log(moment / typical)
+    drift_level: float = 1.0  # without whole-step rows: exp(-the compute stage's log offset)
+    drift_factor: float = 1.0  # this band sample's draw of the deviations
+    colocation_in_place: tuple[tuple[int, float], ...] = ()  # (batch, factor): insitu_cost
+    colocation_in_place_threads: int = 1
+    slice_shares: tuple[tuple[int, float], ...] = ()  # (batch, share): insitu_cost
+    slice_share_ranks: int = 1
+    slice_share_threads: int = 1
+    tensor_ranks: int = 1  # set by sliced(): a layer-wise plan's slices
+    _ops_cache: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)
+    _share_cache: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)
+    compression: CompressionModel | None = None  # the profile's, when it measured compression
+    insitu: InSituCost | None = None  # the workload's collectives measured in place
+    pins: OpPins = field(default_factory=OpPins)  # the workload's ops as measured one by one
+    inference: bool = False  # predicts forward-only steps: their rows scale compute
+    _pin_cache: dict[tuple[str, str, int, int, str], float] = field(
+        default_factory=dict, repr=False
+    )
+    kernels: KernelCompute | None = None  # CPU compute from the profile's kernel tables
+    corrections: frozenset[str] = frozenset(CORRECTIONS)
+    description: Workload | None = None  # the workload itself, where given
+    assumptions: Mapping[str, Assumption] = field(default_factory=lambda: dict(ASSUMPTIONS))
+
+    @classmethod
+    def from_profile(
+        cls,
+        profile: Profile,
+        network: NetworkPreset | None = None,
+        gpu: GpuPreset | None = None,
+        device: str = "cpu",
+        bucket_bytes: int = 25 * 2**20,
+        workload: str | None = None,
+        ranks_per_node: int = 1,
+        inference: bool = False,
+        batch: int | None = None,
+        parallel: str | None = None,
+        corrections: frozenset[str] = frozenset(CORRECTIONS),
+        description: Workload | None = None,
+        assumptions: Mapping[str, Assumption] | None = None,
+    ) -> ProfileCostModel:
+        """The cost model of ``workload`` from ``profile``; ``batch`` and ``parallel`` (the
+        in-place step, :func:`pdlsim.costmodel.insitu.sync_parallelism`) size the sync where the
+        profile timed that step's skew in place; ``corrections``: the named corrections
+        (:data:`pdlsim.costmodel.corrections.CORRECTIONS`) switched on; ``description``: the
+        workload itself (default: loaded by the name ``workload``); ``assumptions``: the figures
+        taken where nothing measured says (default: the packaged
+        :data:`pdlsim.costmodel.presets.ASSUMPTIONS`)."""
+        compute = profile.model("compute")
+        kernels = None
+        if profile.models.get("kernels") and device == "cpu":
+            kernels = KernelCompute(
+                profile.model("kernels"), frozenset(corrections) & frozenset(TERMS)
+            )
+            if description is None and workload:  # a file not at hand: compute_time says so
+                with contextlib.suppress(UserError):
+                    description = load_workload(workload)
+        regimes = _intra_regimes(profile)
+        cpu_curves = [r for (d, _), r in sorted(compute.curves_.items()) if d == "cpu"]
+        mem_bw = cpu_curves[0].bandwidth_bytes_per_s if cpu_curves else 10e9
+        reduce_bw = (gpu.hbm_bandwidth_bytes_per_s if device == "gpu" and gpu else mem_bw) / 3
+        prov = {"compute": "profile", "intra-node links": "profile (allreduce alpha/beta)"}
+        inter, source = None, "none"
+        fitted = next((r.inter for r in regimes if r.inter is not None), None)
+        if network is not None:
+            inter = LinkCost(network.latency_s, network.bandwidth_bytes_per_s, reduce_bw)
+            source = f"{network.name} ({network.kind}: {network.source})"
+        elif fitted is not None:
+            inter = LinkCost.from_alpha_beta(fitted.a_s, max(fitted.b_s_per_byte, 1e-15))
+            source = "profile (fitted inter-node)"
+        prov["inter-node links"] = source
+        has_gpu_compute = "gpu" in compute.devices
+        if device == "gpu":
+            if not has_gpu_compute and gpu is None:
+                raise ConfigError(
+                    "GPU ranks need a GPU model: the profile has none and no GPU preset is given"
+                )
+            prov["compute"] = "profile (gpu)" if has_gpu_compute else f"{gpu.name} data sheet"
+            if gpu is not None:
+                prov["intra-node links"] = f"{gpu.name} NVLink data sheet"
+        transfer = profile.model("transfer")
+        if device == "gpu":
+            prov["copies"] = "profile" if transfer else f"{gpu.name} PCIe data sheet"
+        overlap: OverlapModel = profile.model("overlap")
+        method = "thread" if "thread" in overlap.methods else "nbc"
+        hidden = overlap.hidden_fraction(bucket_bytes, method)
+        efficiency = float(np.clip(1.0 if hidden is None else hidden, 0.0, 1.0))
+        prov["overlap"] = f"profile ({method} method, {bucket_bytes} B)"
+        insitu_model = profile.model("insitu") if profile.models.get("insitu") else None
+        if "insitu" not in corrections:
+            insitu_model = None
+        jitter_model = profile.model("jitter") if profile.models.get("jitter") else None
+        own = (
+            profile.model("jitter_models").get(workload)
+            if profile.models.get("jitter_models")
+            else None
+        )
+        if own is not None:
+            jitter_model = own
+            prov["jitter"] = f"profile ({workload}'s own steps)"
+        elif jitter_model is not None:
+            prov["jitter"] = "profile (every measured workload's steps pooled)"
+        jitter = None
+        if jitter_model is not None:
+            if device == "cpu":  # the in-place steps ran on CPU ranks
+                jitter_model, note = in_place_sync(
+                    jitter_model, insitu_model, workload, parallel, batch
+                )
+                prov["jitter"] += f"; {note}" if note else ""
+            jitter = ProfileJitter(jitter_model)
+        scale = StepScale.from_table(getattr(compute, "table_", []))
+        compute_device = "gpu" if device == "gpu" and has_gpu_compute else "cpu"
+        colocation = profile.model("colocation") if profile.models.get("colocation") else None
+        if "colocation" not in corrections:
+            colocation = None
+        if device == "cpu" and ranks_per_node > 1:
+            if colocation is None or not colocation.points_:
+                prov["co-location"] = "not measured: ranks of a node assumed not to slow each other"
+            else:
+                factor, _ = colocation.factor(workload or "", 1, ranks_per_node)
+                held = colocation.max_ranks_per_node
+                moments = colocation.span_moments(workload or "", 1)
+                source = f"{moments} span moments of " if moments else ""
+                prov["co-location"] = (
+                    f"profile ({source}jitter at 1 and {held} ranks per node): x{factor:.3f} at "
+                    f"{ranks_per_node} per node"
+                    + (f", held above {held}" if ranks_per_node > held else "")
+                )
+        in_place, in_place_threads, note = in_place_colocation(
+            insitu_model if device == "cpu" else None, workload, parallel, ranks_per_node
+        )
+        if note is not None:
+            others = prov.get("co-location", "not measured")
+            prov["co-location"] = f"{note}; at other thread counts {others}"
+        shares, share_ranks, share_threads, note = in_place_share(
+            insitu_model if device == "cpu" else None, workload, parallel
+        )
+        if note is not None:
+            prov["slices"] = note
+        drift = profile.model("drift") if profile.models.get("drift") else None
+        # the drift of the steps this prediction computes with: the host's, or the GPU steps'
+        # where the profile timed the GPU (calibration.drift); a data sheet's GPU has none
+        drifting = drift is not None and compute_device == device
+        drift_sigma = drift.sigma_ if drifting and device == "cpu" else 0.0
+        deviations = tuple(map(float, drift.log_deviations(device))) if drifting else ()
+        level, levels = 1.0, {}
+        if drifting:
+            levels = {
+                r: drift.step_level(r.model, r.batch, r.threads, r.device)
+                for r in scale.steps
+                if r.device == device
+            }
+        if levels:
+            scale = scale.rescaled(lambda r: levels.get(r, 1.0))
+            scale = scale.with_sigma(
+                lambda r: _typical_sigma_s(drift, r) if r.device == device else None
+            )
+            scale = scale.with_forward(
+                lambda r: drift.forward_fraction(r.model, r.batch, r.threads, r.device)
+            )
+        elif drifting and device == "cpu":
+            level = float(np.exp(-drift.compute_log_offset_))
+        if deviations:
+            low, high = np.exp(np.quantile(deviations, [0.1, 0.9]))
+            steps = "GPU steps" if device == "gpu" else "steps"
+            prov["drift"] = (
+                f"profile: {len(deviations)} moments of the same {steps}; measured compute "
+                f"x{min(levels.values(), default=level):.3f}.."
+                f"x{max(levels.values(), default=level):.3f} to the typical speed, band "
+                f"x{low:.2f}..x{high:.2f} (P10..P90 of the moments)"
+            )
+        if kernels is not None:
+            level = 1.0  # the kernel tables are the machine as swept: no step to rescale to
+            terms = ", ".join(sorted(kernels.terms)) or "none"
+            prov["compute"] = f"profile kernel tables (terms: {terms})"
+        elif scale and (device == "cpu" or has_gpu_compute):
+            prov["compute"] += "; " + scale.source(compute_device, workload, inference)
+        insitu, prov["in-place collectives"] = InSituCost.from_profile_model(
+            insitu_model, workload, device
+        )
+        return cls(
+            compute, regimes, inter, source, transfer, gpu, device, mem_bw, jitter, efficiency,
+            _overlap_interval(overlap, bucket_bytes, method), prov, workload, ranks_per_node,
+            scale, colocation, compression=profile.model("compression"), drift_sigma=drift_sigma,
+            drift_log_deviations=deviations, drift_level=level, insitu=insitu,
+            pins=OpPins.from_table(getattr(compute, "table_", [])), inference=inference,
+            colocation_in_place=in_place, colocation_in_place_threads=in_place_threads,
+            slice_shares=shares, slice_share_ranks=share_ranks, slice_share_threads=share_threads,
+            kernels=kernels, corrections=frozenset(corrections), description=description,
+            assumptions=dict(ASSUMPTIONS if assumptions is None else assumptions),
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------------ collectives
+    def _regime(self, nbytes: float) -> CollectiveRegime:
+        r = self.intra_regimes
+        switches = [np.sqrt(a.max_bytes * b.min_bytes) for a, b in zip(r[:-1], r[1:], strict=True)]
+        return r[int(np.searchsorted(switches, nbytes, side="right"))]
+
+    def links(self, nbytes: float) -> dict[str, LinkCost]:
+        """The link of each level for a collective of ``nbytes`` (the intra regime's size)."""
+        if self.device == "gpu" and self.gpu is not None:
+            g = self.gpu
+            intra = LinkCost(
+                self.assumed("nvlink_latency_s"),
+                g.nvlink_bytes_per_s / 2,
+                g.hbm_bandwidth_bytes_per_s / 3,
+            )
+        else:
+            regime = self._regime(nbytes)
+            intra = LinkCost.from_alpha_beta(regime.a_s, max(regime.b_s_per_byte, 1e-15))
+        out = {"intra": intra}
+        if self.inter is not None:
+            out["inter"] = self.inter
+        return out
+
+    def collective_schedule(
+        self, op: str, nbytes: int, ranks: int, placement: Placement
+    ) -> tuple[TimedStep, ...]:
+        if ranks != placement.ranks:
+            raise ValueError(f"ranks {ranks} != placement's {placement.ranks}")
+        _, steps = collectives.schedule(
+            op, float(nbytes), placement.nodes, placement.ranks_per_node, placement.algorithm
+        )
+        links = self.links(nbytes)
+        if any(s.level == "inter" for s in steps) and "inter" not in links:
+            raise ConfigError(
+                "the profile was measured on one node: give a network for the links between "
+                "nodes (--network NAME or --inter-bw/--inter-lat)"
+            )
+        return tuple(TimedStep(s, links[s.level].step_time_s(s)) for s in steps)
+
+    def collective_time(self, op: str, nbytes: int, ranks: int, placement: Placement) -> float:
+        return collectives.total_time_s(self.collective_schedule(op, nbytes, ranks, placement))
+
+    def in_situ_s(
+        self,
+        parallel: str,
+        op: str,
+        layer: str,
+        batch: int,
+        nbytes: int,
+        back_to_back_s: float | None = None,
+    ) -> float:
+        """Seconds a training step's collective costs beyond its back-to-back time
+        ``back_to_back_s`` (negative: less), where the profile measured it in place
+        (:mod:`pdlsim.costmodel.insitu`); else 0."""
+        if self.insitu is None:
+            return 0.0
+        return self.insitu.extra_s(self, parallel, op, layer, batch, nbytes, back_to_back_s)
+
+    def in_place_update_s(
+        self, parallel: str, batch: int, threads: int, first: LayerInfo, compute_s: float
+    ) -> float | None:
+        """Seconds of a CPU rank's update after the step's collectives, given its forward and
+        backward ``compute_s`` (the gather in ``first``'s forward included), where the profile
+        timed it in place (:mod:`pdlsim.costmodel.insitu`); else None."""
+        if self.insitu is None:
+            return None
+        gather_s = self.gather_s(first, batch, threads)
+        return self.insitu.update_s(parallel, batch, compute_s - gather_s)
+
+    def step_barrier_s(self, parallel: str, batch: int, ranks: int, placement: Placement) -> float:
+        """Seconds of the training loop's barrier per step, where the profile timed it in place
+        (:mod:`pdlsim.costmodel.insitu`); else 0."""
+        if self.insitu is None:
+            return 0.0
+        return self.insitu.barrier_s(self, parallel, batch, ranks, placement)
+
+    # ----------------------------------------------------------------------------- copies
+    def transfer_time(self, direction: str, nbytes: int, pinned: bool) -> float:
+        if direction not in ("h2d", "d2h"):
+            raise ValueError(f"unknown copy direction '{direction}'")
+        if nbytes <= 0:
+            return 0.0
+        if self.transfer is not None:
+            try:
+                return float(self.transfer.predict(direction, nbytes, pinned))
+            except KeyError:
+                pass
+        if self.gpu is None:
+            raise ConfigError("no transfer model in the profile and no GPU preset for copies")
+        share = self.assumed("pinned_efficiency" if pinned else "pageable_efficiency")
+        return self.assumed("copy_latency_s") + nbytes / (self.gpu.pcie_bytes_per_s * share)
+
+    # ------------------------------------------------------------------------ uncertainty
+    def perturbed(
+        self, rng: np.random.Generator, stratum: tuple[int, int] | None = None
+    ) -> ProfileCostModel:
+        """A model with every fitted parameter drawn in its interval (module docstring);
+        ``stratum`` (i, K): its drift from stratum i of K (``uncertainty.drift_draw``)."""
+        return perturbed_cost(self, rng, stratum)
+
+    # ------------------------------------------------------------------------ compression
+    def compression_time(
+        self, method: str, nbytes: int, phase: str = "round_trip", ranks: int = 1
+    ) -> float:
+        """Seconds a rank spends compressing (``phase="compress"``) a float32 gradient of
+        ``nbytes`` by ``method`` (fp16, topk:F), expanding what ``ranks`` ranks sent
+        (``"decompress"``) or both (``"round_trip"``): the profile's compression model on CPU
+        ranks (ConfigError without one), a memory-bound data-sheet estimate on GPU ranks
+        (:func:`pdlsim.costmodel.compression.compression_seconds`)."""
+        from pdlsim.costmodel.compression import compression_seconds
+
+        hbm = None
+        if self.device == "gpu" and self.gpu is not None:
+            hbm = self.gpu.hbm_bandwidth_bytes_per_s * self.assumed("gpu_memory_efficiency")
+        return compression_seconds(
+            self.compression, method, nbytes, phase, ranks, hbm, self.assumed("gpu_kernel_launch_s")
+        )
+
+
+def _typical_sigma_s(drift: Any, row: StepRow) -> float | None:
+    """Seconds of the row's typical-time uncertainty (:meth:`DriftModel.typical_log_sigma`)."""
+    sigma = drift.typical_log_sigma(row.model, row.batch, row.threads, row.device)
+    return None if sigma is None else row.time_s * sigma

@@ -1,0 +1,208 @@
+"""``pdlsim predict --parallel model|pipeline`` and ``--inference``: the layer-wise modes.
+
+``--parallel data`` (the default) without ``--inference`` is :mod:`pdlsim.prediction.core`'s own
+path, unchanged. Everything else is predicted here, from the same profile, cluster and cost model
+(:func:`pdlsim.prediction.core.build`):
+
+* ``--parallel model``: tensor parallelism over all ranks, one model replica
+  (:mod:`pdlsim.sim.tensor`). ``--batch`` is the batch the ranks share: the scaling is
+  **strong**, and the speedup is at the same global batch.
+* ``--parallel pipeline --stages S --microbatches M [--schedule gpipe|1f1b]``: R = ranks / S
+  data-parallel replicas of an S-stage pipeline (:mod:`pdlsim.sim.pipeline`); ``--batch`` is
+  the batch of one pipeline, split into M micro-batches.
+* ``--inference``: the forward pass only, in any mode; ``--parallel data --inference`` is every
+  rank running the forward on its own batch, with no communication at all.
+
+Speedup is the throughput over that of one rank (same device and threads) running the whole
+model, forward and backward as the mode does, on the batch of one replica: for model
+parallelism and a single pipeline, the same batch (strong scaling). Efficiency = speedup /
+ranks. The band and the epoch are computed as for data parallelism.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from microbench.errors import UserError
+from pdlsim.prediction.epoch import dataset_samples
+
+if TYPE_CHECKING:
+    from pdlsim.prediction.core import PredictConfig
+
+__all__ = [
+    "PARALLEL_MODES",
+    "SCHEDULES",
+    "add_parallel_options",
+    "layerwise_mode",
+    "run_layerwise",
+]
+
+PARALLEL_MODES = ("data", "model", "pipeline")
+SCHEDULES = ("gpipe", "1f1b")  # pdlsim.sim.pipeline.SCHEDULES (not imported: numpy)
+DEFAULT_SCHEDULE = "1f1b"
+
+
+def add_parallel_options(p: argparse.ArgumentParser) -> None:
+    from pdlsim.cli.main import positive_int
+
+    p.add_argument("--parallel", choices=PARALLEL_MODES, default="data",
+                   help="data (default), model (tensor: dense layers split over all ranks), "
+                   "pipeline (layers split into --stages)")  # fmt: skip
+    p.add_argument("--stages", type=positive_int, default=None, metavar="S",
+                   help="pipeline stages (with --parallel pipeline)")  # fmt: skip
+    p.add_argument("--microbatches", type=positive_int, default=None, metavar="M",
+                   help="micro-batches per pipeline step (with --parallel pipeline)")  # fmt: skip
+    p.add_argument("--schedule", choices=SCHEDULES, default=None,
+                   help="pipeline schedule: 1f1b (default) or gpipe")  # fmt: skip
+    p.add_argument("--inference", action="store_true",
+                   help="forward pass only: no backward, update or gradient exchange")  # fmt: skip
+
+
+def layerwise_mode(cfg: PredictConfig) -> bool:
+    """Check the parallelism flags (one-line errors); True when this module predicts ``cfg``."""
+    if cfg.parallel not in PARALLEL_MODES:
+        raise UserError(
+            f"--parallel must be one of {', '.join(PARALLEL_MODES)}, got {cfg.parallel}"
+        )
+    pipeline = cfg.parallel == "pipeline"
+    for flag, value in (
+        ("--stages", cfg.stages),
+        ("--microbatches", cfg.microbatches),
+        ("--schedule", cfg.schedule),
+    ):
+        if value is not None and not pipeline:
+            raise UserError(f"{flag} is for pipelines: add --parallel pipeline, or drop {flag}")
+    if pipeline:
+        if cfg.stages is None or cfg.microbatches is None:
+            raise UserError("--parallel pipeline needs --stages S and --microbatches M")
+        if cfg.stages < 1 or cfg.microbatches < 1:
+            raise UserError(
+                f"--stages and --microbatches must be at least 1, got {cfg.stages} and "
+                f"{cfg.microbatches}"
+            )
+        if cfg.microbatches > cfg.batch:
+            raise UserError(
+                f"--microbatches {cfg.microbatches} is more than --batch {cfg.batch}: every "
+                "micro-batch needs a sample; lower --microbatches or raise --batch"
+            )
+    layerwise = cfg.parallel != "data" or cfg.inference
+    if (
+        layerwise
+    ):  # the checkpoint what-ifs (pdlsim.prediction.reliability) read data-parallel results
+        for flag in ("checkpoint_every", "checkpoint_bw", "checkpoint_latency", "mtbf",
+                     "restart_time"):  # fmt: skip
+            if getattr(cfg, flag, None) is not None:
+                name = "--" + flag.replace("_", "-")
+                raise UserError(
+                    f"{name} is modelled for data-parallel training only; drop it, or drop "
+                    "--parallel model/pipeline and --inference"
+                )
+    return layerwise
+
+
+def _check_cluster(cfg: PredictConfig, ranks: int, per_node: int, layers: int, name: str) -> None:
+    if cfg.parallel != "pipeline":
+        return
+    s = cfg.stages
+    if s > layers:
+        raise UserError(f"--stages {s} is more than the {layers} layers of workload '{name}'")
+    if ranks % s:
+        raise UserError(
+            f"--stages {s} must divide the {ranks} ranks: each data-parallel replica is one "
+            "whole pipeline"
+        )
+    if ranks > s and per_node % s and s % per_node:
+        raise UserError(
+            f"--stages {s} must divide the {per_node} ranks per node or be a multiple of it "
+            "(so that every pipeline replica sits alike on the nodes)"
+        )
+
+
+def run_layerwise(
+    cfg: PredictConfig,
+    build: Callable[..., tuple[Any, Any, Any, dict[str, Any], dict[str, int]]],
+    trace: str | None,
+    band_iterations: int,
+) -> dict[str, Any]:
+    """Predict ``cfg`` in its layer-wise mode: the JSON object ``pdlsim predict`` prints."""
+    from pdlsim.prediction.document import band_step_times, prediction_document
+    from pdlsim.prediction.layerwise_report import layerwise_memory
+    from pdlsim.sim import Cluster, simulate, write_chrome_trace
+    from pdlsim.sim.pipeline import build_pipeline_plan
+    from pdlsim.sim.pipeline_engine import simulate_pipeline
+    from pdlsim.sim.tensor import build_tensor_plan, simulate_tensor
+
+    inference = cfg.inference
+    schedule = cfg.schedule or DEFAULT_SCHEDULE
+
+    def memory(cluster, scenario, cost) -> dict[str, int]:
+        """Bytes per rank of the mode's plan, checked by ``build`` before any simulation."""
+        w = scenario.workload
+        _check_cluster(cfg, cluster.ranks, cluster.ranks_per_node, len(w.layers), w.name)
+        if cfg.parallel == "pipeline":
+            plan = build_pipeline_plan(
+                cluster, scenario, cost, cfg.stages, cfg.microbatches, schedule, inference
+            )
+        elif cfg.parallel == "model":
+            plan = build_tensor_plan(cluster, scenario, cost, inference)
+        else:  # data-parallel inference: every rank alone
+            plan = build_tensor_plan(cluster, scenario, cost, True, 1)
+        return layerwise_memory(cfg, SimpleNamespace(plan=plan), scenario)
+
+    def run(cluster, scenario, cost, trace_on: bool = False):
+        if cfg.parallel == "model":
+            return simulate_tensor(cluster, scenario, cost, inference, None, trace_on)
+        if cfg.parallel == "pipeline":
+            return simulate_pipeline(
+                cluster, scenario, cost, cfg.stages, cfg.microbatches, schedule, inference, trace_on
+            )
+        return simulate_tensor(cluster, scenario, cost, True, 1, trace_on)  # data inference
+
+    try:
+        cluster, scenario, cost, provenance, need = build(cfg, memory)
+        w = scenario.workload
+        result = run(cluster, scenario, cost, trace is not None)
+        one = Cluster(1, 1, cluster.threads_per_rank, cluster.device)
+        alone = replace(cost, ranks_per_node=1)  # one device: nothing shares its node
+        if inference:
+            base = simulate_tensor(one, scenario, alone, True, 1)
+        else:
+            base = simulate(one, scenario, alone)
+        iterations = min(cfg.iterations, band_iterations)
+        band = band_step_times(run, cluster, scenario, cost, cfg.samples, cfg.seed, iterations)
+    except ValueError as exc:  # ConfigError and the cost model's own checks
+        raise UserError(str(exc)) from None
+    if trace is not None and result.timeline is not None:
+        write_chrome_trace(trace, result.timeline)
+    b, devices = result.breakdown, cluster.ranks
+    details = result.to_dict()
+    for key in ("engine", "step_time_s", "breakdown"):
+        details.pop(key)
+    if cfg.parallel == "model":
+        replicas = 1
+        details["scaling"] = "strong: every rank works on the same batch"
+    elif cfg.parallel == "pipeline":
+        replicas = result.plan.replicas
+        details["stage_count"] = cfg.stages
+        details["microbatches"] = cfg.microbatches
+        details["scaling"] = "strong: the pipeline's batch" if replicas == 1 else "weak in replicas"
+    else:
+        replicas = devices
+        details["replicas"] = devices
+        details["scaling"] = "weak: a batch per rank, no communication"
+    return prediction_document(
+        cfg, cluster, b, band,
+        base_step_s=base.step_time_s,
+        replicas=replicas,
+        samples_per_step=replicas * scenario.batch_per_rank,
+        dataset=dataset_samples(w.name, cfg.dataset_samples),
+        memory=need,
+        provenance=provenance,
+        gpu=getattr(cost, "gpu", None),
+        buckets=[],
+        parallel={"mode": cfg.parallel, "inference": inference, **details},
+    )  # fmt: skip

@@ -1,0 +1,123 @@
+"""Memory per rank and the printed report of the layer-wise modes (model, pipeline, inference).
+
+Memory per rank, float32, plain SGD (no optimizer state), as
+:func:`pdlsim.prediction.core.memory_per_rank` counts it for data parallelism:
+
+* model parallelism: the rank's slice of every dense layer and the whole of every other layer
+  (weights, and as much again for gradients in training); activations: every layer's whole
+  output (gathered) plus the rank's own dense slices, at the batch; the largest gathered
+  activation as a receive buffer, and the mini-batch input;
+* pipeline: the worst stage: its layers' weights and gradients; the activations of its peak
+  number of micro-batches in flight (its input and every output of its layers, at the largest
+  micro-batch); a flat gradient buffer for the replicas' allreduce; stage 0 the batch input;
+* inference keeps no activations for backward: the largest input + output of one layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdlsim.cli.predict import fmt_s
+
+__all__ = ["layerwise_memory", "mode_lines"]
+
+FLOAT_BYTES = 4
+
+
+def _parts(weights: int, gradients: int, activations: int, buffers: int) -> dict[str, int]:
+    parts = {
+        "weights": int(weights),
+        "gradients": int(gradients),
+        "optimizer_state": 0,
+        "activations": int(activations),
+        "buffers": int(buffers),
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def _live(layers) -> int:
+    """Bytes per sample of the largest input + output of one layer (forward only)."""
+    return max(i.input_bytes_per_sample + i.activation_bytes_per_sample for i in layers)
+
+
+def layerwise_memory(cfg: Any, result: Any, scenario: Any) -> dict[str, int]:
+    """Bytes per rank (module docstring); for a pipeline, of its most loaded stage."""
+    layers = scenario.workload.layers
+    batch, inference = scenario.batch_per_rank, cfg.inference
+    inputs = layers[0].input_bytes_per_sample * batch * (2 if scenario.prefetch else 1)
+    if cfg.parallel == "pipeline":
+        plan = result.plan
+        micro = max(plan.micro_batches)
+        worst: dict[str, int] = {}
+        for st in plan.stages:
+            own = layers[st.first_layer : st.first_layer + len(st.layers)]
+            weights = FLOAT_BYTES * st.param_count
+            if inference:
+                act = micro * _live(own)
+            else:
+                act = st.peak_in_flight * micro * st.activation_bytes_per_sample
+            buffers = (inputs if st.index == 0 else 0) + (
+                weights if plan.replicas > 1 and not inference else 0
+            )
+            parts = _parts(weights, 0 if inference else weights, act, buffers)
+            if not worst or parts["total"] > worst["total"]:
+                worst = parts
+        return worst
+    shares = {name: share for name, _, share in getattr(result.plan, "slices", ())}
+    params = 0
+    kept = 0
+    for info in layers:
+        if info.name in shares:
+            params += shares[info.name] * (info.input_shape[0] + 1)
+            kept += shares[info.name] * FLOAT_BYTES
+        else:
+            params += info.param_count
+    weights = FLOAT_BYTES * params
+    if inference:
+        act = batch * (_live(layers) + kept)
+    else:
+        act = batch * (scenario.workload.activation_bytes_per_sample + kept)
+    gathered = max((batch * i.activation_bytes_per_sample for i in layers if i.name in shares),
+                   default=0)  # fmt: skip
+    return _parts(weights, 0 if inference else weights, act, gathered + inputs)
+
+
+def mode_lines(out: dict[str, Any]) -> list[str]:
+    par, c = out["parallel"], out["config"]
+    what = "inference (forward only)" if par["inference"] else "training"
+    if par["mode"] == "model":
+        comm = f"allgathers {fmt_s(par['allgather_s'])} ({par['allgather_bytes']:,.0f} B)"
+        if not par["inference"]:
+            comm += f", allreduces {fmt_s(par['allreduce_s'])} ({par['allreduce_bytes']:,.0f} B)"
+        lines = [
+            f"parallelism      model (tensor) over {par['tensor_ranks']} ranks, {what}; strong "
+            f"scaling: every rank works on the same batch of {c['batch']}",
+            f"collectives      {comm} per step, on the critical path",
+        ]
+        split = ", ".join(
+            f"{x['layer']} {x['units']} -> {x['units_per_rank']}/rank" for x in par["split_layers"]
+        )
+        lines.append(f"split layers     {split or 'none (one rank)'}; all other layers replicated")
+        return lines
+    if par["mode"] == "data":
+        return [f"parallelism      data, {what}: {par['replicas']} ranks, no communication"]
+    sizes = sorted(set(par["micro_batch_sizes"]))
+    lines = [
+        f"parallelism      pipeline, {par['stage_count']} stages x {par['replicas']} replicas, "
+        f"{par['microbatches']} micro-batches of {'/'.join(map(str, sizes))} "
+        f"({par['schedule']}), {what}",
+        f"bubble           {par['bubble_fraction']:.1%} of stage-time idle in the pipeline phase "
+        f"({fmt_s(par['pipeline_makespan_s'])}); equal stages, free links: "
+        f"{par['ideal_bubble_fraction']:.1%}",
+        "stage split      stage      fwd+bwd         idle        sends    allreduce  in flight"
+        "  layers",
+    ]
+    for st in par["stages"]:
+        times = (st["forward_s"] + st["backward_s"], st["idle_s"], st["send_s"], st["allreduce_s"])
+        lines.append(
+            f"                 {st['stage']:>5}"
+            + "".join(f"{fmt_s(t):>13}" for t in times)
+            + f"  {st['peak_in_flight']:>9}  {', '.join(st['layers'])}"
+        )
+    return lines

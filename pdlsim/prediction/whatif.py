@@ -1,0 +1,190 @@
+"""What-if options of ``pdlsim predict`` and ``pdlsim sweep``: communication and heterogeneity.
+
+* ``--compression none|fp16|topk:F``: gradients cast to float16 (half the allreduce bytes) or
+  top-k sparsified (an allgather of F x n value/index pairs), compression and expansion timed
+  from the profile (:mod:`pdlsim.costmodel.compression`).
+* ``--sync-every K``: local SGD, gradients allreduced every K-th step (the mean step time is
+  over whole periods of K steps; iterations are rounded up to a multiple of K).
+* ``--network-scale X`` / ``--latency-scale Y``: the inter-node links' bandwidth times X and
+  latency times Y, on top of the network preset, the given ``--inter-bw``/``--inter-lat`` or
+  the profile's fitted inter-node parameters.
+* ``--slow-ranks K --slow-factor F``: the last K ranks (node-major: K = ranks per node is one
+  slow node) F times slower; or ``--speeds 1,1,0.5,...``: one speed per rank.
+  ``--balance static|proportional``: equal batches per rank, or the global batch split in
+  proportion to speed (:mod:`pdlsim.sim.ranks`).
+
+Parsing stays light (no numpy) so that building the command line does not load the simulator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from microbench.errors import UserError
+
+if TYPE_CHECKING:
+    from pdlsim.costmodel.model import ProfileCostModel
+    from pdlsim.prediction.core import PredictConfig
+
+__all__ = [
+    "add_whatif_options",
+    "apply_to_cost",
+    "compression_arg",
+    "positive_number",
+    "rank_speeds",
+    "scenario_options",
+    "speeds_arg",
+    "whatif_lines",
+]
+
+
+def positive_number(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got '{text}'") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
+
+
+def compression_arg(text: str) -> str | None:
+    """argparse type: none, fp16, topk or topk:F (F in (0, 1]); "none" is None."""
+    from pdlsim.sim.compression import parse_compression
+
+    try:
+        parsed = parse_compression(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if parsed is None:
+        return None
+    return "fp16" if parsed[0] == "fp16" else f"topk:{parsed[1]:g}"
+
+
+def speeds_arg(text: str) -> tuple[float, ...]:
+    """argparse type: comma-separated positive speeds, one per rank."""
+    return tuple(positive_number(item.strip()) for item in text.split(","))
+
+
+def add_whatif_options(p: argparse.ArgumentParser) -> None:
+    from pdlsim.cli.main import positive_int
+
+    group = p.add_argument_group("what-ifs (pdlsim.prediction.whatif)")
+    group.add_argument(
+        "--compression",
+        type=compression_arg,
+        default=None,
+        metavar="METHOD",
+        help="none (default), fp16 or topk:F (keep F of the gradient, 0.01)",
+    )
+    group.add_argument(
+        "--sync-every",
+        type=positive_int,
+        default=1,
+        metavar="K",
+        help="local SGD: allreduce every K-th step (1)",
+    )
+    group.add_argument(
+        "--network-scale",
+        type=positive_number,
+        default=1.0,
+        metavar="X",
+        help="inter-node bandwidth x X (1)",
+    )
+    group.add_argument(
+        "--latency-scale",
+        type=positive_number,
+        default=1.0,
+        metavar="Y",
+        help="inter-node latency x Y (1)",
+    )
+    group.add_argument(
+        "--slow-ranks",
+        type=int,
+        default=0,
+        metavar="K",
+        help="the last K ranks are --slow-factor times slower",
+    )
+    group.add_argument("--slow-factor", type=positive_number, default=None, metavar="F",
+                       help="how many times slower the --slow-ranks are, e.g. 2")  # fmt: skip
+    group.add_argument(
+        "--speeds",
+        type=speeds_arg,
+        default=None,
+        metavar="S,...",
+        help="relative speed of every rank (1 = the profile's device)",
+    )
+    group.add_argument("--balance", choices=("static", "proportional"), default="static",
+                       help="batch per rank: equal (static) or proportional to speed")  # fmt: skip
+
+
+def rank_speeds(cfg: PredictConfig, ranks: int) -> tuple[float, ...] | None:
+    """Per-rank speeds from ``--slow-ranks/--slow-factor`` or ``--speeds`` (None: all 1)."""
+    if cfg.slow_ranks < 0:
+        raise UserError(f"--slow-ranks must be 0 or more, got {cfg.slow_ranks}")
+    if cfg.speeds is not None and (cfg.slow_ranks or cfg.slow_factor is not None):
+        raise UserError("give either --speeds or --slow-ranks/--slow-factor, not both")
+    if cfg.speeds is not None:
+        if len(cfg.speeds) != ranks:
+            raise UserError(f"--speeds gives {len(cfg.speeds)} speeds for {ranks} ranks")
+        return tuple(float(s) for s in cfg.speeds)
+    if (cfg.slow_ranks > 0) != (cfg.slow_factor is not None):
+        raise UserError("--slow-ranks K and --slow-factor F go together (K ranks F times slower)")
+    if cfg.slow_ranks == 0:
+        return None
+    if cfg.slow_ranks > ranks:
+        raise UserError(f"--slow-ranks {cfg.slow_ranks} is more than the {ranks} ranks")
+    return (1.0,) * (ranks - cfg.slow_ranks) + (1.0 / cfg.slow_factor,) * cfg.slow_ranks
+
+
+def scenario_options(cfg: PredictConfig) -> dict[str, Any]:
+    """The Scenario fields the what-ifs set."""
+    return {"compression": cfg.compression, "sync_every": cfg.sync_every, "balance": cfg.balance}
+
+
+def apply_to_cost(cfg: PredictConfig, cost: ProfileCostModel) -> ProfileCostModel:
+    """The cost model with its inter-node links scaled, and the what-ifs' sources noted."""
+    from pdlsim.sim import LinkCost
+
+    provenance = dict(cost.provenance)
+    inter = cost.inter
+    if inter is not None and (cfg.network_scale != 1.0 or cfg.latency_scale != 1.0):
+        inter = LinkCost(
+            inter.latency_s * cfg.latency_scale,
+            inter.bandwidth_bytes_per_s * cfg.network_scale,
+            inter.reduce_bandwidth_bytes_per_s,
+        )
+        provenance["inter-node links"] += (
+            f", what-if: bandwidth x{cfg.network_scale:g}, latency x{cfg.latency_scale:g}"
+        )
+    if cfg.compression is not None:
+        provenance["compression"] = (
+            f"{cost.gpu.name} HBM data sheet (memory-bound estimate)"
+            if cost.device == "gpu" and cost.gpu is not None
+            else "profile (host CPU, numpy)"
+        )
+    return replace(cost, inter=inter, provenance=provenance)
+
+
+def whatif_lines(config: dict[str, Any]) -> list[str]:
+    """Lines for the text report naming the what-ifs that are switched on (none: no line)."""
+    parts = []
+    if config.get("compression"):
+        parts.append(f"compression {config['compression']}")
+    if config.get("sync_every", 1) != 1:
+        parts.append(f"allreduce every {config['sync_every']} steps")
+    if config.get("network_scale", 1.0) != 1.0 or config.get("latency_scale", 1.0) != 1.0:
+        parts.append(
+            f"network bandwidth x{config['network_scale']:g}, latency x{config['latency_scale']:g}"
+        )
+    if config.get("slow_ranks"):
+        parts.append(f"{config['slow_ranks']} ranks {config['slow_factor']:g}x slower")
+    if config.get("speeds"):
+        parts.append(f"speeds {','.join(f'{s:g}' for s in config['speeds'])}")
+    if config.get("balance", "static") != "static":
+        parts.append(f"{config['balance']} balance")
+    return [f"what-ifs         {'; '.join(parts)}"] if parts else []

@@ -1,0 +1,1 @@
+"""``pdlsim validate``: real training runs against predictions from a frozen profile."""

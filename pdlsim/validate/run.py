@@ -1,0 +1,352 @@
+"""``pdlsim validate``: real training runs against predictions from a microbenchmark profile.
+
+For every configuration (workload, P ranks x T threads, batch per rank) ``pdlsim train`` is
+launched ``repeats`` times, each a separate process (or ``mpiexec``) launch into
+``OUT/runs/<config>/r<k>``, round-robin over the configurations (every configuration's first
+launch, then every second..., each round starting a third further along the list with three
+launches: :func:`launch_rounds`), so that a configuration's launches are minutes apart and see
+the machine at different moments. A launch's step time
+is the median, over the steps after the warm-up (:func:`warmup_steps`: the first max(5, 10%)
+steps: numba compiles, first touch), of the per-step ``step_s`` taken as the **maximum over
+ranks** (a synchronous step ends when its slowest rank does). The configuration's measured
+figure is the median over launches, its interval the **min..max over launches**.
+
+Which configurations run, held-out and in-sample, is :mod:`pdlsim.validate.plan`'s. The
+profile is frozen before the first launch: given (``--profile``) or calibrated first, in the
+same invocation (:mod:`pdlsim.validate.calibrate`: ``pdlsim bench`` at 1 and 2 ranks, the
+calibration's workloads and batches, then the fits). Every prediction comes from it, in the
+scenario that ``pdlsim train`` really runs (one bucket holding every gradient, no overlap,
+CPU ranks without copies); nothing measured during the validation enters a prediction. Each
+configuration is predicted again with other sets of the model's named corrections
+(:func:`~pdlsim.validate.plan.ablation_sets`), held-out and in-sample reported apart.
+
+Speedup is the throughput ratio against the serial run (P1T1) at the same batch per rank:
+``P x T_serial / T_config``, measured with measured times, predicted with predicted times.
+Modes with P x T above the cores are not run; the report says so.
+
+Model parallelism (the ``parallel`` dimension, :mod:`microbench.nn.sliced`): for each
+workload and batch, ``pdlsim train --parallel model --procs P`` training and ``--inference``
+(forward only), predicted with ``PredictConfig(parallel="model", inference=...)``. Their batch
+is the global batch, so their speedup is strong scaling: ``T_serial / T_config`` at the same
+batch, measured against the serial (P1T1, data) run's step (for inference rows, that run's data
++ h2d + forward phases: the serial forward pass), predicted against the layer-wise prediction's
+own one-rank step. ``--quick`` adds two: the first workload, P = 2, the largest batch.
+
+GPU configurations (``gpu``: "auto" adds them where a GPU is found and the profile has a GPU
+model; "on" insists, "off" leaves them out): for every workload and batch of the data rows, one
+GPU trained with pageable copies in turn and with pinned copies prefetched behind the compute
+(``pdlsim train --device gpu [--pinned --prefetch]``), predicted with ``PredictConfig(gpus=1,
+pinned=..., prefetch=...)``. Their speedup is the serial CPU run's step over theirs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from microbench.errors import UserError
+from microbench.fileio import check_writable
+from pdlsim.train.config import warmup_steps
+from pdlsim.validate.plan import (
+    GPU_CHOICES,
+    RunSpec,
+    ValidateConfig,
+    ablation_sets,
+    check_unseen,
+    heldout_matrix,
+    plan_matrix,
+    steps_for,
+)
+
+__all__ = [  # the plan's names too: what a caller of validate needs in one place
+    "GPU_CHOICES",
+    "RunSpec",
+    "ValidateConfig",
+    "ablation_sets",
+    "check_unseen",
+    "heldout_matrix",
+    "launch_rounds",
+    "measure_launch",
+    "measured_step_times",
+    "plan_matrix",
+    "predict_spec",
+    "run_validation",
+    "steps_for",
+    "summarize_launches",
+    "warmup_steps",
+]
+
+TEST_SAMPLES = 64  # the held-out evaluation after the epoch is not timed; keep it short
+
+
+def _read_steps(run_dir: Path) -> dict[int, dict[int, dict[str, Any]]]:
+    """{rank: {global_step: train_step record}} from a run directory."""
+    out: dict[int, dict[int, dict[str, Any]]] = {}
+    for path in sorted(run_dir.glob("rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("type") == "train_step":
+                out.setdefault(int(rec["rank"]), {})[int(rec["global_step"])] = rec
+    if not out:
+        raise UserError(f"no train_step records in {run_dir}")
+    return out
+
+
+def measured_step_times(run_dir: Path) -> tuple[list[float], dict[str, float]]:
+    """Post-warm-up step times (max over ranks per step) and the median per-phase seconds
+    (per step, the phases of the slowest rank), plus ``skew``: the median over steps of the
+    ranks' mean ``wait``. The slowest rank hardly waits; the mean over ranks is the step's
+    max less its mean, what the model calls T_sync."""
+    ranks = _read_steps(run_dir)
+    common = sorted(set.intersection(*(set(r) for r in ranks.values())))
+    kept = common[warmup_steps(len(common)) :]
+    steps, phases, skews = [], [], []
+    for step in kept:
+        recs = [ranks[r][step] for r in ranks]
+        slowest = max(recs, key=lambda rec: rec["step_s"])
+        steps.append(slowest["step_s"])
+        phases.append(slowest["phases_s"])
+        skews.append(statistics.fmean(rec["phases_s"].get("wait", 0.0) for rec in recs))
+    names = list(phases[0]) if phases else []
+    medians = {n: statistics.median(p[n] for p in phases) for n in names}
+    return steps, {**medians, "skew": statistics.median(skews) if skews else 0.0}
+
+
+def measured_memory(run_dir: Path) -> dict[str, int]:
+    """From the run's last epoch record: the peak resident memory of the biggest rank, and the
+    bytes of the arrays training allocated (its own count, in ``pdlsim predict``'s parts)."""
+    epochs = [
+        rec
+        for path in sorted(run_dir.glob("rank0*.jsonl"))
+        for rec in map(json.loads, path.read_text().splitlines())
+        if rec.get("type") == "train_epoch"
+    ]
+    if not epochs:
+        raise UserError(f"no train_epoch record in {run_dir}")
+    last = epochs[-1]
+    return {
+        "peak_rss_bytes": int(last["peak_rss_bytes_max"]),
+        "model_state_bytes": int(last["model_state_bytes"]["total"]),
+    }
+
+
+def launch_train(spec: RunSpec, steps: int, run_dir: Path, extra: tuple[str, ...] = ()) -> None:
+    """One ``pdlsim train`` launch of ``spec`` (and ``extra`` flags) into ``run_dir``."""
+    from pdlsim.train.launch import run_supervised
+
+    global_batch = spec.batch * (1 if spec.parallel == "model" else spec.procs)
+    samples = max(steps * global_batch, 256)
+    command = [
+        sys.executable, "-m", "pdlsim", "train", "--model", spec.model,
+        "--procs", str(spec.procs), "--threads", str(spec.threads), "--batch", str(spec.batch),
+        "--epochs", "1", "--max-steps", str(steps), "--samples", str(samples),
+        "--test-samples", str(TEST_SAMPLES), "--out", str(run_dir), *spec.train_flags, *extra,
+    ]  # fmt: skip
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    log = run_dir.parent / f"{run_dir.name}.log"
+    with log.open("w") as handle:
+        status = run_supervised(command, env=dict(os.environ), stdout=handle, stderr=handle)
+    if status != 0:
+        raise UserError(f"training {spec.label} failed with status {status}; see {log}")
+
+
+def measure_launch(spec: RunSpec, cfg: ValidateConfig, steps: int, k: int) -> dict[str, Any]:
+    """Launch ``k`` of ``spec``: its median step, median phases, memory and CPU steal."""
+    from microbench.cpustat import cpu_times, steal_fraction
+
+    run_dir = cfg.out / "runs" / spec.label / f"r{k}"
+    before = cpu_times()
+    launch_train(spec, steps, run_dir)
+    steal = steal_fraction(before, cpu_times())
+    times, phases = measured_step_times(run_dir)
+    return {
+        "median_s": statistics.median(times),
+        "phases_s": phases,
+        "memory": measured_memory(run_dir),
+        "steal": steal,
+    }
+
+
+def summarize_launches(launches: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """A configuration's launches: the median over launches, min..max interval."""
+    medians = [launch["median_s"] for launch in launches]
+    phase_runs = [launch["phases_s"] for launch in launches]
+    memory = [launch["memory"] for launch in launches]
+    steal = [launch["steal"] for launch in launches]
+    phases = {n: statistics.median(p[n] for p in phase_runs) for n in phase_runs[0]}
+    return {
+        "measured_peak_rss_bytes": max(m["peak_rss_bytes"] for m in memory),
+        "measured_model_state_bytes": memory[0]["model_state_bytes"],
+        "measured_s": statistics.median(medians),
+        "measured_low_s": float(min(medians)),
+        "measured_high_s": float(max(medians)),
+        "repeat_medians_s": medians,
+        "measured_phases_s": phases,
+        "steps": steps,
+        "warmup_steps": warmup_steps(steps),
+        "steal_max": None if None in steal else max(steal),
+    }
+
+
+def launch_rounds(n: int, repeats: int) -> list[list[int]]:
+    """The configurations' indices in launch order, one list per round: every configuration
+    once per round (a configuration's launches minutes apart), each round the first one
+    rotated by ``n / repeats`` more, so that no configuration sits at the same point of every
+    round. On a machine whose speed drifts through a round, a fixed order gives the last
+    configurations of each round like moments every time, so their rows share one bias
+    (evidence: docs/evidence.md, "Validation order")."""
+    return [[(k * n // repeats + i) % n for i in range(n)] for k in range(repeats)]
+
+
+def _frozen_profile(name: str) -> Any:
+    """The frozen profile at path ``name``, read once for all the predictions made from it (a
+    kernel-table profile takes most of a second to read): keyed on the file's identity, so a
+    profile written anew at the same path is read again. A packaged profile's name is given
+    through as it is."""
+    if not os.path.isfile(name):
+        return name
+    stat = os.stat(name)
+    return _read_profile(name, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_profile(path: str, mtime_ns: int, size: int) -> Any:
+    from pdlsim.prediction.core import resolve_profile
+
+    return resolve_profile(path)[0]
+
+
+def predict_spec(
+    spec: RunSpec, cfg: ValidateConfig, corrections: str | None = None, samples: int | None = None
+) -> dict[str, Any]:
+    """The prediction of what ``pdlsim train`` runs: one bucket with every gradient, no
+    overlap, CPU ranks on one node or one GPU (copies pinned and prefetched, or neither); model
+    parallelism and inference through :mod:`pdlsim.prediction.layerwise` (``parallel``,
+    ``inference``)."""
+    from microbench.threads import available_cores
+    from microbench.workload import load_workload
+    from pdlsim.prediction.core import PredictConfig, run_prediction
+
+    grad_mb = load_workload(spec.model).gradient_bytes / 2**20
+    profile = _frozen_profile(cfg.profile) if cfg.profile is not None else None
+    pcfg = PredictConfig(
+        nodes=1, gpus=int(spec.device == "gpu"), procs_per_node=spec.procs,
+        threads=spec.threads, model=spec.model, batch=spec.batch, profile=profile,
+        bucket_mb=math.ceil(grad_mb) + 1.0, overlap=False, iterations=50,
+        samples=samples or cfg.band_samples,
+        cpu_sockets=(1, available_cores()),  # this machine: one socket of its cores
+        parallel=spec.parallel, inference=spec.inference,
+        pinned=spec.prefetch, prefetch=spec.prefetch,
+        corrections=corrections or cfg.corrections,
+    )  # fmt: skip
+    return run_prediction(pcfg)
+
+
+def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
+    """Freeze a profile, then measure and predict every configuration of :func:`plan_matrix`
+    and of :func:`heldout_matrix`; write the report."""
+    from microbench.threads import available_cores
+    from pdlsim.validate.calibrate import (
+        calibrate_now,
+        check_gpu_choice,
+        gpu_configurations,
+        profile_provenance,
+    )
+    from pdlsim.validate.checkpoint import validate_checkpoint
+    from pdlsim.validate.report import ablation, build_rows, summarize, write_outputs
+
+    check_out(cfg.out)
+    if cfg.repeats < 1 or cfg.steps < 2:
+        raise UserError("--repeats must be at least 1 and --steps at least 2")
+    if cfg.gpu not in GPU_CHOICES:
+        raise UserError(f"--gpu: expected one of {', '.join(GPU_CHOICES)}, got '{cfg.gpu}'")
+    problem = check_gpu_choice(cfg.gpu)  # before the calibration: "on" without a GPU
+    if problem is not None:
+        raise UserError(problem)
+    started = time.perf_counter()  # what the user waits for: the calibration included
+    calibrated_now = cfg.profile is None
+    if calibrated_now:
+        cfg = replace(cfg, profile=str(calibrate_now(cfg, log)))
+    provenance = profile_provenance(cfg.profile, calibrated_now)
+    if "machine_warning" in provenance:  # before the runs, so the user can stop them
+        log(f"pdlsim: warning: {provenance['machine_warning']}")
+    cores = available_cores()
+    heldout, refused = heldout_matrix(cfg, cores)
+    specs = heldout + [
+        spec
+        for spec in plan_matrix(cfg, gpu=gpu_configurations(cfg.gpu, cfg.profile, log))
+        if not spec.oversubscribed(cores)  # refused in the open, with the held-out ones
+    ]
+    check_unseen(cfg.profile, [s for s in specs if s.heldout])
+    for line in refused:
+        log(f"pdlsim: not run: {line}")
+    predictions = [predict_spec(spec, cfg) for spec in specs]  # from the frozen profile
+    steps = [
+        steps_for(cfg, pred["band"]["p50_s"], spec.oversubscribed(cores))
+        for spec, pred in zip(specs, predictions, strict=True)
+    ]
+    launches: list[list[dict[str, Any]]] = [[] for _ in specs]
+    for k, round_order in enumerate(launch_rounds(len(specs), cfg.repeats)):
+        for position, i in enumerate(round_order):
+            launch = measure_launch(specs[i], cfg, steps[i], k)
+            launches[i].append(launch)
+            log(
+                f"[launch {k + 1}/{cfg.repeats}, {position + 1}/{len(specs)}] {specs[i].label}: "
+                f"measured {launch['median_s'] * 1e3:.3f} ms, predicted "
+                f"{predictions[i]['band']['p50_s'] * 1e3:.3f} ms"
+            )
+    measured = [summarize_launches(launches[i], steps[i]) for i in range(len(specs))]
+    rows = build_rows(list(zip(specs, measured, predictions, strict=True)), cores)
+    sets = ablation_sets(cfg.corrections)
+    log(f"predicting every configuration again with {len(sets) - 1} other correction sets ...")
+    table = ablation(
+        rows,
+        {
+            name: [predict_spec(spec, cfg, corrections, ABLATION_SAMPLES) for spec in specs]
+            for name, corrections in sets.items()
+            if corrections != cfg.corrections
+        },
+        cfg.corrections,
+    )
+    report = {
+        "provenance": {**provenance, "corrections": cfg.corrections},
+        "cores": cores,
+        "min_steps_per_run": cfg.steps,
+        "warmup": "first max(5, 10%) steps of each launch discarded",
+        "repeats": cfg.repeats,
+        "interval": "min..max of the per-launch medians",
+        "speedup": "throughput / throughput of P1T1 at the same batch per rank; model "
+        "parallel: serial step / step at the same global batch (inference: serial forward)",
+        "heldout": {
+            "seed": cfg.seed,
+            "workloads": sorted({s.model for s in heldout}),
+            "batches": sorted({s.batch for s in heldout}),
+            "refused": refused,
+        },
+        "elapsed_s": time.perf_counter() - started,
+        "summary": summarize(rows),
+        "ablation": table,
+        "rows": rows,
+        "checkpoint": validate_checkpoint(cfg, log),  # pdlsim.validate.checkpoint
+    }
+    report["files"] = write_outputs(report, cfg.out)
+    return report
+
+
+ABLATION_SAMPLES = 10  # band samples of the other correction sets' predictions
+
+
+def check_out(out: Path) -> None:
+    check_writable(out, "dir", "--out")
+    if any(
+        (out / d).exists() and any((out / d).iterdir()) for d in ("runs", "calibration", "speed")
+    ):
+        raise UserError(f"--out {out} already holds runs; choose a new directory")

@@ -1,0 +1,109 @@
+"""Hardware presets and assumptions as data: the packaged file, a user's overlay, its errors,
+and the band drawing each assumption in its range."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from microbench.errors import UserError
+from pdlsim import api
+from pdlsim.cli.main import main
+from pdlsim.costmodel.presets import (
+    ASSUMPTIONS,
+    GPU_PRESETS,
+    NETWORK_PRESETS,
+    PACKAGED,
+    load_hardware,
+)
+from tests.test_costmodel import write_synthetic_profile
+
+
+@pytest.fixture(scope="module")
+def profile_path(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("presets") / "profile.json"
+    write_synthetic_profile(path)
+    return str(path)
+
+
+def _file(tmp_path, doc) -> str:
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_packaged_file_holds_the_data_sheets_and_ranged_assumptions():
+    doc = json.loads(PACKAGED.read_text())
+    assert set(doc["gpus"]) == set(GPU_PRESETS) and set(doc["networks"]) == set(NETWORK_PRESETS)
+    h100 = GPU_PRESETS["h100-sxm"]
+    assert (h100.fp32_flops_per_s, h100.memory_bytes) == (67e12, 80 * 10**9)
+    assert NETWORK_PRESETS["ib-hdr"].bandwidth_bytes_per_s == 200e9 / 8
+    for a in ASSUMPTIONS.values():
+        assert a.low < a.value < a.high and a.unit and a.basis
+
+
+def test_a_users_file_adds_a_gpu_and_moves_an_assumption(tmp_path):
+    doc = {
+        "gpus": {"my-gpu": {**json.loads(PACKAGED.read_text())["gpus"]["v100"], "source": "mine"}},
+        "assumptions": {"gpu_flops_efficiency": {"value": 0.6}},
+    }
+    hw = load_hardware(_file(tmp_path, doc))
+    assert hw.gpu("my-gpu").source == "mine" and hw.gpu("v100") == GPU_PRESETS["v100"]
+    moved = hw.assumptions["gpu_flops_efficiency"]
+    assert moved.value == 0.6 and moved.low == ASSUMPTIONS["gpu_flops_efficiency"].low
+
+
+def test_an_assumption_prices_what_rests_on_it(tmp_path, profile_path):
+    """Compute-bound GPU layers from a data sheet take FLOPs / (peak x efficiency): halving the
+    efficiency doubles the compute beyond the launch."""
+    cluster = api.Cluster.gpus(1, 1)
+    base = api.predict("cnn", cluster, batch=4096, profile=profile_path, gpu_preset="v100")
+    doc = {"assumptions": {"gpu_flops_efficiency": {"value": 0.25, "low": 0.2}}}
+    slow = api.predict("cnn", cluster, batch=4096, profile=profile_path, gpu_preset="v100",
+                       hardware=_file(tmp_path, doc))  # fmt: skip
+    ratio = slow["breakdown"]["compute_s"] / base["breakdown"]["compute_s"]
+    assert 1.5 < ratio <= 2.0
+    assert slow["provenance"]["hardware"].endswith("hw.json")
+
+
+def test_the_band_widens_with_the_assumptions_range(tmp_path, profile_path):
+    pinned = {
+        name: {"low": a.value, "high": a.value} for name, a in ASSUMPTIONS.items()
+    }  # every assumption taken as certain
+    cluster = api.Cluster.gpus(4, 4)
+    wide = api.predict("cnn", cluster, profile=profile_path)["band"]
+    sure = api.predict("cnn", cluster, profile=profile_path,
+                       hardware=_file(tmp_path, {"assumptions": pinned}))["band"]  # fmt: skip
+    assert wide["p90_s"] - wide["p10_s"] > 2 * (sure["p90_s"] - sure["p10_s"])
+
+
+@pytest.mark.parametrize(
+    "doc, match",
+    [
+        ({"gpu": {}}, r"unknown key\(s\) gpu; allowed"),
+        ({"assumptions": {"gpu_magic": {"value": 1}}}, "assumptions.gpu_magic: no such"),
+        ({"assumptions": {"copy_latency_s": {"value": "x"}}}, r"latency_s.value: expected a num"),
+        ({"assumptions": {"pinned_efficiency": {"value": 2.0}}}, "need low <= value <= high"),
+        ({"networks": {"x": {"latency_s": 1e-6}}}, r"networks.x: missing field\(s\) bandwidth"),
+        ({"gpus": {"g": {"memory_bytes": 1.5}}}, "gpus.g: missing field"),
+        ({"networks": []}, "'networks' must be an object"),
+        ([], "expected a JSON object"),
+    ],
+)  # fmt: skip
+def test_a_bad_file_is_one_line_naming_file_and_field(doc, match, tmp_path):
+    with pytest.raises(UserError, match=match) as info:
+        load_hardware(_file(tmp_path, doc))
+    assert "hw.json" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_command_line_refuses_a_bad_hardware_file_with_status_2(tmp_path, capsys, profile_path):
+    path = tmp_path / "hw.json"
+    path.write_text("{not json")
+    assert main(["predict", "--nodes", "2", "--gpus", "2", "--profile", profile_path,
+                 "--hardware", str(path)]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not valid JSON" in err[0] and "hw.json" in err[0]
+    missing = str(tmp_path / "none.json")
+    assert main(["predict", "--nodes", "2", "--hardware", missing, "--profile", profile_path]) == 2
+    assert "no such file" in capsys.readouterr().err
