@@ -12,14 +12,21 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from microbench.errors import UserError
 from microbench.threads import quiet_idle_blas_threads
 from pdlsim import __version__
+from pdlsim.cli.options import register_once_actions
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (with a pointer to --help), exit status 2."""
+    """argparse, but a usage error is one line (with a pointer to --help), exit status 2, and
+    an option given twice with different values is one (:mod:`pdlsim.cli.options`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        register_once_actions(self)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")

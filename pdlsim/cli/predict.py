@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+from microbench.errors import UserError
 from microbench.fileio import check_writable
+from pdlsim.cli.options import given
 from pdlsim.costmodel.presets import DEFAULT_GPU_PRESET
 from pdlsim.prediction.core import PredictConfig, resolve_profile, run_prediction
 from pdlsim.prediction.energy import add_power_options, format_energy
@@ -21,6 +24,7 @@ from pdlsim.prediction.whatif import add_whatif_options, whatif_lines
 __all__ = [
     "add_common_options",
     "add_predict_parser",
+    "check_flags",
     "config_from_args",
     "cores_warning",
     "fmt_s",
@@ -41,6 +45,46 @@ def cores_warning(cfg: PredictConfig) -> str | None:
             "this predicts nodes like it with more cores"
         )
     return None
+
+
+def check_flags(args: argparse.Namespace, gpus: bool) -> list[str]:
+    """Refuse a flag the configuration would ignore (one line, exit 2); the warnings (for
+    stderr, once, before the work) where one flag refines another."""
+    if gpus:
+        for dest in ("procs_per_node", "threads"):
+            flag = given(args, dest)
+            if flag:
+                raise UserError(
+                    f"{flag} is for CPU ranks; with --gpus every GPU is one rank: drop {flag} "
+                    "(or --gpus for CPU ranks)"
+                )
+    else:
+        for dest in ("gpu_preset", "pinned", "prefetch"):
+            flag = given(args, dest)
+            if flag:
+                raise UserError(
+                    f"{flag} describes GPU ranks, and this configuration has none: add --gpus G "
+                    f"or drop {flag}"
+                )
+    no_overlap = given(args, "overlap")
+    if no_overlap and (args.parallel != "data" or args.inference):
+        raise UserError(
+            f"{no_overlap} is for data-parallel training (gradient buckets overlapping the "
+            "backward); model, pipeline and inference overlap nothing: drop it"
+        )
+    network, bw, lat = (given(args, d) for d in ("network", "inter_bw", "inter_lat"))
+    if network and bw and lat:
+        raise UserError(
+            "--inter-bw and --inter-lat replace every figure of --network: drop --network, or "
+            "one of --inter-bw/--inter-lat to keep its other figure"
+        )
+    if network and (bw or lat):
+        kept = "latency" if bw else "bandwidth"
+        return [
+            f"pdlsim: warning: {bw or lat} replaces the {'bandwidth' if bw else 'latency'} of "
+            f"--network {args.network}; its {kept} is kept"
+        ]
+    return []
 
 
 def fmt_s(seconds: float) -> str:
@@ -116,14 +160,20 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                    "or assumed figures, over the packaged ones")  # fmt: skip
     p.add_argument("--iterations", type=int, default=100, help="simulated steps (100)")
     p.add_argument("--bucket-mb", type=non_negative_float, default=25.0, help="bucket MiB (25)")
-    p.add_argument("--no-overlap", dest="overlap", action="store_false")
-    p.add_argument("--pinned", dest="pinned", action="store_true", default=True)
-    p.add_argument("--pageable", dest="pinned", action="store_false")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="allreduce after the backward, not bucket by bucket during it")  # fmt: skip
+    p.add_argument("--pinned", dest="pinned", action="store_true", default=True,
+                   help="GPU ranks copy batches from page-locked memory (default)")  # fmt: skip
+    p.add_argument("--pageable", dest="pinned", action="store_false",
+                   help="GPU ranks copy batches from pageable memory (slower copies)")  # fmt: skip
     p.add_argument("--prefetch", action="store_true", help="copy the next batch during this step")
     p.add_argument("--algorithm", default=None, help="force an allreduce algorithm")
     p.add_argument("--seed", type=seed, default=0, help="jitter and band seed")
     p.add_argument("--samples", type=int, default=20, help="band samples (20)")
     p.add_argument("--dataset-samples", type=positive_int, default=None, help="samples per epoch")
+    p.add_argument("--allow-oversubscribed-memory", action="store_true",
+                   help="predict a layout that needs more memory per rank than a GPU (or the "
+                   "host, for CPU ranks) has, instead of refusing it")  # fmt: skip
     p.add_argument(
         "--corrections",
         default="all",
@@ -139,10 +189,12 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
 
 def add_predict_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("predict", help="predict one configuration (step, epoch, speedup)")
-    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--nodes", type=int, required=True, help="nodes of the cluster")
     p.add_argument("--gpus", type=int, default=0, help="GPUs per node (0: CPU ranks)")
-    p.add_argument("--procs-per-node", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--procs-per-node", type=int, default=1,
+                   help="CPU ranks per node (1), without --gpus")  # fmt: skip
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads per CPU rank (1), without --gpus")  # fmt: skip
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step (32)")
     add_common_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -157,9 +209,17 @@ def config_from_args(args: argparse.Namespace, **override: Any) -> PredictConfig
 
 
 def run_predict_command(args: argparse.Namespace) -> int:
+    for warning in check_flags(args, gpus=args.gpus > 0):
+        print(warning, file=sys.stderr)
     cfg = config_from_args(args)
     if args.trace is not None:
         check_writable(args.trace, "file", "--trace")
+        folder = Path(args.trace).parent
+        if not folder.is_dir():  # a mistyped folder is not created silently
+            raise UserError(
+                f"--trace {args.trace}: the folder {folder} does not exist; create it, or give "
+                "a file in an existing folder"
+            )
     out = run_prediction(cfg, trace=args.trace)
     warning = cores_warning(cfg)
     if warning:

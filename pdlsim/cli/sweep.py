@@ -4,42 +4,52 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from microbench.fileio import check_writable
-from pdlsim.cli.predict import add_common_options, config_from_args, cores_warning
-from pdlsim.prediction.core import PredictConfig, run_prediction
+from pdlsim.cli.predict import add_common_options, check_flags, config_from_args, cores_warning
+from pdlsim.cli.progress import Progress
+from pdlsim.prediction.core import PredictConfig, check_config, run_prediction
 from pdlsim.prediction.knobs import KNOBS, parse_vary, run_vary
 
 
 def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...],
-          batches: tuple[int, ...]) -> Any:  # fmt: skip
+          batches: tuple[int, ...],
+          progress: Callable[[int, int], None] | None = None) -> Any:  # fmt: skip
     """Predict every (nodes, ranks per node, batch): a DataFrame, one row per combination.
-    ``per_node`` is GPUs per node when ``base.gpus > 0``, else processes per node."""
+    ``per_node`` is GPUs per node when ``base.gpus > 0``, else processes per node;
+    ``progress(done, total)`` is called after each row."""
     import pandas as pd
 
+    gpu = base.gpus > 0
+    configs = [
+        replace(base, nodes=n, batch=batch, **{"gpus" if gpu else "procs_per_node": q})
+        for n in nodes
+        for q in per_node
+        for batch in batches
+    ]
+    for cfg in configs:  # a bad row is refused before the first is simulated
+        check_config(cfg)
     rows = []
-    for n in nodes:
-        for q in per_node:
-            for batch in batches:
-                gpu = base.gpus > 0
-                cfg = replace(
-                    base, nodes=n, batch=batch, **{"gpus" if gpu else "procs_per_node": q}
-                )
-                out = run_prediction(cfg)
-                rows.append({
-                    "nodes": n, "per_node": q, "device": "gpu" if gpu else "cpu",
-                    "threads": cfg.threads, "batch": batch, "devices": n * q,
-                    "step_time_s": out["step_time_s"], "epoch_time_s": out["epoch_time_s"],
-                    "throughput_samples_per_s": out["throughput_samples_per_s"],
-                    "speedup": out["speedup"], "efficiency": out["efficiency"],
-                    "comm_overhead_pct": out["comm_overhead_pct"],
-                    **out["breakdown"], **out["band"],
-                    "memory_bytes_per_rank": out["memory_bytes_per_rank"],
-                    "parallel": cfg.parallel, "inference": cfg.inference,
-                    "bubble_fraction": out.get("parallel", {}).get("bubble_fraction"),
-                })  # fmt: skip
+    for i, cfg in enumerate(configs):
+        n, q, batch = cfg.nodes, cfg.gpus if gpu else cfg.procs_per_node, cfg.batch
+        out = run_prediction(cfg)
+        rows.append({
+            "nodes": n, "per_node": q, "device": "gpu" if gpu else "cpu",
+            "threads": cfg.threads, "batch": batch, "devices": n * q,
+            "step_time_s": out["step_time_s"], "epoch_time_s": out["epoch_time_s"],
+            "throughput_samples_per_s": out["throughput_samples_per_s"],
+            "speedup": out["speedup"], "efficiency": out["efficiency"],
+            "comm_overhead_pct": out["comm_overhead_pct"],
+            **out["breakdown"], **out["band"],
+            "memory_bytes_per_rank": out["memory_bytes_per_rank"],
+            "parallel": cfg.parallel, "inference": cfg.inference,
+            "bubble_fraction": out.get("parallel", {}).get("bubble_fraction"),
+        })  # fmt: skip
+        if progress is not None:
+            progress(i + 1, len(configs))
     return pd.DataFrame(rows)
 
 
@@ -49,22 +59,28 @@ def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
     from pdlsim.cli.main import int_list
 
     p = commands.add_parser("sweep", help="predict many configurations: CSV and scaling plot")
-    p.add_argument("--nodes", type=int_list, required=True, metavar="N,...")
+    p.add_argument("--nodes", type=int_list, required=True, metavar="N,...",
+                   help="node counts to predict, e.g. 1,2,4,8")  # fmt: skip
     p.add_argument("--gpus", type=int_list, default=None, metavar="G,...", help="GPUs per node")
     p.add_argument("--procs-per-node", type=int_list, default=(1,), metavar="P,...",
                    help="CPU ranks per node, when no --gpus")  # fmt: skip
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--batch", type=int_list, default=(32,), metavar="B,...")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads per CPU rank (1), without --gpus")  # fmt: skip
+    p.add_argument("--batch", type=int_list, default=(32,), metavar="B,...",
+                   help="samples per rank per step (32), one or more")  # fmt: skip
     add_common_options(p)
     p.add_argument("--vary", type=parse_vary, action="append", default=None,
                    metavar="KNOB=V1,V2,...", help="vary one knob at a time from the baseline "
                    f"(repeatable) and rank what each buys; knobs: {', '.join(KNOBS)}")  # fmt: skip
-    p.add_argument("--out", type=Path, required=True, metavar="DIR")
-    p.set_defaults(handler=run_sweep_command, samples=5)
+    p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="folder for sweep.csv and scaling.png (knobs.csv with --vary)")  # fmt: skip
+    p.set_defaults(handler=run_sweep_command)
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
     gpus = args.gpus or ()
+    for warning in check_flags(args, gpus=bool(gpus)):
+        print(warning, file=sys.stderr)
     cfg = config_from_args(args, nodes=1, batch=args.batch[0], gpus=gpus[0] if gpus else 0,
                            procs_per_node=args.procs_per_node[0])  # fmt: skip
     warning = cores_warning(replace(cfg, procs_per_node=max(args.procs_per_node)))
@@ -72,8 +88,9 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     check_writable(args.out, "dir", "--out", "for sweep.csv and the plot")
     if args.vary:
-        return run_vary(args, cfg)
-    frame = sweep(cfg, args.nodes, gpus or args.procs_per_node, args.batch)
+        return run_vary(args, cfg, Progress("sweep --vary", "predictions"))
+    progress = Progress("sweep", "configurations")
+    frame = sweep(cfg, args.nodes, gpus or args.procs_per_node, args.batch, progress)
     args.out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out / "sweep.csv", index=False)
     from pdlsim.plots import plot_scaling

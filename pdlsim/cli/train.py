@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 from microbench.errors import UserError
 from microbench.fileio import atomic_write_text, check_writable
 from microbench.threads import oversubscription, set_threads, size_numba_pool
-from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig
+from pdlsim.cli.options import given
+from pdlsim.prediction.epoch import DATASET_SAMPLES, OTHER_DATASET_SAMPLES
+from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig, warmup_steps
 from pdlsim.train.launch import Stopped, launch_ranks, under_mpi_launcher
 
 if TYPE_CHECKING:
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 def add_train_parser(commands: Any) -> None:
     from pdlsim.cli.main import non_negative_float, positive_int, seed
 
+    epochs = ", ".join(f"{name} {n:,}" for name, n in DATASET_SAMPLES.items())
     p = commands.add_parser(
         "train",
         help="run real training (serial, threads, MPI, hybrid, GPU) with per-phase timers",
@@ -45,7 +48,7 @@ def add_train_parser(commands: Any) -> None:
     )
     p.add_argument("--threads", type=positive_int, default=1, help="BLAS/numba threads per rank")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="cpu (default) or gpu (CuPy)")
-    p.add_argument("--epochs", type=positive_int, default=1)
+    p.add_argument("--epochs", type=positive_int, default=1, help="passes over the data (1)")
     p.add_argument(
         "--batch",
         type=positive_int,
@@ -64,7 +67,13 @@ def add_train_parser(commands: Any) -> None:
         metavar="SPEC",
         help="synthetic (default), mnist:DIR (IDX files) or cifar10:DIR (binary batches)",
     )
-    p.add_argument("--samples", type=positive_int, default=None, help="training samples to use")
+    p.add_argument(
+        "--samples",
+        type=positive_int,
+        default=None,
+        help="training samples (synthetic default: the workload's epoch, as pdlsim predict "
+        f"prices it: {epochs}, a workload file {OTHER_DATASET_SAMPLES:,})",
+    )
     p.add_argument("--test-samples", type=positive_int, default=1024, help="held-out samples")
     p.add_argument("--max-steps", type=positive_int, default=None, help="steps per epoch cap")
     p.add_argument("--init", choices=("he", "xavier"), default="he", help="weight init")
@@ -110,6 +119,13 @@ def config_from_args(args: argparse.Namespace, procs: int) -> TrainConfig:
     if args.lr == 0:
         raise UserError("--lr must be above 0")
     checkpointing = args.checkpoint_every is not None or args.resume
+    if args.pinned and args.device != "gpu":
+        raise UserError("--pinned is for copies to a GPU: add --device gpu, or drop --pinned")
+    if args.inference:
+        for dest in ("lr", "momentum", "scale_lr"):
+            flag = given(args, dest)
+            if flag:
+                raise UserError(f"--inference updates no weights, so {flag} is unused: drop it")
     if args.prefetch and args.device != "gpu":
         raise UserError("--prefetch copies mini-batches to a GPU: add --device gpu --pinned")
     if args.prefetch and not args.pinned:
@@ -159,7 +175,8 @@ def config_to_args(config: TrainConfig, out: Path, resume: bool = False) -> list
     args = ["train", "--model", config.model, "--procs", str(config.procs)]
     args += ["--threads", str(config.threads), "--device", config.device]
     args += ["--epochs", str(config.epochs), "--batch", str(config.batch_per_rank)]
-    args += ["--lr", repr(config.lr), "--momentum", repr(config.momentum)]
+    if not config.inference:  # no update: its settings are refused
+        args += ["--lr", repr(config.lr), "--momentum", repr(config.momentum)]
     args += ["--seed", str(config.seed), "--data", config.data, "--init", config.init]
     args += ["--test-samples", str(config.test_samples), "--out", str(out)]
     if config.samples is not None:
@@ -374,16 +391,39 @@ def _banner(config: TrainConfig, run_dir: Path) -> str:
     )
 
 
+def steady_phases(steps: list[dict[str, float]]) -> tuple[dict[str, float], int, float]:
+    """Mean seconds per phase over the steps after the warm-up (:func:`warmup_steps`), the
+    number of warm-up steps and their mean step time: the first steps compile (numba) and fill
+    caches, and averaged in they would overstate a step several times over."""
+    k = warmup_steps(len(steps))
+    kept = steps[k:]
+    means = {name: sum(s[name] for s in kept) / len(kept) for name in kept[0]}
+    warm_s = sum(sum(s.values()) for s in steps[:k]) / k if k else 0.0
+    return means, k, warm_s
+
+
 def format_summary(result: TrainResult) -> str:
+    """The run's summary: epoch time and throughput as measured (warm-up included), the step
+    time and its phases in steady state (rank 0, after the warm-up), the warm-up apart."""
     last = result.epochs[-1]
     mean_epoch_s = sum(e.time_s for e in result.epochs) / len(result.epochs)
-    step_s = sum(last.phase_mean_s.values())
     lines = [
-        f"time per epoch {mean_epoch_s:.3f} s, {last.samples_per_s:,.0f} samples/s, "
-        f"{1e3 * step_s:.2f} ms per step (last epoch, mean over ranks)",
+        f"time per epoch {mean_epoch_s:.3f} s, {last.samples_per_s:,.0f} samples/s "
+        "(last epoch, warm-up included)"
+    ]
+    if result.step_phases_s:
+        phases, k, warm_s = steady_phases(result.step_phases_s)
+        steady = len(result.step_phases_s) - k
+        warm = f"after {k} warm-up steps of {1e3 * warm_s:.2f} ms mean" if k else "no warm-up"
+        where = f"rank 0, mean of {steady} steps {warm}"
+    else:  # a resumed run that had no step left: the epoch's means
+        phases, where = last.phase_mean_s, "last epoch, mean over ranks"
+    step_s = sum(phases.values())
+    lines += [
+        f"step time {1e3 * step_s:.2f} ms in steady state ({where})",
         f"{'phase':<10}{'ms/step':>10}{'share':>9}",
     ]
-    for name, seconds in last.phase_mean_s.items():
+    for name, seconds in phases.items():
         share = 100 * seconds / step_s if step_s > 0 else 0.0
         lines.append(f"{name:<10}{1e3 * seconds:>10.3f}{share:>8.1f}%")
     lines.append(format_memory(last))

@@ -95,6 +95,11 @@ def run_validate_command(args: argparse.Namespace) -> int:
     parallel = tuple(m for m in args.parallel.split(",") if m)
     if not parallel or set(parallel) - {"data", "model"}:
         raise UserError(f"--parallel: expected data, model or data,model, got '{args.parallel}'")
+    if args.modes and "data" not in parallel:  # model rows run their own P = 2
+        raise UserError(
+            "--modes lists data-parallel modes, and --parallel model runs none: add data to "
+            "--parallel, or drop --modes"
+        )
     cfg = ValidateConfig(
         out=args.out or Path("runs") / "validate" / stamp,
         profile=args.profile,

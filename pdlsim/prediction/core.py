@@ -13,7 +13,9 @@ T_overlap) over T_step; epoch = ceil(dataset / (ranks x batch)) steps, dataset b
 
 The band: ``--samples`` K cost models drawn with :meth:`ProfileCostModel.perturbed`, each
 simulated with its own jitter seed for min(iterations, :data:`BAND_ITERATIONS`) steps (the mean
-of a few steps: cheap, and still carries the jitter); P10/P50/P90 of their mean step times.
+of a few steps: cheap, and still carries the jitter); P10/P50/P90 of their mean step times,
+relative to their median, around the predicted step (:mod:`pdlsim.prediction.document`): the P50 is
+the step time.
 """
 
 from __future__ import annotations
@@ -33,25 +35,31 @@ from pdlsim.costmodel.presets import (
     NetworkPreset,
     load_hardware,
 )
+from pdlsim.prediction.checks import check_bounds, check_epoch, check_memory
 from pdlsim.prediction.document import band_step_times, prediction_document
+from pdlsim.prediction.epoch import DATASET_SAMPLES, dataset_samples
 from pdlsim.prediction.layerwise import layerwise_mode, run_layerwise
 from pdlsim.prediction.whatif import apply_to_cost, rank_speeds, scenario_options
 
 if TYPE_CHECKING:  # the heavy modules are imported where used: building the parser stays light
+    from collections.abc import Callable
+
     from calibration.profile import Profile
     from microbench.workload import Workload
     from pdlsim.costmodel.model import ProfileCostModel
     from pdlsim.sim import Cluster, Scenario
 
+    MemoryOf = Callable[[Cluster, Scenario, ProfileCostModel], dict[str, int]]
+
 __all__ = [
     "DATASET_SAMPLES",
     "PredictConfig",
+    "check_config",
     "parse_rate",
     "parse_time",
     "run_prediction",
 ]
 
-DATASET_SAMPLES = {"cnn": 50_000, "mlp": 60_000}  # CIFAR-10 and MNIST training sets
 BAND_ITERATIONS = 20
 _RATE = re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*([kMGT]?)(B|b|bit)/s\s*$")
 _TIME = re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*(d|h|min|s|ms|us|ns)\s*$")
@@ -123,6 +131,7 @@ class PredictConfig:
     restart_time: str | None = None
     corrections: str = "all"  # named corrections switched on (pdlsim.costmodel.corrections)
     hardware: str | None = None  # a file overlaying the packaged presets and assumptions
+    allow_oversubscribed_memory: bool = False  # predict a layout that does not fit anyway
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as the JSON document's ``config``: a workload or a profile given as an
@@ -169,26 +178,31 @@ def resolve_network(
     return NetworkPreset("given", lat, bw, "--inter-bw/--inter-lat", kind="given")
 
 
-def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict[str, Any]]:
-    """The cluster, scenario and cost model of a configuration, and where the numbers came from."""
+def check_config(cfg: PredictConfig) -> Workload:
+    """The checks that need no profile (bounds, parallelism flags, the workload, the step
+    against the epoch), one-line errors; the workload. ``sweep`` runs them over every row
+    before simulating the first."""
     from microbench.workload import Workload
+
+    check_bounds(cfg)
+    layerwise_mode(cfg)
+    workload = Workload.load(cfg.model)
+    check_epoch(cfg, dataset_samples(workload.name, cfg.dataset_samples))
+    return workload
+
+
+def build(
+    cfg: PredictConfig, memory: MemoryOf | None = None
+) -> tuple[Cluster, Scenario, ProfileCostModel, dict[str, Any], dict[str, int]]:
+    """The cluster, scenario and cost model of a configuration, where the numbers came from,
+    and the bytes per rank (``memory``; default :func:`memory_per_rank`): everything refused
+    up front (:mod:`pdlsim.prediction.checks`) is refused here, before any simulation."""
     from pdlsim.costmodel.insitu import sync_parallelism
     from pdlsim.costmodel.model import ProfileCostModel
     from pdlsim.sim import Cluster, Scenario
 
-    if cfg.nodes < 1:
-        raise UserError(f"--nodes must be at least 1, got {cfg.nodes}")
-    for flag, value, ok in (
-        ("--gpus", cfg.gpus, cfg.gpus >= 0),
-        ("--batch", cfg.batch, cfg.batch >= 1),
-        ("--bucket-mb", cfg.bucket_mb, cfg.bucket_mb > 0),
-        ("--samples", cfg.samples, cfg.samples >= 1),
-    ):
-        if not ok:
-            least = "0 or more" if flag == "--gpus" else "positive"
-            raise UserError(f"{flag} must be {least}, got {value}")
+    workload = check_config(cfg)
     profile, profile_name = resolve_profile(cfg.profile)
-    workload = Workload.load(cfg.model)
     hardware = load_hardware(cfg.hardware)
     has_inter = any(r.inter is not None for r in _regimes(profile))
     network = resolve_network(cfg, has_inter, hardware)
@@ -228,7 +242,14 @@ def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict
         provenance["gpu_preset"] = f"{gpu.name} (data sheet: {gpu.source})"
     if cfg.hardware is not None:
         provenance["hardware"] = hardware.source
-    return cluster, scenario, cost, provenance
+    need = (memory or _data_memory)(cluster, scenario, cost)
+    check_memory(cfg, need["total"], cluster.device, cost.gpu, profile.machine,
+                 cluster.ranks_per_node)  # fmt: skip
+    return cluster, scenario, cost, provenance, need
+
+
+def _data_memory(cluster: Cluster, scenario: Scenario, cost: Any) -> dict[str, int]:
+    return memory_per_rank(cluster, scenario)
 
 
 def _regimes(profile: Profile) -> list[Any]:
@@ -272,12 +293,12 @@ def im2col_bytes_per_sample(info: Any) -> int:
 def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, Any]:
     """Predict one configuration: the JSON object ``pdlsim predict --json`` prints."""
     if layerwise_mode(cfg):  # model or pipeline parallelism, or inference
-        return run_layerwise(cfg, build, trace, DATASET_SAMPLES, BAND_ITERATIONS)
+        return run_layerwise(cfg, build, trace, BAND_ITERATIONS)
 
     from pdlsim.sim import Cluster, simulate, write_chrome_trace
 
     try:
-        cluster, scenario, cost, provenance = build(cfg)
+        cluster, scenario, cost, provenance, memory = build(cfg)
         result = simulate(cluster, scenario, cost, trace=trace is not None)
         one = Cluster(1, 1, cluster.threads_per_rank, cluster.device)
         alone = replace(cost, ranks_per_node=1)  # one device: nothing shares its node
@@ -294,8 +315,8 @@ def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, An
         base_step_s=base.step_time_s,
         replicas=devices,
         samples_per_step=devices * scenario.batch_per_rank,
-        dataset=cfg.dataset_samples or DATASET_SAMPLES.get(scenario.workload.name, 50_000),
-        memory=memory_per_rank(cluster, scenario),
+        dataset=dataset_samples(scenario.workload.name, cfg.dataset_samples),
+        memory=memory,
         provenance=provenance,
         gpu=cost.gpu,
         buckets=[asdict(x) for x in result.buckets],

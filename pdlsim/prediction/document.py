@@ -3,9 +3,17 @@
 Definitions: speedup = replicas x the one-device step / the step (replicas: the data-parallel
 copies of the model, each of ``samples_per_step / replicas`` samples); efficiency = speedup /
 devices; communication overhead = exposed communication (T_comm - T_overlap) over T_step; epoch
-= ceil(dataset / samples per step) steps. Energy (:mod:`pdlsim.prediction.energy`) and, where asked,
-checkpoints and restarts (:mod:`pdlsim.prediction.reliability`) are added from the finished
-document.
+= ceil(dataset / samples per step) steps.
+
+The band is the prediction's spread around its step time: each draw's mean step
+(:func:`band_step_times`) divided by the draws' median, times the step time. Its P50 is the
+step time itself, and P10 <= step <= P90 holds in every report (``predict``, ``sweep``, the
+JSON and the CSVs). The draws keep their relative spread (the fitted parameters' intervals and
+jitter); what they lose is the offset of their median from the full simulation's step, which
+comes from their fewer steps and other jitter seeds, not from the machine.
+
+Energy (:mod:`pdlsim.prediction.energy`) and, where asked, checkpoints and restarts
+(:mod:`pdlsim.prediction.reliability`) are added from the finished document.
 """
 
 from __future__ import annotations
@@ -61,7 +69,8 @@ def prediction_document(
     b, devices = breakdown, cluster.ranks
     step = b.step_s
     speedup = replicas * base_step_s / step
-    p10, p50, p90 = np.percentile(band_s, [10, 50, 90])
+    p10, p50, p90 = (float(v) for v in np.percentile(band_s, [10, 50, 90]))
+    low, high = min(step, step * (p10 / p50)), max(step, step * (p90 / p50))
     out = {
         "step_time_s": step,
         "epoch_time_s": math.ceil(dataset / samples_per_step) * step,
@@ -75,7 +84,7 @@ def prediction_document(
             "sync_s": b.sync_s,
             "overlap_s": b.overlap_s,
         },
-        "band": {"p10_s": float(p10), "p50_s": float(p50), "p90_s": float(p90)},
+        "band": {"p10_s": low, "p50_s": step, "p90_s": high},
         "memory_bytes_per_rank": memory["total"],
         "memory_breakdown_bytes": memory,
         "gpu_utilization": (b.compute_s - b.h2d_exposed_s) / step
@@ -88,16 +97,11 @@ def prediction_document(
         **extra,
         "provenance": provenance,
     }
-    warnings = []
     if cluster.device == "gpu" and gpu is not None and memory["total"] > gpu.memory_bytes:
-        warnings.append(f"needs {memory['total']:,} B per rank, more than the {gpu.name}'s")
-    if samples_per_step > dataset:
-        warnings.append(
-            f"a step takes {samples_per_step:,} samples, more than the dataset's {dataset:,}: "
-            "the epoch is one step (give a smaller --batch, or --dataset-samples)"
+        out["warning"] = (  # refused unless asked for (pdlsim.prediction.checks)
+            f"needs {memory['total'] / 1e9:.1f} GB per GPU, more than the {gpu.name}'s "
+            f"{gpu.memory_bytes / 1e9:.1f} GB: predicted anyway (--allow-oversubscribed-memory)"
         )
-    if warnings:
-        out["warning"] = "; ".join(warnings)
     checkpoint = checkpoint_for_prediction(cfg, out)
     if checkpoint is not None:
         out["checkpoint"] = checkpoint

@@ -119,8 +119,10 @@ def vary(
     base: PredictConfig,
     knobs: list[tuple[str, tuple[Any, ...], tuple[str, ...]]],
     predict: Callable[[PredictConfig], dict[str, Any]] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> pd.DataFrame:
-    """One row for the baseline (knob "baseline") and one per knob value, with the gains."""
+    """One row for the baseline (knob "baseline") and one per knob value, with the gains;
+    ``progress(done, total)`` after each prediction."""
     import pandas as pd
 
     if predict is None:
@@ -129,6 +131,7 @@ def vary(
     twice = {name for name in seen if seen.count(name) > 1}
     if twice:
         raise UserError(f"--vary {sorted(twice)[0]} is given twice; list all its values once")
+    total = 1 + sum(len(values) for _, values, _ in knobs)
     rows = [_row("baseline", "", predict(base))]
     for name, values, spellings in knobs:
         for value, spelling in zip(values, spellings, strict=True):
@@ -137,6 +140,8 @@ def vary(
             except UserError as exc:
                 raise UserError(f"--vary {name}={spelling}: {exc}") from None
             rows.append(_row(name, spelling, out))
+            if progress is not None:
+                progress(len(rows), total)
     frame = pd.DataFrame(rows)
     base_row = frame.iloc[0]
     frame["throughput_gain_pct"] = 100.0 * (
@@ -200,7 +205,11 @@ def format_report(frame: pd.DataFrame, ranking: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def run_vary(args: argparse.Namespace, cfg: PredictConfig) -> int:
+def run_vary(
+    args: argparse.Namespace,
+    cfg: PredictConfig,
+    progress: Callable[[int, int], None] | None = None,
+) -> int:
     """``pdlsim sweep ... --vary ...``: the baseline is the one configuration the other flags
     give; writes ``knobs.csv`` (every value) and ``knob_ranking.csv`` under ``--out``."""
     given = {"--nodes": args.nodes, "--gpus": args.gpus or (0,)}
@@ -212,7 +221,7 @@ def run_vary(args: argparse.Namespace, cfg: PredictConfig) -> int:
                 "--vary nodes=..."
             )
     base = replace(cfg, nodes=args.nodes[0])
-    frame = vary(base, args.vary)
+    frame = vary(base, args.vary, progress=progress)
     ranking = rank_knobs(frame, base)
     args.out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out / "knobs.csv", index=False)

@@ -24,9 +24,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
+from pdlsim.prediction.epoch import dataset_samples
 
 if TYPE_CHECKING:
     from pdlsim.prediction.core import PredictConfig
@@ -122,34 +124,47 @@ def _check_cluster(cfg: PredictConfig, ranks: int, per_node: int, layers: int, n
 
 def run_layerwise(
     cfg: PredictConfig,
-    build: Callable[[PredictConfig], tuple[Any, Any, Any, dict[str, Any]]],
+    build: Callable[..., tuple[Any, Any, Any, dict[str, Any], dict[str, int]]],
     trace: str | None,
-    dataset_samples: dict[str, int],
     band_iterations: int,
 ) -> dict[str, Any]:
     """Predict ``cfg`` in its layer-wise mode: the JSON object ``pdlsim predict`` prints."""
     from pdlsim.prediction.document import band_step_times, prediction_document
     from pdlsim.prediction.layerwise_report import layerwise_memory
     from pdlsim.sim import Cluster, simulate, write_chrome_trace
+    from pdlsim.sim.pipeline import build_pipeline_plan
     from pdlsim.sim.pipeline_engine import simulate_pipeline
-    from pdlsim.sim.tensor import simulate_tensor
+    from pdlsim.sim.tensor import build_tensor_plan, simulate_tensor
 
     inference = cfg.inference
+    schedule = cfg.schedule or DEFAULT_SCHEDULE
+
+    def memory(cluster, scenario, cost) -> dict[str, int]:
+        """Bytes per rank of the mode's plan, checked by ``build`` before any simulation."""
+        w = scenario.workload
+        _check_cluster(cfg, cluster.ranks, cluster.ranks_per_node, len(w.layers), w.name)
+        if cfg.parallel == "pipeline":
+            plan = build_pipeline_plan(
+                cluster, scenario, cost, cfg.stages, cfg.microbatches, schedule, inference
+            )
+        elif cfg.parallel == "model":
+            plan = build_tensor_plan(cluster, scenario, cost, inference)
+        else:  # data-parallel inference: every rank alone
+            plan = build_tensor_plan(cluster, scenario, cost, True, 1)
+        return layerwise_memory(cfg, SimpleNamespace(plan=plan), scenario)
 
     def run(cluster, scenario, cost, trace_on: bool = False):
         if cfg.parallel == "model":
             return simulate_tensor(cluster, scenario, cost, inference, None, trace_on)
         if cfg.parallel == "pipeline":
-            schedule = cfg.schedule or DEFAULT_SCHEDULE
             return simulate_pipeline(
                 cluster, scenario, cost, cfg.stages, cfg.microbatches, schedule, inference, trace_on
             )
         return simulate_tensor(cluster, scenario, cost, True, 1, trace_on)  # data inference
 
     try:
-        cluster, scenario, cost, provenance = build(cfg)
+        cluster, scenario, cost, provenance, need = build(cfg, memory)
         w = scenario.workload
-        _check_cluster(cfg, cluster.ranks, cluster.ranks_per_node, len(w.layers), w.name)
         result = run(cluster, scenario, cost, trace is not None)
         one = Cluster(1, 1, cluster.threads_per_rank, cluster.device)
         alone = replace(cost, ranks_per_node=1)  # one device: nothing shares its node
@@ -184,8 +199,8 @@ def run_layerwise(
         base_step_s=base.step_time_s,
         replicas=replicas,
         samples_per_step=replicas * scenario.batch_per_rank,
-        dataset=cfg.dataset_samples or dataset_samples.get(w.name, 50_000),
-        memory=layerwise_memory(cfg, result, scenario),
+        dataset=dataset_samples(w.name, cfg.dataset_samples),
+        memory=need,
         provenance=provenance,
         gpu=getattr(cost, "gpu", None),
         buckets=[],

@@ -109,7 +109,8 @@ def add_whatif_options(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="the last K ranks are --slow-factor times slower",
     )
-    group.add_argument("--slow-factor", type=positive_number, default=None, metavar="F")
+    group.add_argument("--slow-factor", type=positive_number, default=None, metavar="F",
+                       help="how many times slower the --slow-ranks are, e.g. 2")  # fmt: skip
     group.add_argument(
         "--speeds",
         type=speeds_arg,

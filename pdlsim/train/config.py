@@ -12,6 +12,7 @@ times the forward pass only (loss included; no backward, no update), in either m
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ class TrainConfig:
     scale_lr: bool = False
     seed: int = 0
     data: str = "synthetic"
-    samples: int | None = None  # training samples to use (synthetic default: 8,192)
+    samples: int | None = None  # training samples (synthetic default: pdlsim.prediction.epoch)
     test_samples: int = 1024
     max_steps_per_epoch: int | None = None
     pinned: bool = False  # GPU: stage each mini-batch through page-locked host memory
@@ -66,3 +67,9 @@ class TrainConfig:
         doc = asdict(self)
         doc.update(mode=self.mode, global_batch=self.global_batch, effective_lr=self.effective_lr)
         return doc
+
+
+def warmup_steps(n_steps: int) -> int:
+    """Steps discarded at the start of a run before timing it (numba compiles, caches and
+    pages fill): max(5, 10%), leaving at least one."""
+    return min(max(5, math.ceil(0.1 * n_steps)), max(n_steps - 1, 0))

@@ -37,6 +37,7 @@ from microbench.machine import machine_metadata
 from microbench.nn import SGD, Network
 from microbench.records import RecordWriter
 from microbench.workload import Workload, load_workload
+from pdlsim.prediction.epoch import dataset_samples
 from pdlsim.train.checkpoint import records_path, restore, save_checkpoint
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.data import Dataset, load_dataset
@@ -51,7 +52,6 @@ from pdlsim.train.runinfo import (
 )
 
 PHASES = ("data", "h2d", "forward", "backward", "wait", "allreduce", "update")
-SYNTHETIC_TRAIN_SAMPLES = 8192
 EVAL_CHUNK = 256
 
 
@@ -76,6 +76,7 @@ class TrainResult:
     run_dir: Path
     epochs: list[EpochResult] = field(default_factory=list)
     step_losses: list[float] = field(default_factory=list)  # this rank's local mean losses
+    step_phases_s: list[dict[str, float]] = field(default_factory=list)  # this rank's, per step
     last_checkpoint: Path | None = None  # the newest checkpoint this rank wrote (rank 0)
 
 
@@ -101,10 +102,12 @@ class _EpochSums:
 
 
 def prepare_data(config: TrainConfig, workload: Workload) -> tuple[Dataset, Dataset]:
-    """The training and held-out test sets, shaped for the workload (synthetic: fresh draws)."""
+    """The training and held-out test sets, shaped for the workload (synthetic: fresh draws, as
+    many as the epoch ``pdlsim predict`` prices,
+    :func:`pdlsim.prediction.epoch.dataset_samples`)."""
     n_train = config.samples
     if n_train is None and config.data == "synthetic":
-        n_train = SYNTHETIC_TRAIN_SAMPLES
+        n_train = dataset_samples(workload.name)
     train = load_dataset(config.data, workload, n_samples=n_train, seed=config.seed, train=True)
     test = load_dataset(
         config.data, workload, n_samples=config.test_samples, seed=config.seed, train=False
@@ -216,6 +219,7 @@ def train(
                 sums.loss += loss
                 sums.correct += correct
                 result.step_losses.append(loss)
+                result.step_phases_s.append(phases)
                 step_log.add(
                     {
                         "type": "train_step",

@@ -154,6 +154,7 @@ def train_model_parallel(
                 loss_sum += loss
                 correct_sum += correct
                 result.step_losses.append(loss)
+                result.step_phases_s.append(phases)
                 step_log.add(
                     {
                         "type": "train_step", "rank": rank, "epoch": epoch, "step": step,

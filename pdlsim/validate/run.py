@@ -54,6 +54,7 @@ from typing import Any
 
 from microbench.errors import UserError
 from microbench.fileio import check_writable
+from pdlsim.train.config import warmup_steps
 from pdlsim.validate.plan import (
     GPU_CHOICES,
     RunSpec,
@@ -84,11 +85,6 @@ __all__ = [  # the plan's names too: what a caller of validate needs in one plac
 ]
 
 TEST_SAMPLES = 64  # the held-out evaluation after the epoch is not timed; keep it short
-
-
-def warmup_steps(n_steps: int) -> int:
-    """Steps discarded at the start of a run: max(5, 10%), leaving at least one."""
-    return min(max(5, math.ceil(0.1 * n_steps)), max(n_steps - 1, 0))
 
 
 def _read_steps(run_dir: Path) -> dict[int, dict[int, dict[str, Any]]]:

@@ -48,6 +48,20 @@ def test_no_help_text_shows_a_doubled_percent_sign():
         assert "%%" not in parser.format_help(), parser.prog
 
 
+def test_every_option_of_every_command_says_what_it_does():
+    """A flag with no help line leaves the user to guess (or to read the source)."""
+    from microbench.__main__ import build_parser as microbench_parser
+
+    bare = []
+    for parser in _parsers(build_parser()) + _parsers(microbench_parser()):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction) or action.help == argparse.SUPPRESS:
+                continue
+            if not (action.help or "").strip():
+                bare.append(f"{parser.prog} {'/'.join(action.option_strings) or action.dest}")
+    assert not bare, f"{len(bare)} options without help: {', '.join(bare)}"
+
+
 def test_python_dash_m_and_the_console_script_are_the_same_program(capsys):
     assert main(["workload", "show", "mlp", "--json"]) == 0
     in_process = capsys.readouterr().out

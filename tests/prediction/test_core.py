@@ -119,15 +119,16 @@ def test_unreadable_profile_is_exit_2(tmp_path, capsys):
         assert len(err.strip().splitlines()) == 1, err
 
 
-def test_a_step_larger_than_the_dataset_is_flagged(profile_path):
-    """The epoch is then one step, not dataset / samples per step of them."""
-    args = ["--nodes", "2", "--batch", "40000", "--profile", profile_path, "--json"]
-    out = json.loads(_cli("predict", *args).stdout)
-    assert out["samples_per_step"] == 80_000 and out["dataset_samples"] == 50_000
-    assert out["epoch_time_s"] == out["step_time_s"]
-    assert "a step takes 80,000 samples, more than the dataset's 50,000" in out["warning"]
-    fits = json.loads(_cli("predict", *args[:3], "20000", *args[4:]).stdout)
-    assert "warning" not in fits
+def test_a_step_larger_than_the_dataset_is_refused(profile_path, capsys):
+    """No epoch is one step of more samples than it holds: refused before simulating."""
+    args = ["predict", "--nodes", "2", "--batch", "40000", "--profile", profile_path, "--json"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "a step takes 80,000 samples, more than the epoch's 50,000" in err
+    assert main([*args, "--dataset-samples", "80000"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["samples_per_step"] == 80_000 and out["epoch_time_s"] == out["step_time_s"]
+    assert "warning" not in out
 
 
 def test_parsing_units():

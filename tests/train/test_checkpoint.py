@@ -241,7 +241,7 @@ def test_resume_mistakes_are_one_line_and_exit_status_2(tmp_path):
     assert first.returncode == 0, first.stderr
     assert f"checkpoint (weights, optimizer, data order): {out}" in first.stdout
     cases = [
-        ([*args, "--batch", "8", "--resume", "--out", str(out)], "--batch 16, not --batch 8"),
+        ([*args[:5], "8", *args[6:], "--resume", "--out", str(out)], "--batch 16, not --batch 8"),
         ([*args, "--resume", "--out", str(tmp_path / "none")], "no checkpoint in"),
         ([*args, "--resume"], "--resume needs --out DIR"),
         ([*args, "--out", str(out)], "already holds records; choose a new directory"),

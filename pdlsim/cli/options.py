@@ -1,0 +1,75 @@
+"""argparse actions that remember which options the user gave, and refuse contradictions.
+
+argparse keeps the last of two values silently (``--pinned --pageable``, ``--nodes 2 --nodes
+4``) and cannot tell a value given from its default. The store actions here record every
+option given (:func:`given`), so that commands can refuse a flag their mode would ignore, and
+make a second, different value of the same setting a usage error (one line, exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["given", "register_once_actions"]
+
+_GIVEN = "_options_given"  # namespace attribute: dest -> (option string, value)
+
+
+def given(args: argparse.Namespace, dest: str) -> str | None:
+    """The option string the user gave for ``dest`` (e.g. "--threads"), or None."""
+    seen = getattr(args, _GIVEN, {})
+    return seen[dest][0] if dest in seen else None
+
+
+class _Once:
+    """Mixin: record the option; refuse a second, different value of the same setting."""
+
+    def _record(self, parser: argparse.ArgumentParser, namespace: Any, value: Any,
+                option: str | None) -> None:  # fmt: skip
+        if option is None:  # a positional argument: given by definition
+            return
+        seen = getattr(namespace, _GIVEN, None)
+        if seen is None:
+            seen = {}
+            setattr(namespace, _GIVEN, seen)
+        dest = self.dest  # type: ignore[attr-defined]
+        if dest in seen and seen[dest][1] != value:
+            first, before = seen[dest]
+            if first == option:
+                parser.error(f"{option} is given twice ({before}, then {value}): give it once")
+            parser.error(f"{option} contradicts {first}: give one of them")
+        seen[dest] = (option, value)
+
+
+class _Store(_Once, argparse._StoreAction):
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
+        self._record(parser, namespace, values, option_string)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _store_const(self: Any, parser: Any, namespace: Any, values: Any, option_string=None) -> None:
+    self._record(parser, namespace, self.const, option_string)
+    setattr(namespace, self.dest, self.const)
+
+
+class _StoreConst(_Once, argparse._StoreConstAction):
+    __call__ = _store_const
+
+
+class _StoreTrue(_Once, argparse._StoreTrueAction):
+    __call__ = _store_const
+
+
+class _StoreFalse(_Once, argparse._StoreFalseAction):
+    __call__ = _store_const
+
+
+def register_once_actions(parser: argparse.ArgumentParser) -> None:
+    """Make ``parser``'s store actions (the default, store_const, store_true, store_false)
+    the recording ones; argument groups share the parser's registry."""
+    parser.register("action", None, _Store)
+    parser.register("action", "store", _Store)
+    parser.register("action", "store_const", _StoreConst)
+    parser.register("action", "store_true", _StoreTrue)
+    parser.register("action", "store_false", _StoreFalse)

@@ -1,0 +1,110 @@
+"""What ``pdlsim predict`` and ``pdlsim sweep`` refuse before simulating anything.
+
+* **Sizes out of any real machine's range**: more than :data:`MAX_GPUS_PER_NODE` GPUs,
+  :data:`MAX_PROCS_PER_NODE` ranks or :data:`MAX_THREADS` threads per node, or more than
+  :data:`MAX_NODES` nodes. A typo (a million GPUs per node) would otherwise be simulated.
+* **A step larger than the epoch**: the global batch (samples per step) above the workload's
+  epoch (:mod:`pdlsim.prediction.epoch`, or ``--dataset-samples``) is no training run.
+* **A layout that does not fit in memory**: the bytes per rank against the GPU preset's memory,
+  or for CPU ranks against the profile's host memory shared by the ranks of a node (skipped
+  where the profile does not say). ``--allow-oversubscribed-memory`` predicts it anyway.
+
+Every refusal is one :class:`~microbench.errors.UserError` line that names the need, the limit
+and what to change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from microbench.errors import UserError
+
+__all__ = [
+    "MAX_GPUS_PER_NODE",
+    "MAX_NODES",
+    "MAX_PROCS_PER_NODE",
+    "MAX_THREADS",
+    "check_bounds",
+    "check_epoch",
+    "check_memory",
+    "samples_per_step",
+]
+
+MAX_NODES = 1_000_000  # above the largest machines built (tens of thousands of nodes)
+MAX_GPUS_PER_NODE = 64  # the densest nodes hold 8 to 16
+MAX_PROCS_PER_NODE = 1024  # CPU ranks: a few hundred cores per node at most
+MAX_THREADS = 1024
+
+
+def check_bounds(cfg: Any) -> None:
+    """Counts and sizes of ``cfg`` (a :class:`~pdlsim.prediction.core.PredictConfig`) in range."""
+    checks = (
+        ("--nodes", cfg.nodes, 1, MAX_NODES),
+        ("--gpus", cfg.gpus, 0, MAX_GPUS_PER_NODE),
+        ("--procs-per-node", cfg.procs_per_node, 1, MAX_PROCS_PER_NODE),
+        ("--threads", cfg.threads, 1, MAX_THREADS),
+        ("--batch", cfg.batch, 1, None),
+        ("--samples", cfg.samples, 1, None),
+        ("--iterations", cfg.iterations, 1, None),
+    )
+    for flag, value, least, most in checks:
+        if value < least:
+            word = {"--gpus": "0 or more", "--batch": "positive", "--samples": "positive"}
+            raise UserError(f"{flag} must be {word.get(flag, f'at least {least}')}, got {value}")
+        if most is not None and value > most:
+            raise UserError(f"{flag} must be at most {most:,}, got {value:,}")
+    if not cfg.bucket_mb > 0:
+        raise UserError(f"--bucket-mb must be positive, got {cfg.bucket_mb}")
+
+
+def samples_per_step(cfg: Any) -> int:
+    """The global batch: a batch per rank (data), one shared batch (model), a batch per
+    pipeline replica (pipeline: ranks / stages replicas)."""
+    ranks = cfg.nodes * (cfg.gpus or cfg.procs_per_node)
+    if cfg.parallel == "model":
+        return cfg.batch
+    if cfg.parallel == "pipeline":
+        return max(1, ranks // (cfg.stages or 1)) * cfg.batch
+    return ranks * cfg.batch
+
+
+def check_epoch(cfg: Any, dataset: int) -> None:
+    """Refuse a step that takes more samples than the epoch of ``dataset`` holds."""
+    step = samples_per_step(cfg)
+    if step > dataset:
+        raise UserError(
+            f"a step takes {step:,} samples, more than the epoch's {dataset:,}: give a smaller "
+            "--batch, fewer ranks, or a larger --dataset-samples"
+        )
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f} GB"
+
+
+def check_memory(
+    cfg: Any, need_bytes: int, device: str, gpu: Any, machine: dict[str, Any], per_node: int
+) -> None:
+    """Refuse a layout whose ``need_bytes`` per rank exceed the GPU's memory (``gpu``, a
+    preset; None: unknown) or, for CPU ranks, the host memory in ``machine`` (profile
+    metadata) shared by ``per_node`` ranks; unless ``cfg.allow_oversubscribed_memory``."""
+    if cfg.allow_oversubscribed_memory:
+        return
+    anyway = "or --allow-oversubscribed-memory to predict it anyway"
+    if device == "gpu":
+        if gpu is not None and need_bytes > gpu.memory_bytes:
+            raise UserError(
+                f"needs {_gb(need_bytes)} per GPU, the {gpu.name} has {_gb(gpu.memory_bytes)}; "
+                f"use more GPUs, model/pipeline parallelism, a smaller batch, {anyway}"
+            )
+        return
+    host = machine.get("memory_limit_bytes") or machine.get("memory_total_bytes")
+    if not isinstance(host, int) or host <= 0:
+        return
+    if need_bytes * per_node > host:
+        share = f"{per_node} ranks per node share" if per_node > 1 else "one rank has"
+        raise UserError(
+            f"needs {_gb(need_bytes)} per rank, {share} the profile's host memory of "
+            f"{_gb(host)}; use more nodes, fewer --procs-per-node, model/pipeline parallelism, "
+            f"a smaller batch, {anyway}"
+        )
