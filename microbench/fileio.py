@@ -1,4 +1,4 @@
-"""Writing files so that a crash never leaves half of one behind.
+"""Writing files so that a crash never leaves half of one behind, and reading JSON strictly.
 
 Every output goes through :func:`atomic_write_text` or :func:`atomic_write_bytes`: a temporary
 file beside the target, then a rename, so a full disk or a kill leaves the old file (or none),
@@ -9,10 +9,12 @@ at one meant.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from .errors import UserError
 
@@ -83,6 +85,29 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     data is fsynced before the rename and the directory after it, so the new name survives too.
     """
     _atomic_write(path, data, durable=True)
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object that names ``key`` twice (Python's reader would keep the last silently)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"duplicate key {key!r}")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in doc:
+            raise DuplicateKeyError(key)
+        doc[key] = value
+    return doc
+
+
+def loads_strict(text: str) -> Any:
+    """``json.loads``, but an object with a key twice raises :class:`DuplicateKeyError`: a
+    hand-edited file whose second value silently wins is a mistake to report, not guess at."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
 
 
 def write_problem(path: str | Path, kind: str = "dir") -> str | None:
