@@ -153,6 +153,38 @@ def resolve_network(cfg: PredictConfig, profile_has_inter: bool) -> NetworkPrese
     return NetworkPreset("given", lat, bw, "--inter-bw/--inter-lat", kind="given")
 
 
+# Upper bounds on the sizes a prediction takes: far beyond any real cluster or run, and below
+# what numpy can allocate or a C long can hold, so that a typo with extra zeros is one clear
+# line instead of an allocation failure or an overflow deep in the simulator.
+MAX_RANKS = 2**24
+SIZE_LIMITS = (
+    ("--nodes", "nodes", MAX_RANKS),
+    ("--gpus", "gpus", 2**16),
+    ("--procs-per-node", "procs_per_node", 2**16),
+    ("--threads", "threads", 2**16),
+    ("--batch", "batch", 2**24),
+    ("--iterations", "iterations", 10**7),
+    ("--samples", "samples", 10**6),
+    ("--dataset-samples", "dataset_samples", 10**15),
+    ("--stages", "stages", 2**16),
+    ("--microbatches", "microbatches", 2**20),
+)
+
+
+def check_sizes(cfg: PredictConfig) -> None:
+    """:class:`UserError` for a size beyond :data:`SIZE_LIMITS` or too many ranks in all."""
+    for flag, name, most in SIZE_LIMITS:
+        value = getattr(cfg, name)
+        if value is not None and value > most:
+            raise UserError(f"{flag} {value:,} is more than this simulator handles ({most:,})")
+    ranks = cfg.nodes * (cfg.gpus or cfg.procs_per_node)
+    if ranks > MAX_RANKS:
+        raise UserError(
+            f"{ranks:,} ranks in all is more than this simulator handles ({MAX_RANKS:,}); "
+            "use fewer nodes or fewer ranks per node"
+        )
+
+
 def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict[str, Any]]:
     """The cluster, scenario and cost model of a configuration, and where the numbers came from."""
     from microbench.workload import load_workload
@@ -171,6 +203,7 @@ def build(cfg: PredictConfig) -> tuple[Cluster, Scenario, ProfileCostModel, dict
         if not ok:
             least = "0 or more" if flag == "--gpus" else "positive"
             raise UserError(f"{flag} must be {least}, got {value}")
+    check_sizes(cfg)
     profile, profile_name = resolve_profile(cfg.profile)
     workload = load_workload(cfg.model)
     has_inter = any(r.inter is not None for r in _regimes(profile))
