@@ -9,10 +9,12 @@ at one meant.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +151,29 @@ def check_writable(path: str | Path, kind: str, flag: str, purpose: str = "") ->
     problem = write_problem(path, kind)
     if problem is not None:
         raise UserError(f"{flag} {problem}{' ' + purpose if purpose else ''}")
+
+
+def new_run_dir(parent: str | Path, prefix: str = "") -> Path:
+    """Create and return a fresh run directory ``parent/<prefix><UTC date-time>``, with ``-2``,
+    ``-3``, ... added when that name is taken.
+
+    ``mkdir`` without ``exist_ok`` either creates the directory or fails, atomically, so runs
+    started in the same second never share (and so never corrupt) a folder. A place that
+    cannot hold it is a :class:`UserError` pointing at ``--out``.
+    """
+    parent = Path(parent)
+    name = prefix + time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        for k in itertools.count(1):
+            path = parent / (name if k == 1 else f"{name}-{k}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            return path
+    except OSError as exc:
+        raise UserError(
+            f"cannot create a run directory in {parent} ({exc.strerror}); give --out DIR"
+        ) from None
+    raise AssertionError("unreachable")  # itertools.count never ends

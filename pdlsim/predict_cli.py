@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any
 
+from microbench.cli import path_argument
 from microbench.fileio import check_writable
 from pdlsim.energy import add_power_options, format_energy
 from pdlsim.parallel_predict import add_parallel_options
@@ -143,7 +144,9 @@ def add_predict_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step (32)")
     add_common_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace")
+    p.add_argument(
+        "--trace", type=path_argument, default=None, metavar="FILE", help="write a Chrome trace"
+    )
     p.set_defaults(handler=run_predict_command)
 
 
@@ -155,9 +158,10 @@ def config_from_args(args: argparse.Namespace, **override: Any) -> PredictConfig
 
 def run_predict_command(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    if args.trace is not None:
-        check_writable(args.trace, "file", "--trace")
-    out = run_prediction(cfg, trace=args.trace)
+    trace = None if args.trace is None else str(args.trace)
+    if trace is not None:
+        check_writable(trace, "file", "--trace")
+    out = run_prediction(cfg, trace=trace)
     warning = cores_warning(cfg)
     if warning:
         print(warning, file=sys.stderr)
