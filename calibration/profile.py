@@ -29,7 +29,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from microbench.fileio import DuplicateKeyError, atomic_write_text, loads_strict
+from microbench.fileio import DuplicateKeyError, atomic_write_text, loads_strict, special_kind
 from microbench.machine import utc_now
 from microbench.records import RecordsError, is_records_file, read_records
 
@@ -276,7 +276,8 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
         names = ", ".join(packaged_profile_names()) or "none are installed"
         raise ProfileError(key, "", f"no such profile file or packaged profile (packaged: {names})")
     if not path.is_file():
-        problem = "is a directory, not a file" if path.is_dir() else "no such file"
+        kind = special_kind(path)
+        problem = f"is {kind}, not a profile file" if kind else "no such file"
         raise ProfileError(key, "", problem)
     try:
         text = path.read_text(encoding="utf-8")

@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .boundary import describe_failure
 from .errors import UserError
 from .fileio import new_run_dir, write_problem
 
@@ -341,6 +342,8 @@ def checked_out_dir(args: argparse.Namespace, records_file: str, comm: Any = Non
             problem = out_dir_problem(out, records_file, args.append)
         except UserError as exc:  # no default directory could be made
             problem = str(exc)
+        except OSError as exc:  # a name too long, say: decided here, so every rank leaves
+            problem = f"--out {describe_failure(exc) or exc}"
     if comm is None:
         if problem is not None:
             raise UsageError(problem)

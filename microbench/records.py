@@ -351,7 +351,11 @@ def _natural_key(path: Path) -> list[Any]:
 
 def is_records_file(path: Path) -> bool:
     """Whether a file found in a directory is a records file; other JSON Lines files (an
-    Extra-P export, say) are skipped with a warning instead of failing the whole load."""
+    Extra-P export, say) are skipped with a warning instead of failing the whole load, and so
+    is anything that is not a regular file (opening a FIFO would wait for a writer forever)."""
+    if not path.is_file():
+        warnings.warn(f"{path}: not a regular file, skipped", stacklevel=3)
+        return False
     with path.open("rb") as handle:
         first = handle.readline()
     try:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
-from microbench.fileio import DuplicateKeyError, loads_strict
+from microbench.fileio import DuplicateKeyError, loads_strict, special_kind
 
 BYTES_PER_VALUE = 4  # float32 everywhere
 
@@ -220,8 +220,9 @@ def load_workload(name_or_path: str | Path) -> Workload:
             f"no workload preset or file named '{key}'; "
             f"use one of {', '.join(preset_names())} or the path of a workload JSON file"
         )
-    if path.is_dir():
-        raise WorkloadError(f"workload '{key}' is a directory; give the path of a JSON file")
+    kind = special_kind(path)
+    if kind is not None:  # a directory, or a FIFO that would wait for a writer forever
+        raise WorkloadError(f"workload '{key}' is {kind}; give the path of a JSON file")
     try:
         doc = loads_strict(path.read_text())
     except DuplicateKeyError as exc:

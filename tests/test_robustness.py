@@ -266,6 +266,34 @@ def test_calibrate_refuses_a_fifo_for_the_profile(tmp_path):
     _one_line_error(result, "--out", "FIFO")
 
 
+@pytest.mark.parametrize(
+    ("flag", "message"), [("--model", "is a FIFO; give the path"), ("--profile", "is a FIFO, not")]
+)
+def test_an_input_that_is_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path, flag, message):
+    fifo = _fifo(tmp_path / "input.json")
+    result = run_pdlsim("predict", "--nodes", "2", flag, str(fifo), timeout=60)
+    _one_line_error(result, message)
+
+
+def test_a_fifo_among_records_is_skipped_without_waiting(tmp_path):
+    from microbench.records import is_records_file
+
+    with pytest.warns(UserWarning, match="not a regular file"):
+        assert not is_records_file(_fifo(tmp_path / "rank0.jsonl"))
+
+
+def test_microbench_refuses_a_run_folder_name_too_long(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "microbench", "storage", "--quick", "--out", LONG_NAME],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "too long" in result.stderr
+
+
 def test_the_atomic_writers_refuse_a_fifo_and_leave_it(tmp_path):
     fifo = _fifo(tmp_path / "out")
     with pytest.raises(fileio.UserError, match="is a FIFO"):
