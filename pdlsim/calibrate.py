@@ -67,8 +67,9 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
         if not run_dir.is_dir():
             raise UserError(f"--from {run_dir}: no such directory of records")
     else:
-        from pdlsim.cli import run_bench_command
+        from pdlsim.cli import checked_bench_threads, run_bench_command
 
+        checked_bench_threads(args)  # bad input fails before a run folder is made
         run_dir = new_run_dir(Path("runs") / "calibrate")
         bench_args = argparse.Namespace(**{**vars(args), "out": run_dir})
         status = run_bench_command(bench_args)

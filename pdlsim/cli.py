@@ -157,16 +157,27 @@ def int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def run_bench_command(args: argparse.Namespace) -> int:
-    from microbench.threads import available_cores
+def checked_bench_threads(args: argparse.Namespace) -> tuple[int, ...]:
+    """The thread counts a bench times, once its workloads load and its process and thread
+    counts fit this machine (:class:`UserError` otherwise): before any folder or stage."""
+    from microbench.threads import available_cores, too_many_threads
     from microbench.workload import load_workload
+
+    for model in args.model.split(","):
+        load_workload(model)
+    threads = args.threads or tuple(range(1, available_cores() + 1))
+    problem = too_many_threads(max(args.procs), 1) or too_many_threads(1, max(threads))
+    if problem is not None:
+        raise UserError(problem)
+    return threads
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
     from pdlsim.bench import BenchPlan, run_bench
     from pdlsim.bench_summary import format_bench_summary
     from pdlsim.launch import Stopped
 
-    for model in args.model.split(","):  # a bad name or file fails here, before any stage runs
-        load_workload(model)
-    threads = args.threads or tuple(range(1, available_cores() + 1))
+    threads = checked_bench_threads(args)
     out = args.out or new_run_dir(Path("runs") / "bench")
     plan = BenchPlan(
         out=out,

@@ -416,3 +416,34 @@ def test_no_command_names_a_run_folder_by_the_clock_alone():
     for path in [*REPO.glob("pdlsim/**/*.py"), *REPO.glob("microbench/**/*.py")]:
         text = path.read_text()
         assert '"%Y%m%d-%H%M%S"' not in text or path.name == "fileio.py", path
+
+
+# --- sizes that would stop the machine -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "--threads", "1000000000"],
+        ["train", "--procs", "100000", "--samples", "10000000", "--batch", "1"],
+        ["bench", "--procs", "1,100000"],
+        ["calibrate", "--threads", "1,1000000"],
+    ],
+)
+def test_process_and_thread_counts_past_the_machine_are_refused_up_front(args, tmp_path):
+    result = run_pdlsim(*args, cwd=tmp_path, timeout=60)
+    _one_line_error(result, "more than this machine can run")
+    assert list(tmp_path.iterdir()) == []  # no run folder for a run that never started
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--nodes", "1" + "0" * 30],
+        ["--nodes", "2", "--gpus", "4", "--batch", "1" + "0" * 20],
+        ["--nodes", "100000", "--gpus", "8000"],
+        ["--nodes", "2", "--iterations", "1" + "0" * 20],
+    ],
+)
+def test_prediction_sizes_past_the_simulator_are_refused_up_front(args, capsys):
+    _main_error(capsys, ["predict", *args], "more than this simulator handles")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from microbench.cli import path_argument
 from microbench.errors import UserError
 from microbench.fileio import atomic_write_text, check_writable, new_run_dir
-from microbench.threads import oversubscription, set_threads, size_numba_pool
+from microbench.threads import oversubscription, set_threads, size_numba_pool, too_many_threads
 from pdlsim.launch import Stopped, launch_ranks, under_mpi_launcher
 from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig
 
@@ -261,6 +261,9 @@ def _validate(config: TrainConfig) -> None:
     from pdlsim.train.device import gpu_device
     from pdlsim.train.loop import prepare_data, steps_per_epoch
 
+    problem = too_many_threads(config.procs, config.threads)
+    if problem is not None:
+        raise UserError(problem)
     if config.device == "gpu":
         gpu_device()
     workload = load_workload(config.model)
