@@ -29,11 +29,12 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from microbench.fileio import atomic_write_text
+from microbench.fileio import DuplicateKeyError, atomic_write_text, loads_strict, special_kind
 from microbench.machine import utc_now
 from microbench.records import RecordsError, is_records_file, read_records
 
 from .profile_checks import REQUIRED_MODEL_KEYS, ProfileError, check_models, check_tree
+from .profile_schema import BUILD_ERRORS, explain_build_failure, reference_fields
 
 __all__ = [
     "MODELERS",
@@ -145,6 +146,7 @@ class Profile:
     created_utc: str = field(default_factory=utc_now)
     pdlsim_version: str | None = field(default_factory=_pdlsim_version)
     schema_version: int = SCHEMA_VERSION
+    source: str = field(default="profile", compare=False, repr=False)  # for error messages
 
     @classmethod
     def from_models(
@@ -192,6 +194,7 @@ class Profile:
             created_utc=doc["created_utc"],
             pdlsim_version=doc.get("pdlsim_version"),
             schema_version=doc["schema_version"],
+            source=source,
         )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -205,7 +208,13 @@ class Profile:
     def model(self, name: str) -> Any:
         """The fitted model object of section ``name`` (None for a null section)."""
         section = self.models.get(name)
-        return None if section is None else modeler(name).from_dict(section)
+        if section is None:
+            return None
+        build = modeler(name).from_dict
+        try:
+            return build(section)
+        except BUILD_ERRORS as exc:  # a field missing or of the wrong kind: name it
+            raise explain_build_failure(self.source, name, build, section, exc) from None
 
 
 def _check_document(source: str, doc: Any) -> None:
@@ -232,7 +241,7 @@ def _check_document(source: str, doc: Any) -> None:
         if not isinstance(item, Mapping) or any(k not in item for k in keys):
             raise ProfileError(source, f"sources[{i}]", f"needs {', '.join(keys)}")
     check_tree(source, doc["machine"], "machine")
-    check_models(source, doc["models"])
+    check_models(source, doc["models"], reference_fields())
     quality = doc.get("fit_quality") or {}
     if not isinstance(quality, Mapping):
         raise ProfileError(source, "fit_quality", "must be an object")
@@ -254,6 +263,11 @@ def packaged_profile_names() -> list[str]:
 def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
     """A profile by path, or by the name of a packaged reference profile."""
     key = str(name_or_path)
+    if not key:
+        names = ", ".join(packaged_profile_names()) or "none are installed"
+        raise ProfileError(
+            "", "", f"the profile name is empty; give a packaged profile ({names}) or a path"
+        )
     path = Path(key)
     if not path.exists() and os.sep not in key and not key.endswith(".json"):
         if key in packaged_profile_names():
@@ -262,7 +276,8 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
         names = ", ".join(packaged_profile_names()) or "none are installed"
         raise ProfileError(key, "", f"no such profile file or packaged profile (packaged: {names})")
     if not path.is_file():
-        problem = "is a directory, not a file" if path.is_dir() else "no such file"
+        kind = special_kind(path)
+        problem = f"is {kind}, not a profile file" if kind else "no such file"
         raise ProfileError(key, "", problem)
     try:
         text = path.read_text(encoding="utf-8")
@@ -273,7 +288,11 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
 
 def _parse(source: str, text: str) -> Profile:
     try:
-        doc = json.loads(text)
+        doc = loads_strict(text)
+    except DuplicateKeyError as exc:
+        raise ProfileError(
+            source, "", f"the key '{exc.key}' is given twice in one object; keep one"
+        ) from None
     except json.JSONDecodeError as exc:
         raise ProfileError(
             source, "", f"not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"

@@ -17,13 +17,23 @@ by any modeler is covered without this module importing it:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from microbench.errors import UserError
 
-__all__ = ["REQUIRED_MODEL_KEYS", "ProfileError", "check_models", "check_tree"]
+__all__ = [
+    "ITEM",
+    "NUMBER",
+    "OTHER",
+    "REQUIRED_MODEL_KEYS",
+    "ProfileError",
+    "check_models",
+    "check_tree",
+    "shown",
+]
 
 # The keys each model section must hold (what the simulator reads); None: the section may be
 # null (transfer, on a machine without a GPU).
@@ -44,7 +54,8 @@ class ProfileError(UserError):
     def __init__(self, source: str, field: str, problem: str) -> None:
         self.source, self.field, self.problem = source, field, problem
         where = f"{source}: {field}" if field else source
-        super().__init__(f"{where}: {problem}".replace("\n", " "))
+        message = f"{where}: {problem}" if where else problem
+        super().__init__(message.replace("\n", " "))
 
 
 def _join(path: str, key: str | int) -> str:
@@ -126,8 +137,16 @@ def _check_intervals(source: str, path: str, node: Mapping[str, Any]) -> None:
                 _interval_bounds(source, field, item)
 
 
-def check_tree(source: str, node: Any, path: str = "", name: str = "") -> None:
-    """Walk ``node``: numbers finite and signed as their names say, intervals contain values.
+# Keys of an example trie (:func:`calibration.profile_schema.reference_fields`) that are not
+# field names: a number was seen here, something else was seen here, and list elements.
+NUMBER, OTHER, ITEM = object(), object(), "[]"
+
+
+def check_tree(
+    source: str, node: Any, path: str = "", name: str = "", example: Mapping | None = None
+) -> None:
+    """Walk ``node``: numbers finite and signed as their names say, intervals contain values,
+    and, with an ``example`` trie, a number wherever the example only ever has numbers.
 
     ``name`` is the key the node sits under (list items inherit their list's name, so that
     ``"time_s": [..]`` checks every element as a time).
@@ -136,21 +155,33 @@ def check_tree(source: str, node: Any, path: str = "", name: str = "") -> None:
         if not math.isfinite(node):
             raise ProfileError(source, path, f"{node!r} is not a finite number")
         _check_unit(source, path, name, node)
-    elif isinstance(node, Mapping):
+        return
+    if node is not None and example is not None and NUMBER in example and OTHER not in example:
+        raise ProfileError(source, path, f"expected a number, got {shown(node)}")
+    if isinstance(node, Mapping):
         for key, item in node.items():
             if not isinstance(key, str):
                 raise ProfileError(source, path, f"key {key!r} is not a string")
-            check_tree(source, item, _join(path, key), key)
+            sub = example.get(key) if example is not None else None
+            check_tree(source, item, _join(path, key), key, sub)
         _check_intervals(source, path, node)
     elif isinstance(node, (list, tuple)):
+        sub = example.get(ITEM) if example is not None else None
         for i, item in enumerate(node):
-            check_tree(source, item, _join(path, i), name)
+            check_tree(source, item, _join(path, i), name, sub)
     elif node is not None and not isinstance(node, str):
         raise ProfileError(source, path, f"unexpected value of type {type(node).__name__}")
 
 
-def check_models(source: str, models: Any) -> None:
-    """Every model present, as an object with its required keys (transfer may be null)."""
+def shown(value: Any) -> str:
+    """``value`` for a message: a string quoted as JSON, else its type; never very long."""
+    text = json.dumps(value) if isinstance(value, str) else type(value).__name__
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def check_models(source: str, models: Any, example: Mapping | None = None) -> None:
+    """Every model present, as an object with its required keys (transfer may be null), and
+    :func:`check_tree` over them all (with the ``example`` trie of the models section)."""
     if not isinstance(models, Mapping):
         raise ProfileError(source, "models", "must be an object with one entry per model")
     for model, keys in REQUIRED_MODEL_KEYS.items():
@@ -166,4 +197,4 @@ def check_models(source: str, models: Any) -> None:
         for key in keys:
             if key not in section:
                 raise ProfileError(source, _join(field, key), "missing field")
-    check_tree(source, models, "models")
+    check_tree(source, models, "models", "", example)

@@ -14,7 +14,15 @@ from .threads import quiet_idle_blas_threads, size_numba_pool
 
 quiet_idle_blas_threads()  # before numpy loads: BLAS reads it once, and timings must match training
 
-from .cli import BenchmarkError, Parser, UsageError, current_rank  # noqa: E402
+from .boundary import (  # noqa: E402
+    describe_failure,
+    flush_stdout,
+    say,
+    silence_stdout,
+    silence_stdout_if_broken,
+)
+from .cli import BenchmarkError, Parser, current_rank  # noqa: E402
+from .errors import UserError  # noqa: E402
 
 COMMANDS = (
     "collectives", "jitter", "interference", "compute", "copies", "power", "compression", "storage",
@@ -44,16 +52,22 @@ def _abort_mpi(status: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit:  # --help or a usage error, printed: make sure it got out
+        if not flush_stdout("python -m microbench"):
+            raise SystemExit(2) from None
+        raise
     prog = f"python -m microbench {args.command}"
     threads = getattr(args, "threads", None)  # one count, or a list of them
     if threads:
         size_numba_pool(max(threads) if isinstance(threads, (list, tuple)) else threads)
     try:
-        return int(args.run(args))
-    except UsageError as e:
+        status = int(args.run(args))
+        return status if flush_stdout(prog) else 2
+    except UserError as e:  # UsageError, and any other user error raised on the way
         if current_rank() == 0:
-            print(f"{prog}: error: {e}", file=sys.stderr)
+            say(prog, str(e))
         return 2
     except BenchmarkError as e:
         if current_rank() == 0:
@@ -64,10 +78,27 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{prog}: interrupted; the records of finished points are kept", file=sys.stderr)
         _abort_mpi(130)
         return 130
+    except BrokenPipeError:  # the reader went away (... | head): stop quietly
+        silence_stdout()
+        return 0
+    except (MemoryError, OSError, ValueError) as e:
+        message = describe_failure(e)
+        if message is None:  # a bug: keep its traceback
+            _report_bug()
+            raise
+        silence_stdout_if_broken()
+        say(prog, message)  # from the rank that failed: the others may not have
+        _abort_mpi(2)
+        return 2
     except Exception:
-        traceback.print_exc()
-        _abort_mpi(1)
+        _report_bug()
         raise
+
+
+def _report_bug() -> None:
+    """A traceback, then every rank down: the others would wait for this one forever."""
+    traceback.print_exc()
+    _abort_mpi(1)
 
 
 if __name__ == "__main__":

@@ -17,15 +17,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from .boundary import describe_failure
 from .errors import UserError
-from .fileio import write_problem
-from .sampling import SamplingPolicy
+from .fileio import new_run_dir, write_problem
+
+if TYPE_CHECKING:  # only annotations: importing numpy here would come before BLAS is set up
+    from .sampling import SamplingPolicy
 
 __all__ = [
     "BenchmarkError",
@@ -40,6 +42,7 @@ __all__ = [
     "default_out_dir",
     "launcher_rank",
     "out_dir_problem",
+    "path_argument",
     "policy_from_args",
     "positive_float",
     "start_mpi",
@@ -91,6 +94,14 @@ class Parser(argparse.ArgumentParser):
     def _print_message(self, message: str, file: Any = None) -> None:
         if launcher_rank() == 0:
             super()._print_message(message, file)
+
+
+def path_argument(text: str) -> Path:
+    """argparse type: a path, which may not be empty (``Path("")`` would silently mean the
+    current directory)."""
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty; give a file or directory name")
+    return Path(text)
 
 
 def positive_float(text: str) -> float:
@@ -302,7 +313,7 @@ def add_output_arguments(
     """``--out`` and ``--append`` for ``DIR/records_file``, and ``--quiet`` when ``quiet``."""
     parser.add_argument(
         "--out",
-        type=Path,
+        type=path_argument,
         metavar="DIR",
         help=f"run directory for {records_file} (default runs/bench/<UTC date-time>)",
     )
@@ -314,23 +325,32 @@ def add_output_arguments(
 
 
 def default_out_dir() -> Path:
-    """``runs/bench/<UTC date-time>``: where records go without ``--out``."""
-    return Path("runs", "bench", time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+    """A new, empty ``runs/bench/<UTC date-time>``: where records go without ``--out`` (created
+    here, so that two benchmarks started in the same second get two folders)."""
+    return new_run_dir(Path("runs", "bench"))
 
 
 def checked_out_dir(args: argparse.Namespace, records_file: str, comm: Any = None) -> Path:
     """``args.out`` (else :func:`default_out_dir`), once it is known that ``records_file`` can
-    be written there, else :class:`UsageError`. With ``comm``, rank 0's directory and rank 0's
-    check are shared by every rank (:func:`agree_on_usage`)."""
-    out = args.out or default_out_dir()
+    be written there, else :class:`UsageError`. With ``comm``, rank 0 alone picks (and makes)
+    the directory and checks it, and every rank gets its answer (:func:`agree_on_usage`)."""
+    out: Path | None = None
+    problem: str | None = None
+    if comm is None or comm.Get_rank() == 0:
+        try:
+            out = args.out or default_out_dir()
+            problem = out_dir_problem(out, records_file, args.append)
+        except UserError as exc:  # no default directory could be made
+            problem = str(exc)
+        except OSError as exc:  # a name too long, say: decided here, so every rank leaves
+            problem = f"--out {describe_failure(exc) or exc}"
     if comm is None:
-        problem = out_dir_problem(out, records_file, args.append)
         if problem is not None:
             raise UsageError(problem)
+        assert out is not None
         return out
     out = comm.bcast(out, root=0)
-    root = comm.Get_rank() == 0
-    agree_on_usage(comm, out_dir_problem(out, records_file, args.append) if root else None)
+    agree_on_usage(comm, problem)
     return out
 
 

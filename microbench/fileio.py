@@ -1,34 +1,83 @@
-"""Writing files so that a crash never leaves half of one behind."""
+"""Writing files so that a crash never leaves half of one behind, and reading JSON strictly.
+
+Every output goes through :func:`atomic_write_text` or :func:`atomic_write_bytes`: a temporary
+file beside the target, then a rename, so a full disk or a kill leaves the old file (or none),
+never a torn or empty one. Only regular files and new names are written: renaming onto a FIFO
+or a device would replace it with a plain file, which is never what a user pointing an output
+at one meant.
+"""
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import stat
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 from .errors import UserError
 
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename.
 
-    Readers see either the old file or the whole new one, never a torn write.
-    """
+def special_kind(path: str | Path) -> str | None:
+    """What ``path`` is ("a FIFO", "a directory", ...) when it exists and is not a regular
+    file (a link is followed), else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), None)
+
+
+def _atomic_write(path: str | Path, data: bytes, durable: bool) -> None:
     path = Path(path)
+    kind = special_kind(path)
+    if kind is not None:
+        raise UserError(f"{path} is {kind}, not a regular file; give a new file name")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     umask = os.umask(0)
     os.umask(umask)
     try:
         os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes it private; give it a normal file's mode
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.filename is None:  # a failed write names no file: name the one being written
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if durable:
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename.
+
+    Readers see either the old file or the whole new one, never a torn write; an existing
+    ``path`` that is not a regular file is refused (:class:`UserError`) and left as it is.
+    """
+    _atomic_write(path, text.encode(), durable=False)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -37,26 +86,30 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     For files that a later run must find whole after a crash or a power cut (checkpoints): the
     data is fsynced before the rename and the directory after it, so the new name survives too.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    _atomic_write(path, data, durable=True)
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object that names ``key`` twice (Python's reader would keep the last silently)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"duplicate key {key!r}")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in doc:
+            raise DuplicateKeyError(key)
+        doc[key] = value
+    return doc
+
+
+def loads_strict(text: str) -> Any:
+    """``json.loads``, but an object with a key twice raises :class:`DuplicateKeyError`: a
+    hand-edited file whose second value silently wins is a mistake to report, not guess at."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
 
 
 def write_problem(path: str | Path, kind: str = "dir") -> str | None:
@@ -67,13 +120,18 @@ def write_problem(path: str | Path, kind: str = "dir") -> str | None:
     because permission bits do not tell (root passes every check; /proc, read-only mounts and
     full disks refuse anyway). A directory that does not exist yet is created later, as usual.
     """
-    path = Path(path)
     if kind not in ("dir", "file"):
         raise ValueError(f"kind must be 'dir' or 'file', got {kind!r}")
+    if not str(path):
+        return "is empty; give a name"
+    path = Path(path)
     if kind == "dir" and path.exists() and not path.is_dir():
         return f"{path} is a file; give a directory"
     if kind == "file" and path.is_dir():
         return f"{path} is a directory; give a file name"
+    special = special_kind(path) if kind == "file" else None
+    if special is not None:
+        return f"{path} is {special}, not a regular file; give a new file name"
     start = path if kind == "dir" else path.parent
     existing = next((p for p in (start, *start.parents) if p.exists()), Path("."))
     if not existing.is_dir():
@@ -93,3 +151,29 @@ def check_writable(path: str | Path, kind: str, flag: str, purpose: str = "") ->
     problem = write_problem(path, kind)
     if problem is not None:
         raise UserError(f"{flag} {problem}{' ' + purpose if purpose else ''}")
+
+
+def new_run_dir(parent: str | Path, prefix: str = "") -> Path:
+    """Create and return a fresh run directory ``parent/<prefix><UTC date-time>``, with ``-2``,
+    ``-3``, ... added when that name is taken.
+
+    ``mkdir`` without ``exist_ok`` either creates the directory or fails, atomically, so runs
+    started in the same second never share (and so never corrupt) a folder. A place that
+    cannot hold it is a :class:`UserError` pointing at ``--out``.
+    """
+    parent = Path(parent)
+    name = prefix + time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        for k in itertools.count(1):
+            path = parent / (name if k == 1 else f"{name}-{k}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            return path
+    except OSError as exc:
+        raise UserError(
+            f"cannot create a run directory in {parent} ({exc.strerror}); give --out DIR"
+        ) from None
+    raise AssertionError("unreachable")  # itertools.count never ends

@@ -139,7 +139,9 @@ class RecordWriter:
     ``RecordWriter(path, machine, run)`` creates ``path`` (and its parent directories) and
     writes the header; it refuses an existing file unless ``append=True``, which checks the
     existing header and keeps it (then ``machine`` and ``run`` are not written). A cut-off last
-    line left by a killed writer is removed before appending. Safe to share between threads.
+    line left by a killed writer is removed before appending. A line the disk refuses (full) is
+    cut off again, so the file holds whole records only, and a new file whose header cannot be
+    written is removed. Safe to share between threads.
     """
 
     def __init__(
@@ -170,13 +172,18 @@ class RecordWriter:
             self.header = self._open_for_append(machine)
             return
         try:
-            self._file = open(self.path, "w" if append else "x", encoding="utf-8", buffering=1)
+            self._file = open(self.path, "wb" if append else "xb", buffering=0)
         except FileExistsError:
             raise FileExistsError(
                 f"{self.path} exists; refusing to overwrite it (pass append=True to add to it)"
             ) from None
         self.header = json.loads(line)
-        self._write_line(line)
+        try:
+            self._write_line(line)
+        except OSError:  # a full disk: leave no empty records file behind
+            self._file.close()
+            self.path.unlink(missing_ok=True)
+            raise
 
     def _open_for_append(self, machine: Mapping[str, Any]) -> dict[str, Any]:
         with open(self.path, encoding="utf-8", errors="replace") as f:
@@ -189,15 +196,22 @@ class RecordWriter:
                 f"describes host {old_host!r}",
                 stacklevel=3,
             )
-        self._file = open(self.path, "a", encoding="utf-8", buffering=1)
+        self._file = open(self.path, "ab", buffering=0)
         return header
 
     def _write_line(self, line: str) -> None:
         with self._lock:
             if self._file.closed:
                 raise ValueError(f"{self.path}: the writer is closed")
-            self._file.write(line + "\n")
-            self._file.flush()
+            fd = self._file.fileno()
+            size = os.fstat(fd).st_size
+            data = memoryview((line + "\n").encode("utf-8"))
+            try:
+                while data:  # unbuffered: what was written is in the file, or cut off below
+                    data = data[os.write(fd, data) :]
+            except OSError as exc:  # a full disk: cut the torn line, keep every whole record
+                os.ftruncate(fd, size)
+                raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Append one record (a mapping with a string ``"type"``) and flush it to the OS."""
@@ -216,7 +230,6 @@ class RecordWriter:
         with self._lock:
             if self._file.closed:
                 return
-            self._file.flush()
             try:
                 os.fsync(self._file.fileno())
             finally:
@@ -338,7 +351,11 @@ def _natural_key(path: Path) -> list[Any]:
 
 def is_records_file(path: Path) -> bool:
     """Whether a file found in a directory is a records file; other JSON Lines files (an
-    Extra-P export, say) are skipped with a warning instead of failing the whole load."""
+    Extra-P export, say) are skipped with a warning instead of failing the whole load, and so
+    is anything that is not a regular file (opening a FIFO would wait for a writer forever)."""
+    if not path.is_file():
+        warnings.warn(f"{path}: not a regular file, skipped", stacklevel=3)
+        return False
     with path.open("rb") as handle:
         first = handle.readline()
     try:

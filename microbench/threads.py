@@ -90,6 +90,25 @@ def set_threads(threads: int) -> None:
     numba.set_num_threads(min(threads, pool))
 
 
+# How many threads per core a run on this machine may ask for before it is refused: far past
+# any useful oversubscription (which is warned about), short of starting so many processes or
+# threads that the machine stops (a typo with extra zeros).
+MAX_THREADS_PER_CORE = 64
+
+
+def too_many_threads(ranks: int, threads: int, cores: int | None = None) -> str | None:
+    """Why ``ranks`` x ``threads`` on this machine is refused (one line), or None."""
+    cores = available_cores() if cores is None else cores
+    most = MAX_THREADS_PER_CORE * cores
+    if ranks * threads <= most:
+        return None
+    return (
+        f"{ranks} ranks x {threads} threads = {ranks * threads:,} threads is more than this "
+        f"machine can run ({MAX_THREADS_PER_CORE} per core, {most:,} on its {cores} cores); "
+        "use fewer --procs or --threads"
+    )
+
+
 def oversubscription(ranks_per_node: int, threads: int, cores: int | None = None) -> str | None:
     """A one-line warning when ranks x threads exceeds the cores, else None."""
     cores = available_cores() if cores is None else cores

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
+from microbench.fileio import DuplicateKeyError, loads_strict, special_kind
 
 BYTES_PER_VALUE = 4  # float32 everywhere
 
@@ -45,6 +46,12 @@ _LAYER_KEYS: dict[str, dict[str, int | None]] = {
 # gradient softmax - onehot scaled by 1/batch (backward). Small next to any real layer.
 _SOFTMAX_FWD_FLOPS_PER_CLASS = 5
 _SOFTMAX_BWD_FLOPS_PER_CLASS = 2
+
+
+# The largest size a layer setting or an input dimension may have: numpy's index type holds
+# it, so arrays built from a workload fail for want of memory (reported as such), never with
+# an integer overflow.
+MAX_DIM = 2**31 - 1
 
 
 class WorkloadError(UserError):
@@ -216,16 +223,26 @@ def load_workload(name_or_path: str | Path) -> Workload:
     key = str(name_or_path)
     if key in PRESETS:
         return _build(PRESETS[key], f"preset '{key}'")
+    if not key:
+        raise WorkloadError(
+            f"the workload name is empty; give a preset ({', '.join(preset_names())}) "
+            "or the path of a workload JSON file"
+        )
     path = Path(key)
     if not path.exists():
         raise WorkloadError(
             f"no workload preset or file named '{key}'; "
             f"use one of {', '.join(preset_names())} or the path of a workload JSON file"
         )
-    if path.is_dir():
-        raise WorkloadError(f"workload '{key}' is a directory; give the path of a JSON file")
+    kind = special_kind(path)
+    if kind is not None:  # a directory, or a FIFO that would wait for a writer forever
+        raise WorkloadError(f"workload '{key}' is {kind}; give the path of a JSON file")
     try:
-        doc = json.loads(path.read_text())
+        doc = loads_strict(path.read_text())
+    except DuplicateKeyError as exc:
+        raise WorkloadError(
+            f"workload file {key}: the key '{exc.key}' is given twice in one object; keep one"
+        ) from None
     except json.JSONDecodeError as exc:
         raise WorkloadError(
             f"workload file {key}: not valid JSON (line {exc.lineno}, column {exc.colno}: "
@@ -292,6 +309,8 @@ def _shape(value: Any, source: str) -> tuple[int, ...]:
         )
     if any(v <= 0 for v in value):
         raise WorkloadError(f"{source}: 'input_shape' sizes must be positive, got {list(value)}")
+    if any(v > MAX_DIM for v in value):
+        raise WorkloadError(f"{source}: 'input_shape' sizes must be at most {MAX_DIM:,}")
     return tuple(value)
 
 
@@ -326,6 +345,8 @@ def _parse_layer(index: int, raw: Any, source: str) -> Layer:
         minimum = 0 if key == "padding" else 1
         if value < minimum:
             raise WorkloadError(f"{where}: '{key}' must be >= {minimum}, got {value}")
+        if value > MAX_DIM:
+            raise WorkloadError(f"{where}: '{key}' must be at most {MAX_DIM:,}, got {value:,}")
         settings[key] = value
     if kind == "maxpool2d":
         settings.setdefault("stride", settings["size"])

@@ -24,7 +24,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..cli import (
@@ -32,6 +31,7 @@ from ..cli import (
     add_output_arguments,
     add_step_arguments,
     checked_out_dir,
+    path_argument,
     positive_float,
 )
 from ..power import EnergyReading
@@ -75,7 +75,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--quick", action="store_true", help="short phases, for a first look")
     parser.add_argument(
         "--powercap-root",
-        type=Path,
+        type=path_argument,
         default=RAPL_ROOT,
         metavar="DIR",
         help=f"where the powercap tree is ({RAPL_ROOT}; another path for a bind-mounted /sys)",

@@ -14,6 +14,7 @@ from ..cli import (
     add_output_arguments,
     add_sampling_arguments,
     checked_out_dir,
+    path_argument,
     policy_from_args,
 )
 from ..fileio import write_problem
@@ -50,7 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument(
         "--dir",
-        type=Path,
+        type=path_argument,
         default=None,
         metavar="DIR",
         help="an existing directory on the file system to measure, where checkpoints will go "

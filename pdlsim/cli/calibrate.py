@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import warnings
 from pathlib import Path
 
+from microbench.cli import path_argument
 from microbench.errors import UserError
-from microbench.fileio import check_writable
+from microbench.fileio import check_writable, new_run_dir
 
 
 def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
@@ -35,10 +35,17 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--quick", action="store_true", help="a short benchmark and fewer bootstraps")
     p.add_argument(
-        "--from", dest="from_dir", type=Path, metavar="RUN_DIR", help="fit existing records"
+        "--from",
+        dest="from_dir",
+        type=path_argument,
+        metavar="RUN_DIR",
+        help="fit existing records",
     )
     p.add_argument(
-        "--out", type=Path, metavar="PROFILE", help="profile path (default: RUN_DIR/profile.json)"
+        "--out",
+        type=path_argument,
+        metavar="PROFILE",
+        help="profile path (default: RUN_DIR/profile.json)",
     )
     p.add_argument("--procs", type=int_list, default=(1, 2), metavar="P,...", help="for bench")
     p.add_argument("--threads", type=int_list, default=None, metavar="T,...", help="for bench")
@@ -54,15 +61,16 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
 def run_calibrate_command(args: argparse.Namespace) -> int:
     if args.out is not None:  # before the benchmarks, so that their fits are not lost at the end
         check_writable(args.out, "file", "--out")
+        check_writable(args.out.parent / "extrap.jsonl", "file", "--out", "(written beside it)")
     if args.from_dir is not None:
         run_dir = args.from_dir
         if not run_dir.is_dir():
             raise UserError(f"--from {run_dir}: no such directory of records")
     else:
-        from pdlsim.cli.main import run_bench_command
+        from pdlsim.cli.main import checked_bench_threads, run_bench_command
 
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        run_dir = Path("runs") / "calibrate" / stamp
+        checked_bench_threads(args)  # bad input fails before a run folder is made
+        run_dir = new_run_dir(Path("runs") / "calibrate")
         bench_args = argparse.Namespace(**{**vars(args), "out": run_dir})
         status = run_bench_command(bench_args)
         if status != 0:

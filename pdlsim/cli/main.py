@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from microbench.boundary import (
+    describe_failure,
+    flush_stdout,
+    say,
+    silence_stdout,
+    silence_stdout_if_broken,
+)
+from microbench.cli import path_argument
 from microbench.errors import UserError
+from microbench.fileio import new_run_dir
 from microbench.threads import quiet_idle_blas_threads
 from pdlsim import __version__
 from pdlsim.cli.options import register_once_actions
@@ -122,7 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="B,...",
         help="per-rank batches of the compute kernels (16,32,64); jitter uses the middle one",
     )
-    bench.add_argument("--out", type=Path, default=None, metavar="DIR", help="run directory")
+    bench.add_argument(
+        "--out", type=path_argument, default=None, metavar="DIR", help="run directory"
+    )
     bench.set_defaults(handler=run_bench_command)
 
     from pdlsim.cli.calibrate import add_calibrate_parser
@@ -154,20 +164,28 @@ def int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def run_bench_command(args: argparse.Namespace) -> int:
-    import time
-
-    from microbench.threads import available_cores
+def checked_bench_threads(args: argparse.Namespace) -> tuple[int, ...]:
+    """The thread counts a bench times, once its workloads load and its process and thread
+    counts fit this machine (:class:`UserError` otherwise): before any folder or stage."""
+    from microbench.threads import available_cores, too_many_threads
     from microbench.workload import load_workload
+
+    for model in args.model.split(","):
+        load_workload(model)
+    threads = args.threads or tuple(range(1, available_cores() + 1))
+    problem = too_many_threads(max(args.procs), 1) or too_many_threads(1, max(threads))
+    if problem is not None:
+        raise UserError(problem)
+    return threads
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
     from pdlsim.cli.bench import BenchPlan, run_bench
     from pdlsim.cli.bench_summary import format_bench_summary
     from pdlsim.train.launch import Stopped
 
-    for model in args.model.split(","):  # a bad name or file fails here, before any stage runs
-        load_workload(model)
-    threads = args.threads or tuple(range(1, available_cores() + 1))
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    out = args.out or Path("runs") / "bench" / stamp
+    threads = checked_bench_threads(args)
+    out = args.out or new_run_dir(Path("runs") / "bench")
     plan = BenchPlan(
         out=out,
         model=args.model,
@@ -216,19 +234,31 @@ def _cmd_workload_show(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_idle_blas_threads()  # before anything imports numpy
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        args = parser.parse_args(argv)
+    except SystemExit:  # --help, --version or a usage error, printed: make sure it got out
+        if not flush_stdout("pdlsim"):
+            raise SystemExit(2) from None
+        raise
+    try:
+        status = int(args.handler(args) or 0)
+        return status if flush_stdout("pdlsim") else 2
     except UserError as exc:
-        print(f"pdlsim: error: {exc}", file=sys.stderr)
+        say("pdlsim", str(exc))
         return exc.exit_status
     except KeyboardInterrupt:
         print("pdlsim: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader went away (pdlsim ... | head): stop quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush fails silently
+        silence_stdout()  # so the interpreter's final flush fails silently
         return 0
+    except (MemoryError, OSError, ValueError) as exc:
+        message = describe_failure(exc)
+        if message is None:
+            raise
+        silence_stdout_if_broken()
+        say("pdlsim", message)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from microbench.cli import path_argument
 from microbench.errors import UserError
 from microbench.fileio import check_writable
 from pdlsim.cli.options import given
@@ -198,7 +199,9 @@ def add_predict_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step (32)")
     add_common_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace")
+    p.add_argument(
+        "--trace", type=path_argument, default=None, metavar="FILE", help="write a Chrome trace"
+    )
     p.set_defaults(handler=run_predict_command)
 
 
@@ -212,15 +215,16 @@ def run_predict_command(args: argparse.Namespace) -> int:
     for warning in check_flags(args, gpus=args.gpus > 0):
         print(warning, file=sys.stderr)
     cfg = config_from_args(args)
-    if args.trace is not None:
-        check_writable(args.trace, "file", "--trace")
-        folder = Path(args.trace).parent
+    trace = None if args.trace is None else str(args.trace)
+    if trace is not None:
+        check_writable(trace, "file", "--trace")
+        folder = Path(trace).parent
         if not folder.is_dir():  # a mistyped folder is not created silently
             raise UserError(
-                f"--trace {args.trace}: the folder {folder} does not exist; create it, or give "
+                f"--trace {trace}: the folder {folder} does not exist; create it, or give "
                 "a file in an existing folder"
             )
-    out = run_prediction(cfg, trace=args.trace)
+    out = run_prediction(cfg, trace=trace)
     warning = cores_warning(cfg)
     if warning:
         print(warning, file=sys.stderr)

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from microbench.fileio import check_writable
+from microbench.cli import path_argument
+from microbench.fileio import atomic_write_text, check_writable
 from pdlsim.cli.predict import add_common_options, check_flags, config_from_args, cores_warning
 from pdlsim.cli.progress import Progress
 from pdlsim.prediction.core import PredictConfig, check_config, run_prediction
@@ -54,7 +55,6 @@ def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...]
 
 
 def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
-    from pathlib import Path
 
     from pdlsim.cli.main import int_list
 
@@ -72,7 +72,7 @@ def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--vary", type=parse_vary, action="append", default=None,
                    metavar="KNOB=V1,V2,...", help="vary one knob at a time from the baseline "
                    f"(repeatable) and rank what each buys; knobs: {', '.join(KNOBS)}")  # fmt: skip
-    p.add_argument("--out", type=Path, required=True, metavar="DIR",
+    p.add_argument("--out", type=path_argument, required=True, metavar="DIR",
                    help="folder for sweep.csv and scaling.png (knobs.csv with --vary)")  # fmt: skip
     p.set_defaults(handler=run_sweep_command)
 
@@ -87,12 +87,14 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     if warning and not gpus:
         print(warning, file=sys.stderr)
     check_writable(args.out, "dir", "--out", "for sweep.csv and the plot")
+    names = ("knobs.csv", "knob_ranking.csv") if args.vary else ("sweep.csv", "scaling.png")
+    for name in names:  # a FIFO or a device there would be replaced, not written to
+        check_writable(args.out / name, "file", "--out")
     if args.vary:
         return run_vary(args, cfg, Progress("sweep --vary", "predictions"))
     progress = Progress("sweep", "configurations")
     frame = sweep(cfg, args.nodes, gpus or args.procs_per_node, args.batch, progress)
-    args.out.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(args.out / "sweep.csv", index=False)
+    atomic_write_text(args.out / "sweep.csv", frame.to_csv(index=False))
     from pdlsim.plots import plot_scaling
 
     plot_scaling(frame, args.out / "scaling.png")

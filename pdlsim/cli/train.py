@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from microbench.cli import path_argument
 from microbench.errors import UserError
-from microbench.fileio import atomic_write_text, check_writable
-from microbench.threads import oversubscription, set_threads, size_numba_pool
+from microbench.fileio import atomic_write_text, check_writable, new_run_dir
+from microbench.threads import oversubscription, set_threads, size_numba_pool, too_many_threads
 from pdlsim.cli.options import given
 from pdlsim.prediction.epoch import DATASET_SAMPLES, OTHER_DATASET_SAMPLES
 from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig, warmup_steps
@@ -84,7 +84,7 @@ def add_train_parser(commands: Any) -> None:
         help="GPU, with --pinned: copy the next mini-batch on a copy stream while this step "
         "computes (the h2d phase then times only the wait for it)",
     )
-    p.add_argument("--out", type=Path, default=None, help="run directory for the records")
+    p.add_argument("--out", type=path_argument, default=None, help="run directory for the records")
     p.add_argument(
         "--checkpoint-every",
         type=positive_int,
@@ -192,10 +192,11 @@ def config_to_args(config: TrainConfig, out: Path, resume: bool = False) -> list
 
 
 def default_run_dir(config: TrainConfig) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    """A new, empty ``runs/train/<workload>-<mode>-pPtT-<UTC date-time>`` (created here, so
+    that two runs started in the same second get two folders)."""
     name = f"{Path(config.model).stem}-{config.mode.replace('+', '-')}"
     name += "-model" * (config.parallel == "model") + "-inference" * config.inference
-    return Path("runs") / "train" / f"{name}-p{config.procs}t{config.threads}-{stamp}"
+    return new_run_dir(Path("runs") / "train", f"{name}-p{config.procs}t{config.threads}-")
 
 
 def check_run_dir(run_dir: Path) -> None:
@@ -229,11 +230,11 @@ def run_train_command(args: argparse.Namespace) -> int:
     if args.procs in (None, 1):  # this process trains: numba's pool as asked (warned below)
         size_numba_pool(args.threads)
     config = config_from_args(args, procs=args.procs or 1)
-    run_dir = args.out or default_run_dir(config)
     resume = resume_checkpoint(args.out, config) if args.resume else None
-    if resume is None:
-        check_run_dir(run_dir)
+    if resume is None and args.out is not None:
+        check_run_dir(args.out)
     _validate(config)
+    run_dir = args.out or default_run_dir(config)  # made only once the run is known to start
     warning = oversubscription(config.procs, config.threads)
     if warning:
         print(f"pdlsim: warning: {warning}", file=sys.stderr)
@@ -277,6 +278,9 @@ def _validate(config: TrainConfig) -> None:
     from pdlsim.train.device import gpu_device
     from pdlsim.train.loop import prepare_data, steps_per_epoch
 
+    problem = too_many_threads(config.procs, config.threads)
+    if problem is not None:
+        raise UserError(problem)
     if config.device == "gpu":
         gpu_device()
     workload = load_workload(config.model)

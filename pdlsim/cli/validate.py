@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from microbench.cli import path_argument
 from microbench.errors import UserError
+from microbench.fileio import new_run_dir
 from pdlsim.validate.run import GPU_CHOICES, ValidateConfig, run_validation
 
 __all__ = ["add_validate_parser", "run_validate_command"]
@@ -62,7 +63,9 @@ def add_validate_parser(commands: argparse._SubParsersAction) -> None:
         "report also scores none, all and this set without each of its terms",
     )
     p.add_argument("--breakdown", action="store_true", help="print measured vs predicted phases")
-    p.add_argument("--out", type=Path, default=None, metavar="DIR", help="report directory")
+    p.add_argument(
+        "--out", type=path_argument, default=None, metavar="DIR", help="report directory"
+    )
     p.set_defaults(handler=run_validate_command)
 
 
@@ -80,7 +83,6 @@ def run_validate_command(args: argparse.Namespace) -> int:
     from pdlsim.cli.main import int_list
     from pdlsim.validate.report import format_breakdown, format_report
 
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     extra: dict[str, Any] = {}
     if args.batches:
         try:
@@ -101,7 +103,7 @@ def run_validate_command(args: argparse.Namespace) -> int:
             "--parallel, or drop --modes"
         )
     cfg = ValidateConfig(
-        out=args.out or Path("runs") / "validate" / stamp,
+        out=args.out or new_run_dir(Path("runs") / "validate"),
         profile=args.profile,
         repeats=args.repeats or (2 if args.quick else 3),
         steps=args.steps or (20 if args.quick else 40),

@@ -25,7 +25,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from pdlsim.plots.axes import DPI  # noqa: E402
+from pdlsim.plots.axes import write_figure  # noqa: E402
 from pdlsim.plots.calibration import (  # noqa: E402
     collectives_figure,
     compute_figure,
@@ -39,8 +39,7 @@ __all__ = ["plot_calibration", "plot_scaling", "plot_validation", "save_figure"]
 
 
 def save_figure(figure: Figure, path: Path, fmt: str) -> Path:
-    figure.savefig(path, format=fmt, dpi=DPI)
-    return path
+    return write_figure(figure, path, fmt)
 
 
 def check_format(fmt: str) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -14,6 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
+from microbench.fileio import atomic_write_bytes
 from microbench.measurement import Measurement
 
 DPI = 120
@@ -162,3 +165,12 @@ def records_of(frame: pd.DataFrame, benchmark: str) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------- collectives
+
+
+def write_figure(figure: Figure, path: str | Path, fmt: str) -> Path:
+    """Save ``figure`` to ``path`` whole or not at all: drawn in memory, then written
+    atomically, so a full disk never leaves a truncated image over a good one."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format=fmt, dpi=DPI)
+    atomic_write_bytes(path, buffer.getvalue())
+    return Path(path)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from pdlsim.plots.axes import DPI
+from pdlsim.plots.axes import write_figure
 
 __all__ = ["plot_scaling", "scaling_figure"]
 
@@ -42,5 +42,4 @@ def plot_scaling(frame: pd.DataFrame, path: str | Path) -> Path:
     """Draw :func:`scaling_figure` of a sweep table (``pdlsim sweep``'s CSV) to ``path``."""
     path = Path(path)
     fmt = path.suffix.lstrip(".") or "png"
-    scaling_figure(frame).savefig(path, format=fmt, dpi=DPI)
-    return path
+    return write_figure(scaling_figure(frame), path, fmt)

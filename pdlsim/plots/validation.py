@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from pdlsim.plots.axes import COLOURS, DPI
+from pdlsim.plots.axes import COLOURS, write_figure
 
 __all__ = ["parity_figure", "plot_validation", "speedup_figure"]
 
@@ -130,9 +130,9 @@ def plot_validation(rows: Sequence[dict[str, Any]], out_dir: str | Path) -> list
     written = []
     for model in sorted({r["model"] for r in rows}):
         path = out / f"speedup-{model}.png"
-        speedup_figure(rows, model).savefig(path, format="png", dpi=DPI)
+        write_figure(speedup_figure(rows, model), path, "png")
         written.append(path)
     path = out / "parity.png"
-    parity_figure(rows).savefig(path, format="png", dpi=DPI)
+    write_figure(parity_figure(rows), path, "png")
     written.append(path)
     return written

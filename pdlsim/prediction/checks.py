@@ -34,6 +34,9 @@ MAX_NODES = 1_000_000  # above the largest machines built (tens of thousands of 
 MAX_GPUS_PER_NODE = 64  # the densest nodes hold 8 to 16
 MAX_PROCS_PER_NODE = 1024  # CPU ranks: a few hundred cores per node at most
 MAX_THREADS = 1024
+MAX_BATCH = 2**24  # samples per rank: above it arrays outgrow memory before anything is learnt
+MAX_ITERATIONS = 10**7
+MAX_SAMPLES = 10**6  # band samples
 
 
 def check_bounds(cfg: Any) -> None:
@@ -43,9 +46,12 @@ def check_bounds(cfg: Any) -> None:
         ("--gpus", cfg.gpus, 0, MAX_GPUS_PER_NODE),
         ("--procs-per-node", cfg.procs_per_node, 1, MAX_PROCS_PER_NODE),
         ("--threads", cfg.threads, 1, MAX_THREADS),
-        ("--batch", cfg.batch, 1, None),
-        ("--samples", cfg.samples, 1, None),
-        ("--iterations", cfg.iterations, 1, None),
+        ("--batch", cfg.batch, 1, MAX_BATCH),
+        ("--samples", cfg.samples, 1, MAX_SAMPLES),
+        ("--iterations", cfg.iterations, 1, MAX_ITERATIONS),
+        ("--dataset-samples", cfg.dataset_samples or 1, 1, 10**15),
+        ("--stages", cfg.stages or 1, 1, MAX_PROCS_PER_NODE * MAX_NODES),
+        ("--microbatches", cfg.microbatches or 1, 1, MAX_BATCH),
     )
     for flag, value, least, most in checks:
         if value < least:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
+from microbench.fileio import atomic_write_text
 from pdlsim.prediction.whatif import compression_arg, positive_number
 
 if TYPE_CHECKING:
@@ -223,9 +224,8 @@ def run_vary(
     base = replace(cfg, nodes=args.nodes[0])
     frame = vary(base, args.vary, progress=progress)
     ranking = rank_knobs(frame, base)
-    args.out.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(args.out / "knobs.csv", index=False)
-    ranking.to_csv(args.out / "knob_ranking.csv", index=False)
+    atomic_write_text(args.out / "knobs.csv", frame.to_csv(index=False))
+    atomic_write_text(args.out / "knob_ranking.csv", ranking.to_csv(index=False))
     print(format_report(frame, ranking))
     print(f"tables: {args.out / 'knobs.csv'}, {args.out / 'knob_ranking.csv'}")
     return 0

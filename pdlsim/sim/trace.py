@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from microbench.fileio import atomic_write_text
 
 __all__ = ["Timeline", "TraceEvent", "write_chrome_trace"]
 
@@ -96,13 +97,5 @@ class Timeline:
 def write_chrome_trace(path: str | os.PathLike[str], timeline: Timeline) -> Path:
     """Write ``timeline`` as Chrome trace JSON, atomically (temporary file + rename)."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(timeline.to_chrome_trace(), handle)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(target, json.dumps(timeline.to_chrome_trace()))
     return target

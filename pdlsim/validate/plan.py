@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
+from microbench.fileio import atomic_write_text
 
 __all__ = [
     "FULL_BATCHES",
@@ -189,7 +190,7 @@ def heldout_matrix(cfg: ValidateConfig, cores: int) -> tuple[list[RunSpec], list
     specs = []
     for i, workload in enumerate(random_workloads(cfg.seed, cfg.heldout_workloads)):
         path = folder / f"{workload.name}.json"
-        path.write_text(json.dumps(workload.to_dict(), indent=1) + "\n")
+        atomic_write_text(path, json.dumps(workload.to_dict(), indent=1) + "\n")
         chosen = sorted(int(b) for b in rng.choice(batches, cfg.heldout_batches, replace=False))
         for batch in chosen:
             specs += [

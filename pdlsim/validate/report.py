@@ -24,11 +24,14 @@ too, do not expose them to users).
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from microbench.fileio import atomic_write_text
 
 __all__ = [
     "COLUMNS",
@@ -228,16 +231,16 @@ def write_outputs(report: dict[str, Any], out: Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     rows = report["rows"]
     csv_path = out / "validation.csv"
-    with csv_path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows({k: r[k] for k in COLUMNS} for r in rows)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=COLUMNS)
+    writer.writeheader()
+    writer.writerows({k: r[k] for k in COLUMNS} for r in rows)
+    atomic_write_text(csv_path, table.getvalue())
     plots = [str(p) for p in plot_validation([_plot_row(r) for r in rows], out)]
     files = [str(csv_path), str(out / "validation.json"), *plots]
     doc = {"schema": "pdlsim.validation", "schema_version": 1, **report, "files": files}
-    tmp = out / "validation.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=2, default=_jsonable, allow_nan=True))
-    tmp.replace(out / "validation.json")
+    text = json.dumps(doc, indent=2, default=_jsonable, allow_nan=True)
+    atomic_write_text(out / "validation.json", text)
     return files
 
 

@@ -345,7 +345,11 @@ ABLATION_SAMPLES = 10  # band samples of the other correction sets' predictions
 
 
 def check_out(out: Path) -> None:
+    """Refuse an output that is a file, holds runs already, or holds a FIFO or a device where
+    the report goes (it would be replaced by a plain file)."""
     check_writable(out, "dir", "--out")
+    for name in ("validation.csv", "validation.json", "parity.png"):
+        check_writable(out / name, "file", "--out")
     if any(
         (out / d).exists() and any((out / d).iterdir()) for d in ("runs", "calibration", "speed")
     ):

@@ -1,0 +1,110 @@
+"""What each command line says when the machine, not the code, stops a run.
+
+A command's top level (``pdlsim``, ``python -m microbench``) turns a :class:`UserError` into one
+line and exit status 2. Two more kinds of failure are the user's to fix and get the same
+treatment here: running out of memory for the sizes asked (numpy's ``_ArrayMemoryError`` is a
+:class:`MemoryError`; sizes too large to even describe come as numpy ``ValueError`` messages),
+and an operating-system refusal to read or write a file (a full disk, a read-only place, a name
+too long). Anything else is a bug and keeps its traceback, so nothing here catches
+``Exception``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+
+__all__ = [
+    "describe_failure",
+    "flush_stdout",
+    "say",
+    "silence_stdout",
+    "silence_stdout_if_broken",
+]
+
+# OSError numbers that mean "this place cannot be used", with what the user can do about it.
+_OS_ADVICE: dict[int, str] = {
+    errno.ENOSPC: "the disk is full; free space or write somewhere else",
+    errno.EDQUOT: "the disk quota is used up; free space or write somewhere else",
+    errno.EFBIG: "the file would be too large for this file system; write somewhere else",
+    errno.ENAMETOOLONG: "the file name is too long; give a shorter one",
+    errno.EROFS: "the file system is read-only; write somewhere else",
+    errno.EACCES: "permission denied; give a place you may use",
+    errno.EPERM: "operation not permitted; give a place you may use",
+    errno.EIO: "input/output error from the device; check the disk or write somewhere else",
+}
+
+# Messages numpy gives, as ValueError, for an array whose size does not even fit an integer.
+_NUMPY_TOO_BIG = (
+    "array is too big",
+    "maximum allowed size exceeded",
+    "maximum allowed dimension exceeded",
+    "negative dimensions",
+)
+
+
+def describe_failure(exc: BaseException) -> str | None:
+    """One line for a failure the user can fix (memory, a file the system refuses), or None
+    when ``exc`` is a bug that must keep its traceback."""
+    if isinstance(exc, MemoryError):
+        detail = str(exc).strip()
+        detail = f" ({detail[0].lower()}{detail[1:]})" if detail else ""
+        return f"not enough memory for the sizes asked{detail}; use smaller sizes"
+    if isinstance(exc, ValueError) and str(exc).lower().startswith(_NUMPY_TOO_BIG):
+        return f"not enough memory for the sizes asked ({exc}); use smaller sizes"
+    if isinstance(exc, OSError) and exc.errno in _OS_ADVICE:
+        advice = _OS_ADVICE[exc.errno]
+        if exc.filename is None:
+            return f"cannot write the output: {advice}"
+        name = os.fsdecode(exc.filename)
+        if len(name) > 80:
+            name = f"{name[:60]}...({len(name)} characters)"
+        return f"{name}: {advice}"
+    return None
+
+
+def say(prog: str, line: str) -> None:
+    """``line`` on stderr after ``prog: error:``; a stderr that cannot be written stays silent."""
+    try:
+        print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush of output that could
+    not be written (a reader gone, a full disk) fails silently instead of printing a
+    traceback-like complaint at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout (captured by a test)
+        pass
+
+
+def silence_stdout_if_broken() -> None:
+    """After a write failure, :func:`silence_stdout` if it was stdout that could not be
+    written (its buffered output is lost either way; anything else printed still goes out)."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        silence_stdout()
+
+
+def flush_stdout(prog: str) -> bool:
+    """Flush stdout before the command returns, so that a full disk under it is reported as
+    one line (False) rather than by the interpreter's flush at exit; a reader that went away
+    (``| head``) is no failure (True)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence_stdout()
+    except OSError as exc:
+        silence_stdout()
+        say(prog, describe_failure(exc) or f"cannot write the output ({exc.strerror})")
+        return False
+    except ValueError:  # stdout closed by the caller: nothing left to flush
+        pass
+    return True
