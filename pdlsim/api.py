@@ -25,7 +25,8 @@ from calibration.profile import Profile, load_profile
 from microbench.errors import UserError
 from microbench.workload import Workload
 from pdlsim.cli.sweep import sweep as _sweep
-from pdlsim.prediction.core import PredictConfig, resolve_profile, run_prediction
+from pdlsim.prediction.config import PredictConfig, resolve_profile
+from pdlsim.prediction.core import run_prediction
 from pdlsim.sim import Cluster
 
 if TYPE_CHECKING:

@@ -16,10 +16,11 @@ from pathlib import Path
 from microbench.cli import path_argument
 from microbench.errors import UserError
 from microbench.fileio import check_writable, new_run_dir
+from pdlsim.cli.args import int_list, positive_int, seed
+from pdlsim.cli.bench import checked_bench_threads, run_bench_command
 
 
 def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
-    from pdlsim.cli.main import int_list, positive_int, seed
 
     p = commands.add_parser(
         "calibrate",
@@ -67,8 +68,6 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
         if not run_dir.is_dir():
             raise UserError(f"--from {run_dir}: no such directory of records")
     else:
-        from pdlsim.cli.main import checked_bench_threads, run_bench_command
-
         checked_bench_threads(args)  # bad input fails before a run folder is made
         run_dir = new_run_dir(Path("runs") / "calibrate")
         bench_args = argparse.Namespace(**{**vars(args), "out": run_dir})

@@ -14,13 +14,20 @@ from typing import Any
 from microbench.cli import path_argument
 from microbench.errors import UserError
 from microbench.fileio import check_writable
+from pdlsim.cli.args import non_negative_float, positive_int, seed
 from pdlsim.cli.options import given
+from pdlsim.cli.predict_options import (
+    add_checkpoint_options,
+    add_parallel_options,
+    add_power_options,
+    add_whatif_options,
+)
 from pdlsim.costmodel.presets import DEFAULT_GPU_PRESET
-from pdlsim.prediction.core import PredictConfig, resolve_profile, run_prediction
-from pdlsim.prediction.energy import add_power_options, format_energy
-from pdlsim.prediction.layerwise import add_parallel_options
-from pdlsim.prediction.reliability import add_checkpoint_options, format_checkpoint
-from pdlsim.prediction.whatif import add_whatif_options, whatif_lines
+from pdlsim.prediction.config import PredictConfig, resolve_profile
+from pdlsim.prediction.core import run_prediction
+from pdlsim.prediction.energy import format_energy
+from pdlsim.prediction.reliability import format_checkpoint
+from pdlsim.prediction.whatif import whatif_lines
 
 __all__ = [
     "add_common_options",
@@ -95,7 +102,7 @@ def fmt_s(seconds: float) -> str:
 
 def format_prediction(out: dict[str, Any]) -> str:
     """The text report (``--json`` prints ``out`` itself); layer-wise modes (model, pipeline,
-    inference) add their lines (:func:`pdlsim.prediction.layerwise_report.mode_lines`)."""
+    inference) add their lines (:func:`pdlsim.prediction.memory.mode_lines`)."""
     c, b, band, m = out["config"], out["breakdown"], out["band"], out["memory_breakdown_bytes"]
     par = out.get("parallel")
     where = (
@@ -126,8 +133,6 @@ def format_prediction(out: dict[str, Any]) -> str:
     if par is None:
         lines[1:1] = whatif_lines(c)
     else:
-        from pdlsim.prediction.layerwise_report import mode_lines
-
         lines[1:1] = mode_lines(out)
     if out["gpu_utilization"] is not None:
         lines.append(f"GPU utilisation  {out['gpu_utilization']:.1%} (compute busy / step)")
@@ -145,7 +150,6 @@ def format_prediction(out: dict[str, Any]) -> str:
 
 
 def add_common_options(p: argparse.ArgumentParser) -> None:
-    from pdlsim.cli.main import non_negative_float, positive_int, seed
     from pdlsim.costmodel.corrections import CORRECTIONS
 
     p.add_argument("--model", default="cnn", metavar="NAME|PATH", help="workload (cnn)")
@@ -232,3 +236,43 @@ def run_predict_command(args: argparse.Namespace) -> int:
     if args.trace:
         print(f"trace: {args.trace}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def mode_lines(out: dict[str, Any]) -> list[str]:
+    par, c = out["parallel"], out["config"]
+    what = "inference (forward only)" if par["inference"] else "training"
+    if par["mode"] == "model":
+        comm = f"allgathers {fmt_s(par['allgather_s'])} ({par['allgather_bytes']:,.0f} B)"
+        if not par["inference"]:
+            comm += f", allreduces {fmt_s(par['allreduce_s'])} ({par['allreduce_bytes']:,.0f} B)"
+        lines = [
+            f"parallelism      model (tensor) over {par['tensor_ranks']} ranks, {what}; strong "
+            f"scaling: every rank works on the same batch of {c['batch']}",
+            f"collectives      {comm} per step, on the critical path",
+        ]
+        split = ", ".join(
+            f"{x['layer']} {x['units']} -> {x['units_per_rank']}/rank" for x in par["split_layers"]
+        )
+        lines.append(f"split layers     {split or 'none (one rank)'}; all other layers replicated")
+        return lines
+    if par["mode"] == "data":
+        return [f"parallelism      data, {what}: {par['replicas']} ranks, no communication"]
+    sizes = sorted(set(par["micro_batch_sizes"]))
+    lines = [
+        f"parallelism      pipeline, {par['stage_count']} stages x {par['replicas']} replicas, "
+        f"{par['microbatches']} micro-batches of {'/'.join(map(str, sizes))} "
+        f"({par['schedule']}), {what}",
+        f"bubble           {par['bubble_fraction']:.1%} of stage-time idle in the pipeline phase "
+        f"({fmt_s(par['pipeline_makespan_s'])}); equal stages, free links: "
+        f"{par['ideal_bubble_fraction']:.1%}",
+        "stage split      stage      fwd+bwd         idle        sends    allreduce  in flight"
+        "  layers",
+    ]
+    for st in par["stages"]:
+        times = (st["forward_s"] + st["backward_s"], st["idle_s"], st["send_s"], st["allreduce_s"])
+        lines.append(
+            f"                 {st['stage']:>5}"
+            + "".join(f"{fmt_s(t):>13}" for t in times)
+            + f"  {st['peak_in_flight']:>9}  {', '.join(st['layers'])}"
+        )
+    return lines

@@ -10,10 +10,12 @@ from typing import Any
 
 from microbench.cli import path_argument
 from microbench.fileio import atomic_write_text, check_writable
+from pdlsim.cli.args import int_list
+from pdlsim.cli.knobs import KNOBS, parse_vary, run_vary
 from pdlsim.cli.predict import add_common_options, check_flags, config_from_args, cores_warning
 from pdlsim.cli.progress import Progress
-from pdlsim.prediction.core import PredictConfig, check_config, run_prediction
-from pdlsim.prediction.knobs import KNOBS, parse_vary, run_vary
+from pdlsim.prediction.config import PredictConfig
+from pdlsim.prediction.core import check_config, run_prediction
 
 
 def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...],
@@ -55,8 +57,6 @@ def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...]
 
 
 def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
-
-    from pdlsim.cli.main import int_list
 
     p = commands.add_parser("sweep", help="predict many configurations: CSV and scaling plot")
     p.add_argument("--nodes", type=int_list, required=True, metavar="N,...",

@@ -13,6 +13,7 @@ from microbench.cli import path_argument
 from microbench.errors import UserError
 from microbench.fileio import atomic_write_text, check_writable, new_run_dir
 from microbench.threads import oversubscription, set_threads, size_numba_pool, too_many_threads
+from pdlsim.cli.args import non_negative_float, positive_int, seed
 from pdlsim.cli.options import given
 from pdlsim.prediction.epoch import DATASET_SAMPLES, OTHER_DATASET_SAMPLES
 from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig, warmup_steps
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 
 
 def add_train_parser(commands: Any) -> None:
-    from pdlsim.cli.main import non_negative_float, positive_int, seed
 
     epochs = ", ".join(f"{name} {n:,}" for name, n in DATASET_SAMPLES.items())
     p = commands.add_parser(

@@ -10,13 +10,13 @@ from typing import Any
 from microbench.cli import path_argument
 from microbench.errors import UserError
 from microbench.fileio import new_run_dir
+from pdlsim.cli.args import int_list, positive_int
 from pdlsim.validate.run import GPU_CHOICES, ValidateConfig, run_validation
 
 __all__ = ["add_validate_parser", "run_validate_command"]
 
 
 def add_validate_parser(commands: argparse._SubParsersAction) -> None:
-    from pdlsim.cli.main import positive_int
 
     p = commands.add_parser(
         "validate", help="run real training over a matrix, predict each, report the error"
@@ -80,7 +80,6 @@ def _parse_modes(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def run_validate_command(args: argparse.Namespace) -> int:
-    from pdlsim.cli.main import int_list
     from pdlsim.validate.report import format_breakdown, format_report
 
     extra: dict[str, Any] = {}

@@ -40,7 +40,7 @@ MAX_SAMPLES = 10**6  # band samples
 
 
 def check_bounds(cfg: Any) -> None:
-    """Counts and sizes of ``cfg`` (a :class:`~pdlsim.prediction.core.PredictConfig`) in range."""
+    """Counts and sizes of ``cfg`` (a :class:`~pdlsim.prediction.config.PredictConfig`) in range."""
     checks = (
         ("--nodes", cfg.nodes, 1, MAX_NODES),
         ("--gpus", cfg.gpus, 0, MAX_GPUS_PER_NODE),

@@ -21,14 +21,12 @@ the step time.
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
 from pdlsim.costmodel.corrections import parse_corrections
 from pdlsim.costmodel.presets import (
-    DEFAULT_GPU_PRESET,
     DEFAULT_NETWORK_PRESET,
     HARDWARE,
     Hardware,
@@ -36,6 +34,7 @@ from pdlsim.costmodel.presets import (
     load_hardware,
 )
 from pdlsim.prediction.checks import check_bounds, check_epoch, check_memory
+from pdlsim.prediction.config import PredictConfig, parse_rate, parse_time, resolve_profile
 from pdlsim.prediction.document import band_step_times, prediction_document
 from pdlsim.prediction.epoch import DATASET_SAMPLES, dataset_samples
 from pdlsim.prediction.layerwise import layerwise_mode, run_layerwise
@@ -53,116 +52,11 @@ if TYPE_CHECKING:  # the heavy modules are imported where used: building the par
 
 __all__ = [
     "DATASET_SAMPLES",
-    "PredictConfig",
     "check_config",
-    "parse_rate",
-    "parse_time",
     "run_prediction",
 ]
 
 BAND_ITERATIONS = 20
-_RATE = re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*([kMGT]?)(B|b|bit)/s\s*$")
-_TIME = re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*(d|h|min|s|ms|us|ns)\s*$")
-_SECONDS = {"d": 86400.0, "h": 3600.0, "min": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-_PREFIX = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
-
-
-def parse_rate(text: str) -> float:
-    """'25GB/s' -> 25e9 bytes/s; '100Gb/s' (bits) -> 12.5e9."""
-    m = _RATE.match(text)
-    if not m or float(m.group(1)) <= 0:
-        raise UserError(f"expected a bandwidth like 25GB/s or 100Gb/s, got '{text}'")
-    value = float(m.group(1)) * _PREFIX[m.group(2)]
-    return value if m.group(3) == "B" else value / 8
-
-
-def parse_time(text: str) -> float:
-    """'2us' -> 2e-6 s; 'ns', 'us', 'ms', 's', 'min', 'h' and 'd' are understood."""
-    m = _TIME.match(text)
-    if not m:
-        raise UserError(f"expected a time like 2us, 1.5ms, 60s or 5000h, got '{text}'")
-    return float(m.group(1)) * _SECONDS[m.group(2)]
-
-
-@dataclass(frozen=True)
-class PredictConfig:
-    nodes: int = 1
-    gpus: int = 0  # per node; 0: CPU ranks
-    procs_per_node: int = 1
-    threads: int = 1
-    model: str | Workload = "cnn"  # a preset name, a workload file's path, or a Workload
-    batch: int = 32
-    profile: str | Profile | None = None  # a packaged name or a path; None: the default
-    network: str | None = None
-    inter_bw: str | None = None
-    inter_lat: str | None = None
-    gpu_preset: str = DEFAULT_GPU_PRESET
-    iterations: int = 100
-    bucket_mb: float = 25.0
-    overlap: bool = True
-    pinned: bool = True
-    prefetch: bool = False
-    seed: int = 0
-    samples: int = 20
-    dataset_samples: int | None = None
-    algorithm: str | None = None
-    power_preset: str | None = None  # power model (pdlsim.prediction.energy); None: by device
-    cpu_watts: tuple[float, float] | None = None  # idle, busy W per socket
-    gpu_watts: tuple[float, float] | None = None  # idle, busy W per GPU
-    node_other_watts: float | None = None
-    cpu_sockets: tuple[int, int] | None = None  # sockets, cores per socket
-    parallel: str = "data"  # data, model or pipeline (pdlsim.prediction.layerwise)
-    stages: int | None = None  # pipeline stages
-    microbatches: int | None = None  # micro-batches per pipeline step
-    schedule: str | None = None  # gpipe or 1f1b (default)
-    inference: bool = False  # forward pass only
-    compression: str | None = None  # what-ifs (pdlsim.prediction.whatif): none, fp16, topk:F
-    sync_every: int = 1  # local SGD: allreduce every k-th step
-    network_scale: float = 1.0  # inter-node bandwidth x
-    latency_scale: float = 1.0  # inter-node latency x
-    slow_ranks: int = 0  # the last K ranks ...
-    slow_factor: float | None = None  # ... F times slower
-    speeds: tuple[float, ...] | None = None  # or one speed per rank
-    balance: str = "static"  # batch per rank: static or proportional to speed
-    checkpoint_every: str | None = None  # steps, or "auto" (pdlsim.prediction.reliability)
-    checkpoint_bw: str | None = None
-    checkpoint_latency: str | None = None
-    mtbf: str | None = None  # per node
-    restart_time: str | None = None
-    corrections: str = "all"  # named corrections switched on (pdlsim.costmodel.corrections)
-    hardware: str | None = None  # a file overlaying the packaged presets and assumptions
-    allow_oversubscribed_memory: bool = False  # predict a layout that does not fit anyway
-
-    def to_dict(self) -> dict[str, Any]:
-        """The settings as the JSON document's ``config``: a workload or a profile given as an
-        object appears by its name."""
-        model = self.model if isinstance(self.model, str) else self.model.name
-        profile = self.profile if self.profile is None or isinstance(self.profile, str) else "given"
-        return asdict(replace(self, model=model, profile=profile))
-
-
-# The profile a prediction uses without --profile: the first of these that is packaged. The
-# 2-core EPYC's, which the README's examples print (its kernel tables price any workload);
-# xeon-2core and h100-16core are there for --profile.
-DEFAULT_PROFILES = ("reference", "epyc-2core")
-
-
-def resolve_profile(name: str | Profile | None) -> tuple[Profile, str]:
-    """The profile a prediction prices with, and what to call it: a packaged name or a path,
-    the packaged default (:data:`DEFAULT_PROFILES`) for None, or a profile already loaded."""
-    from calibration.profile import Profile, ProfileError, load_profile, packaged_profile_names
-
-    if isinstance(name, Profile):
-        return name, f"given (created {name.created_utc})"
-    if name is None:
-        names = packaged_profile_names()
-        if not names:
-            raise UserError("no packaged reference profile is installed; give --profile PATH")
-        name = next((n for n in DEFAULT_PROFILES if n in names), names[0])
-    try:
-        return load_profile(name), name
-    except ProfileError as exc:
-        raise UserError(f"--profile: {exc}") from None
 
 
 def resolve_network(

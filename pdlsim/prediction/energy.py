@@ -27,7 +27,6 @@ less, so these are estimates with the presets' uncertainty, not measurements.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -38,7 +37,6 @@ __all__ = [
     "POWER_PRESETS",
     "PowerModel",
     "StepActivity",
-    "add_power_options",
     "energy_for_prediction",
     "estimate_energy",
     "format_energy",
@@ -334,57 +332,3 @@ def format_energy(energy: Mapping[str, Any]) -> str:
         f"{energy['average_watts_per_node']:.0f} W/node (power model: "
         f"{energy['power_model']['name']}; estimate, see sources)"
     )
-
-
-def _watts_pair(flag: str, unit: str) -> Any:
-    def parse(text: str) -> tuple[float, float]:
-        try:
-            idle, busy = (float(x) for x in text.split(","))
-        except ValueError:
-            idle = busy = -1.0
-        if not 0 <= idle <= busy < float("inf"):
-            raise argparse.ArgumentTypeError(
-                f"expected IDLE,BUSY watts {unit} with 0 <= IDLE <= BUSY (e.g. 80,270), got "
-                f"'{text}'"
-            )
-        return idle, busy
-
-    parse.__name__ = flag  # argparse names the type in its messages
-    return parse
-
-
-def _sockets(text: str) -> tuple[int, int]:
-    sockets, _, cores = text.lower().partition("x")
-    if (
-        not (sockets.strip().isdigit() and cores.strip().isdigit())
-        or min(int(sockets), int(cores)) < 1
-    ):
-        raise argparse.ArgumentTypeError(
-            f"expected SOCKETSxCORES per node, e.g. 2x40 (2 sockets of 40 cores), got '{text}'"
-        )
-    return int(sockets), int(cores)
-
-
-def _watts(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected watts >= 0, got '{text}'")
-    return value
-
-
-def add_power_options(p: argparse.ArgumentParser) -> None:
-    """The power-model flags of ``pdlsim predict`` and ``sweep``."""
-    p.add_argument("--power-preset", default=None, metavar="NAME",
-                   help=f"power model: {', '.join(POWER_PRESETS)} (default: the --gpu-preset's "
-                   f"node for GPU runs, {CPU_POWER_PRESET} for CPU runs)")  # fmt: skip
-    p.add_argument("--cpu-watts", type=_watts_pair("cpu-watts", "per socket"), default=None,
-                   metavar="IDLE,BUSY", help="CPU watts per socket, e.g. 80,270")  # fmt: skip
-    p.add_argument("--gpu-watts", type=_watts_pair("gpu-watts", "per GPU"), default=None,
-                   metavar="IDLE,BUSY", help="GPU watts, e.g. 70,700")  # fmt: skip
-    p.add_argument("--node-other-watts", type=_watts, default=None, metavar="W",
-                   help="constant watts per node for the rest (memory, NICs, fans); 0")  # fmt: skip
-    p.add_argument("--cpu-sockets", type=_sockets, default=None, metavar="SxC",
-                   help="sockets x cores per socket of a node, e.g. 2x40")  # fmt: skip

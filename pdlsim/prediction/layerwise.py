@@ -21,7 +21,6 @@ ranks. The band and the epoch are computed as for data parallelism.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from dataclasses import replace
 from types import SimpleNamespace
@@ -31,12 +30,11 @@ from microbench.errors import UserError
 from pdlsim.prediction.epoch import dataset_samples
 
 if TYPE_CHECKING:
-    from pdlsim.prediction.core import PredictConfig
+    from pdlsim.prediction.config import PredictConfig
 
 __all__ = [
     "PARALLEL_MODES",
     "SCHEDULES",
-    "add_parallel_options",
     "layerwise_mode",
     "run_layerwise",
 ]
@@ -44,22 +42,6 @@ __all__ = [
 PARALLEL_MODES = ("data", "model", "pipeline")
 SCHEDULES = ("gpipe", "1f1b")  # pdlsim.sim.pipeline.SCHEDULES (not imported: numpy)
 DEFAULT_SCHEDULE = "1f1b"
-
-
-def add_parallel_options(p: argparse.ArgumentParser) -> None:
-    from pdlsim.cli.main import positive_int
-
-    p.add_argument("--parallel", choices=PARALLEL_MODES, default="data",
-                   help="data (default), model (tensor: dense layers split over all ranks), "
-                   "pipeline (layers split into --stages)")  # fmt: skip
-    p.add_argument("--stages", type=positive_int, default=None, metavar="S",
-                   help="pipeline stages (with --parallel pipeline)")  # fmt: skip
-    p.add_argument("--microbatches", type=positive_int, default=None, metavar="M",
-                   help="micro-batches per pipeline step (with --parallel pipeline)")  # fmt: skip
-    p.add_argument("--schedule", choices=SCHEDULES, default=None,
-                   help="pipeline schedule: 1f1b (default) or gpipe")  # fmt: skip
-    p.add_argument("--inference", action="store_true",
-                   help="forward pass only: no backward, update or gradient exchange")  # fmt: skip
 
 
 def layerwise_mode(cfg: PredictConfig) -> bool:
@@ -130,7 +112,7 @@ def run_layerwise(
 ) -> dict[str, Any]:
     """Predict ``cfg`` in its layer-wise mode: the JSON object ``pdlsim predict`` prints."""
     from pdlsim.prediction.document import band_step_times, prediction_document
-    from pdlsim.prediction.layerwise_report import layerwise_memory
+    from pdlsim.prediction.memory import layerwise_memory
     from pdlsim.sim import Cluster, simulate, write_chrome_trace
     from pdlsim.sim.pipeline import build_pipeline_plan
     from pdlsim.sim.pipeline_engine import simulate_pipeline

@@ -32,14 +32,12 @@ restart is covered by Daly's formula; checkpoints do not overlap computation.
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "CheckpointPlan",
-    "add_checkpoint_options",
     "checkpoint_for_prediction",
     "format_checkpoint",
     "checkpoint_cost_s",
@@ -136,36 +134,6 @@ DEFAULT_LATENCY = "10ms"  # assumption: open, fsync and rename of one file
 DEFAULT_RESTART = "60s"  # assumption: relaunch the job and read the checkpoint back
 
 
-def add_checkpoint_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("checkpoints and failures (pdlsim.prediction.reliability)")
-    g.add_argument(
-        "--checkpoint-every",
-        default=None,
-        metavar="STEPS|auto",
-        help="steps between checkpoints; auto: Daly's optimum (needs --mtbf)",
-    )
-    g.add_argument(
-        "--checkpoint-bw",
-        default=None,
-        metavar="RATE",
-        help=f"checkpoint write bandwidth ({DEFAULT_WRITE_RATE}, an assumption)",
-    )
-    g.add_argument(
-        "--checkpoint-latency",
-        default=None,
-        metavar="TIME",
-        help=f"fixed cost per checkpoint ({DEFAULT_LATENCY}, an assumption)",
-    )
-    g.add_argument(
-        "--mtbf",
-        default=None,
-        metavar="TIME",
-        help="mean time between failures of ONE node, e.g. 5000h (none: no failures)",
-    )
-    restart = f"relaunch + reading the checkpoint ({DEFAULT_RESTART}, an assumption)"
-    g.add_argument("--restart-time", default=None, metavar="TIME", help=restart)
-
-
 PROFILE_SOURCE = "profile (storage)"
 
 
@@ -174,7 +142,7 @@ def profile_storage_model(profile_name: str | None) -> Any:
     profile is loaded here: the prediction has read it once already, and this costs a second
     read only when checkpoints are asked for without both cost flags."""
     from microbench.errors import UserError
-    from pdlsim.prediction.core import resolve_profile
+    from pdlsim.prediction.config import resolve_profile
 
     profile, name = resolve_profile(profile_name)
     try:
@@ -187,7 +155,7 @@ def plan_from_config(cfg: Any, state_bytes: int) -> CheckpointPlan | None:
     """The checkpoint plan ``pdlsim predict`` flags ask for; None when no flag was given.
     Latency and bandwidth: the flags, else the profile's storage model, else the defaults."""
     from microbench.errors import UserError
-    from pdlsim.prediction.core import parse_rate, parse_time
+    from pdlsim.prediction.config import parse_rate, parse_time
 
     flags = (cfg.checkpoint_every, cfg.checkpoint_bw, cfg.checkpoint_latency, cfg.mtbf,
              cfg.restart_time)  # fmt: skip

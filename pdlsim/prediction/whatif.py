@@ -18,8 +18,6 @@ Parsing stays light (no numpy) so that building the command line does not load t
 
 from __future__ import annotations
 
-import argparse
-import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -27,99 +25,14 @@ from microbench.errors import UserError
 
 if TYPE_CHECKING:
     from pdlsim.costmodel.model import ProfileCostModel
-    from pdlsim.prediction.core import PredictConfig
+    from pdlsim.prediction.config import PredictConfig
 
 __all__ = [
-    "add_whatif_options",
     "apply_to_cost",
-    "compression_arg",
-    "positive_number",
     "rank_speeds",
     "scenario_options",
-    "speeds_arg",
     "whatif_lines",
 ]
-
-
-def positive_number(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got '{text}'") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
-    return value
-
-
-def compression_arg(text: str) -> str | None:
-    """argparse type: none, fp16, topk or topk:F (F in (0, 1]); "none" is None."""
-    from pdlsim.sim.compression import parse_compression
-
-    try:
-        parsed = parse_compression(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if parsed is None:
-        return None
-    return "fp16" if parsed[0] == "fp16" else f"topk:{parsed[1]:g}"
-
-
-def speeds_arg(text: str) -> tuple[float, ...]:
-    """argparse type: comma-separated positive speeds, one per rank."""
-    return tuple(positive_number(item.strip()) for item in text.split(","))
-
-
-def add_whatif_options(p: argparse.ArgumentParser) -> None:
-    from pdlsim.cli.main import positive_int
-
-    group = p.add_argument_group("what-ifs (pdlsim.prediction.whatif)")
-    group.add_argument(
-        "--compression",
-        type=compression_arg,
-        default=None,
-        metavar="METHOD",
-        help="none (default), fp16 or topk:F (keep F of the gradient, 0.01)",
-    )
-    group.add_argument(
-        "--sync-every",
-        type=positive_int,
-        default=1,
-        metavar="K",
-        help="local SGD: allreduce every K-th step (1)",
-    )
-    group.add_argument(
-        "--network-scale",
-        type=positive_number,
-        default=1.0,
-        metavar="X",
-        help="inter-node bandwidth x X (1)",
-    )
-    group.add_argument(
-        "--latency-scale",
-        type=positive_number,
-        default=1.0,
-        metavar="Y",
-        help="inter-node latency x Y (1)",
-    )
-    group.add_argument(
-        "--slow-ranks",
-        type=int,
-        default=0,
-        metavar="K",
-        help="the last K ranks are --slow-factor times slower",
-    )
-    group.add_argument("--slow-factor", type=positive_number, default=None, metavar="F",
-                       help="how many times slower the --slow-ranks are, e.g. 2")  # fmt: skip
-    group.add_argument(
-        "--speeds",
-        type=speeds_arg,
-        default=None,
-        metavar="S,...",
-        help="relative speed of every rank (1 = the profile's device)",
-    )
-    group.add_argument("--balance", choices=("static", "proportional"), default="static",
-                       help="batch per rank: equal (static) or proportional to speed")  # fmt: skip
 
 
 def rank_speeds(cfg: PredictConfig, ranks: int) -> tuple[float, ...] | None:

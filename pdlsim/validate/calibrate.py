@@ -34,7 +34,7 @@ def calibrate_now(cfg: Any, log: Any = print) -> Path:
     from calibration.optable import inconsistent_steps
     from calibration.pipeline import fit_profile
     from microbench.compute import GPU_BATCHES
-    from pdlsim.cli.bench import BenchPlan, run_bench
+    from pdlsim.cli.bench_suite import BenchPlan, run_bench
 
     run_dir = cfg.out / "calibration"
     threads = tuple(range(1, max(t for _, t in cfg.modes) + 1))
@@ -76,7 +76,7 @@ def machine_difference(measured_on: dict[str, Any], here: dict[str, Any]) -> str
 
 def profile_provenance(profile: str | None, calibrated_now: bool = False) -> dict[str, Any]:
     from microbench.machine import machine_identity
-    from pdlsim.prediction.core import resolve_profile
+    from pdlsim.prediction.config import resolve_profile
 
     prof, name = resolve_profile(profile)
     when = "run by this validation just before the training runs" if calibrated_now else "given"
@@ -129,7 +129,7 @@ def gpu_configurations(choice: str, profile: str, log: Any = print) -> bool:
     if choice == "off":
         return False
     from microbench.gpu import find_gpu
-    from pdlsim.prediction.core import resolve_profile
+    from pdlsim.prediction.config import resolve_profile
 
     gpu, why = find_gpu()
     if gpu is None:

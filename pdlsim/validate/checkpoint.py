@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
-from pdlsim.validate.run import RunSpec, ValidateConfig, launch_train
+from pdlsim.validate.measure import launch_train
+from pdlsim.validate.plan import RunSpec, ValidateConfig
 
 __all__ = [
     "CHECKPOINTS",
@@ -67,7 +68,8 @@ def predicted_checkpoint(spec: RunSpec, cfg: ValidateConfig) -> dict[str, Any]:
     for ``spec`` from ``cfg.profile`` (the cost does not depend on the simulated step, so a
     short simulation suffices)."""
     from microbench.threads import available_cores
-    from pdlsim.prediction.core import PredictConfig, run_prediction
+    from pdlsim.prediction.config import PredictConfig
+    from pdlsim.prediction.core import run_prediction
 
     pcfg = PredictConfig(
         nodes=1, gpus=0, procs_per_node=spec.procs, threads=spec.threads, model=spec.model,

@@ -148,7 +148,7 @@ def test_the_calibrations_speed_checks_time_the_gpu_where_one_is_found(monkeypat
     """Where a GPU is found, each speed check of ``pdlsim bench`` times the GPU steps at the
     compute stage's GPU batches; where none is, it times the host's alone."""
     import microbench.gpu
-    from pdlsim.cli.bench import BenchPlan, plan_stages
+    from pdlsim.cli.bench_suite import BenchPlan, plan_stages
 
     plan = BenchPlan(out=tmp_path, model="mlp", procs=(1,), gpu_batches=(16, 64))
     found = microbench.gpu.find_gpu

@@ -8,7 +8,7 @@ import pytest
 
 from microbench.jitter import FULL_SAMPLES
 from microbench.records import load_dataframe
-from pdlsim.cli.bench import BenchPlan, oversubscription_warnings, plan_stages
+from pdlsim.cli.bench_suite import BenchPlan, oversubscription_warnings, plan_stages
 from tests.conftest import run_pdlsim
 
 

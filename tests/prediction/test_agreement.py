@@ -10,7 +10,8 @@ import pytest
 
 from pdlsim.cli.main import main
 from pdlsim.cli.sweep import sweep
-from pdlsim.prediction.core import PredictConfig, run_prediction
+from pdlsim.prediction.config import PredictConfig
+from pdlsim.prediction.core import run_prediction
 
 QUICK = PredictConfig(iterations=20, samples=7)
 CONFIGS = {

@@ -11,7 +11,8 @@ import pytest
 
 from calibration.profile import packaged_profile_names
 from pdlsim.cli.main import main
-from pdlsim.prediction.core import PredictConfig, parse_rate, parse_time, run_prediction
+from pdlsim.prediction.config import PredictConfig, parse_rate, parse_time
+from pdlsim.prediction.core import run_prediction
 from tests.conftest import run_pdlsim
 from tests.costmodel.test_model import write_synthetic_profile
 

@@ -101,7 +101,8 @@ def test_default_models_and_overrides():
 
 
 def test_prediction_carries_energy_consistent_with_its_breakdown():
-    from pdlsim.prediction.core import PredictConfig, run_prediction
+    from pdlsim.prediction.config import PredictConfig
+    from pdlsim.prediction.core import run_prediction
 
     cfg = PredictConfig(nodes=2, procs_per_node=2, threads=1, model="mlp", samples=2,
                         iterations=20)  # fmt: skip

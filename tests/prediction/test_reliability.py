@@ -95,7 +95,8 @@ def test_bad_checkpoint_flags_are_one_line_exit_2(args, message):
 
 
 def _predict_mlp(profile: str, **checkpoint: str) -> dict:
-    from pdlsim.prediction.core import PredictConfig, run_prediction
+    from pdlsim.prediction.config import PredictConfig
+    from pdlsim.prediction.core import run_prediction
 
     cfg = PredictConfig(nodes=1, model="mlp", profile=profile, iterations=10, samples=2,
                         **checkpoint)  # fmt: skip

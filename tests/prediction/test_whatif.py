@@ -10,11 +10,12 @@ import pandas as pd
 import pytest
 
 from microbench.workload import load_workload
+from pdlsim.cli.knobs import format_report, rank_knobs, vary
 from pdlsim.cli.main import main
 from pdlsim.costmodel.model import ProfileCostModel
 from pdlsim.costmodel.presets import network_preset
-from pdlsim.prediction.core import PredictConfig, run_prediction
-from pdlsim.prediction.knobs import format_report, rank_knobs, vary
+from pdlsim.prediction.config import PredictConfig
+from pdlsim.prediction.core import run_prediction
 from pdlsim.prediction.whatif import apply_to_cost
 from pdlsim.sim import (
     Cluster,

@@ -12,7 +12,8 @@ import pytest
 from microbench.workload import Workload, load_workload
 from pdlsim.cli.main import main
 from pdlsim.cli.sweep import sweep
-from pdlsim.prediction.core import PredictConfig, run_prediction
+from pdlsim.prediction.config import PredictConfig
+from pdlsim.prediction.core import run_prediction
 from pdlsim.sim import (
     Cluster,
     ConfigError,

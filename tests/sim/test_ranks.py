@@ -10,7 +10,8 @@ import pytest
 
 from microbench.workload import load_workload
 from pdlsim.cli.main import main
-from pdlsim.prediction.core import PredictConfig, run_prediction
+from pdlsim.prediction.config import PredictConfig
+from pdlsim.prediction.core import run_prediction
 from pdlsim.sim import Cluster, ConfigError, LognormalJitter, Scenario, predict, simulate
 from pdlsim.sim import simulate_factors as simulate_rows
 from pdlsim.sim.cluster import build_plan, class_plans

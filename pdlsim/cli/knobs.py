@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
 from microbench.fileio import atomic_write_text
-from pdlsim.prediction.whatif import compression_arg, positive_number
+from pdlsim.cli.predict_options import compression_arg, positive_number
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from pdlsim.prediction.core import PredictConfig
+    from pdlsim.prediction.config import PredictConfig
 
 __all__ = ["KNOBS", "Knob", "format_report", "parse_vary", "rank_knobs", "run_vary", "vary"]
 

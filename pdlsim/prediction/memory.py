@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdlsim.cli.predict import fmt_s
-
-__all__ = ["layerwise_memory", "mode_lines"]
+__all__ = ["layerwise_memory"]
 
 FLOAT_BYTES = 4
 
@@ -81,43 +79,3 @@ def layerwise_memory(cfg: Any, result: Any, scenario: Any) -> dict[str, int]:
     gathered = max((batch * i.activation_bytes_per_sample for i in layers if i.name in shares),
                    default=0)  # fmt: skip
     return _parts(weights, 0 if inference else weights, act, gathered + inputs)
-
-
-def mode_lines(out: dict[str, Any]) -> list[str]:
-    par, c = out["parallel"], out["config"]
-    what = "inference (forward only)" if par["inference"] else "training"
-    if par["mode"] == "model":
-        comm = f"allgathers {fmt_s(par['allgather_s'])} ({par['allgather_bytes']:,.0f} B)"
-        if not par["inference"]:
-            comm += f", allreduces {fmt_s(par['allreduce_s'])} ({par['allreduce_bytes']:,.0f} B)"
-        lines = [
-            f"parallelism      model (tensor) over {par['tensor_ranks']} ranks, {what}; strong "
-            f"scaling: every rank works on the same batch of {c['batch']}",
-            f"collectives      {comm} per step, on the critical path",
-        ]
-        split = ", ".join(
-            f"{x['layer']} {x['units']} -> {x['units_per_rank']}/rank" for x in par["split_layers"]
-        )
-        lines.append(f"split layers     {split or 'none (one rank)'}; all other layers replicated")
-        return lines
-    if par["mode"] == "data":
-        return [f"parallelism      data, {what}: {par['replicas']} ranks, no communication"]
-    sizes = sorted(set(par["micro_batch_sizes"]))
-    lines = [
-        f"parallelism      pipeline, {par['stage_count']} stages x {par['replicas']} replicas, "
-        f"{par['microbatches']} micro-batches of {'/'.join(map(str, sizes))} "
-        f"({par['schedule']}), {what}",
-        f"bubble           {par['bubble_fraction']:.1%} of stage-time idle in the pipeline phase "
-        f"({fmt_s(par['pipeline_makespan_s'])}); equal stages, free links: "
-        f"{par['ideal_bubble_fraction']:.1%}",
-        "stage split      stage      fwd+bwd         idle        sends    allreduce  in flight"
-        "  layers",
-    ]
-    for st in par["stages"]:
-        times = (st["forward_s"] + st["backward_s"], st["idle_s"], st["send_s"], st["allreduce_s"])
-        lines.append(
-            f"                 {st['stage']:>5}"
-            + "".join(f"{fmt_s(t):>13}" for t in times)
-            + f"  {st['peak_in_flight']:>9}  {', '.join(st['layers'])}"
-        )
-    return lines

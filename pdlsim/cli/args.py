@@ -1,0 +1,50 @@
+"""Argument types of the ``pdlsim`` command line: each turns one string into a value or
+an ``argparse.ArgumentTypeError`` that argparse prints as a one-line usage error."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _int_at_least(text: str, least: int, expected: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got '{text}'") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
+
+
+def seed(text: str) -> int:
+    """A random seed: numpy's generators take integers >= 0."""
+    return _int_at_least(text, 0, "an integer >= 0")
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return value
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4): positive, ascending, no repeats."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of positive integers like 1,2,4, got '{text}'"
+        ) from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"every value must be at least 1, got '{text}'")
+    if list(values) != sorted(set(values)):
+        raise argparse.ArgumentTypeError(f"list values in ascending order, once each: '{text}'")
+    return values
