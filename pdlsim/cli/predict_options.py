@@ -8,8 +8,8 @@ import math
 from typing import Any
 
 from pdlsim.cli.args import positive_int
+from pdlsim.prediction.checks import PARALLEL_MODES, SCHEDULES
 from pdlsim.prediction.energy import CPU_POWER_PRESET, POWER_PRESETS
-from pdlsim.prediction.layerwise import PARALLEL_MODES, SCHEDULES
 from pdlsim.prediction.reliability import DEFAULT_LATENCY, DEFAULT_RESTART, DEFAULT_WRITE_RATE
 
 

@@ -14,8 +14,9 @@ from pdlsim.cli.args import int_list
 from pdlsim.cli.knobs import KNOBS, parse_vary, run_vary
 from pdlsim.cli.predict import add_common_options, check_flags, config_from_args, cores_warning
 from pdlsim.cli.progress import Progress
+from pdlsim.prediction.build import check_config
 from pdlsim.prediction.config import PredictConfig
-from pdlsim.prediction.core import check_config, run_prediction
+from pdlsim.prediction.core import run_prediction
 
 
 def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...],

@@ -24,9 +24,14 @@ __all__ = [
     "MAX_NODES",
     "MAX_PROCS_PER_NODE",
     "MAX_THREADS",
+    "DEFAULT_SCHEDULE",
+    "PARALLEL_MODES",
+    "SCHEDULES",
     "check_bounds",
+    "check_cluster",
     "check_epoch",
     "check_memory",
+    "layerwise_mode",
     "samples_per_step",
 ]
 
@@ -113,4 +118,74 @@ def check_memory(
             f"needs {_gb(need_bytes)} per rank, {share} the profile's host memory of "
             f"{_gb(host)}; use more nodes, fewer --procs-per-node, model/pipeline parallelism, "
             f"a smaller batch, {anyway}"
+        )
+
+
+PARALLEL_MODES = ("data", "model", "pipeline")
+
+
+SCHEDULES = ("gpipe", "1f1b")  # pdlsim.sim.pipeline.SCHEDULES (not imported: numpy)
+
+
+DEFAULT_SCHEDULE = "1f1b"
+
+
+def layerwise_mode(cfg: Any) -> bool:
+    """Check the parallelism flags (one-line errors); True when ``cfg`` is predicted layer by
+    layer (:mod:`pdlsim.prediction.layerwise`): model or pipeline parallelism, or inference."""
+    if cfg.parallel not in PARALLEL_MODES:
+        raise UserError(
+            f"--parallel must be one of {', '.join(PARALLEL_MODES)}, got {cfg.parallel}"
+        )
+    pipeline = cfg.parallel == "pipeline"
+    for flag, value in (
+        ("--stages", cfg.stages),
+        ("--microbatches", cfg.microbatches),
+        ("--schedule", cfg.schedule),
+    ):
+        if value is not None and not pipeline:
+            raise UserError(f"{flag} is for pipelines: add --parallel pipeline, or drop {flag}")
+    if pipeline:
+        if cfg.stages is None or cfg.microbatches is None:
+            raise UserError("--parallel pipeline needs --stages S and --microbatches M")
+        if cfg.stages < 1 or cfg.microbatches < 1:
+            raise UserError(
+                f"--stages and --microbatches must be at least 1, got {cfg.stages} and "
+                f"{cfg.microbatches}"
+            )
+        if cfg.microbatches > cfg.batch:
+            raise UserError(
+                f"--microbatches {cfg.microbatches} is more than --batch {cfg.batch}: every "
+                "micro-batch needs a sample; lower --microbatches or raise --batch"
+            )
+    layerwise = cfg.parallel != "data" or cfg.inference
+    if (
+        layerwise
+    ):  # the checkpoint what-ifs (pdlsim.prediction.reliability) read data-parallel results
+        for flag in ("checkpoint_every", "checkpoint_bw", "checkpoint_latency", "mtbf",
+                     "restart_time"):  # fmt: skip
+            if getattr(cfg, flag, None) is not None:
+                name = "--" + flag.replace("_", "-")
+                raise UserError(
+                    f"{name} is modelled for data-parallel training only; drop it, or drop "
+                    "--parallel model/pipeline and --inference"
+                )
+    return layerwise
+
+
+def check_cluster(cfg: Any, ranks: int, per_node: int, layers: int, name: str) -> None:
+    if cfg.parallel != "pipeline":
+        return
+    s = cfg.stages
+    if s > layers:
+        raise UserError(f"--stages {s} is more than the {layers} layers of workload '{name}'")
+    if ranks % s:
+        raise UserError(
+            f"--stages {s} must divide the {ranks} ranks: each data-parallel replica is one "
+            "whole pipeline"
+        )
+    if ranks > s and per_node % s and s % per_node:
+        raise UserError(
+            f"--stages {s} must divide the {per_node} ranks per node or be a multiple of it "
+            "(so that every pipeline replica sits alike on the nodes)"
         )

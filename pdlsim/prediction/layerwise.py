@@ -2,7 +2,7 @@
 
 ``--parallel data`` (the default) without ``--inference`` is :mod:`pdlsim.prediction.core`'s own
 path, unchanged. Everything else is predicted here, from the same profile, cluster and cost model
-(:func:`pdlsim.prediction.core.build`):
+(:func:`pdlsim.prediction.build.build`):
 
 * ``--parallel model``: tensor parallelism over all ranks, one model replica
   (:mod:`pdlsim.sim.tensor`). ``--batch`` is the batch the ranks share: the scaling is
@@ -21,95 +21,22 @@ ranks. The band and the epoch are computed as for data parallelism.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
+from pdlsim.prediction.build import build
+from pdlsim.prediction.checks import DEFAULT_SCHEDULE, check_cluster
 from pdlsim.prediction.epoch import dataset_samples
 
 if TYPE_CHECKING:
     from pdlsim.prediction.config import PredictConfig
 
-__all__ = [
-    "PARALLEL_MODES",
-    "SCHEDULES",
-    "layerwise_mode",
-    "run_layerwise",
-]
-
-PARALLEL_MODES = ("data", "model", "pipeline")
-SCHEDULES = ("gpipe", "1f1b")  # pdlsim.sim.pipeline.SCHEDULES (not imported: numpy)
-DEFAULT_SCHEDULE = "1f1b"
+__all__ = ["run_layerwise"]
 
 
-def layerwise_mode(cfg: PredictConfig) -> bool:
-    """Check the parallelism flags (one-line errors); True when this module predicts ``cfg``."""
-    if cfg.parallel not in PARALLEL_MODES:
-        raise UserError(
-            f"--parallel must be one of {', '.join(PARALLEL_MODES)}, got {cfg.parallel}"
-        )
-    pipeline = cfg.parallel == "pipeline"
-    for flag, value in (
-        ("--stages", cfg.stages),
-        ("--microbatches", cfg.microbatches),
-        ("--schedule", cfg.schedule),
-    ):
-        if value is not None and not pipeline:
-            raise UserError(f"{flag} is for pipelines: add --parallel pipeline, or drop {flag}")
-    if pipeline:
-        if cfg.stages is None or cfg.microbatches is None:
-            raise UserError("--parallel pipeline needs --stages S and --microbatches M")
-        if cfg.stages < 1 or cfg.microbatches < 1:
-            raise UserError(
-                f"--stages and --microbatches must be at least 1, got {cfg.stages} and "
-                f"{cfg.microbatches}"
-            )
-        if cfg.microbatches > cfg.batch:
-            raise UserError(
-                f"--microbatches {cfg.microbatches} is more than --batch {cfg.batch}: every "
-                "micro-batch needs a sample; lower --microbatches or raise --batch"
-            )
-    layerwise = cfg.parallel != "data" or cfg.inference
-    if (
-        layerwise
-    ):  # the checkpoint what-ifs (pdlsim.prediction.reliability) read data-parallel results
-        for flag in ("checkpoint_every", "checkpoint_bw", "checkpoint_latency", "mtbf",
-                     "restart_time"):  # fmt: skip
-            if getattr(cfg, flag, None) is not None:
-                name = "--" + flag.replace("_", "-")
-                raise UserError(
-                    f"{name} is modelled for data-parallel training only; drop it, or drop "
-                    "--parallel model/pipeline and --inference"
-                )
-    return layerwise
-
-
-def _check_cluster(cfg: PredictConfig, ranks: int, per_node: int, layers: int, name: str) -> None:
-    if cfg.parallel != "pipeline":
-        return
-    s = cfg.stages
-    if s > layers:
-        raise UserError(f"--stages {s} is more than the {layers} layers of workload '{name}'")
-    if ranks % s:
-        raise UserError(
-            f"--stages {s} must divide the {ranks} ranks: each data-parallel replica is one "
-            "whole pipeline"
-        )
-    if ranks > s and per_node % s and s % per_node:
-        raise UserError(
-            f"--stages {s} must divide the {per_node} ranks per node or be a multiple of it "
-            "(so that every pipeline replica sits alike on the nodes)"
-        )
-
-
-def run_layerwise(
-    cfg: PredictConfig,
-    build: Callable[..., tuple[Any, Any, Any, dict[str, Any], dict[str, int]]],
-    trace: str | None,
-    band_iterations: int,
-) -> dict[str, Any]:
+def run_layerwise(cfg: PredictConfig, trace: str | None, band_iterations: int) -> dict[str, Any]:
     """Predict ``cfg`` in its layer-wise mode: the JSON object ``pdlsim predict`` prints."""
     from pdlsim.prediction.document import band_step_times, prediction_document
     from pdlsim.prediction.memory import layerwise_memory
@@ -124,7 +51,7 @@ def run_layerwise(
     def memory(cluster, scenario, cost) -> dict[str, int]:
         """Bytes per rank of the mode's plan, checked by ``build`` before any simulation."""
         w = scenario.workload
-        _check_cluster(cfg, cluster.ranks, cluster.ranks_per_node, len(w.layers), w.name)
+        check_cluster(cfg, cluster.ranks, cluster.ranks_per_node, len(w.layers), w.name)
         if cfg.parallel == "pipeline":
             plan = build_pipeline_plan(
                 cluster, scenario, cost, cfg.stages, cfg.microbatches, schedule, inference

@@ -1,7 +1,7 @@
 """Memory per rank and the printed report of the layer-wise modes (model, pipeline, inference).
 
 Memory per rank, float32, plain SGD (no optimizer state), as
-:func:`pdlsim.prediction.core.memory_per_rank` counts it for data parallelism:
+:func:`memory_per_rank` counts it for data parallelism:
 
 * model parallelism: the rank's slice of every dense layer and the whole of every other layer
   (weights, and as much again for gradients in training); activations: every layer's whole
@@ -15,9 +15,13 @@ Memory per rank, float32, plain SGD (no optimizer state), as
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["layerwise_memory"]
+if TYPE_CHECKING:
+    from pdlsim.sim import Cluster, Scenario
+
+__all__ = ["im2col_bytes_per_sample", "layerwise_memory", "memory_per_rank"]
 
 FLOAT_BYTES = 4
 
@@ -79,3 +83,36 @@ def layerwise_memory(cfg: Any, result: Any, scenario: Any) -> dict[str, int]:
     gathered = max((batch * i.activation_bytes_per_sample for i in layers if i.name in shares),
                    default=0)  # fmt: skip
     return _parts(weights, 0 if inference else weights, act, gathered + inputs)
+
+
+def memory_per_rank(cluster: Cluster, scenario: Scenario) -> dict[str, int]:
+    """Bytes per rank: float32 weights and gradients, plain SGD (no optimizer state), the
+    activations kept for backward at the batch, the convolutions' im2col workspace (the column
+    matrix of each conv layer, and its gradient where the layer passes one back: what an
+    im2col + GEMM convolution allocates), on GPU ranks DDP bucket buffers (a flat copy of every
+    gradient) when there is more than one rank (CPU ranks allreduce in place), and the
+    mini-batch input (twice with prefetch)."""
+    w = scenario.workload
+    batch = scenario.batch_per_rank
+    inputs = w.layers[0].input_bytes_per_sample * batch * (2 if scenario.prefetch else 1)
+    buckets = w.gradient_bytes if cluster.ranks > 1 and cluster.device == "gpu" else 0
+    parts = {
+        "weights": 4 * w.param_count,
+        "gradients": w.gradient_bytes,
+        "optimizer_state": 0,
+        "activations": w.activation_bytes_per_sample * batch,
+        "workspace": batch * sum(im2col_bytes_per_sample(info) for info in w.layers),
+        "buffers": buckets + inputs,
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def im2col_bytes_per_sample(info: Any) -> int:
+    """A conv layer's column matrix per sample (out h x out w rows of k x k x c_in floats),
+    twice where it passes an input gradient back (the columns' gradient); 0 for other layers."""
+    if info.kind != "conv2d":
+        return 0
+    k = info.layer.get("kernel")
+    cols = math.prod(info.output_shape[1:]) * k * k * info.input_shape[0] * 4
+    return cols * (2 if info.needs_input_grad else 1)

@@ -9,7 +9,7 @@ import pytest
 
 from pdlsim.cli.main import main
 from pdlsim.cli.progress import Progress
-from pdlsim.prediction import core as predict_module
+from pdlsim.prediction import build as build_module
 
 
 def _refused(capsys, *args: str) -> str:
@@ -88,7 +88,7 @@ def test_cpu_ranks_are_checked_against_the_hosts_memory(capsys, no_simulation):
 
 
 def test_cpu_ranks_of_a_host_of_unknown_memory_are_predicted(monkeypatch):
-    real = predict_module.resolve_profile
+    real = build_module.resolve_profile
 
     def no_memory(name):  # a profile that does not say: no check
         profile, found = real(name)
@@ -96,7 +96,7 @@ def test_cpu_ranks_of_a_host_of_unknown_memory_are_predicted(monkeypatch):
         profile.machine.pop("memory_limit_bytes", None)
         return profile, found
 
-    monkeypatch.setattr(predict_module, "resolve_profile", no_memory)
+    monkeypatch.setattr(build_module, "resolve_profile", no_memory)
     args = ["--nodes", "1", "--procs-per-node", "2", "--batch", "20000", "--iterations", "1"]
     assert main(["predict", *args, "--samples", "2", "--json"]) == 0
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from calibration.formulas import coefficients
 from pdlsim.sim import LinearCostModel, LinkCost, Placement
 from pdlsim.sim.collectives import TimedStep, algorithm_for, schedule, total_time_s
 from tests.sim.costs import example_cost
@@ -126,3 +127,26 @@ def test_one_rank_costs_nothing_and_the_schedule_sums_to_the_closed_form(cost):
 def test_ranks_must_match_the_placement(cost):
     with pytest.raises(ValueError, match="ranks 3"):
         cost.collective_time("allreduce", 100, 3, Placement(2, 2))
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "rabenseifner", "binomial"])
+@pytest.mark.parametrize("ranks", [2, 3, 4, 5, 6, 7, 8, 12, 16, 33])
+def test_the_simulators_steps_are_the_calibrations_formulas(algorithm, ranks):
+    """The calibration fits each algorithm's closed form (messages, bytes moved, bytes
+    reduced), the simulator plays its steps: on one flat level the steps must add up to the
+    very columns the fit used, so that a fitted alpha, beta, gamma mean the same in both."""
+    nbytes = 3 << 20
+    _, steps = schedule("allreduce", nbytes, 1, ranks, algorithm)
+    summed = (
+        sum(s.repeat for s in steps),
+        sum(s.repeat * s.flows * s.nbytes for s in steps),
+        sum(s.repeat * s.reduce_bytes for s in steps),
+    )
+    assert summed == pytest.approx(tuple(coefficients("allreduce", algorithm, ranks, nbytes)[0]))
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 5, 8, 13])
+def test_the_simulators_broadcast_is_the_calibrations_binomial_bcast(ranks):
+    _, steps = schedule("broadcast", 1 << 16, 1, ranks, "binomial")
+    summed = (sum(s.repeat for s in steps), sum(s.repeat * s.nbytes for s in steps), 0.0)
+    assert summed == pytest.approx(tuple(coefficients("bcast", "binomial", ranks, 1 << 16)[0]))

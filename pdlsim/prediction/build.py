@@ -1,0 +1,126 @@
+"""A configuration made concrete: its cluster, scenario and profile-backed cost model, the
+network and GPU it rests on, and the bytes per rank; everything refused up front
+(:mod:`pdlsim.prediction.checks`) is refused here, before any simulation."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from pdlsim.costmodel.corrections import parse_corrections
+from pdlsim.costmodel.presets import (
+    DEFAULT_NETWORK_PRESET,
+    HARDWARE,
+    Hardware,
+    NetworkPreset,
+    load_hardware,
+)
+from pdlsim.prediction.checks import check_bounds, check_epoch, check_memory, layerwise_mode
+from pdlsim.prediction.config import PredictConfig, parse_rate, parse_time, resolve_profile
+from pdlsim.prediction.epoch import dataset_samples
+from pdlsim.prediction.memory import memory_per_rank
+from pdlsim.prediction.whatif import apply_to_cost, rank_speeds, scenario_options
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from calibration.profile import Profile
+    from microbench.workload import Workload
+    from pdlsim.costmodel.model import ProfileCostModel
+    from pdlsim.sim import Cluster, Scenario
+
+    MemoryOf = Callable[[Cluster, Scenario, ProfileCostModel], dict[str, int]]
+
+__all__ = ["build", "check_config", "resolve_network"]
+
+
+def resolve_network(
+    cfg: PredictConfig, profile_has_inter: bool, hardware: Hardware = HARDWARE
+) -> NetworkPreset | None:
+    if cfg.network is None and cfg.inter_bw is None and cfg.inter_lat is None:
+        return None if profile_has_inter else hardware.network(DEFAULT_NETWORK_PRESET)
+    base = hardware.network(cfg.network or DEFAULT_NETWORK_PRESET)
+    if cfg.inter_bw is None and cfg.inter_lat is None:
+        return base
+    bw = parse_rate(cfg.inter_bw) if cfg.inter_bw else base.bandwidth_bytes_per_s
+    lat = parse_time(cfg.inter_lat) if cfg.inter_lat else base.latency_s
+    return NetworkPreset("given", lat, bw, "--inter-bw/--inter-lat", kind="given")
+
+
+def check_config(cfg: PredictConfig) -> Workload:
+    """The checks that need no profile (bounds, parallelism flags, the workload, the step
+    against the epoch), one-line errors; the workload. ``sweep`` runs them over every row
+    before simulating the first."""
+    from microbench.workload import Workload
+
+    check_bounds(cfg)
+    layerwise_mode(cfg)
+    workload = Workload.load(cfg.model)
+    check_epoch(cfg, dataset_samples(workload.name, cfg.dataset_samples))
+    return workload
+
+
+def build(
+    cfg: PredictConfig, memory: MemoryOf | None = None
+) -> tuple[Cluster, Scenario, ProfileCostModel, dict[str, Any], dict[str, int]]:
+    """The cluster, scenario and cost model of a configuration, where the numbers came from,
+    and the bytes per rank (``memory``; default :func:`memory_per_rank`): everything refused
+    up front (:mod:`pdlsim.prediction.checks`) is refused here, before any simulation."""
+    from pdlsim.costmodel.insitu import sync_parallelism
+    from pdlsim.costmodel.model import ProfileCostModel
+    from pdlsim.sim import Cluster, Scenario
+
+    workload = check_config(cfg)
+    profile, profile_name = resolve_profile(cfg.profile)
+    hardware = load_hardware(cfg.hardware)
+    has_inter = any(r.inter is not None for r in _regimes(profile))
+    network = resolve_network(cfg, has_inter, hardware)
+    # looked up even for CPU ranks, which use none: a typo fails either way
+    preset = None if cfg.gpu_preset == "none" else hardware.gpu(cfg.gpu_preset)
+    gpu = preset if cfg.gpus > 0 else None
+    if cfg.gpus > 0:
+        cluster = Cluster.gpus(cfg.nodes, cfg.gpus)
+    else:
+        cluster = Cluster.cpus(cfg.nodes, cfg.procs_per_node, cfg.threads)
+    speeds = rank_speeds(cfg, cluster.ranks)
+    if speeds is not None:
+        cluster = replace(cluster, speeds=speeds)
+    bucket_bytes = max(1, int(cfg.bucket_mb * 2**20))
+    scenario = Scenario(
+        workload,
+        cfg.batch,
+        bucket_bytes=bucket_bytes,
+        overlap=cfg.overlap,
+        prefetch=cfg.prefetch,
+        pinned=cfg.pinned,
+        iterations=cfg.iterations,
+        seed=cfg.seed,
+        algorithm=cfg.algorithm,
+        **scenario_options(cfg),
+    )
+    cost = ProfileCostModel.from_profile(
+        profile, network, gpu, cluster.device, bucket_bytes, workload.name,
+        cluster.ranks_per_node, inference=cfg.inference, batch=cfg.batch,
+        parallel=sync_parallelism(cfg.parallel, cfg.inference),
+        corrections=parse_corrections(cfg.corrections), description=workload,
+        assumptions=hardware.assumptions,
+    )  # fmt: skip
+    cost = apply_to_cost(cfg, cost)
+    provenance = {"profile": profile_name, **cost.provenance}
+    if gpu is not None:
+        provenance["gpu_preset"] = f"{gpu.name} (data sheet: {gpu.source})"
+    if cfg.hardware is not None:
+        provenance["hardware"] = hardware.source
+    need = (memory or _data_memory)(cluster, scenario, cost)
+    check_memory(cfg, need["total"], cluster.device, cost.gpu, profile.machine,
+                 cluster.ranks_per_node)  # fmt: skip
+    return cluster, scenario, cost, provenance, need
+
+
+def _data_memory(cluster: Cluster, scenario: Scenario, cost: Any) -> dict[str, int]:
+    return memory_per_rank(cluster, scenario)
+
+
+def _regimes(profile: Profile) -> list[Any]:
+    models = profile.model("collectives").models_
+    return [r for m in models.values() for r in m.regimes_]
