@@ -182,8 +182,8 @@ def train(
     records = records_path(run_dir, rank, resumed=resume is not None)
 
     with (
-        RecordWriter(records, machine=machine, run=run_info) as writer,
-        StepLog(writer) as step_log,
+        RecordWriter(records, machine=machine, run=run_info, nonfinite="null") as writer,
+        StepLog(writer, log if rank == 0 else None) as step_log,
     ):
 
         def checkpoint(epoch: int, step: int, rng_state: dict, sums: dict[str, Any]) -> None:

@@ -140,7 +140,8 @@ def train_model_parallel(
     run_info.update(batch_semantics=BATCH_NOTE, split_layers=net.split_layers())
     machine = machine_metadata(comm=comm.mpi_comm, threads=config.threads)
     records = records_path(run_dir, rank, False)
-    with RecordWriter(records, machine=machine, run=run_info) as out, StepLog(out) as step_log:
+    writer = RecordWriter(records, machine=machine, run=run_info, nonfinite="null")
+    with writer as out, StepLog(out, log if rank == 0 else None) as step_log:
         for epoch in range(config.epochs):
             permutation = order.permutation(len(train_set))
             loss_sum = correct_sum = 0.0

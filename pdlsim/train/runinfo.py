@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from microbench.records import RecordWriter
@@ -27,11 +29,24 @@ class StepLog:
     checkpoint (a resumed run's records are whole up to it) and on leaving the ``with`` block,
     however it leaves it."""
 
-    def __init__(self, writer: RecordWriter) -> None:
+    def __init__(self, writer: RecordWriter, warn: Callable[[str], None] | None = None) -> None:
         self.writer = writer
         self.pending: list[dict[str, Any]] = []
+        self.warn = warn
+        self.diverged_at: int | None = None
 
     def add(self, record: dict[str, Any]) -> None:
+        """Hold ``record``; the first step whose loss is not finite is said once through
+        ``warn``: the run diverged (its step times still stand; the writer stores the loss as
+        null)."""
+        loss = record.get("loss")
+        if self.diverged_at is None and loss is not None and not math.isfinite(loss):
+            self.diverged_at = int(record.get("global_step", 0))
+            if self.warn is not None:
+                self.warn(
+                    f"warning: the loss is {loss} at step {self.diverged_at}: the run diverged "
+                    "(lower --lr); its step times are still recorded"
+                )
         self.pending.append(record)
 
     def flush(self) -> None:
