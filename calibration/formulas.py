@@ -4,15 +4,18 @@ Every formula is ``T = A(p) a + B(p, n) b + G(p, n) g`` with ``a`` the latency o
 ``b`` the time per byte moved and ``g`` the time per byte reduced (Thakur, Rabenseifner & Gropp,
 "Optimization of collective communication operations in MPICH", IJHPCA 2005; Chan et al. 2007
 for the broadcast). :func:`coefficients` returns the columns ``(A, B, G)``, so that the
-calibration fits ``a, b, g`` by linear least squares and the simulator evaluates the same
-expression. ``n`` is microbench's ``bytes`` (see :mod:`microbench.collectives`): the buffer for
-allreduce and bcast, each rank's block for allgather and reduce_scatter, whose formulas use the
+calibration fits ``a, b, g`` by linear least squares. The allreduce algorithms and the binomial
+broadcast, which the simulator plays step by step, are summed from the very steps it plays
+(:mod:`calibration.collective_steps`); the others (allgather, reduce-scatter, the
+scatter-allgather broadcast, barrier, ping-pong) are timed only here and written as formulas.
+``n`` is microbench's ``bytes`` (see :mod:`microbench.collectives`): the buffer for allreduce
+and bcast, each rank's block for allgather and reduce_scatter, whose formulas use the
 whole vector ``N = p n``.
 
 Non-powers of two: recursive doubling and Rabenseifner first fold the ``p - q`` extra ranks into
 the largest power of two ``q`` below ``p`` (one exchange of the whole vector and a reduction)
-and send them the result at the end (one more exchange), as MPICH does; the binomial and Bruck
-forms use ``ceil(lg p)`` steps.
+and send them the result at the end (one more exchange), as MPICH does (the steps say so); the
+binomial and Bruck forms use ``ceil(lg p)`` steps.
 
 In every allreduce and reduce_scatter formula ``b`` and ``g`` come in a fixed ratio at powers of
 two (ring ``2:1``, recursive doubling ``1:1``, ...), so one collective's timings cannot tell
@@ -26,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from .collective_steps import pattern_columns
+
 __all__ = [
     "ALGORITHMS",
     "DEFAULT_ALGORITHM",
@@ -37,47 +42,25 @@ __all__ = [
 ]
 
 Columns = tuple[np.ndarray, np.ndarray, np.ndarray]
-
-
-def _lg(p: np.ndarray) -> np.ndarray:
-    return np.log2(p)
+Formula = Callable[[np.ndarray, np.ndarray], Columns]
 
 
 def _clg(p: np.ndarray) -> np.ndarray:
     return np.ceil(np.log2(p) - 1e-12)
 
 
-def _fold(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(q, extra)``: the largest power of two <= p, and 1 where p is not a power of two."""
-    q = 2.0 ** np.floor(np.log2(p) + 1e-12)
-    return q, (p != q).astype(float)
+def _stepped(name: str) -> Formula:
+    """The closed form of the pattern ``name`` written in :mod:`calibration.collective_steps`:
+    its steps (A), the bytes each sends (B = n x the fractions' sum) and reduces (G)."""
 
+    def columns(p: np.ndarray, n: np.ndarray) -> Columns:
+        whole = np.rint(p)
+        if np.any(np.abs(p - whole) > 1e-9):
+            raise ValueError(f"{name}: rank counts must be whole numbers")
+        per = np.array([pattern_columns(name, int(q)) for q in whole.ravel()]).reshape(-1, 3)
+        return per[:, 0], per[:, 1] * n, per[:, 2] * n
 
-def _ring_allreduce(p: np.ndarray, n: np.ndarray) -> Columns:
-    f = (p - 1) / p
-    return 2 * (p - 1), 2 * n * f, n * f
-
-
-def _recursive_doubling_allreduce(p: np.ndarray, n: np.ndarray) -> Columns:
-    q, extra = _fold(p)
-    steps = _lg(q)
-    return steps + 2 * extra, n * (steps + 2 * extra), n * (steps + extra)
-
-
-def _rabenseifner_allreduce(p: np.ndarray, n: np.ndarray) -> Columns:
-    q, extra = _fold(p)
-    f = (q - 1) / q
-    return 2 * _lg(q) + 2 * extra, 2 * n * f + 2 * n * extra, n * f + n * extra
-
-
-def _binomial_allreduce(p: np.ndarray, n: np.ndarray) -> Columns:
-    steps = _clg(p)
-    return 2 * steps, 2 * steps * n, steps * n
-
-
-def _binomial_bcast(p: np.ndarray, n: np.ndarray) -> Columns:
-    steps = _clg(p)
-    return steps, steps * n, 0 * n
+    return columns
 
 
 def _scatter_allgather_bcast(p: np.ndarray, n: np.ndarray) -> Columns:
@@ -108,16 +91,14 @@ def _direct_pingpong(p: np.ndarray, n: np.ndarray) -> Columns:
     return 1 + 0 * p, n + 0 * p, 0 * n  # one message between two ranks, whatever p is
 
 
-Formula = Callable[[np.ndarray, np.ndarray], Columns]
-
 ALGORITHMS: dict[str, dict[str, Formula]] = {
     "allreduce": {
-        "ring": _ring_allreduce,
-        "recursive_doubling": _recursive_doubling_allreduce,
-        "rabenseifner": _rabenseifner_allreduce,
-        "binomial": _binomial_allreduce,
+        "ring": _stepped("ring"),
+        "recursive_doubling": _stepped("recursive_doubling"),
+        "rabenseifner": _stepped("rabenseifner"),
+        "binomial": _stepped("binomial"),
     },
-    "bcast": {"binomial": _binomial_bcast, "scatter_allgather": _scatter_allgather_bcast},
+    "bcast": {"binomial": _stepped("broadcast"), "scatter_allgather": _scatter_allgather_bcast},
     "allgather": {"ring": _ring_allgather, "recursive_doubling": _recursive_doubling_allgather},
     "reduce_scatter": {
         "pairwise": _pairwise_reduce_scatter,

@@ -35,11 +35,22 @@ __all__ = ["build", "check_config", "resolve_network"]
 
 
 def resolve_network(
-    cfg: PredictConfig, profile_has_inter: bool, hardware: Hardware = HARDWARE
+    cfg: PredictConfig, fitted: Any | None, hardware: Hardware = HARDWARE
 ) -> NetworkPreset | None:
+    """The inter-node link a prediction takes: None for the profile's own ``fitted`` one (a
+    regime's inter-node fit, with ``a_s`` and ``b_s_per_byte``) when no flag names another;
+    else ``--network``'s preset, or the default preset where the profile has none, with
+    ``--inter-bw``/``--inter-lat`` replacing its figures. Given one of the two alone, the other
+    comes from ``--network``'s preset if named, else from the profile's fit where it has one."""
     if cfg.network is None and cfg.inter_bw is None and cfg.inter_lat is None:
-        return None if profile_has_inter else hardware.network(DEFAULT_NETWORK_PRESET)
-    base = hardware.network(cfg.network or DEFAULT_NETWORK_PRESET)
+        return None if fitted is not None else hardware.network(DEFAULT_NETWORK_PRESET)
+    if cfg.network is None and fitted is not None:
+        base = NetworkPreset(
+            "profile", fitted.a_s, 1.0 / max(fitted.b_s_per_byte, 1e-15), "the profile's fit",
+            kind="given",
+        )  # fmt: skip
+    else:
+        base = hardware.network(cfg.network or DEFAULT_NETWORK_PRESET)
     if cfg.inter_bw is None and cfg.inter_lat is None:
         return base
     bw = parse_rate(cfg.inter_bw) if cfg.inter_bw else base.bandwidth_bytes_per_s
@@ -73,8 +84,8 @@ def build(
     workload = check_config(cfg)
     profile, profile_name = resolve_profile(cfg.profile)
     hardware = load_hardware(cfg.hardware)
-    has_inter = any(r.inter is not None for r in _regimes(profile))
-    network = resolve_network(cfg, has_inter, hardware)
+    fitted = next((r.inter for r in _regimes(profile) if r.inter is not None), None)
+    network = resolve_network(cfg, fitted, hardware)
     # looked up even for CPU ranks, which use none: a typo fails either way
     preset = None if cfg.gpu_preset == "none" else hardware.gpu(cfg.gpu_preset)
     gpu = preset if cfg.gpus > 0 else None

@@ -12,16 +12,14 @@ step as ``alpha + flows * nbytes * beta + reduce_bytes * gamma`` of its level
 its steps, and the simulator plays the same steps on its link resources.
 
 Ranks are laid out node-major (rank r on node r // ranks_per_node), as ``mpiexec`` fills nodes
-by default. Which pairs talk in each step follows MPICH's implementations (root 0 for the
-binomial trees; non-power-of-two counts handled as MPICH does, by folding the first
-2 * (p - pof2) ranks pairwise before and unfolding them after). A step is timed on the
+by default. Which pairs talk in each step is the algorithm's pattern, written once in
+:mod:`calibration.collective_steps` (MPICH's implementations), the same steps the calibration
+sums into the closed forms it fits. A step is timed on the
 inter-node link when any of its pairs crosses nodes: the intra-node transfers that run beside
 them are assumed to be faster. Intra-node links are per rank (NVLink/NVSwitch ports, or a
 core's share of memory bandwidth folded into the measured intra-node beta): only the NIC is
 counted as shared.
 
-Chunk sizes are real numbers (n / p), not rounded to elements, so that the textbook closed
-forms (ring: 2 (p-1) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma) hold exactly.
 """
 
 from __future__ import annotations
@@ -31,6 +29,8 @@ from functools import lru_cache
 from typing import Literal
 
 import numpy as np
+
+from calibration.collective_steps import pattern, pof2
 
 __all__ = [
     "ALLREDUCE_ALGORITHMS",
@@ -103,10 +103,6 @@ def total_time_s(steps: tuple[TimedStep, ...]) -> float:
     return total
 
 
-def _pof2(p: int) -> int:
-    return 1 << (p.bit_length() - 1)
-
-
 def algorithm_for(
     op: str, nbytes: float, nodes: int, ranks_per_node: int, forced: str | None
 ) -> str:
@@ -128,108 +124,9 @@ def algorithm_for(
 
 def _flat_allreduce(nbytes: float, ranks: int) -> str:
     count = int(nbytes) // ELEMENT_BYTES
-    if nbytes <= SHORT_MESSAGE_BYTES or count < _pof2(ranks):
+    if nbytes <= SHORT_MESSAGE_BYTES or count < pof2(ranks):
         return "recursive_doubling"
     return "rabenseifner"
-
-
-# ------------------------------------------------------------------------------------------
-# Patterns: per step, the fraction of n sent, who sends to whom, whether the receiver reduces.
-# They depend on (algorithm, ranks, nodes, ranks per node) only, so they are cached and scaled.
-
-_Raw = tuple[float, np.ndarray, np.ndarray, bool, str]  # fraction, src, dst, reduces, phase
-
-
-def _fold(p: int) -> tuple[int, int, np.ndarray]:
-    """MPICH's non-power-of-two fold: pof2, rem, and the old rank of each new rank."""
-    pof2 = _pof2(p)
-    rem = p - pof2
-    new = np.arange(pof2)
-    old_of_new = np.where(new < rem, 2 * new + 1, new + rem)
-    return pof2, rem, old_of_new
-
-
-def _fold_steps(p: int, phase: str) -> tuple[list[_Raw], list[_Raw]]:
-    _, rem, _ = _fold(p)
-    if rem == 0:
-        return [], []
-    even = 2 * np.arange(rem)
-    pre = [(1.0, even, even + 1, True, f"{phase} fold")]
-    post = [(1.0, even + 1, even, False, f"{phase} unfold")]
-    return pre, post
-
-
-def _exchange(old_of_new: np.ndarray, mask: int) -> tuple[np.ndarray, np.ndarray]:
-    new = np.arange(old_of_new.size)
-    return old_of_new[new], old_of_new[new ^ mask]
-
-
-def _ring(p: int) -> list[_Raw]:
-    src = np.arange(p)
-    dst = (src + 1) % p
-    rs = [(1.0 / p, src, dst, True, "ring reduce-scatter")] * (p - 1)
-    ag = [(1.0 / p, src, dst, False, "ring allgather")] * (p - 1)
-    return rs + ag
-
-
-def _recursive_doubling(p: int) -> list[_Raw]:
-    pof2, _, old_of_new = _fold(p)
-    pre, post = _fold_steps(p, "recursive doubling")
-    steps = list(pre)
-    mask = 1
-    while mask < pof2:
-        src, dst = _exchange(old_of_new, mask)
-        steps.append((1.0, src, dst, True, "recursive doubling"))
-        mask <<= 1
-    return steps + post
-
-
-def _rabenseifner(p: int) -> list[_Raw]:
-    pof2, _, old_of_new = _fold(p)
-    pre, post = _fold_steps(p, "rabenseifner")
-    steps = list(pre)
-    masks = []
-    mask = 1
-    while mask < pof2:
-        masks.append(mask)
-        mask <<= 1
-    for mask in masks:  # reduce-scatter by recursive halving: near partners, big halves
-        src, dst = _exchange(old_of_new, mask)
-        steps.append((1.0 / (2 * mask), src, dst, True, "reduce-scatter"))
-    for mask in reversed(masks):  # allgather by recursive doubling: far partners first
-        src, dst = _exchange(old_of_new, mask)
-        steps.append((1.0 / (2 * mask), src, dst, False, "allgather"))
-    return steps + post
-
-
-def _binomial_reduce(p: int) -> list[_Raw]:
-    ranks = np.arange(p)
-    steps = []
-    mask = 1
-    while mask < p:
-        src = ranks[ranks % (2 * mask) == mask]
-        steps.append((1.0, src, src - mask, True, "binomial reduce"))
-        mask <<= 1
-    return steps
-
-
-def _binomial_broadcast(p: int) -> list[_Raw]:
-    ranks = np.arange(p)
-    steps = []
-    mask = _pof2(p - 1) if p > 1 else 0
-    while mask > 0:
-        src = ranks[(ranks % (2 * mask) == 0) & (ranks + mask < p)]
-        steps.append((1.0, src, src + mask, False, "binomial broadcast"))
-        mask >>= 1
-    return steps
-
-
-_FLAT = {
-    "ring": _ring,
-    "recursive_doubling": _recursive_doubling,
-    "rabenseifner": _rabenseifner,
-    "binomial": lambda p: _binomial_reduce(p) + _binomial_broadcast(p),
-}
 
 
 @lru_cache(maxsize=4096)
@@ -238,11 +135,10 @@ def _classified(
 ) -> tuple[tuple[float, Level, bool, int, str, int], ...]:
     """Per group of identical steps of a flat pattern: fraction of n, level, reduces, flows
     through the busiest NIC, phase, repeat."""
-    patterns = {"reduce": _binomial_reduce, "broadcast": _binomial_broadcast, **_FLAT}
     node_of = np.arange(ranks) // ranks_per_node
     out: list[list] = []
     last_pairs: tuple[np.ndarray, np.ndarray] | None = None
-    for fraction, src, dst, reduces, phase in patterns[name](ranks):
+    for fraction, src, dst, reduces, phase in pattern(name, ranks):
         if last_pairs is None or src is not last_pairs[0] or dst is not last_pairs[1]:
             cross = node_of[src] != node_of[dst]  # a ring reuses one pair array: classify once
             level: Level = "inter" if cross.any() else "intra"

@@ -133,8 +133,9 @@ def test_ranks_must_match_the_placement(cost):
 @pytest.mark.parametrize("ranks", [2, 3, 4, 5, 6, 7, 8, 12, 16, 33])
 def test_the_simulators_steps_are_the_calibrations_formulas(algorithm, ranks):
     """The calibration fits each algorithm's closed form (messages, bytes moved, bytes
-    reduced), the simulator plays its steps: on one flat level the steps must add up to the
-    very columns the fit used, so that a fitted alpha, beta, gamma mean the same in both."""
+    reduced), the simulator plays its steps after classifying and merging them: on one flat
+    level they must add up to the very columns the fit used, so that a fitted alpha, beta,
+    gamma mean the same in both."""
     nbytes = 3 << 20
     _, steps = schedule("allreduce", nbytes, 1, ranks, algorithm)
     summed = (
