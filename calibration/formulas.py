@@ -6,7 +6,7 @@ Every formula is ``T = A(p) a + B(p, n) b + G(p, n) g`` with ``a`` the latency o
 for the broadcast). :func:`coefficients` returns the columns ``(A, B, G)``, so that the
 calibration fits ``a, b, g`` by linear least squares. The allreduce algorithms and the binomial
 broadcast, which the simulator plays step by step, are summed from the very steps it plays
-(:mod:`calibration.collective_steps`); the others (allgather, reduce-scatter, the
+(:mod:`microbench.collective_steps`); the others (allgather, reduce-scatter, the
 scatter-allgather broadcast, barrier, ping-pong) are timed only here and written as formulas.
 ``n`` is microbench's ``bytes`` (see :mod:`microbench.collectives`): the buffer for allreduce
 and bcast, each rank's block for allgather and reduce_scatter, whose formulas use the
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .collective_steps import pattern_columns
+from microbench.collective_steps import pattern_columns
 
 __all__ = [
     "ALGORITHMS",
@@ -50,7 +50,7 @@ def _clg(p: np.ndarray) -> np.ndarray:
 
 
 def _stepped(name: str) -> Formula:
-    """The closed form of the pattern ``name`` written in :mod:`calibration.collective_steps`:
+    """The closed form of the pattern ``name`` written in :mod:`microbench.collective_steps`:
     its steps (A), the bytes each sends (B = n x the fractions' sum) and reduces (G)."""
 
     def columns(p: np.ndarray, n: np.ndarray) -> Columns:

@@ -13,7 +13,7 @@ its steps, and the simulator plays the same steps on its link resources.
 
 Ranks are laid out node-major (rank r on node r // ranks_per_node), as ``mpiexec`` fills nodes
 by default. Which pairs talk in each step is the algorithm's pattern, written once in
-:mod:`calibration.collective_steps` (MPICH's implementations), the same steps the calibration
+:mod:`microbench.collective_steps` (MPICH's implementations), the same steps the calibration
 sums into the closed forms it fits. A step is timed on the
 inter-node link when any of its pairs crosses nodes: the intra-node transfers that run beside
 them are assumed to be faster. Intra-node links are per rank (NVLink/NVSwitch ports, or a
@@ -30,7 +30,7 @@ from typing import Literal
 
 import numpy as np
 
-from calibration.collective_steps import pattern, pof2
+from microbench.collective_steps import pattern, pof2
 
 __all__ = [
     "ALLREDUCE_ALGORITHMS",

@@ -1,9 +1,11 @@
 """The collective algorithms themselves, written once: per step, which ranks send to which,
 the fraction of the message each sends, and whether the receiver reduces what it gets.
 
-The calibration sums a pattern into the closed form it fits (:mod:`calibration.formulas`:
-messages, bytes moved, bytes reduced); the simulator (:mod:`pdlsim.sim.collectives`) classifies
-each step's pairs by the link they cross and plays the steps. Both read the same steps, so a
+They live with the benchmarks because these are the algorithms the collectives benchmark times
+(MPICH's), and every package may import microbench. The calibration sums a pattern into the
+closed form it fits (:mod:`calibration.formulas`: messages, bytes moved, bytes reduced); the
+simulator (:mod:`pdlsim.sim.collectives`) classifies each step's pairs by the link they cross
+and plays the steps. Both read the same steps, so a
 fitted latency, bandwidth and reduction rate mean the same in both.
 
 Patterns follow MPICH's implementations: root 0 for the binomial trees; a non-power-of-two
