@@ -9,12 +9,14 @@ at one meant.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import stat
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +179,17 @@ def new_run_dir(parent: str | Path, prefix: str = "") -> Path:
             f"cannot create a run directory in {parent} ({exc.strerror}); give --out DIR"
         ) from None
     raise AssertionError("unreachable")  # itertools.count never ends
+
+
+@contextlib.contextmanager
+def removed_if_empty_on_failure(path: str | Path | None) -> Iterator[None]:
+    """Run the block; if it fails and ``path`` (a run directory this command made) is still
+    empty, remove it: a run refused before its first file leaves no folder behind. A folder
+    holding anything stays (``rmdir`` removes only empty ones), so nothing written is lost."""
+    try:
+        yield
+    except BaseException:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                Path(path).rmdir()
+        raise

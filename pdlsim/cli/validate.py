@@ -9,7 +9,7 @@ from typing import Any
 
 from microbench.cli import path_argument
 from microbench.errors import UserError
-from microbench.fileio import new_run_dir
+from microbench.fileio import new_run_dir, removed_if_empty_on_failure
 from pdlsim.cli.args import int_list, positive_int
 from pdlsim.validate.run import GPU_CHOICES, ValidateConfig, run_validation
 
@@ -101,8 +101,9 @@ def run_validate_command(args: argparse.Namespace) -> int:
             "--modes lists data-parallel modes, and --parallel model runs none: add data to "
             "--parallel, or drop --modes"
         )
+    made = None if args.out else new_run_dir(Path("runs") / "validate")
     cfg = ValidateConfig(
-        out=args.out or new_run_dir(Path("runs") / "validate"),
+        out=args.out or made,
         profile=args.profile,
         repeats=args.repeats or (2 if args.quick else 3),
         steps=args.steps or (20 if args.quick else 40),
@@ -119,7 +120,8 @@ def run_validate_command(args: argparse.Namespace) -> int:
         corrections=args.corrections,
         **extra,
     )
-    report = run_validation(cfg, log=lambda s: print(s, file=sys.stderr))
+    with removed_if_empty_on_failure(made):  # refused before its first file: no empty folder
+        report = run_validation(cfg, log=lambda s: print(s, file=sys.stderr))
     print(format_report(report))
     if args.breakdown:
         print(format_breakdown(report["rows"]))

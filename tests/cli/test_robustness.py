@@ -447,3 +447,9 @@ def test_process_and_thread_counts_past_the_machine_are_refused_up_front(args, t
 )
 def test_prediction_sizes_past_the_simulator_are_refused_up_front(args, capsys):
     _main_error(capsys, ["predict", *args], "must be at most")
+
+
+def test_a_validation_refused_after_its_folder_was_made_leaves_none(tmp_path):
+    result = run_pdlsim("validate", "--quick", "--gpu", "on", cwd=tmp_path, timeout=120)
+    _one_line_error(result, "--gpu on")
+    assert not any((tmp_path / "runs" / "validate").iterdir())

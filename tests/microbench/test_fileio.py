@@ -7,7 +7,7 @@ import errno
 import pytest
 
 from microbench import fileio
-from microbench.fileio import write_problem
+from microbench.fileio import removed_if_empty_on_failure, write_problem
 
 
 def test_a_new_nested_directory_is_writable_and_the_check_creates_nothing(tmp_path):
@@ -43,3 +43,16 @@ def test_a_place_that_refuses_writes_is_named_with_the_reason(tmp_path, monkeypa
 def test_kind_must_be_dir_or_file(tmp_path):
     with pytest.raises(ValueError, match="kind must be"):
         write_problem(tmp_path, "link")
+
+
+def test_a_run_folder_is_removed_on_failure_only_while_empty(tmp_path):
+    empty, used, kept = tmp_path / "empty", tmp_path / "used", tmp_path / "kept"
+    for folder in (empty, used, kept):
+        folder.mkdir()
+    (used / "records.jsonl").write_text("{}\n")
+    for folder in (empty, used):
+        with pytest.raises(RuntimeError), removed_if_empty_on_failure(folder):
+            raise RuntimeError("refused")
+    with removed_if_empty_on_failure(kept):
+        pass
+    assert not empty.exists() and (used / "records.jsonl").exists() and kept.is_dir()
