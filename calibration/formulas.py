@@ -57,7 +57,8 @@ def _stepped(name: str) -> Formula:
         whole = np.rint(p)
         if np.any(np.abs(p - whole) > 1e-9):
             raise ValueError(f"{name}: rank counts must be whole numbers")
-        per = np.array([pattern_columns(name, int(q)) for q in whole.ravel()]).reshape(-1, 3)
+        counts, where = np.unique(whole.ravel(), return_inverse=True)  # few, over many points
+        per = np.array([pattern_columns(name, int(q)) for q in counts]).reshape(-1, 3)[where]
         return per[:, 0], per[:, 1] * n, per[:, 2] * n
 
     return columns

@@ -114,6 +114,30 @@ def loads_strict(text: str) -> Any:
     return json.loads(text, object_pairs_hook=_unique_keys)
 
 
+def read_json(path: str | Path, source: str) -> Any:
+    """The JSON document in the regular file ``path``, read as :func:`loads_strict` does; any
+    problem (missing, not a regular file, unreadable, not JSON, a key given twice) is one
+    :class:`UserError` line starting with ``source``."""
+    path = Path(path)
+    kind = special_kind(path)
+    if kind is not None or not path.exists():
+        raise UserError(
+            f"{source}: {'no such file' if kind is None else 'is ' + kind}; give a JSON file"
+        )
+    try:
+        return loads_strict(path.read_text(encoding="utf-8"))
+    except DuplicateKeyError as exc:
+        raise UserError(
+            f"{source}: the key '{exc.key}' is given twice in one object; keep one"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise UserError(
+            f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{source}: cannot read it ({exc}); give a readable JSON file") from None
+
+
 def write_problem(path: str | Path, kind: str = "dir") -> str | None:
     """Why ``path`` cannot be written as a directory (``kind`` "dir") or a file ("file"), or
     None when it can: checked before a long run, so that its results are not lost at the end.

@@ -103,7 +103,7 @@ def sweep(
     for name, values in (("nodes", nodes), ("per_node", per_node), ("batches", batches)):
         if not values or any(int(v) != v or v < 1 for v in values):
             raise UserError(f"sweep: {name} must be a non-empty list of positive integers")
-    profile, _ = resolve_profile(str(profile) if isinstance(profile, Path) else profile)
+    profile, _ = resolve_profile(profile)
     first = Cluster.gpus(1, per_node[0]) if gpus else Cluster.cpus(1, per_node[0], threads)
     base = _config(workload, first, batches[0], profile, options)
     return _sweep(replace(base), nodes, per_node, batches)

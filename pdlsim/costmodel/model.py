@@ -112,6 +112,12 @@ def _intra_regimes(profile: Profile) -> tuple[CollectiveRegime, ...]:
     return tuple(models[op].regimes_)
 
 
+def fitted_inter(profile: Profile) -> CollectiveRegime | None:
+    """The profile's fitted inter-node link (a regime's ``inter``: ``a_s``, ``b_s_per_byte``),
+    the one the cost model takes when no network is given; None without one."""
+    return next((r.inter for r in _intra_regimes(profile) if r.inter is not None), None)
+
+
 def _overlap_interval(model: OverlapModel, nbytes: int, method: str) -> Interval | None:
     points = [p for p in model.points_ if p.method == method and "overlap_fraction" in p.intervals]
     if not points:
@@ -210,7 +216,7 @@ class ProfileCostModel(ComputeCost):
         reduce_bw = (gpu.hbm_bandwidth_bytes_per_s if device == "gpu" and gpu else mem_bw) / 3
         prov = {"compute": "profile", "intra-node links": "profile (allreduce alpha/beta)"}
         inter, source = None, "none"
-        fitted = next((r.inter for r in regimes if r.inter is not None), None)
+        fitted = fitted_inter(profile)
         if network is not None:
             inter = LinkCost(network.latency_s, network.bandwidth_bytes_per_s, reduce_bw)
             source = f"{network.name} ({network.kind}: {network.source})"

@@ -17,7 +17,6 @@ state it), and memory capacity.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, fields, replace
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
+from microbench.fileio import read_json
 
 __all__ = [
     "ASSUMPTIONS",
@@ -197,26 +197,13 @@ PACKAGED = Path(__file__).with_name("hardware.json")
 _EMPTY = Hardware({}, {}, {}, str(PACKAGED))
 
 
-def _read(path: Path, source: str) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UserError(
-            f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{source}: cannot read it ({exc}); give a readable JSON file") from None
-
-
 def load_hardware(path: str | Path | None = None) -> Hardware:
     """The packaged presets and assumptions, overlaid by the file at ``path`` if given."""
-    base = _EMPTY.overlaid(_read(PACKAGED, str(PACKAGED)), str(PACKAGED))
+    base = _EMPTY.overlaid(read_json(PACKAGED, str(PACKAGED)), str(PACKAGED))
     base = replace(base, source=str(PACKAGED))
     if path is None:
         return base
-    if not Path(path).is_file():
-        raise UserError(f"--hardware {path}: no such file; give a JSON file shaped as {PACKAGED}")
-    return base.overlaid(_read(Path(path), f"--hardware {path}"), str(path))
+    return base.overlaid(read_json(path, f"--hardware {path}"), str(path))
 
 
 HARDWARE = load_hardware()

@@ -24,7 +24,6 @@ from pdlsim.prediction.whatif import apply_to_cost, rank_speeds, scenario_option
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from calibration.profile import Profile
     from microbench.workload import Workload
     from pdlsim.costmodel.model import ProfileCostModel
     from pdlsim.sim import Cluster, Scenario
@@ -78,14 +77,13 @@ def build(
     and the bytes per rank (``memory``; default :func:`memory_per_rank`): everything refused
     up front (:mod:`pdlsim.prediction.checks`) is refused here, before any simulation."""
     from pdlsim.costmodel.insitu import sync_parallelism
-    from pdlsim.costmodel.model import ProfileCostModel
+    from pdlsim.costmodel.model import ProfileCostModel, fitted_inter
     from pdlsim.sim import Cluster, Scenario
 
     workload = check_config(cfg)
     profile, profile_name = resolve_profile(cfg.profile)
     hardware = load_hardware(cfg.hardware)
-    fitted = next((r.inter for r in _regimes(profile) if r.inter is not None), None)
-    network = resolve_network(cfg, fitted, hardware)
+    network = resolve_network(cfg, fitted_inter(profile), hardware)
     # looked up even for CPU ranks, which use none: a typo fails either way
     preset = None if cfg.gpu_preset == "none" else hardware.gpu(cfg.gpu_preset)
     gpu = preset if cfg.gpus > 0 else None
@@ -130,8 +128,3 @@ def build(
 
 def _data_memory(cluster: Cluster, scenario: Scenario, cost: Any) -> dict[str, int]:
     return memory_per_rank(cluster, scenario)
-
-
-def _regimes(profile: Profile) -> list[Any]:
-    models = profile.model("collectives").models_
-    return [r for m in models.values() for r in m.regimes_]

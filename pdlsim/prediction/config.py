@@ -4,6 +4,7 @@ prices with."""
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -108,7 +109,7 @@ class PredictConfig:
 DEFAULT_PROFILES = ("epyc-2core",)
 
 
-def resolve_profile(name: str | Profile | None) -> tuple[Profile, str]:
+def resolve_profile(name: str | os.PathLike[str] | Profile | None) -> tuple[Profile, str]:
     """The profile a prediction prices with, and what to call it: a packaged name or a path,
     the packaged default (:data:`DEFAULT_PROFILES`) for None, or a profile already loaded."""
     from calibration.profile import Profile, ProfileError, load_profile, packaged_profile_names
@@ -121,6 +122,6 @@ def resolve_profile(name: str | Profile | None) -> tuple[Profile, str]:
             raise UserError("no packaged reference profile is installed; give --profile PATH")
         name = next((n for n in DEFAULT_PROFILES if n in names), names[0])
     try:
-        return load_profile(name), name
+        return load_profile(name), str(name)
     except ProfileError as exc:
         raise UserError(f"--profile: {exc}") from None
