@@ -18,23 +18,21 @@ backward, SGD update; :class:`microbench.nn.Network`) is timed three ways:
 Step against replay is the network's Python; replay against alone, the calls' interplay (what
 each leaves in the caches for the next); alone against priced, the tables (their shapes, their
 data: a max-pool's branches follow its data). The per-family table says where.
-Calls are caught by wrapping the kernel module's ``np.matmul`` and numba loops, so the timer's
-own cost (well under a microsecond) is in every call alike. Medians over steps after warm-up.
+Calls are caught by :class:`microbench.kernels.record.CallRecorder`. Medians over steps after
+warm-up.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-import types
 
 import numpy as np
 
 from calibration.kernels import KernelModel
 from calibration.profile import load_profile
-from microbench.kernels import cpu as kernels
-from microbench.kernels import loops
-from microbench.kernels.calls import step_calls
+from microbench.kernels.calls import op_calls, step_calls
+from microbench.kernels.record import CallRecorder
 from microbench.nn import SGD, Network
 from microbench.threads import set_threads
 from microbench.workload import load_workload
@@ -42,65 +40,36 @@ from microbench.workload import load_workload
 WARMUP, STEPS = 5, 20
 
 
-class _Recorder:
-    """Stands in for the kernel module's numpy and numba loops: times each call; on the first
-    recorded step also keeps (function, args) for the replay."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.calls: list[tuple] = []
-        self.keep = False
-
-    def wrap(self, name: str, fn):
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            out = fn(*args, **kwargs)
-            self.times.append(time.perf_counter() - start)
-            if self.keep:
-                self.calls.append((name, fn, args, kwargs))
-            return out
-
-        return timed
-
-
-def measure(workload_spec: str, batch: int, threads: int, model: KernelModel) -> None:
+def measure(workload_spec, batch: int, threads: int, model: KernelModel) -> dict:
     workload = load_workload(workload_spec)
-    rec = _Recorder()
-    fake_np = types.ModuleType("numpy")
-    fake_np.__dict__.update(np.__dict__)
-    fake_np.matmul = rec.wrap("gemm", np.matmul)
-    fake_loops = types.SimpleNamespace(
-        **{k: rec.wrap(k, getattr(loops, k)) for k in dir(loops) if callable(getattr(loops, k))}
-    )
-    real_np, real_loops = kernels.np, kernels.loops
-    kernels.np, kernels.loops = fake_np, fake_loops
-    try:
+    with CallRecorder() as rec:
         net, opt = Network(workload), SGD(0.0)
         rng = np.random.default_rng(0)
         x = rng.random((batch, *workload.input_shape), dtype=np.float32)
         y = rng.integers(0, workload.num_classes, batch)
-        in_step = []
+        in_step, walls = [], []
         for i in range(WARMUP + STEPS):
             rec.times.clear()
             rec.keep = i == WARMUP
+            start = time.perf_counter()
             net.forward(x, y)
             net.backward()
             opt.step(net.params, net.grads)
+            wall = time.perf_counter() - start
             if i >= WARMUP:
                 in_step.append(list(rec.times))
-    finally:
-        kernels.np, kernels.loops = real_np, real_loops
+                walls.append(wall)
     replayed = []
     for i in range(WARMUP + STEPS):
         times = []
-        for _, fn, args, kwargs in rec.calls:
+        for fn, args, kwargs in rec.calls:
             start = time.perf_counter()
             fn(*args, **kwargs)
             times.append(time.perf_counter() - start)
         if i >= WARMUP:
             replayed.append(times)
     alone = []
-    for _, fn, args, kwargs in rec.calls:
+    for fn, args, kwargs in rec.calls:
         times = []
         for i in range(WARMUP + STEPS):
             start = time.perf_counter()
@@ -111,17 +80,28 @@ def measure(workload_spec: str, batch: int, threads: int, model: KernelModel) ->
     step = np.median(np.array(in_step), axis=0)
     replay = np.median(np.array(replayed), axis=0)
     calls = step_calls(workload, batch, threads, gather=False)
-    priced = np.array([model.call_s(c, threads) for c in calls])
     if len(calls) != len(step):
         raise SystemExit(f"{workload.name}: {len(step)} calls caught, {len(calls)} enumerated")
+    priced = np.array([model.call_s(c, threads) for c in calls])
+    return {
+        "workload": workload, "calls": calls, "wall": float(np.median(walls)),
+        "step": step, "replay": replay, "alone": np.array(alone), "priced": priced,
+    }  # fmt: skip
+
+
+def report(m: dict, batch: int, threads: int) -> None:
     columns = ("step", "replay", "alone", "priced")
-    ms = [
-        f"{name} {np.sum(t) * 1e3:.3f}"
-        for name, t in zip(columns, (step, replay, alone, priced), strict=True)
-    ]
-    print(f"{workload.name} b{batch} t{threads}, ms: " + ", ".join(ms))
+    workload = m["workload"]
+    ms = [f"{name} {np.sum(m[name]) * 1e3:.3f}" for name in columns]
+    ops = len(op_calls(workload))
+    glue = (m["wall"] - np.sum(m["step"])) / ops
+    print(
+        f"{workload.name} b{batch} t{threads}, ms: wall {m['wall'] * 1e3:.3f}, "
+        + ", ".join(ms)
+        + f"; {ops} op calls, wall less kernels {glue * 1e6:.2f} us per op call"
+    )
     families: dict[str, np.ndarray] = {}
-    for call, *t in zip(calls, step, replay, alone, priced, strict=True):
+    for call, *t in zip(m["calls"], *(m[c] for c in columns), strict=True):
         key = call.kernel if call.kernel.startswith("gemm") else call.variant
         families[key] = families.get(key, np.zeros(4)) + np.array(t)
     for key, t in sorted(families.items(), key=lambda kv: -kv[1][0]):
@@ -141,7 +121,7 @@ def main() -> None:
     set_threads(args.threads)
     for run in args.runs:
         name, _, batch = run.rpartition(":")
-        measure(name, int(batch), args.threads, model)
+        report(measure(name, int(batch), args.threads, model), int(batch), args.threads)
 
 
 if __name__ == "__main__":

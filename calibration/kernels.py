@@ -1,73 +1,65 @@
 """The machine's compute model: what each kernel costs, fitted from the kernel sweep alone.
 
 ``KernelModel().fit(df)`` reads the "kernels" records (:mod:`microbench.kernelbench`) and
-holds two measured terms, each with a physical meaning and its own benchmark:
+holds measured terms, each with a physical meaning and its own benchmark:
 
 * **Kernel tables**: a GEMM's seconds over (m, n, k) per layout and thread count, a loop's over
   (elements, inner run) per driver and thread count (:mod:`calibration.kernel_tables`).
   :meth:`KernelModel.call_s` prices any :class:`~microbench.kernels.calls.KernelCall` from them.
-* **Glue** (:attr:`KernelModel.glue_`): the Python between kernels, per op call (an op's forward
-  or backward, the loss, the update) and per step, fitted by least squares to tiny networks'
-  steps less their kernels' table times, with 95% intervals.
+* **Step terms** (:attr:`KernelModel.steps_`, :mod:`calibration.step_terms`), per thread
+  count: the *interplay* factor by which kernels run slower inside a step than alone, and the
+  *glue*, the Python between kernels per op call and per step, fitted with 95% intervals to
+  whole steps of networks no workload names against the same calls timed alone.
 
 Each table's neighbour residuals (a grid point predicted from its neighbours) give the relative
 error of a shape between grid points (:attr:`KernelModel.spread_`), which the prediction band
 uses.
 
 **Its own generalisation** (:attr:`KernelModel.quality_`, the profile's fit quality): the
-tables' neighbour errors pooled per family (each point predicted without itself); the glue with
-each tiny network left out of its fit in turn; and whole training steps (``microbench speed``'s
-``step_compute``: forward, backward and update of the calibration's workloads at its batches
-and thread counts) against the model's price of them, per workload, batch and thread count.
-The model fits nothing to any workload or batch, so every step is a leave-one-workload-out and
-leave-one-batch-out prediction: its in-sample and leave-out errors are the same by construction.
+tables' neighbour errors pooled per family (each point predicted without itself); the step
+terms with each benchmark network left out of their fit in turn; and whole training steps
+(``microbench speed``'s ``step_compute``: forward, backward and update of the calibration's
+workloads at its batches and thread counts) against the model's price of them, per workload,
+batch and thread count. The model fits nothing to any workload or batch, so every step is a
+leave-one-workload-out and leave-one-batch-out prediction: its in-sample and leave-out errors
+are the same by construction.
 
 ``to_dict()`` (the profile's ``models.kernels``)::
 
     {"modeler": "kernel_tables",
      "gemm": {"<layout>": {"<threads>": GemmTable.to_dict()}},
      "loops": {"<variant>": {"<threads>": LoopTable.to_dict()}},
-     "glue": {"per_op_s", "per_step_s", "intervals": {...}, "points"},
+     "step_terms": {"<threads>": StepTerms.to_dict()},
      "spread": {"gemm": <log sigma>, "loops": <log sigma>}}
 
 ``quality_dict()`` (the profile's ``fit_quality.kernels``)::
 
-    {"gemm" | "loops" | "glue": FitQuality,
+    {"gemm" | "loops": FitQuality, "step_terms": {"<threads>": FitQuality},
      "steps": {"workload": {...}, "batch": {...}, "threads": {...}}: FitQuality each,
      "tables": {"<table>": {"points", "median_abs_log_error", "p90_abs_log_error"}}}
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from microbench.errors import UserError
 from microbench.kernels.calls import KernelCall, call_features, op_calls, step_calls
 from microbench.workload import Workload, load_workload
 
 from .kernel_tables import GemmTable, LoopTable
-from .stats import fit_quality
+from .stats import fit_quality, robust_sigma
+from .step_terms import StepTerms, fit_step_terms
 
 __all__ = ["KernelModel"]
-
-_Z95 = float(stats.norm.ppf(0.975))
 
 
 def _medians(rows: pd.DataFrame) -> np.ndarray:
     return np.array([float(np.median(s)) for s in rows["samples"]])
-
-
-def _robust_sigma(residuals: np.ndarray) -> float:
-    """Standard deviation from the median absolute deviation (a few wild points don't count)."""
-    if residuals.size == 0:
-        return 0.0
-    return float(1.4826 * np.median(np.abs(residuals - np.median(residuals))))
 
 
 def _nearest_threads(have: Sequence[int], threads: int) -> int:
@@ -76,7 +68,7 @@ def _nearest_threads(have: Sequence[int], threads: int) -> int:
 
 
 class KernelModel:
-    """Kernel tables and the glue (module docstring)."""
+    """Kernel tables and the step terms (module docstring)."""
 
     def fit(self, df: pd.DataFrame) -> KernelModel:
         """Fit to ``df``'s "kernels" records; its "speed" records, if any, are the steps the
@@ -102,56 +94,12 @@ class KernelModel:
         if not self.gemm_ or not self.loops_:
             raise UserError("the kernel sweep records hold no GEMM or no loop points")
         self.quality_: dict[str, Any] = {}
-        self._fit_glue(rows[rows["name"] == "glue"])
+        self.steps_, step_quality = fit_step_terms(rows[rows["name"].isin(["step", "step_alone"])])
+        if step_quality:
+            self.quality_["step_terms"] = step_quality
         self._fit_spread()
         self._check_steps(measured[measured["benchmark"] == "speed"])
         return self
-
-    # ----------------------------------------------------------------------------- glue
-    def _fit_glue(self, rows: pd.DataFrame) -> None:
-        self.glue_points_: list[tuple[int, float]] = []
-        steps, kernel_s = [], []
-        for _, row in rows.iterrows():
-            workload = Workload.from_dict(json.loads(row["params.workload_json"]), "glue")
-            kernel_s.append(self._kernels_s(workload, int(row["params.batch"]), 1))
-            steps.append(float(np.median(row["samples"])))
-            self.glue_points_.append((int(row["params.op_calls"]), steps[-1] - kernel_s[-1]))
-        self.glue_ = self._glue_fit(self.glue_points_)
-        if self.glue_["intervals"] and len(steps) > 2:  # each tiny network left out in turn
-            points = self.glue_points_
-
-            def priced(i: int, glue: dict[str, Any]) -> float:
-                return kernel_s[i] + glue["per_op_s"] * points[i][0] + glue["per_step_s"]
-
-            fitted = [priced(i, self.glue_) for i in range(len(steps))]
-            left_out = [
-                priced(i, self._glue_fit(points[:i] + points[i + 1 :])) for i in range(len(steps))
-            ]
-            self.quality_["glue"] = fit_quality(steps, fitted, left_out).to_dict()
-
-    @staticmethod
-    def _glue_fit(points: list[tuple[int, float]]) -> dict[str, Any]:
-        """Per op call and per step seconds by least squares on (op calls, step - kernels),
-        with 95% intervals; zeros (and no intervals) from fewer than two distinct op counts."""
-        if len({n for n, _ in points}) < 2:
-            return {"per_op_s": 0.0, "per_step_s": 0.0, "intervals": {}}
-        x, y = np.array(points, dtype=float).T
-        fit = stats.linregress(x, y)
-        per_op, per_step = max(float(fit.slope), 0.0), max(float(fit.intercept), 0.0)
-        t = float(stats.t.ppf(0.975, max(len(x) - 2, 1)))
-        slope_ci = (fit.slope - t * fit.stderr, fit.slope + t * fit.stderr)
-        spread = t * fit.intercept_stderr
-        icpt_ci = (fit.intercept - spread, fit.intercept + spread)
-
-        def interval(ci: tuple[float, float], value: float) -> dict[str, float]:
-            return {"low": min(max(ci[0], 0.0), value), "high": max(ci[1], value)}
-
-        return {
-            "per_op_s": per_op,
-            "per_step_s": per_step,
-            "intervals": {"per_op_s": interval(slope_ci, per_op),
-                          "per_step_s": interval(icpt_ci, per_step)},
-        }  # fmt: skip
 
     def _fit_spread(self) -> None:
         self.quality_["tables"] = {}
@@ -168,7 +116,7 @@ class KernelModel:
                     "p90_abs_log_error": float(np.quantile(np.abs(r), 0.9)),
                 }
         self.spread_ = {
-            family: _robust_sigma(np.concatenate(parts)) if parts else 0.0
+            family: robust_sigma(np.concatenate(parts)) if parts else 0.0
             for family, parts in pooled.items()
         }
         for family, parts in pooled.items():
@@ -177,11 +125,18 @@ class KernelModel:
                 q = fit_quality(ratio, np.ones_like(ratio), np.ones_like(ratio)).to_dict()
                 self.quality_[family] = {**q, "r2": None}
 
+    def step_terms(self, threads: int) -> StepTerms:
+        """The step terms at ``threads`` (those of the nearest measured count below; none
+        measured: kernels as alone, no glue)."""
+        if not self.steps_:
+            return StepTerms()
+        return self.steps_[_nearest_threads(list(self.steps_), threads)]
+
     def step_s(self, workload: Workload, batch: int, threads: int) -> float:
         """Seconds of one training step's compute (forward, loss, backward, update; no
-        gather), glue included: what ``microbench speed`` times as ``step_compute``."""
-        glue = self.glue_["per_op_s"] * len(op_calls(workload)) + self.glue_["per_step_s"]
-        return self._kernels_s(workload, batch, threads) + glue
+        gather), step terms included: what ``microbench speed`` times as ``step_compute``."""
+        kernels = self._kernels_s(workload, batch, threads)
+        return self.step_terms(threads).step_s(kernels, len(op_calls(workload)))
 
     def _kernels_s(self, workload: Workload, batch: int, threads: int) -> float:
         """The table seconds of one training step's kernel calls (no gather)."""
@@ -251,7 +206,7 @@ class KernelModel:
             "modeler": "kernel_tables",
             "gemm": gemm,
             "loops": loops,
-            "glue": {**self.glue_, "points": [list(p) for p in self.glue_points_]},
+            "step_terms": {str(t): terms.to_dict() for t, terms in sorted(self.steps_.items())},
             "spread": dict(self.spread_),
         }
 
@@ -268,9 +223,13 @@ class KernelModel:
             for variant, by_threads in doc["loops"].items()
             for t, table in by_threads.items()
         }
-        glue = dict(doc.get("glue") or {})
-        model.glue_points_ = [(int(n), float(s)) for n, s in glue.pop("points", [])]
-        model.glue_ = {"per_op_s": 0.0, "per_step_s": 0.0, "intervals": {}, **glue}
+        model.steps_ = {
+            int(t): StepTerms.from_dict(terms) for t, terms in doc.get("step_terms", {}).items()
+        }
+        glue = doc.get("glue")
+        if glue and not model.steps_:  # a profile from before the interplay term: glue alone
+            per_op, per_step = (float(glue.get(k, 0.0)) for k in ("per_op_s", "per_step_s"))
+            model.steps_ = {1: StepTerms(per_op_s=per_op, per_step_s=per_step)}
         model.spread_ = {"gemm": 0.0, "loops": 0.0, **doc.get("spread", {})}
         model.quality_ = dict(doc.get("quality", {}))  # a profile may keep it in the section
         return model

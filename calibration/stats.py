@@ -36,6 +36,7 @@ __all__ = [
     "nonneg_relative_fit",
     "percentile_intervals",
     "relative_errors",
+    "robust_sigma",
 ]
 
 
@@ -138,6 +139,15 @@ def nonneg_relative_fit(
     return x / norms, float(residual) ** 2
 
 
+def robust_sigma(residuals: Any) -> float:
+    """Standard deviation from the median absolute deviation (a few wild points don't count);
+    0 for no residuals."""
+    x = np.asarray(residuals, dtype=float).ravel()
+    if x.size == 0:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+
 def median_relative_se(samples_per_point: Sequence[Any]) -> np.ndarray:
     """Standard error of each point's median over the median, from its raw samples.
 
@@ -149,7 +159,7 @@ def median_relative_se(samples_per_point: Sequence[Any]) -> np.ndarray:
     for samples in samples_per_point:
         x = np.asarray(samples, dtype=float).ravel()
         median = float(np.median(x))
-        sigma = 1.4826 * float(np.median(np.abs(x - median)))
+        sigma = robust_sigma(x)
         out.append(1.2533 * sigma / np.sqrt(x.size) / median if median > 0 else np.inf)
     return np.asarray(out)
 

@@ -20,9 +20,15 @@ workloads, batches and thread counts it never ran:
   elements and, where a kernel's speed depends on it, a few lengths of its inner contiguous
   run (:func:`microbench.kernels.calls.call_features`: channels, columns, classes, row bytes).
   A loop's serial driver is timed at one thread, its parallel driver at every other count.
-* **Glue** ``glue``: whole steps (forward, loss, backward, update) of tiny networks whose
-  kernels do next to no work: what is left over the kernels is the Python between them, per
-  op call and per step.
+* **Steps** ``step`` and ``step_alone``: whole training steps (forward, loss, backward,
+  update) of networks that no workload names, against the very same kernel calls each timed
+  alone (:mod:`microbench.kernels.record`), side by side in rounds so that a slow spell of a
+  shared machine lands on both. The networks are tiny ones whose kernels do next to no work
+  (:func:`glue_workloads`: their steps are the Python between kernels) and random ones of the
+  supported layer kinds at random batches (:func:`step_workloads`, drawn from a stream of
+  their own that no held-out set uses). :mod:`calibration.step_terms` fits from them what a
+  step costs beyond its kernels: the Python per op call and per step, and the factor by which
+  kernels run slower inside a step than alone.
 
 Points run in a shuffled order (seeded), so that a slow spell of a shared machine lands on
 scattered shapes rather than on one neighbourhood of the grid. Each point is sampled under
@@ -33,7 +39,9 @@ Record params (benchmark "kernels"; all carry ``threads``):
 * "gemm": ``layout``, ``m``, ``n``, ``k``, ``flops``.
 * "loop": ``kernel``, ``variant``, ``dims`` (:data:`~microbench.kernels.calls.KERNEL_DIMS`),
   ``elements``, ``run``.
-* "glue": ``workload_json`` (its description, as JSON text), ``batch``, ``op_calls``.
+* "step", "step_alone": ``workload_json`` (its description, as JSON text), ``batch``,
+  ``op_calls``; the samples of "step" are whole steps, those of "step_alone" the sum of the
+  same calls each timed alone, one sample of each per round.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -48,8 +57,10 @@ from typing import Any, TextIO
 import numpy as np
 
 from microbench.kernels.calls import GEMM_LAYOUTS, KERNEL_DIMS, call_features, op_calls
+from microbench.kernels.record import record_calls, time_alone
 from microbench.kernels.shapes import conv_output_hw
 from microbench.measurement import Measurement
+from microbench.randomnets import random_workloads
 from microbench.records import RecordWriter
 from microbench.sampling import SamplingPolicy, measure, report_point, timed
 from microbench.threads import set_threads
@@ -78,6 +89,10 @@ __all__ = [
     "QUICK_POLICY",
     "KernelPlan",
     "glue_workloads",
+    "step_workloads",
+    "STEP_STREAM",
+    "QUICK_STEP_NETWORKS",
+    "QUICK_STEP_ROUNDS",
     "run_kernels",
 ]
 
@@ -100,6 +115,14 @@ SKINNY_MAX_FLOPS = 2**30
 MAX_ELEMENTS = 2**24  # per operand: 64 MiB of float32
 LOOP_ELEMENTS = tuple(8**e for e in range(2, 9))  # 64 .. 16.8 M
 QUICK_LOOP_ELEMENTS = (64, 2**12, 2**15, 2**18, 2**21, 2**24)
+# The step benchmark: random networks per thread count, their batches log-uniform in
+# STEP_BATCHES, and the stream they are drawn from (no seed a user gives reaches it).
+STEP_NETWORKS = 12
+QUICK_STEP_NETWORKS = 6
+STEP_BATCHES = (4, 256)
+STEP_STREAM = 0x57E9
+STEP_ROUNDS = 7
+QUICK_STEP_ROUNDS = 4
 FULL_POLICY = SamplingPolicy(warmup=2, min_samples=5, max_samples=40, time_cap_s=0.01)
 QUICK_POLICY = SamplingPolicy(warmup=1, min_samples=3, max_samples=15, time_cap_s=0.003)
 
@@ -153,6 +176,8 @@ class KernelPlan:
     im2col_shapes: tuple[tuple[int, int, int], ...] = IM2COL_SHAPES
     policy: SamplingPolicy = FULL_POLICY
     seed: int = 0
+    step_networks: int = STEP_NETWORKS  # random networks of the step benchmark per thread count
+    step_rounds: int = STEP_ROUNDS  # (step, calls alone) samples of each
 
 
 class _Pool:
@@ -359,7 +384,7 @@ def _loop_points(plan: KernelPlan, threads: int) -> list[tuple[str, str, tuple[i
     return out
 
 
-# ----------------------------------------------------------------------------------- glue
+# ----------------------------------------------------------------------------------- steps
 
 
 def glue_workloads() -> list[Workload]:
@@ -400,7 +425,18 @@ def glue_workloads() -> list[Workload]:
     return out
 
 
-def _glue_fn(workload: Workload, batch: int) -> Callable[[], object]:
+def step_workloads(threads: int, count: int) -> list[tuple[Workload, int]]:
+    """The step benchmark's networks at ``threads``, each with its batch: the tiny networks at
+    batch 1, then ``count`` random ones (:mod:`microbench.randomnets`) at batches log-uniform
+    in :data:`STEP_BATCHES`, drawn from the benchmark's own stream."""
+    rng = np.random.default_rng([STEP_STREAM, threads])
+    low, high = (math.log(b) for b in STEP_BATCHES)
+    drawn = random_workloads(rng, count, prefix=f"step-t{threads}")
+    batches = [int(round(math.exp(rng.uniform(low, high)))) for _ in drawn]
+    return [(w, 1) for w in glue_workloads()] + list(zip(drawn, batches, strict=True))
+
+
+def _step_fn(workload: Workload, batch: int) -> Callable[[], object]:
     from microbench.nn import SGD, Network
 
     net, opt = Network(workload), SGD(1e-9)
@@ -414,6 +450,25 @@ def _glue_fn(workload: Workload, batch: int) -> Callable[[], object]:
         opt.step(net.params, net.grads)
 
     return step
+
+
+def measure_step(
+    workload: Workload, batch: int, rounds: int, warmup: int = 2
+) -> tuple[list[float], list[float]]:
+    """``rounds`` whole steps of ``workload`` at ``batch`` and, after each, the sum of the same
+    kernel calls each timed alone (:func:`microbench.kernels.record.time_alone`): (steps,
+    alone), seconds, after ``warmup`` steps."""
+    step = _step_fn(workload, batch)
+    for _ in range(warmup):
+        step()
+    calls = record_calls(step)
+    steps, alone = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        step()
+        steps.append(time.perf_counter() - start)
+        alone.append(time_alone(calls))
+    return steps, alone
 
 
 # ----------------------------------------------------------------------------------- run
@@ -434,11 +489,10 @@ def _points(plan: KernelPlan, threads: int, pool: _Pool) -> list[tuple[str, dict
         params = {**base, "kernel": kernel, "variant": variant, "dims": list(dims),
                   "elements": elements, "run": run}  # fmt: skip
         points.append(("loop", params, (_loop_fn, pool, kernel, variant, dims)))
-    if threads == 1:
-        for workload in glue_workloads():
-            params = {**base, "workload_json": json.dumps(workload.to_dict()), "batch": 1,
-                      "op_calls": len(op_calls(workload))}  # fmt: skip
-            points.append(("glue", params, (_glue_fn, workload, 1)))
+    for workload, batch in step_workloads(threads, plan.step_networks):
+        params = {**base, "workload_json": json.dumps(workload.to_dict()), "batch": batch,
+                  "op_calls": len(op_calls(workload))}  # fmt: skip
+        points.append(("step", params, (workload, batch)))
     order = np.random.default_rng(plan.seed + threads).permutation(len(points))
     return [points[i] for i in order]
 
@@ -460,6 +514,9 @@ def run_kernels(
         if status is not None:
             status(f"kernels at {threads} thread(s): {len(points)} points")
         for name, params, (make, *args) in points:
+            if name == "step":
+                results += _run_step(plan, params, make, *args, writer, progress)
+                continue
             fn = make(*args)
             fn()  # compiles a numba variant, first-touches a view: never in a sample
             m = measure(timed(fn), plan.policy, benchmark="kernels", name=name, params=params)
@@ -468,11 +525,29 @@ def run_kernels(
     return results
 
 
+def _run_step(
+    plan: KernelPlan,
+    params: dict[str, Any],
+    workload: Workload,
+    batch: int,
+    writer: RecordWriter | None,
+    progress: TextIO | None,
+) -> list[Measurement]:
+    steps, alone = measure_step(workload, batch, plan.step_rounds)
+    out = []
+    for name, samples in (("step", steps), ("step_alone", alone)):
+        m = Measurement(samples, benchmark="kernels", name=name, params=params,
+                        warmup_discarded=2, stop_reason="rounds")  # fmt: skip
+        report_point(m, writer, progress, _label(name, params), policy=plan.policy.to_dict())
+        out.append(m)
+    return out
+
+
 def _label(name: str, p: dict[str, Any]) -> str:
     if name == "gemm":
         what = f"gemm_{p['layout']} {p['m']}x{p['n']}x{p['k']}"
     elif name == "loop":
         what = f"{p['variant']} {p['dims']}"
     else:
-        what = f"glue {json.loads(p['workload_json'])['name']}"
+        what = f"{name} {json.loads(p['workload_json'])['name']} b{p['batch']}"
     return f"t={p['threads']} {what:<44}"

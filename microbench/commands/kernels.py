@@ -25,6 +25,8 @@ from ..kernelbench import (
     QUICK_IM2COL_SHAPES,
     QUICK_LOOP_ELEMENTS,
     QUICK_POLICY,
+    QUICK_STEP_NETWORKS,
+    QUICK_STEP_ROUNDS,
     KernelPlan,
     gemm_shapes,
 )
@@ -45,8 +47,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Time the kernels a training step is made of, alone, over a designed grid "
         "of shapes that covers any workload of the supported layer kinds: float32 GEMMs in "
         "three layouts over (m, n, k), each numba loop, the gather and the copy over sizes and "
-        "inner-run lengths, and tiny networks' steps for "
-        "the Python between kernels. No workload is run. Every raw sample is recorded.",
+        "inner-run lengths; and whole training steps of networks no workload names against "
+        "the same calls alone, for the Python between kernels and the kernels' slowdown inside "
+        "a step. No workload is run. Every raw sample is recorded.",
     )
     parser.add_argument(
         "--threads",
@@ -77,6 +80,8 @@ def plan_from_args(args: argparse.Namespace) -> KernelPlan:
             loop_elements=QUICK_LOOP_ELEMENTS,
             channel_runs=QUICK_CHANNEL_RUNS,
             im2col_shapes=QUICK_IM2COL_SHAPES,
+            step_networks=QUICK_STEP_NETWORKS,
+            step_rounds=QUICK_STEP_ROUNDS,
         )
     return plan
 

@@ -134,7 +134,7 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
     stages = [
         Stage(
             "kernels",
-            f"kernel sweep (GEMMs, loops, glue) at {threads} thread(s)",
+            f"kernel sweep (GEMMs, loops, steps) at {threads} thread(s)",
             (
                 sys.executable,
                 *_microbench("kernels", "--threads", threads, "--out", ranks1, "--quiet", *quick),

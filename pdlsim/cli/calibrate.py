@@ -27,7 +27,7 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
         help="fit cost models to microbenchmark records and write a profile",
         description=(
             "Run 'pdlsim bench' (or read an existing run with --from), fit the cost models "
-            "(the kernel tables and glue of the compute model, Hockney regimes and algorithm "
+            "(the kernel tables and step terms of the compute model, Hockney regimes and algorithm "
             "models per collective, transfer, jitter, overlap) with 95% intervals and fit "
             "quality, and write them to a versioned profile, with a report, fit plots and an "
             "Extra-P export beside it. The fit-quality table scores the compute model on the "

@@ -13,8 +13,10 @@ from microbench.errors import UserError
 __all__ = ["CORRECTIONS", "parse_corrections"]
 
 CORRECTIONS: dict[str, str] = {
-    "glue": "the Python between kernel calls, per op call and per step (tiny networks' steps "
-    "less their kernels, from the kernel sweep)",
+    "glue": "the Python between kernel calls, per op call and per step (the kernel sweep's "
+    "step benchmark: whole steps of networks no workload names against their calls alone)",
+    "interplay": "kernels run slower inside a step than alone, the caches holding the previous "
+    "kernel's data (the same step benchmark, a factor per thread count)",
     "colocation": "ranks sharing a node slow each other's compute (the jitter step at 1 and at "
     "P ranks per node)",
     "insitu": "collectives, the barrier and the update cost what they cost inside real training "

@@ -9,16 +9,20 @@ asks about (``compute_time(layer, phase, ...)``):
   layer's), the loss to the loss layer's forward, the mini-batch gather to the first layer's
   forward (what a training loop does before it), the one SGD update over all parameters to
   each layer with parameters in proportion to its parameter count;
+* with the **interplay** term, each call takes its table time (a kernel alone) times the
+  factor by which kernels run slower inside a step, measured at the thread count;
 * with the **glue** term, each op call pays the Python between kernels, and the step its own.
 
-The prediction band draws the tables' own error (:meth:`KernelCompute.drawn`): each kernel
-family's calls (GEMMs, loops) move together by one normal draw of that family's spread, the
-robust standard deviation of its tables' neighbour residuals (a grid point predicted from its
-neighbours: what a shape between grid points is exposed to). A step dominated by loops,
-whose tables interpolate over coarser steps, gets the wider band.
+Both come from the step benchmark (:mod:`calibration.step_terms`). The prediction band draws
+the model's own errors (:meth:`KernelCompute.drawn`): each kernel family's calls (GEMMs, loops)
+move together by one normal draw of that family's spread, the robust standard deviation of its
+tables' neighbour residuals (a grid point predicted from its neighbours: what a shape between
+grid points is exposed to); with the interplay term, the whole step moves by a third draw of
+the step terms' leave-one-network-out spread (what a network the fit never saw is exposed to).
 
-The glue is one of :data:`TERMS`, switchable; nothing here is fitted to any step of any
-workload, so a workload, batch or thread count never measured is priced like one that was.
+The interplay and the glue are :data:`TERMS`, switchable; nothing here is fitted to any step
+of any workload, so a workload, batch or thread count never measured is priced like one that
+was.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from microbench.workload import LayerInfo, Workload, sliced_dense
 
 __all__ = ["TERMS", "KernelCompute", "sliced_layers"]
 
-TERMS = ("glue",)  # the kernel model's switchable terms
+TERMS = ("glue", "interplay")  # the kernel model's switchable terms
 
 
 def sliced_layers(workload: Workload, ranks: int) -> tuple[LayerInfo, ...]:
@@ -60,24 +64,25 @@ class KernelCompute:
 
     model: KernelModel
     terms: frozenset[str] = frozenset(TERMS)
-    z: tuple[float, float] = (0.0, 0.0)  # the band's draws of the GEMM and loop tables' errors
+    z: tuple[float, float, float] = (0.0, 0.0, 0.0)  # the band's draws: GEMM, loops, step
     _cache: dict[tuple, dict[tuple[int, str], float]] = field(default_factory=dict, repr=False)
 
     def drawn(self, rng: Any, stratum: tuple[int, int] | None = None) -> KernelCompute:
-        """This model with one draw of each kernel family's table error (module docstring).
+        """This model with one draw of each of its errors (module docstring).
 
         ``stratum`` (i, K): a Latin hypercube over the K samples of a band, the GEMM error
-        from stratum i of its normal, the loops' from stratum ``perm(i)`` of a permutation
-        fixed by K, so that K draws cover both evenly and independently. A plain draw's median
-        over K samples moves by about 1.25 sigma / sqrt(K) from one seed to the next (4% for
-        the loops' spread at K = 60): the band's P50 is then the typical step, not a noisy
-        sample of it."""
+        from stratum i of its normal, the loops' and the step's from strata ``perm(i)`` of two
+        permutations fixed by K, so that K draws cover each evenly and independently. A plain
+        draw's median over K samples moves by about 1.25 sigma / sqrt(K) from one seed to the
+        next (4% for the loops' spread at K = 60): the band's P50 is then the typical step,
+        not a noisy sample of it."""
         if stratum is None:
-            z = (float(rng.standard_normal()), float(rng.standard_normal()))
+            z = tuple(float(rng.standard_normal()) for _ in range(3))
         else:
             i, k = stratum
-            j = int(np.random.default_rng(k).permutation(k)[i])
-            z = tuple(float(special.ndtri((s + rng.random()) / k)) for s in (i, j))
+            perms = np.random.default_rng(k).permuted(np.tile(np.arange(k), (2, 1)), axis=1)
+            strata = (i, int(perms[0, i]), int(perms[1, i]))
+            z = tuple(float(special.ndtri((s + rng.random()) / k)) for s in strata)
         return KernelCompute(self.model, self.terms, z)  # type: ignore[arg-type]
 
     def _error(self, call: Any) -> float:
@@ -104,7 +109,11 @@ class KernelCompute:
         if key in self._cache:
             return self._cache[key]
         calls = step_calls(workload, batch, threads, training, layers=layers)
-        seconds = [self.model.call_s(c, threads) * self._error(c) for c in calls]
+        terms = self.model.step_terms(threads)
+        inside = 1.0
+        if "interplay" in self.terms:
+            inside = terms.factor * float(np.exp(self.z[2] * terms.sigma))
+        seconds = [self.model.call_s(c, threads) * self._error(c) * inside for c in calls]
         first = min(info.index for info in layers if info.kind != "flatten")
         loss = layers[-1].index
         parametric = [info for info in layers if info.param_count > 0]
@@ -125,10 +134,9 @@ class KernelCompute:
         for call, s in zip(calls, seconds, strict=True):
             charge(call.layer, call.phase, s)
         if "glue" in self.terms:
-            per_op = float(self.model.glue_["per_op_s"])
             for layer, phase in op_calls(workload, training, layers):
-                charge(layer, phase, per_op)
-            charge(loss, "loss", float(self.model.glue_["per_step_s"]))
+                charge(layer, phase, terms.per_op_s)
+            charge(loss, "loss", terms.per_step_s)
         self._cache[key] = table
         return table
 

@@ -174,7 +174,7 @@ def heldout_matrix(cfg: ValidateConfig, cores: int) -> tuple[list[RunSpec], list
     import numpy as np
 
     from microbench.nn.sliced import check_splittable
-    from pdlsim.validate.heldout import random_workloads
+    from microbench.randomnets import random_workloads
 
     rng = np.random.default_rng(cfg.seed + 1)
     batches = [b for b in HELDOUT_BATCHES if b not in cfg.batches]

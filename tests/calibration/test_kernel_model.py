@@ -1,5 +1,6 @@
-"""The kernel model: fitted from a (tiny) real sweep, it prices any workload's calls; its glue
-is recovered from tiny networks' steps; it travels through a profile to predict."""
+"""The kernel model: fitted from a (tiny) real sweep, it prices any workload's calls; its step
+terms (interplay factor, glue) are recovered from synthetic steps and scored with each network
+left out; it travels through a profile to predict."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ import pandas as pd
 import pytest
 
 from calibration.kernels import KernelModel
+from calibration.step_terms import StepTerms, fit_step_terms
 from microbench.kernelbench import FRESH_DATA, KernelPlan, _fresh_views, glue_workloads, run_kernels
 from microbench.kernels.calls import KernelCall, op_calls, step_calls
 from microbench.machine import machine_metadata
+from microbench.randomnets import random_workloads
 from microbench.records import RecordWriter, load_dataframe
 from microbench.sampling import SamplingPolicy
 from microbench.workload import load_workload
 from pdlsim.costmodel.kernels import KernelCompute
-from pdlsim.validate.heldout import random_workloads
 from tests.conftest import run_pdlsim
 
 PACKAGED = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
@@ -30,6 +32,8 @@ TINY = KernelPlan(
     channel_runs=(1, 8),
     im2col_shapes=((3, 1, 1), (3, 1, 8)),
     policy=SamplingPolicy(warmup=0, min_samples=2, max_samples=2, time_cap_s=0.001),
+    step_networks=2,
+    step_rounds=2,
 )
 
 
@@ -68,31 +72,63 @@ def test_a_thread_count_not_swept_takes_the_nearest_below(sweep):
         model._table(model.loops_, "no_such_loop", 1)
 
 
-def test_glue_is_recovered_from_tiny_networks_steps(sweep):
-    _, model = sweep
-    per_op, per_step = 3e-6, 10e-6
+def _step_rows(factor: float, per_op: float, per_step: float, noise: float) -> pd.DataFrame:
+    """ "step" and "step_alone" records of random networks at random batches, their steps
+    ``factor * alone + per_op * ops + per_step`` times a log-normal error of sigma ``noise``."""
+    rng = np.random.default_rng(1)
     rows = []
-    noise = iter(np.random.default_rng(0).normal(0.0, 0.3e-6, 100))
-    for workload in glue_workloads():
-        kernels = sum(model.call_s(c, 1) for c in step_calls(workload, 1, 1, gather=False))
+    for i, workload in enumerate([*glue_workloads(), *random_workloads(4, 14)]):
+        alone = float(np.exp(rng.uniform(np.log(2e-6), np.log(3e-2))))
         ops = len(op_calls(workload))
-        step = kernels + per_step + per_op * ops + next(noise)
-        rows.append(
-            {"params.workload_json": json.dumps(workload.to_dict()), "params.batch": 1,
-             "params.op_calls": ops, "samples": [step * 0.999, step, step * 1.001]}
-        )  # fmt: skip
-    model._fit_glue(pd.DataFrame(rows))
-    assert model.glue_["per_op_s"] == pytest.approx(per_op, rel=0.05)
-    assert model.glue_["per_step_s"] == pytest.approx(per_step, rel=0.2)
-    interval = model.glue_["intervals"]["per_op_s"]
-    assert interval["low"] <= per_op <= interval["high"]
+        step = (factor * alone + per_op * ops + per_step) * float(np.exp(rng.normal(0, noise)))
+        key = {"params.threads": 1, "params.workload_json": json.dumps(workload.to_dict()),
+               "params.batch": 1 + i, "params.op_calls": ops}  # fmt: skip
+        rows.append({**key, "name": "step", "samples": [step * 0.99, step, step * 1.01]})
+        rows.append({**key, "name": "step_alone", "samples": [alone, alone * 1.02]})
+    return pd.DataFrame(rows)
 
 
-def test_glue_is_scored_with_each_tiny_network_left_out(sweep):
+def test_step_terms_are_recovered_from_synthetic_steps():
+    factor, per_op, per_step = 1.25, 3e-6, 10e-6
+    terms, quality = fit_step_terms(_step_rows(factor, per_op, per_step, 0.02))
+    fitted = terms[1]
+    assert fitted.factor == pytest.approx(factor, rel=0.03)
+    assert fitted.per_op_s == pytest.approx(per_op, rel=0.1)
+    assert fitted.per_step_s == pytest.approx(per_step, rel=0.5)
+    for name, truth in (("factor", factor), ("per_op_s", per_op), ("per_step_s", per_step)):
+        interval = fitted.intervals[name]
+        assert interval["low"] <= truth <= interval["high"], name
+    assert 0.01 < fitted.sigma < 0.04  # the leave-one-out residuals' spread: the noise put in
+    assert quality["1"]["n_points"] == len(glue_workloads()) + 14
+    assert quality["1"]["leave_out_rel_error"] >= quality["1"]["median_rel_error"] * 0.8
+    assert StepTerms.from_dict(fitted.to_dict()) == fitted
+
+
+def test_without_networks_of_two_sizes_the_step_terms_stay_neutral():
+    """Glue and factor cannot be told apart from one op count: kernels as alone, no glue."""
+    rows = _step_rows(1.2, 3e-6, 0.0, 0.0)
+    rows["params.op_calls"] = 7
+    terms, quality = fit_step_terms(rows)
+    assert (terms[1].factor, terms[1].per_op_s, terms[1].per_step_s) == (1.0, 0.0, 0.0)
+    assert quality == {}
+
+
+def test_step_terms_are_scored_with_each_network_left_out(sweep):
     _, model = sweep
-    quality = model.quality_dict()["glue"]
-    assert quality["n_points"] == len(glue_workloads())
+    quality = model.quality_dict()["step_terms"]["1"]
+    assert quality["n_points"] == len(glue_workloads()) + TINY.step_networks
     assert quality["leave_out_rel_error"] is not None
+    terms = model.step_terms(4)  # a thread count not measured: the nearest below
+    assert terms == model.steps_[1] and terms.factor > 0
+
+
+def test_a_profile_from_before_the_step_terms_reads_its_glue(sweep):
+    _, model = sweep
+    doc = model.to_dict()
+    del doc["step_terms"]
+    doc["glue"] = {"per_op_s": 2e-6, "per_step_s": 1e-6, "intervals": {}, "points": []}
+    old = KernelModel.from_dict(doc)
+    assert old.step_terms(2) == StepTerms(per_op_s=2e-6, per_step_s=1e-6)
 
 
 def test_calibration_steps_score_the_model_by_workload_batch_and_threads(sweep):
@@ -101,7 +137,7 @@ def test_calibration_steps_score_the_model_by_workload_batch_and_threads(sweep):
     error equal to it; the steps move no fitted number."""
     out, _ = sweep
     kernels = load_dataframe(out, type="measurement")
-    alone = KernelModel().fit(kernels)  # not the shared fixture, whose glue a test refits
+    alone = KernelModel().fit(kernels)
     speed = [
         {"type": "measurement", "benchmark": "speed", "name": "step_compute",
          "params.model": name, "params.batch": batch, "params.threads": 1,
@@ -116,7 +152,7 @@ def test_calibration_steps_score_the_model_by_workload_batch_and_threads(sweep):
             assert q["median_rel_error"] == pytest.approx(0.1 / 1.1, rel=1e-6)
             assert q["leave_out_rel_error"] == q["median_rel_error"]
     assert checked.to_dict()["gemm"] == alone.to_dict()["gemm"]
-    assert checked.glue_ == alone.glue_
+    assert checked.steps_ == alone.steps_
 
 
 def test_compute_table_charges_every_call_once(sweep):
@@ -134,6 +170,9 @@ def test_compute_table_charges_every_call_once(sweep):
     assert table[(0, "forward")] > gather  # the gather is charged to the first layer
     full = KernelCompute(model)
     assert full.step_s(cnn, 9, 1) > plain.step_s(cnn, 9, 1)  # the glue adds
+    inside = KernelCompute(model, frozenset({"interplay"})).step_s(cnn, 9, 1)
+    factor = model.step_terms(1).factor
+    assert inside == pytest.approx(factor * plain.step_s(cnn, 9, 1))
     rng = np.random.default_rng(0)
     draws = [full.drawn(rng).step_s(cnn, 9, 1) for _ in range(40)]
     assert min(draws) < full.step_s(cnn, 9, 1) < max(draws)  # the band moves the tables
@@ -142,8 +181,8 @@ def test_compute_table_charges_every_call_once(sweep):
 
 
 def test_a_bands_draws_cover_each_tables_error_evenly(sweep):
-    """K band samples put one draw of each family's error in each of K equal-probability
-    strata (a Latin hypercube), the two families independently of each other."""
+    """K band samples put one draw of each error (GEMM and loop tables, step terms) in each of
+    K equal-probability strata (a Latin hypercube), independently of each other."""
     from scipy import stats
 
     _, model = sweep
@@ -152,7 +191,8 @@ def test_a_bands_draws_cover_each_tables_error_evenly(sweep):
     z = np.array([compute.drawn(rng, (i, k)).z for i in range(k)])
     for family in z.T:
         assert sorted((stats.norm.cdf(family) * k).astype(int)) == list(range(k))
-    assert abs(stats.spearmanr(z[:, 0], z[:, 1]).statistic) < 0.5
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        assert abs(stats.spearmanr(z[:, a], z[:, b]).statistic) < 0.5
 
 
 def test_the_model_predicts_through_a_profile(sweep, tmp_path):

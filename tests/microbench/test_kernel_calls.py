@@ -17,9 +17,9 @@ from microbench.kernels.calls import (
     step_calls,
 )
 from microbench.nn import SGD, Network
+from microbench.randomnets import random_workloads
 from microbench.threads import available_cores, set_threads
 from microbench.workload import Workload, load_workload
-from pdlsim.validate.heldout import random_workloads
 
 ODD = Workload.from_dict(
     {
@@ -203,3 +203,17 @@ def test_bad_calls_are_refused():
         KernelCall("gemm_nn", (1, 2), 0, "forward")
     with pytest.raises(ValueError, match="batch and threads"):
         step_calls(load_workload("mlp"), 0, 1)
+
+
+@pytest.mark.parametrize("workload", [load_workload("cnn"), MLP_INPUT_RELU], ids=lambda w: w.name)
+def test_the_recorder_catches_every_enumerated_call_and_times_them_alone(workload):
+    """The step benchmark's "alone" sum is over the very calls the model prices."""
+    from microbench.kernelbench import _step_fn
+    from microbench.kernels.record import record_calls, time_alone
+
+    step = _step_fn(workload, 5)
+    step()
+    calls = record_calls(step)
+    assert len(calls) == len(step_calls(workload, 5, 1, gather=False))
+    assert kernels_cpu.np is np and kernels_cpu.loops is loops  # the real ones are back
+    assert time_alone(calls, repeats=2) > 0

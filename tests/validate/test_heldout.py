@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from microbench.errors import UserError
+from microbench.randomnets import MAX_FORWARD_FLOPS_PER_SAMPLE, random_workloads
 from microbench.workload import load_workload
 from pdlsim.costmodel.corrections import CORRECTIONS, parse_corrections
-from pdlsim.validate.heldout import MAX_FORWARD_FLOPS_PER_SAMPLE, random_workloads
 from pdlsim.validate.report import HELDOUT, IN_SAMPLE, ablation, summarize
 from pdlsim.validate.run import (
     RunSpec,

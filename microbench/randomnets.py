@@ -1,8 +1,10 @@
-"""Held-out workloads: random networks of the supported layer kinds, drawn from a seed.
+"""Random networks of the supported layer kinds, drawn from a seed.
 
-A prediction that is right only on the networks a calibration timed is a lookup table. These
-generators draw networks no calibration has seen, so that ``pdlsim validate`` can score the
-model where nothing was measured:
+Two users, drawing from streams that never meet: ``pdlsim validate`` draws its held-out
+workloads from the seed it is given (``numpy.random.default_rng(seed)``), and the kernel
+sweep's step benchmark (:mod:`microbench.kernelbench`) draws the networks it measures the
+in-step terms on from its own stream (``default_rng([STEP_STREAM, threads])``), so a
+calibration never times a held-out network:
 
 * :func:`random_mlp`: 1 to 4 hidden dense layers (widths log-uniform in 24..1536, some odd),
   each followed by a relu, on an input of 64..3072 features, 10 or 100 classes.
@@ -76,17 +78,21 @@ def random_cnn(rng: np.random.Generator, name: str) -> dict[str, Any]:
 
 
 def random_workloads(
-    seed: int, count: int, kinds: tuple[str, ...] = ("mlp", "cnn")
+    seed: int | np.random.Generator,
+    count: int,
+    kinds: tuple[str, ...] = ("mlp", "cnn"),
+    prefix: str | None = None,
 ) -> list[Workload]:
-    """``count`` random workloads alternating over ``kinds``, named ``<kind>-s<seed>-<i>``."""
-    rng = np.random.default_rng(seed)
+    """``count`` random workloads alternating over ``kinds``, named ``<kind>-s<seed>-<i>``
+    (``<prefix>-<kind>-<i>`` when ``seed`` is a generator: give ``prefix`` then)."""
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     out: list[Workload] = []
     makers = {"mlp": random_mlp, "cnn": random_cnn}
     while len(out) < count:
         kind = kinds[len(out) % len(kinds)]
-        name = f"{kind}-s{seed}-{len(out)}"
+        name = f"{prefix}-{kind}-{len(out)}" if prefix else f"{kind}-s{seed}-{len(out)}"
         try:
-            workload = Workload.from_dict(makers[kind](rng, name), f"held-out {name}")
+            workload = Workload.from_dict(makers[kind](rng, name), f"random network {name}")
         except WorkloadError:
             continue
         if workload.forward_flops_per_sample <= MAX_FORWARD_FLOPS_PER_SAMPLE[kind]:

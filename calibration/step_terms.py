@@ -1,0 +1,144 @@
+"""What a training step costs beyond its kernels, fitted from the step benchmark alone.
+
+A step's kernels, each timed alone with its operands left in cache by itself, do not add up to
+the step (:mod:`microbench.kernelbench`, "step"). Two physical effects make the difference:
+
+* **Interplay** ``factor``: inside a step each kernel finds the caches holding the previous
+  kernel's data, not its own, and the next kernel's operands not yet there; its time is the
+  alone time times a factor (about 1.2-1.3 on a small shared VM).
+* **Glue** ``per_op_s``, ``per_step_s``: the Python between kernels (the layer's method, the
+  array allocations, numba dispatch), per op call (a layer's forward or backward, the loss, the
+  update) and per step.
+
+Per thread count, one least-squares fit in relative error (:func:`calibration.stats.
+nonneg_relative_fit`) of ``step = factor * alone + per_op_s * op_calls + per_step_s`` over the
+benchmark's networks: tiny ones that pin the glue, random ones at random batches that pin the
+factor. Each parameter has a 95% interval from the fit's covariance (Student t on the residual
+variance), and each network is predicted by a fit without it: those leave-one-out log residuals
+give the term's own quality and ``sigma``, the robust spread of what the three parameters do
+not explain, which the prediction band draws.
+
+``to_dict()`` (the profile's ``models.kernels.step_terms``)::
+
+    {"<threads>": {"factor", "per_op_s", "per_step_s", "sigma",
+                   "intervals": {"factor" | "per_op_s" | "per_step_s": {"low", "high"}},
+                   "points": [[alone_s, op_calls, step_s], ...]}}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from .stats import fit_quality, nonneg_relative_fit, robust_sigma
+
+__all__ = ["StepTerms", "fit", "fit_step_terms"]
+
+_NAMES = ("factor", "per_op_s", "per_step_s")
+
+
+@dataclass(frozen=True)
+class StepTerms:
+    """The interplay factor and the glue at one thread count (module docstring)."""
+
+    factor: float = 1.0
+    per_op_s: float = 0.0
+    per_step_s: float = 0.0
+    sigma: float = 0.0  # log spread of the leave-one-out residuals
+    intervals: dict[str, dict[str, float]] = field(default_factory=dict)
+    points: tuple[tuple[float, int, float], ...] = ()  # (alone_s, op_calls, step_s)
+
+    def step_s(self, kernels_s: float, op_calls: int, interplay: bool = True,
+               glue: bool = True) -> float:  # fmt: skip
+        """A step's seconds from its kernels' seconds alone and its op calls."""
+        out = kernels_s * (self.factor if interplay else 1.0)
+        return out + (self.per_op_s * op_calls + self.per_step_s if glue else 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "factor": self.factor,
+            "per_op_s": self.per_op_s,
+            "per_step_s": self.per_step_s,
+            "sigma": self.sigma,
+            "intervals": self.intervals,
+            "points": [list(p) for p in self.points],
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> StepTerms:
+        return cls(
+            factor=float(doc.get("factor", 1.0)),
+            per_op_s=float(doc.get("per_op_s", 0.0)),
+            per_step_s=float(doc.get("per_step_s", 0.0)),
+            sigma=float(doc.get("sigma", 0.0)),
+            intervals=dict(doc.get("intervals", {})),
+            points=tuple((float(a), int(n), float(s)) for a, n, s in doc.get("points", [])),
+        )
+
+
+def _solve(points: np.ndarray) -> tuple[np.ndarray, float]:
+    """(factor, per_op_s, per_step_s) and the relative rss, from rows (alone, ops, step)."""
+    design = np.column_stack([points[:, 0], points[:, 1], np.ones(len(points))])
+    return nonneg_relative_fit(design, points[:, 2])
+
+
+def _fit(points: np.ndarray) -> StepTerms:
+    """The three parameters with their 95% intervals (no leave-one-out: see :func:`fit`)."""
+    x, rss = _solve(points)
+    n, p = len(points), len(_NAMES)
+    intervals: dict[str, dict[str, float]] = {}
+    if n > p:
+        weighted = np.column_stack([points[:, 0], points[:, 1], np.ones(n)]) / points[:, 2:3]
+        cov = rss / (n - p) * np.linalg.pinv(weighted.T @ weighted)
+        half = float(stats.t.ppf(0.975, n - p)) * np.sqrt(np.clip(np.diag(cov), 0.0, None))
+        for name, value, h in zip(_NAMES, x, half, strict=True):
+            intervals[name] = {"low": max(float(value - h), 0.0), "high": float(value + h)}
+    return StepTerms(*(float(v) for v in x), intervals=intervals,
+                     points=tuple((float(a), int(o), float(s)) for a, o, s in points))  # fmt: skip
+
+
+def fit(points: list[tuple[float, int, float]]) -> tuple[StepTerms, dict[str, Any] | None]:
+    """The step terms of rows (alone_s, op_calls, step_s) at one thread count, with ``sigma``
+    from each row predicted by a fit without it, and that leave-one-out quality (None from
+    fewer rows than a left-out fit needs)."""
+    rows = np.asarray(points, dtype=float)
+    if len(rows) < len(_NAMES) or len({int(n) for n in rows[:, 1]}) < 2:
+        return StepTerms(points=tuple(points)), None  # glue and factor cannot be separated
+    terms = _fit(rows)
+    if len(rows) <= len(_NAMES) + 1:
+        return terms, None
+    fitted = np.array([terms.step_s(a, int(n)) for a, n, _ in rows])
+    left_out = np.empty(len(rows))
+    for i in range(len(rows)):
+        x, _ = _solve(np.delete(rows, i, axis=0))
+        left_out[i] = x[0] * rows[i, 0] + x[1] * rows[i, 1] + x[2]
+    residuals = np.log(np.maximum(left_out, 1e-12) / rows[:, 2])
+    terms = StepTerms(terms.factor, terms.per_op_s, terms.per_step_s, robust_sigma(residuals),
+                      terms.intervals, terms.points)  # fmt: skip
+    return terms, fit_quality(rows[:, 2], fitted, left_out).to_dict()
+
+
+def fit_step_terms(rows: pd.DataFrame) -> tuple[dict[int, StepTerms], dict[str, Any]]:
+    """Step terms per thread count from the kernel sweep's "step" and "step_alone" records
+    (one of each per network and thread count), and their leave-one-out quality per thread
+    count."""
+    keys = ["params.threads", "params.workload_json", "params.batch", "params.op_calls"]
+    if rows.empty or not set(keys) <= set(rows.columns):
+        return {}, {}
+    medians = rows[keys + ["name"]].assign(median=[float(np.median(s)) for s in rows["samples"]])
+    steps = medians[medians["name"] == "step"].drop(columns="name")
+    alone = medians[medians["name"] == "step_alone"].drop(columns="name")
+    joined = steps.merge(alone, on=keys, suffixes=("_step", "_alone"))
+    out: dict[int, StepTerms] = {}
+    quality: dict[str, Any] = {}
+    for threads, part in joined.groupby("params.threads"):
+        points = list(zip(part["median_alone"], part["params.op_calls"].astype(int),
+                          part["median_step"], strict=True))  # fmt: skip
+        out[int(threads)], q = fit(points)
+        if q is not None:
+            quality[str(int(threads))] = q
+    return out, quality
