@@ -9,15 +9,14 @@ holds measured terms, each with a physical meaning and its own benchmark:
 * **Step terms** (:attr:`KernelModel.steps_`, :mod:`calibration.step_terms`), per thread
   count: the *interplay* factor by which kernels run slower inside a step than alone, and the
   *glue*, the Python between kernels per op call and per step, fitted with 95% intervals to
-  whole steps of networks no workload names against the same calls timed alone.
-
-Each table's neighbour residuals (a grid point predicted from its neighbours) give the relative
-error of a shape between grid points (:attr:`KernelModel.spread_`), which the prediction band
-uses.
+  whole steps of networks no workload names against the same calls timed alone; and ``sigma``,
+  the spread of those networks' steps predicted with each left out of the fit and its kernels
+  priced from the tables: the model's error on a network it never saw, which the prediction
+  band draws.
 
 **Its own generalisation** (:attr:`KernelModel.quality_`, the profile's fit quality): the
-tables' neighbour errors pooled per family (each point predicted without itself); the step
-terms with each benchmark network left out of their fit in turn; and whole training steps
+tables' neighbour errors pooled per family (each grid point predicted from its neighbours,
+without itself); the step benchmark's networks, each predicted as above; and whole training steps
 (``microbench speed``'s ``step_compute``: forward, backward and update of the calibration's
 workloads at its batches and thread counts) against the model's price of them, per workload,
 batch and thread count. The model fits nothing to any workload or batch, so every step is a
@@ -29,8 +28,7 @@ are the same by construction.
     {"modeler": "kernel_tables",
      "gemm": {"<layout>": {"<threads>": GemmTable.to_dict()}},
      "loops": {"<variant>": {"<threads>": LoopTable.to_dict()}},
-     "step_terms": {"<threads>": StepTerms.to_dict()},
-     "spread": {"gemm": <log sigma>, "loops": <log sigma>}}
+     "step_terms": {"<threads>": StepTerms.to_dict()}}
 
 ``quality_dict()`` (the profile's ``fit_quality.kernels``)::
 
@@ -41,6 +39,7 @@ are the same by construction.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,7 +51,7 @@ from microbench.kernels.calls import KernelCall, call_features, op_calls, step_c
 from microbench.workload import Workload, load_workload
 
 from .kernel_tables import GemmTable, LoopTable
-from .stats import fit_quality, robust_sigma
+from .stats import fit_quality
 from .step_terms import StepTerms, fit_step_terms
 
 __all__ = ["KernelModel"]
@@ -94,14 +93,21 @@ class KernelModel:
         if not self.gemm_ or not self.loops_:
             raise UserError("the kernel sweep records hold no GEMM or no loop points")
         self.quality_: dict[str, Any] = {}
-        self.steps_, step_quality = fit_step_terms(rows[rows["name"].isin(["step", "step_alone"])])
+        self._score_tables()
+        steps = rows[rows["name"].isin(["step", "step_alone"])]
+        self.steps_, step_quality = fit_step_terms(steps, self._priced)
         if step_quality:
             self.quality_["step_terms"] = step_quality
-        self._fit_spread()
         self._check_steps(measured[measured["benchmark"] == "speed"])
         return self
 
-    def _fit_spread(self) -> None:
+    def _priced(self, workload_json: str, batch: int, threads: int) -> float:
+        """The table seconds of a step benchmark network's kernels."""
+        workload = Workload.from_dict(json.loads(workload_json), "step benchmark network")
+        return self._kernels_s(workload, batch, threads)
+
+    def _score_tables(self) -> None:
+        """Each table's neighbour errors, and per family pooled (module docstring)."""
         self.quality_["tables"] = {}
         pooled: dict[str, list[np.ndarray]] = {"gemm": [], "loops": []}
         tables = [("gemm", f"gemm_{k[0]}@{k[1]}", t) for k, t in self.gemm_.items()]
@@ -115,10 +121,6 @@ class KernelModel:
                     "median_abs_log_error": float(np.median(np.abs(r))),
                     "p90_abs_log_error": float(np.quantile(np.abs(r), 0.9)),
                 }
-        self.spread_ = {
-            family: robust_sigma(np.concatenate(parts)) if parts else 0.0
-            for family, parts in pooled.items()
-        }
         for family, parts in pooled.items():
             if parts:  # measured over each point predicted from its neighbours, without it
                 ratio = np.exp(np.concatenate(parts))
@@ -207,7 +209,6 @@ class KernelModel:
             "gemm": gemm,
             "loops": loops,
             "step_terms": {str(t): terms.to_dict() for t, terms in sorted(self.steps_.items())},
-            "spread": dict(self.spread_),
         }
 
     @classmethod
@@ -227,9 +228,10 @@ class KernelModel:
             int(t): StepTerms.from_dict(terms) for t, terms in doc.get("step_terms", {}).items()
         }
         glue = doc.get("glue")
-        if glue and not model.steps_:  # a profile from before the interplay term: glue alone
+        if glue and not model.steps_:  # a profile from before the step benchmark: its glue,
+            # and the band from its tables' neighbour spread, the wider family's
             per_op, per_step = (float(glue.get(k, 0.0)) for k in ("per_op_s", "per_step_s"))
-            model.steps_ = {1: StepTerms(per_op_s=per_op, per_step_s=per_step)}
-        model.spread_ = {"gemm": 0.0, "loops": 0.0, **doc.get("spread", {})}
+            sigma = max([0.0, *doc.get("spread", {}).values()])
+            model.steps_ = {1: StepTerms(per_op_s=per_op, per_step_s=per_step, sigma=sigma)}
         model.quality_ = dict(doc.get("quality", {}))  # a profile may keep it in the section
         return model

@@ -14,9 +14,11 @@ Per thread count, one least-squares fit in relative error (:func:`calibration.st
 nonneg_relative_fit`) of ``step = factor * alone + per_op_s * op_calls + per_step_s`` over the
 benchmark's networks: tiny ones that pin the glue, random ones at random batches that pin the
 factor. Each parameter has a 95% interval from the fit's covariance (Student t on the residual
-variance), and each network is predicted by a fit without it: those leave-one-out log residuals
-give the term's own quality and ``sigma``, the robust spread of what the three parameters do
-not explain, which the prediction band draws.
+variance). Each network is then predicted as a workload never seen is: its kernels priced by the
+kernel tables (not timed alone), times the factor, plus the glue, both fitted without it. Those
+leave-one-out log residuals are the compute model's error on a network it never saw, tables
+included: the term's quality, and ``sigma``, their robust spread, which the prediction band
+draws for the whole step.
 
 ``to_dict()`` (the profile's ``models.kernels.step_terms``)::
 
@@ -27,6 +29,7 @@ not explain, which the prediction band draws.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +51,7 @@ class StepTerms:
     factor: float = 1.0
     per_op_s: float = 0.0
     per_step_s: float = 0.0
-    sigma: float = 0.0  # log spread of the leave-one-out residuals
+    sigma: float = 0.0  # log spread of the leave-one-out residuals, tables priced
     intervals: dict[str, dict[str, float]] = field(default_factory=dict)
     points: tuple[tuple[float, int, float], ...] = ()  # (alone_s, op_calls, step_s)
 
@@ -101,31 +104,38 @@ def _fit(points: np.ndarray) -> StepTerms:
                      points=tuple((float(a), int(o), float(s)) for a, o, s in points))  # fmt: skip
 
 
-def fit(points: list[tuple[float, int, float]]) -> tuple[StepTerms, dict[str, Any] | None]:
+def fit(
+    points: list[tuple[float, int, float]], priced: Sequence[float] | None = None
+) -> tuple[StepTerms, dict[str, Any] | None]:
     """The step terms of rows (alone_s, op_calls, step_s) at one thread count, with ``sigma``
-    from each row predicted by a fit without it, and that leave-one-out quality (None from
-    fewer rows than a left-out fit needs)."""
+    from each row predicted by a fit without it from ``priced``, its kernels' table seconds
+    (default: their seconds alone), and that leave-one-out quality (None from fewer rows than a
+    left-out fit needs)."""
     rows = np.asarray(points, dtype=float)
+    basis = rows[:, 0] if priced is None else np.asarray(priced, dtype=float)
     if len(rows) < len(_NAMES) or len({int(n) for n in rows[:, 1]}) < 2:
         return StepTerms(points=tuple(points)), None  # glue and factor cannot be separated
     terms = _fit(rows)
     if len(rows) <= len(_NAMES) + 1:
         return terms, None
-    fitted = np.array([terms.step_s(a, int(n)) for a, n, _ in rows])
+    fitted = np.array([terms.step_s(b, int(n)) for b, n in zip(basis, rows[:, 1], strict=True)])
     left_out = np.empty(len(rows))
     for i in range(len(rows)):
         x, _ = _solve(np.delete(rows, i, axis=0))
-        left_out[i] = x[0] * rows[i, 0] + x[1] * rows[i, 1] + x[2]
+        left_out[i] = x[0] * basis[i] + x[1] * rows[i, 1] + x[2]
     residuals = np.log(np.maximum(left_out, 1e-12) / rows[:, 2])
     terms = StepTerms(terms.factor, terms.per_op_s, terms.per_step_s, robust_sigma(residuals),
                       terms.intervals, terms.points)  # fmt: skip
     return terms, fit_quality(rows[:, 2], fitted, left_out).to_dict()
 
 
-def fit_step_terms(rows: pd.DataFrame) -> tuple[dict[int, StepTerms], dict[str, Any]]:
+def fit_step_terms(
+    rows: pd.DataFrame, price: Callable[[str, int, int], float] | None = None
+) -> tuple[dict[int, StepTerms], dict[str, Any]]:
     """Step terms per thread count from the kernel sweep's "step" and "step_alone" records
     (one of each per network and thread count), and their leave-one-out quality per thread
-    count."""
+    count; ``price(workload_json, batch, threads)``: a network's kernels' table seconds, for
+    the leave-one-out predictions (:func:`fit`)."""
     keys = ["params.threads", "params.workload_json", "params.batch", "params.op_calls"]
     if rows.empty or not set(keys) <= set(rows.columns):
         return {}, {}
@@ -138,7 +148,11 @@ def fit_step_terms(rows: pd.DataFrame) -> tuple[dict[int, StepTerms], dict[str, 
     for threads, part in joined.groupby("params.threads"):
         points = list(zip(part["median_alone"], part["params.op_calls"].astype(int),
                           part["median_step"], strict=True))  # fmt: skip
-        out[int(threads)], q = fit(points)
+        priced = None
+        if price is not None:
+            keys = zip(part["params.workload_json"], part["params.batch"], strict=True)
+            priced = [price(str(w), int(b), int(threads)) for w, b in keys]
+        out[int(threads)], q = fit(points, priced)
         if q is not None:
             quality[str(int(threads))] = q
     return out, quality

@@ -15,7 +15,9 @@ workloads, batches and thread counts it never ran:
   :data:`GEMM_RAGGED_DIMS` (remainders past whole 8-float vectors that need BLAS's edge tiles
   of 4, 2 and 1 columns) with the other dimensions at :data:`GEMM_PARTNER_DIMS`, from which
   :mod:`calibration.kernel_tables` measures what each edge tile costs. Beyond the grid a GEMM
-  keeps the efficiency of the grid's edge.
+  keeps the efficiency of the grid's edge. Above one thread each sample follows a short gap,
+  as every GEMM of a step follows other work: a GEMM that BLAS threads pays their wake-up
+  (:data:`microbench.threads.BLAS_SLEEP_GAP_S`).
 * **Loops** ``loop``: each numba loop, the gather and the copy over :data:`LOOP_ELEMENTS`
   elements and, where a kernel's speed depends on it, a few lengths of its inner contiguous
   run (:func:`microbench.kernels.calls.call_features`: channels, columns, classes, row bytes).
@@ -63,7 +65,7 @@ from microbench.measurement import Measurement
 from microbench.randomnets import random_workloads
 from microbench.records import RecordWriter
 from microbench.sampling import SamplingPolicy, measure, report_point, timed
-from microbench.threads import set_threads
+from microbench.threads import let_blas_threads_sleep, set_threads
 from microbench.workload import Workload
 
 __all__ = [
@@ -519,7 +521,9 @@ def run_kernels(
                 continue
             fn = make(*args)
             fn()  # compiles a numba variant, first-touches a view: never in a sample
-            m = measure(timed(fn), plan.policy, benchmark="kernels", name=name, params=params)
+            before = let_blas_threads_sleep if name == "gemm" and threads > 1 else None
+            m = measure(timed(fn, before=before), plan.policy, benchmark="kernels", name=name,
+                        params=params)  # fmt: skip
             results.append(m)
             report_point(m, writer, progress, _label(name, params), policy=plan.policy.to_dict())
     return results

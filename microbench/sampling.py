@@ -121,10 +121,17 @@ class SamplingPolicy:
         return asdict(self)
 
 
-def timed(fn: Callable[[], object], clock: Clock = time.perf_counter) -> Callable[[], float]:
-    """A repetition for :func:`measure` that calls ``fn()`` and returns the seconds it took."""
+def timed(
+    fn: Callable[[], object],
+    clock: Clock = time.perf_counter,
+    before: Callable[[], object] | None = None,
+) -> Callable[[], float]:
+    """A repetition for :func:`measure` that calls ``fn()`` and returns the seconds it took;
+    ``before()``, if given, runs first, untimed."""
 
     def repetition() -> float:
+        if before is not None:
+            before()
         start = clock()
         fn()
         return clock() - start

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import warnings
 
 # Environment variables read by the BLAS libraries numpy may be linked against, by OpenMP
@@ -28,6 +29,11 @@ THREAD_ENV_VARS = (
 # 2 threads on 2 cores ran 1.08x PyTorch's speed with the default, 1.31x with this). Only the
 # environment, before numpy loads, sets it; waking sleeping threads costs microseconds.
 BLAS_IDLE_ENV = {"OPENBLAS_THREAD_TIMEOUT": "4"}
+# With that, a GEMM that OpenBLAS runs on several threads pays their wake-up (25-35 us on the
+# 2-core VM) whenever anything at all ran before it (measured: the same GEMM after a 5 us gap
+# as after 1 ms); back to back it does not. In a step every GEMM follows other work, so a GEMM
+# is timed as a step calls it: after this gap (:func:`let_blas_threads_sleep`).
+BLAS_SLEEP_GAP_S = 20e-6
 
 _blas_limiter = None  # keeps the threadpoolctl limit alive for the life of the process
 
@@ -54,6 +60,14 @@ def quiet_idle_blas_threads() -> None:
     """
     for name, value in BLAS_IDLE_ENV.items():
         os.environ.setdefault(name, value)
+
+
+def let_blas_threads_sleep() -> None:
+    """Busy-wait :data:`BLAS_SLEEP_GAP_S`, idle BLAS threads falling asleep meanwhile (busy,
+    not ``time.sleep``, whose wake-up takes longer than the gap)."""
+    end = time.perf_counter() + BLAS_SLEEP_GAP_S
+    while time.perf_counter() < end:
+        pass
 
 
 def size_numba_pool(threads: int) -> None:

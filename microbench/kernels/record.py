@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from microbench.kernels import cpu, loops
+from microbench.threads import let_blas_threads_sleep
 
 __all__ = ["CallRecorder", "record_calls", "time_alone"]
 
@@ -80,13 +81,15 @@ def record_calls(step: Callable[[], object]) -> list[Call]:
 
 
 def time_alone(calls: list[Call], repeats: int = 3) -> float:
-    """Seconds of ``calls`` each timed alone: the sum over calls of the median of ``repeats``
-    back-to-back runs of it (the first run finds what the call before it left in the caches;
-    the median, mostly its own operands)."""
+    """Seconds of ``calls`` each timed alone as the kernel tables time it: the sum over calls
+    of the median of ``repeats`` runs of it back to back (the first run finds what the call
+    before it left in the caches; the median, mostly its own operands), each after the gap in
+    which idle BLAS threads fall asleep (:func:`microbench.threads.let_blas_threads_sleep`)."""
     total = 0.0
     for fn, args, kwargs in calls:
         times = []
         for _ in range(repeats):
+            let_blas_threads_sleep()
             start = time.perf_counter()
             fn(*args, **kwargs)
             times.append(time.perf_counter() - start)

@@ -14,11 +14,9 @@ asks about (``compute_time(layer, phase, ...)``):
 * with the **glue** term, each op call pays the Python between kernels, and the step its own.
 
 Both come from the step benchmark (:mod:`calibration.step_terms`). The prediction band draws
-the model's own errors (:meth:`KernelCompute.drawn`): each kernel family's calls (GEMMs, loops)
-move together by one normal draw of that family's spread, the robust standard deviation of its
-tables' neighbour residuals (a grid point predicted from its neighbours: what a shape between
-grid points is exposed to); with the interplay term, the whole step moves by a third draw of
-the step terms' leave-one-network-out spread (what a network the fit never saw is exposed to).
+the model's own error (:meth:`KernelCompute.drawn`): the whole step moves by one normal draw of
+the step terms' ``sigma``, the spread of the benchmark's networks each predicted as a workload
+never seen is (tables priced, step terms fitted without it), at the thread count.
 
 The interplay and the glue are :data:`TERMS`, switchable; nothing here is fitted to any step
 of any workload, so a workload, batch or thread count never measured is priced like one that
@@ -64,30 +62,24 @@ class KernelCompute:
 
     model: KernelModel
     terms: frozenset[str] = frozenset(TERMS)
-    z: tuple[float, float, float] = (0.0, 0.0, 0.0)  # the band's draws: GEMM, loops, step
+    z: float = 0.0  # the band's draw of the model's error, in sigmas
     _cache: dict[tuple, dict[tuple[int, str], float]] = field(default_factory=dict, repr=False)
 
     def drawn(self, rng: Any, stratum: tuple[int, int] | None = None) -> KernelCompute:
-        """This model with one draw of each of its errors (module docstring).
+        """This model with one draw of its error (module docstring).
 
-        ``stratum`` (i, K): a Latin hypercube over the K samples of a band, the GEMM error
-        from stratum i of its normal, the loops' and the step's from strata ``perm(i)`` of two
-        permutations fixed by K, so that K draws cover each evenly and independently. A plain
-        draw's median over K samples moves by about 1.25 sigma / sqrt(K) from one seed to the
-        next (4% for the loops' spread at K = 60): the band's P50 is then the typical step,
-        not a noisy sample of it."""
+        ``stratum`` (i, K): a Latin hypercube over the K samples of a band, the draw from
+        stratum ``perm(i)`` of a permutation fixed by K (independent of the machine's drift,
+        drawn from stratum i), so that K draws cover the error evenly: a plain draw's median
+        over K samples moves by about 1.25 sigma / sqrt(K) from one seed to the next, and the
+        band's P50 is then the typical step, not a noisy sample of it."""
         if stratum is None:
-            z = tuple(float(rng.standard_normal()) for _ in range(3))
+            z = float(rng.standard_normal())
         else:
             i, k = stratum
-            perms = np.random.default_rng(k).permuted(np.tile(np.arange(k), (2, 1)), axis=1)
-            strata = (i, int(perms[0, i]), int(perms[1, i]))
-            z = tuple(float(special.ndtri((s + rng.random()) / k)) for s in strata)
-        return KernelCompute(self.model, self.terms, z)  # type: ignore[arg-type]
-
-    def _error(self, call: Any) -> float:
-        family, z = ("gemm", self.z[0]) if call.kernel.startswith("gemm_") else ("loops", self.z[1])
-        return float(np.exp(z * self.model.spread_.get(family, 0.0)))
+            j = int(np.random.default_rng(k).permutation(k)[i])
+            z = float(special.ndtri((j + rng.random()) / k))
+        return KernelCompute(self.model, self.terms, z)
 
     def __post_init__(self) -> None:
         unknown = set(self.terms) - set(TERMS)
@@ -110,10 +102,9 @@ class KernelCompute:
             return self._cache[key]
         calls = step_calls(workload, batch, threads, training, layers=layers)
         terms = self.model.step_terms(threads)
-        inside = 1.0
-        if "interplay" in self.terms:
-            inside = terms.factor * float(np.exp(self.z[2] * terms.sigma))
-        seconds = [self.model.call_s(c, threads) * self._error(c) * inside for c in calls]
+        error = float(np.exp(self.z * terms.sigma))
+        inside = error * (terms.factor if "interplay" in self.terms else 1.0)
+        seconds = [self.model.call_s(c, threads) * inside for c in calls]
         first = min(info.index for info in layers if info.kind != "flatten")
         loss = layers[-1].index
         parametric = [info for info in layers if info.param_count > 0]
@@ -135,8 +126,8 @@ class KernelCompute:
             charge(call.layer, call.phase, s)
         if "glue" in self.terms:
             for layer, phase in op_calls(workload, training, layers):
-                charge(layer, phase, terms.per_op_s)
-            charge(loss, "loss", terms.per_step_s)
+                charge(layer, phase, terms.per_op_s * error)
+            charge(loss, "loss", terms.per_step_s * error)
         self._cache[key] = table
         return table
 
