@@ -4,7 +4,7 @@
   mode of ``cfg.modes``; model-parallel training and forward-only rows; one GPU copying in
   turn and prefetching, where a GPU and a GPU model are.
 * **Held-out** (:func:`heldout_matrix`): random workloads of the supported layer kinds
-  (:mod:`pdlsim.validate.heldout`) drawn from ``cfg.seed``, at batches drawn between and up to 4x
+  (:mod:`microbench.randomnets`) drawn from ``cfg.seed``, at batches drawn between and up to 4x
   beyond the calibrated ones, in every mode that fits the cores (the others refused in the open).
   :func:`check_unseen` refuses a profile that measured any of them.
 * :func:`ablation_sets`: the correction sets every configuration is predicted again with.
@@ -165,7 +165,7 @@ HELDOUT_BATCHES = (8, 12, 24, 48, 96, 128, 256)  # between and up to 4x beyond 1
 
 
 def heldout_matrix(cfg: ValidateConfig, cores: int) -> tuple[list[RunSpec], list[str]]:
-    """The held-out configurations: :func:`pdlsim.validate.heldout.random_workloads` drawn from
+    """The held-out configurations: :func:`microbench.randomnets.random_workloads` drawn from
     ``cfg.seed`` (written to ``OUT/workloads/``), each at ``cfg.heldout_batches`` batches
     drawn from :data:`HELDOUT_BATCHES` less the calibration's, in every mode of ``cfg.modes``
     that fits the cores; with "model" in ``cfg.parallel``, the first two also split layer-wise

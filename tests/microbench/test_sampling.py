@@ -194,3 +194,14 @@ def test_ranks_stay_in_lockstep_and_samples_are_the_max_over_ranks():
     assert samples0 == samples1 and reason0 == reason1 == "ci_target"
     assert len(local0) == len(local1) == len(samples0)
     assert samples0 == [max(a, b) for a, b in zip(local0, local1, strict=True)]
+
+
+def test_what_runs_before_a_timed_repetition_is_not_timed():
+    """The kernel sweep lets BLAS threads fall asleep before each GEMM sample: that gap runs
+    first, outside the timed window."""
+    clock = iter([10.0, 10.5])
+    order: list[str] = []
+    repetition = timed(lambda: order.append("fn"), clock=lambda: next(clock),
+                       before=lambda: order.append("before"))  # fmt: skip
+    assert repetition() == pytest.approx(0.5)
+    assert order == ["before", "fn"]

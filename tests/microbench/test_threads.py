@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 from microbench.threads import available_cores
 from tests.conftest import run_pdlsim
@@ -42,3 +43,11 @@ def test_serial_training_above_the_cores_warns_once_in_one_line(tmp_path):
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(warnings) == 1 and "oversubscribed" in warnings[0], result.stderr
+
+
+def test_the_gap_before_a_gemm_sample_lasts_long_enough_for_blas_threads_to_sleep():
+    from microbench.threads import BLAS_SLEEP_GAP_S, let_blas_threads_sleep
+
+    start = time.perf_counter()
+    let_blas_threads_sleep()
+    assert time.perf_counter() - start >= BLAS_SLEEP_GAP_S
