@@ -39,6 +39,7 @@ are the same by construction.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,12 +47,12 @@ import numpy as np
 import pandas as pd
 
 from microbench.errors import UserError
-from microbench.kernels.calls import KernelCall, call_features, step_calls
+from microbench.kernels.calls import KernelCall, call_features, op_calls, step_calls
 from microbench.workload import Workload, load_workload
 
 from .kernel_tables import GemmTable, LoopTable
 from .stats import fit_quality
-from .step_terms import OP_KINDS, StepTerms, fit_step_terms, op_kinds
+from .step_terms import StepTerms, fit_step_terms
 
 __all__ = ["KernelModel"]
 
@@ -100,8 +101,9 @@ class KernelModel:
         self._check_steps(measured[measured["benchmark"] == "speed"])
         return self
 
-    def _priced(self, workload: Workload, batch: int, threads: int) -> float:
+    def _priced(self, workload_json: str, batch: int, threads: int) -> float:
         """The table seconds of a step benchmark network's kernels."""
+        workload = Workload.from_dict(json.loads(workload_json), "step benchmark network")
         return self._kernels_s(workload, batch, threads)
 
     def _score_tables(self) -> None:
@@ -136,7 +138,7 @@ class KernelModel:
         """Seconds of one training step's compute (forward, loss, backward, update; no
         gather), step terms included: what ``microbench speed`` times as ``step_compute``."""
         kernels = self._kernels_s(workload, batch, threads)
-        return self.step_terms(threads).step_s(kernels, op_kinds(workload))
+        return self.step_terms(threads).step_s(kernels, len(op_calls(workload)))
 
     def _kernels_s(self, workload: Workload, batch: int, threads: int) -> float:
         """The table seconds of one training step's kernel calls (no gather)."""
@@ -230,7 +232,6 @@ class KernelModel:
             # and the band from its tables' neighbour spread, the wider family's
             per_op, per_step = (float(glue.get(k, 0.0)) for k in ("per_op_s", "per_step_s"))
             sigma = max([0.0, *doc.get("spread", {}).values()])
-            glue = {f"per_{kind}_op_s": per_op for kind in OP_KINDS}
-            model.steps_ = {1: StepTerms(**glue, per_step_s=per_step, sigma=sigma)}
+            model.steps_ = {1: StepTerms(per_op_s=per_op, per_step_s=per_step, sigma=sigma)}
         model.quality_ = dict(doc.get("quality", {}))  # a profile may keep it in the section
         return model

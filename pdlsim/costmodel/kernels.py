@@ -11,8 +11,7 @@ asks about (``compute_time(layer, phase, ...)``):
   each layer with parameters in proportion to its parameter count;
 * with the **interplay** term, each call takes its table time (a kernel alone) times the
   factor by which kernels run slower inside a step, measured at the thread count;
-* with the **glue** term, each op call pays the Python between kernels, by its kind (dense,
-  convolution, other), and the step its own.
+* with the **glue** term, each op call pays the Python between kernels, and the step its own.
 
 Both come from the step benchmark (:mod:`calibration.step_terms`). The prediction band draws
 the model's own error (:meth:`KernelCompute.drawn`): the whole step moves by one normal draw of
@@ -35,7 +34,6 @@ import numpy as np
 from scipy import special
 
 from calibration.kernels import KernelModel
-from calibration.step_terms import op_kinds
 from microbench.kernels.calls import op_calls, step_calls
 from microbench.workload import LayerInfo, Workload, sliced_dense
 
@@ -127,9 +125,8 @@ class KernelCompute:
         for call, s in zip(calls, seconds, strict=True):
             charge(call.layer, call.phase, s)
         if "glue" in self.terms:
-            ops = op_calls(workload, training, layers)
-            for (layer, phase), kind in zip(ops, op_kinds(workload, training, layers), strict=True):
-                charge(layer, phase, terms.per_op_s(kind) * error)
+            for layer, phase in op_calls(workload, training, layers):
+                charge(layer, phase, terms.per_op_s * error)
             charge(loss, "loss", terms.per_step_s * error)
         self._cache[key] = table
         return table

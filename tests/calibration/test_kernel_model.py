@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from calibration.kernels import KernelModel
-from calibration.step_terms import OP_KINDS, StepTerms, fit_step_terms, op_kinds
+from calibration.step_terms import StepTerms, fit_step_terms
 from microbench.kernelbench import FRESH_DATA, KernelPlan, _fresh_views, glue_workloads, run_kernels
 from microbench.kernels.calls import KernelCall, op_calls, step_calls
 from microbench.machine import machine_metadata
@@ -72,39 +72,30 @@ def test_a_thread_count_not_swept_takes_the_nearest_below(sweep):
         model._table(model.loops_, "no_such_loop", 1)
 
 
-GLUE = {"dense": 2e-6, "conv": 5e-6, "other": 3e-6}
-
-
-def _step_rows(
-    factor: float, glue: dict[str, float], per_step: float, noise: float, same: bool = False
-) -> pd.DataFrame:
-    """ "step" and "step_alone" records of the tiny and random networks at random batches (all
-    one random network with ``same``), their steps ``factor * alone + glue of each op by kind +
-    per_step`` times a log-normal error of sigma ``noise``."""
+def _step_rows(factor: float, per_op: float, per_step: float, noise: float) -> pd.DataFrame:
+    """ "step" and "step_alone" records of random networks at random batches, their steps
+    ``factor * alone + per_op * ops + per_step`` times a log-normal error of sigma ``noise``."""
     rng = np.random.default_rng(1)
     rows = []
-    networks = [*glue_workloads(), *random_workloads(4, 14)]
-    for i, workload in enumerate([networks[-1]] * len(networks) if same else networks):
+    for i, workload in enumerate([*glue_workloads(), *random_workloads(4, 14)]):
         alone = float(np.exp(rng.uniform(np.log(2e-6), np.log(3e-2))))
-        ops = sum(glue[kind] for kind in op_kinds(workload))
-        step = (factor * alone + ops + per_step) * float(np.exp(rng.normal(0, noise)))
+        ops = len(op_calls(workload))
+        step = (factor * alone + per_op * ops + per_step) * float(np.exp(rng.normal(0, noise)))
         key = {"params.threads": 1, "params.workload_json": json.dumps(workload.to_dict()),
-               "params.batch": 1 + i, "params.op_calls": len(op_calls(workload))}  # fmt: skip
+               "params.batch": 1 + i, "params.op_calls": ops}  # fmt: skip
         rows.append({**key, "name": "step", "samples": [step * 0.99, step, step * 1.01]})
         rows.append({**key, "name": "step_alone", "samples": [alone, alone * 1.02]})
     return pd.DataFrame(rows)
 
 
 def test_step_terms_are_recovered_from_synthetic_steps():
-    factor, per_step = 1.25, 10e-6
-    terms, quality = fit_step_terms(_step_rows(factor, GLUE, per_step, 0.02))
+    factor, per_op, per_step = 1.25, 3e-6, 10e-6
+    terms, quality = fit_step_terms(_step_rows(factor, per_op, per_step, 0.02))
     fitted = terms[1]
     assert fitted.factor == pytest.approx(factor, rel=0.03)
-    truths = {"factor": factor, "per_step_s": per_step}
-    truths |= {f"per_{kind}_op_s": seconds for kind, seconds in GLUE.items()}
-    for kind in ("dense", "conv"):
-        assert fitted.per_op_s(kind) == pytest.approx(GLUE[kind], rel=0.2)
-    for name, truth in truths.items():
+    assert fitted.per_op_s == pytest.approx(per_op, rel=0.1)
+    assert fitted.per_step_s == pytest.approx(per_step, rel=0.5)
+    for name, truth in (("factor", factor), ("per_op_s", per_op), ("per_step_s", per_step)):
         interval = fitted.intervals[name]
         assert interval["low"] <= truth <= interval["high"], name
     assert 0.01 < fitted.sigma < 0.04  # the leave-one-out residuals' spread: the noise put in
@@ -117,33 +108,28 @@ def test_the_step_terms_sigma_is_the_error_on_networks_priced_from_the_tables():
     """Left out and priced from tables 10% off at random, the networks' steps spread by up to
     that 10% (less where the glue is most of a step): the band's sigma is the model's error on a
     network it never saw, tables included."""
-    rows = _step_rows(1.25, GLUE, 10e-6, 0.0)
+    rows = _step_rows(1.25, 3e-6, 10e-6, 0.0)
     alone = rows[rows["name"] == "step_alone"]
     noise = np.exp(np.random.default_rng(2).normal(0.0, 0.1, len(alone)))
     prices = {
-        b: float(np.median(s)) * e
-        for b, s, e in zip(alone["params.batch"], alone["samples"], noise, strict=True)
-    }
+        (w, b): float(np.median(s)) * e
+        for w, b, s, e in zip(alone["params.workload_json"], alone["params.batch"],
+                              alone["samples"], noise, strict=True)
+    }  # fmt: skip
     exact, _ = fit_step_terms(rows)
-    priced, quality = fit_step_terms(rows, lambda w, b, t: prices[b])
+    priced, quality = fit_step_terms(rows, lambda w, b, t: prices[(w, b)])
     assert exact[1].sigma < 0.001 and 0.02 < priced[1].sigma < 0.1
     assert priced[1].factor == exact[1].factor  # the fit itself is on the calls alone
     assert quality["1"]["leave_out_rel_error"] > 0.02
 
 
-def test_without_networks_of_two_op_mixes_the_step_terms_stay_neutral():
-    """Glue and factor cannot be told apart from one network: kernels as alone, no glue."""
-    terms, quality = fit_step_terms(_step_rows(1.2, GLUE, 0.0, 0.0, same=True))
-    assert terms[1].factor == 1.0 and terms[1].per_step_s == 0.0
-    assert all(terms[1].per_op_s(kind) == 0.0 for kind in OP_KINDS)
+def test_without_networks_of_two_sizes_the_step_terms_stay_neutral():
+    """Glue and factor cannot be told apart from one op count: kernels as alone, no glue."""
+    rows = _step_rows(1.2, 3e-6, 0.0, 0.0)
+    rows["params.op_calls"] = 7
+    terms, quality = fit_step_terms(rows)
+    assert (terms[1].factor, terms[1].per_op_s, terms[1].per_step_s) == (1.0, 0.0, 0.0)
     assert quality == {}
-
-
-def test_glue_is_charged_by_op_kind():
-    cnn = load_workload("cnn")
-    kinds = op_kinds(cnn)
-    assert len(kinds) == len(op_calls(cnn)) and set(kinds) == set(OP_KINDS)
-    assert kinds.count("conv") == 2 * sum(info.kind == "conv2d" for info in cnn.layers)
 
 
 def test_step_terms_are_scored_with_each_network_left_out(sweep):
@@ -161,8 +147,7 @@ def test_a_profile_from_before_the_step_terms_reads_its_glue(sweep):
     del doc["step_terms"]
     doc["glue"] = {"per_op_s": 2e-6, "per_step_s": 1e-6, "intervals": {}, "points": []}
     old = KernelModel.from_dict(doc)
-    glue = {f"per_{kind}_op_s": 2e-6 for kind in OP_KINDS}
-    assert old.step_terms(2) == StepTerms(**glue, per_step_s=1e-6)
+    assert old.step_terms(2) == StepTerms(per_op_s=2e-6, per_step_s=1e-6)
 
 
 def test_calibration_steps_score_the_model_by_workload_batch_and_threads(sweep):
