@@ -93,6 +93,7 @@ class KernelModel:
         if not self.gemm_ or not self.loops_:
             raise UserError("the kernel sweep records hold no GEMM or no loop points")
         self.quality_: dict[str, Any] = {}
+        self.legacy_spread_: dict[str, float] | None = None
         self._score_tables()
         steps = rows[rows["name"].isin(["step", "step_alone"])]
         self.steps_, step_quality = fit_step_terms(steps, self._priced)
@@ -228,10 +229,11 @@ class KernelModel:
             int(t): StepTerms.from_dict(terms) for t, terms in doc.get("step_terms", {}).items()
         }
         glue = doc.get("glue")
+        model.legacy_spread_ = None
         if glue and not model.steps_:  # a profile from before the step benchmark: its glue,
-            # and the band from its tables' neighbour spread, the wider family's
+            # and its tables' neighbour spreads for the band (KernelCompute)
             per_op, per_step = (float(glue.get(k, 0.0)) for k in ("per_op_s", "per_step_s"))
-            sigma = max([0.0, *doc.get("spread", {}).values()])
-            model.steps_ = {1: StepTerms(per_op_s=per_op, per_step_s=per_step, sigma=sigma)}
+            model.steps_ = {1: StepTerms(per_op_s=per_op, per_step_s=per_step)}
+            model.legacy_spread_ = {k: float(v) for k, v in doc.get("spread", {}).items()}
         model.quality_ = dict(doc.get("quality", {}))  # a profile may keep it in the section
         return model

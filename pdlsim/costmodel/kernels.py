@@ -81,6 +81,17 @@ class KernelCompute:
             z = float(special.ndtri((j + rng.random()) / k))
         return KernelCompute(self.model, self.terms, z)
 
+    def _sigma(self, calls: Sequence[Any], seconds: Sequence[float], sigma: float) -> float:
+        """The step's log sigma: the step terms' own; for a profile from before the step
+        benchmark, its GEMM and loop tables' neighbour spreads weighted by the step's shares of
+        each family (the spread of the per-family draws that profile's band was made of)."""
+        spread = self.model.legacy_spread_
+        if not spread or not sum(seconds):
+            return sigma
+        gemm = sum(t for c, t in zip(calls, seconds, strict=True) if c.kernel.startswith("gemm_"))
+        share = gemm / sum(seconds)
+        return math.hypot(share * spread.get("gemm", 0.0), (1 - share) * spread.get("loops", 0.0))
+
     def __post_init__(self) -> None:
         unknown = set(self.terms) - set(TERMS)
         if unknown:
@@ -102,9 +113,10 @@ class KernelCompute:
             return self._cache[key]
         calls = step_calls(workload, batch, threads, training, layers=layers)
         terms = self.model.step_terms(threads)
-        error = float(np.exp(self.z * terms.sigma))
+        alone = [self.model.call_s(c, threads) for c in calls]
+        error = float(np.exp(self.z * self._sigma(calls, alone, terms.sigma)))
         inside = error * (terms.factor if "interplay" in self.terms else 1.0)
-        seconds = [self.model.call_s(c, threads) * inside for c in calls]
+        seconds = [t * inside for t in alone]
         first = min(info.index for info in layers if info.kind != "flatten")
         loss = layers[-1].index
         parametric = [info for info in layers if info.param_count > 0]

@@ -146,8 +146,19 @@ def test_a_profile_from_before_the_step_terms_reads_its_glue(sweep):
     doc = model.to_dict()
     del doc["step_terms"]
     doc["glue"] = {"per_op_s": 2e-6, "per_step_s": 1e-6, "intervals": {}, "points": []}
+    doc["spread"] = {"gemm": 0.05, "loops": 0.25}
     old = KernelModel.from_dict(doc)
     assert old.step_terms(2) == StepTerms(per_op_s=2e-6, per_step_s=1e-6)
+    # its band: one draw of the tables' spreads weighted by the step's GEMM and loop shares
+    mlp = load_workload("mlp")
+    calls = step_calls(mlp, 8, 1)
+    alone = [old.call_s(c, 1) for c in calls]
+    share = sum(t for c, t in zip(calls, alone, strict=True) if c.kernel.startswith("gemm_"))
+    share /= sum(alone)
+    sigma = float(np.hypot(0.05 * share, 0.25 * (1 - share)))
+    plain = KernelCompute(old, frozenset())
+    one_sigma = KernelCompute(old, frozenset(), 1.0).step_s(mlp, 8, 1)
+    assert one_sigma == pytest.approx(plain.step_s(mlp, 8, 1) * np.exp(sigma))
 
 
 def test_calibration_steps_score_the_model_by_workload_batch_and_threads(sweep):
