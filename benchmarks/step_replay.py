@@ -33,7 +33,7 @@ from calibration.kernels import KernelModel
 from calibration.profile import load_profile
 from microbench.kernels.calls import op_calls, step_calls
 from microbench.kernels.record import CallRecorder
-from microbench.nn import SGD, Network
+from microbench.kernels.steps import step_fn
 from microbench.threads import set_threads
 from microbench.workload import load_workload
 
@@ -42,19 +42,14 @@ WARMUP, STEPS = 5, 20
 
 def measure(workload_spec, batch: int, threads: int, model: KernelModel) -> dict:
     workload = load_workload(workload_spec)
+    step = step_fn(workload, batch)
     with CallRecorder() as rec:
-        net, opt = Network(workload), SGD(0.0)
-        rng = np.random.default_rng(0)
-        x = rng.random((batch, *workload.input_shape), dtype=np.float32)
-        y = rng.integers(0, workload.num_classes, batch)
         in_step, walls = [], []
         for i in range(WARMUP + STEPS):
             rec.times.clear()
             rec.keep = i == WARMUP
             start = time.perf_counter()
-            net.forward(x, y)
-            net.backward()
-            opt.step(net.params, net.grads)
+            step()
             wall = time.perf_counter() - start
             if i >= WARMUP:
                 in_step.append(list(rec.times))

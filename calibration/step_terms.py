@@ -30,7 +30,7 @@ draws for the whole step.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -55,11 +55,9 @@ class StepTerms:
     intervals: dict[str, dict[str, float]] = field(default_factory=dict)
     points: tuple[tuple[float, int, float], ...] = ()  # (alone_s, op_calls, step_s)
 
-    def step_s(self, kernels_s: float, op_calls: int, interplay: bool = True,
-               glue: bool = True) -> float:  # fmt: skip
+    def step_s(self, kernels_s: float, op_calls: int) -> float:
         """A step's seconds from its kernels' seconds alone and its op calls."""
-        out = kernels_s * (self.factor if interplay else 1.0)
-        return out + (self.per_op_s * op_calls + self.per_step_s if glue else 0.0)
+        return kernels_s * self.factor + self.per_op_s * op_calls + self.per_step_s
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,19 +81,20 @@ class StepTerms:
         )
 
 
-def _solve(points: np.ndarray) -> tuple[np.ndarray, float]:
-    """(factor, per_op_s, per_step_s) and the relative rss, from rows (alone, ops, step)."""
-    design = np.column_stack([points[:, 0], points[:, 1], np.ones(len(points))])
-    return nonneg_relative_fit(design, points[:, 2])
+def _design(kernels: np.ndarray, ops: np.ndarray) -> np.ndarray:
+    """The fit's columns (kernels' seconds, op calls, 1), one row per network."""
+    return np.column_stack([kernels, ops, np.ones(len(ops))])
 
 
 def _fit(points: np.ndarray) -> StepTerms:
-    """The three parameters with their 95% intervals (no leave-one-out: see :func:`fit`)."""
-    x, rss = _solve(points)
-    n, p = len(points), len(_NAMES)
+    """The three parameters of rows (alone, ops, step) with their 95% intervals (no
+    leave-one-out: see :func:`fit`)."""
+    design, times = _design(points[:, 0], points[:, 1]), points[:, 2]
+    x, rss = nonneg_relative_fit(design, times)
+    n, p = design.shape
     intervals: dict[str, dict[str, float]] = {}
     if n > p:
-        weighted = np.column_stack([points[:, 0], points[:, 1], np.ones(n)]) / points[:, 2:3]
+        weighted = design / times[:, None]
         cov = rss / (n - p) * np.linalg.pinv(weighted.T @ weighted)
         half = float(stats.t.ppf(0.975, n - p)) * np.sqrt(np.clip(np.diag(cov), 0.0, None))
         for name, value, h in zip(_NAMES, x, half, strict=True):
@@ -118,14 +117,15 @@ def fit(
     terms = _fit(rows)
     if len(rows) <= len(_NAMES) + 1:
         return terms, None
-    fitted = np.array([terms.step_s(b, int(n)) for b, n in zip(basis, rows[:, 1], strict=True)])
+    priced = _design(basis, rows[:, 1])
+    fitted = priced @ np.array([terms.factor, terms.per_op_s, terms.per_step_s])
     left_out = np.empty(len(rows))
     for i in range(len(rows)):
-        x, _ = _solve(np.delete(rows, i, axis=0))
-        left_out[i] = x[0] * basis[i] + x[1] * rows[i, 1] + x[2]
+        kept = np.delete(rows, i, axis=0)
+        x, _ = nonneg_relative_fit(_design(kept[:, 0], kept[:, 1]), kept[:, 2])
+        left_out[i] = priced[i] @ x
     residuals = np.log(np.maximum(left_out, 1e-12) / rows[:, 2])
-    terms = StepTerms(terms.factor, terms.per_op_s, terms.per_step_s, robust_sigma(residuals),
-                      terms.intervals, terms.points)  # fmt: skip
+    terms = replace(terms, sigma=robust_sigma(residuals))
     return terms, fit_quality(rows[:, 2], fitted, left_out).to_dict()
 
 
@@ -150,8 +150,8 @@ def fit_step_terms(
                           part["median_step"], strict=True))  # fmt: skip
         priced = None
         if price is not None:
-            keys = zip(part["params.workload_json"], part["params.batch"], strict=True)
-            priced = [price(str(w), int(b), int(threads)) for w, b in keys]
+            networks = zip(part["params.workload_json"], part["params.batch"], strict=True)
+            priced = [price(str(w), int(b), int(threads)) for w, b in networks]
         out[int(threads)], q = fit(points, priced)
         if q is not None:
             quality[str(int(threads))] = q

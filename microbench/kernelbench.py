@@ -26,9 +26,9 @@ workloads, batches and thread counts it never ran:
   update) of networks that no workload names, against the very same kernel calls each timed
   alone (:mod:`microbench.kernels.record`), side by side in rounds so that a slow spell of a
   shared machine lands on both. The networks are tiny ones whose kernels do next to no work
-  (:func:`glue_workloads`: their steps are the Python between kernels) and random ones of the
-  supported layer kinds at random batches (:func:`step_workloads`, drawn from a stream of
-  their own that no held-out set uses). :mod:`calibration.step_terms` fits from them what a
+  (their steps are the Python between kernels) and random ones of the supported layer kinds at
+  random batches, drawn from a stream of their own that no held-out set uses
+  (:mod:`microbench.kernels.steps`). :mod:`calibration.step_terms` fits from them what a
   step costs beyond its kernels: the Python per op call and per step, and the factor by which
   kernels run slower inside a step than alone.
 
@@ -51,7 +51,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -59,10 +58,9 @@ from typing import Any, TextIO
 import numpy as np
 
 from microbench.kernels.calls import GEMM_LAYOUTS, KERNEL_DIMS, call_features, op_calls
-from microbench.kernels.record import record_calls, time_alone
 from microbench.kernels.shapes import conv_output_hw
+from microbench.kernels.steps import measure_step, step_workloads
 from microbench.measurement import Measurement
-from microbench.randomnets import random_workloads
 from microbench.records import RecordWriter
 from microbench.sampling import SamplingPolicy, measure, report_point, timed
 from microbench.threads import let_blas_threads_sleep, set_threads
@@ -90,9 +88,6 @@ __all__ = [
     "QUICK_GEMM_DIMS",
     "QUICK_POLICY",
     "KernelPlan",
-    "glue_workloads",
-    "step_workloads",
-    "STEP_STREAM",
     "QUICK_STEP_NETWORKS",
     "QUICK_STEP_ROUNDS",
     "run_kernels",
@@ -119,12 +114,10 @@ SKINNY_MAX_FLOPS = 2**30
 MAX_ELEMENTS = 2**24  # per operand: 64 MiB of float32
 LOOP_ELEMENTS = tuple(8**e for e in range(2, 9))  # 64 .. 16.8 M
 QUICK_LOOP_ELEMENTS = (64, 2**12, 2**15, 2**18, 2**21, 2**24)
-# The step benchmark: random networks per thread count, their batches log-uniform in
-# STEP_BATCHES, and the stream they are drawn from (no seed a user gives reaches it).
+# The step benchmark (microbench.kernels.steps): random networks per thread count, and the
+# (step, calls alone) samples of each.
 STEP_NETWORKS = 12
 QUICK_STEP_NETWORKS = 6
-STEP_BATCHES = (4, 256)
-STEP_STREAM = 0x57E9
 STEP_ROUNDS = 7
 QUICK_STEP_ROUNDS = 4
 FULL_POLICY = SamplingPolicy(warmup=2, min_samples=5, max_samples=40, time_cap_s=0.01)
@@ -386,93 +379,6 @@ def _loop_points(plan: KernelPlan, threads: int) -> list[tuple[str, str, tuple[i
                     if run <= elements and (not channels or _within_cap(elements, run)):
                         out.append((kernel, variant, loop_dims(kernel, elements, run, window)))
     return out
-
-
-# ----------------------------------------------------------------------------------- steps
-
-
-def glue_workloads() -> list[Workload]:
-    """Tiny networks of 1 to 8 ops of each kind whose kernels do next to no work: their steps
-    are the Python between the kernels."""
-    out = []
-    for depth in (1, 2, 4, 8):
-        dense = [{"kind": "dense", "units": 4}, {"kind": "relu"}] * depth
-        out.append(
-            Workload.from_dict(
-                {
-                    "name": f"glue-dense{depth}",
-                    "input_shape": [4],
-                    "layers": [
-                        *dense,
-                        {"kind": "dense", "units": 2},
-                        {"kind": "softmax_cross_entropy"},
-                    ],
-                }  # fmt: skip
-            )
-        )
-        conv = [{"kind": "conv2d", "filters": 2, "kernel": 1}, {"kind": "relu"}] * depth
-        out.append(
-            Workload.from_dict(
-                {
-                    "name": f"glue-conv{depth}",
-                    "input_shape": [1, 2, 2],
-                    "layers": [
-                        *conv,
-                        {"kind": "maxpool2d", "size": 2},
-                        {"kind": "flatten"},
-                        {"kind": "dense", "units": 2},
-                        {"kind": "softmax_cross_entropy"},
-                    ],
-                }  # fmt: skip
-            )
-        )
-    return out
-
-
-def step_workloads(threads: int, count: int) -> list[tuple[Workload, int]]:
-    """The step benchmark's networks at ``threads``, each with its batch: the tiny networks at
-    batch 1, then ``count`` random ones (:mod:`microbench.randomnets`) at batches log-uniform
-    in :data:`STEP_BATCHES`, drawn from the benchmark's own stream."""
-    rng = np.random.default_rng([STEP_STREAM, threads])
-    low, high = (math.log(b) for b in STEP_BATCHES)
-    drawn = random_workloads(rng, count, prefix=f"step-t{threads}")
-    batches = [int(round(math.exp(rng.uniform(low, high)))) for _ in drawn]
-    return [(w, 1) for w in glue_workloads()] + list(zip(drawn, batches, strict=True))
-
-
-def _step_fn(workload: Workload, batch: int) -> Callable[[], object]:
-    from microbench.nn import SGD, Network
-
-    net, opt = Network(workload), SGD(1e-9)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, *workload.input_shape), dtype=np.float32)
-    y = rng.integers(0, workload.num_classes, batch)
-
-    def step() -> None:
-        net.forward(x, y)
-        net.backward()
-        opt.step(net.params, net.grads)
-
-    return step
-
-
-def measure_step(
-    workload: Workload, batch: int, rounds: int, warmup: int = 2
-) -> tuple[list[float], list[float]]:
-    """``rounds`` whole steps of ``workload`` at ``batch`` and, after each, the sum of the same
-    kernel calls each timed alone (:func:`microbench.kernels.record.time_alone`): (steps,
-    alone), seconds, after ``warmup`` steps."""
-    step = _step_fn(workload, batch)
-    for _ in range(warmup):
-        step()
-    calls = record_calls(step)
-    steps, alone = [], []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        step()
-        steps.append(time.perf_counter() - start)
-        alone.append(time_alone(calls))
-    return steps, alone
 
 
 # ----------------------------------------------------------------------------------- run

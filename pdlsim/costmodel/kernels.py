@@ -64,6 +64,8 @@ class KernelCompute:
     terms: frozenset[str] = frozenset(TERMS)
     z: float = 0.0  # the band's draw of the model's error, in sigmas
     _cache: dict[tuple, dict[tuple[int, str], float]] = field(default_factory=dict, repr=False)
+    # each step's calls and their table seconds, shared by every draw (they move none of them)
+    _prices: dict[tuple, tuple[list, list[float]]] = field(default_factory=dict, repr=False)
 
     def drawn(self, rng: Any, stratum: tuple[int, int] | None = None) -> KernelCompute:
         """This model with one draw of its error (module docstring).
@@ -79,7 +81,7 @@ class KernelCompute:
             i, k = stratum
             j = int(np.random.default_rng(k).permutation(k)[i])
             z = float(special.ndtri((j + rng.random()) / k))
-        return KernelCompute(self.model, self.terms, z)
+        return KernelCompute(self.model, self.terms, z, _prices=self._prices)
 
     def _sigma(self, calls: Sequence[Any], seconds: Sequence[float], sigma: float) -> float:
         """The step's log sigma: the step terms' own; for a profile from before the step
@@ -108,12 +110,15 @@ class KernelCompute:
         """Seconds per (layer index, phase) of one step of ``workload`` computing ``layers``
         (its own, or a rank's slices), at ``batch`` and ``threads``."""
         shapes = tuple((x.index, x.kind, x.input_shape, x.output_shape) for x in layers)
-        key = (workload.name, workload.input_shape, shapes, batch, threads, training, self.z)
+        step = (workload.name, workload.input_shape, shapes, batch, threads, training)
+        key = (*step, self.z)
         if key in self._cache:
             return self._cache[key]
-        calls = step_calls(workload, batch, threads, training, layers=layers)
+        if step not in self._prices:
+            calls = step_calls(workload, batch, threads, training, layers=layers)
+            self._prices[step] = (calls, [self.model.call_s(c, threads) for c in calls])
+        calls, alone = self._prices[step]
         terms = self.model.step_terms(threads)
-        alone = [self.model.call_s(c, threads) for c in calls]
         error = float(np.exp(self.z * self._sigma(calls, alone, terms.sigma)))
         inside = error * (terms.factor if "interplay" in self.terms else 1.0)
         seconds = [t * inside for t in alone]

@@ -13,8 +13,9 @@ import pytest
 
 from calibration.kernels import KernelModel
 from calibration.step_terms import StepTerms, fit_step_terms
-from microbench.kernelbench import FRESH_DATA, KernelPlan, _fresh_views, glue_workloads, run_kernels
+from microbench.kernelbench import FRESH_DATA, KernelPlan, _fresh_views, run_kernels
 from microbench.kernels.calls import KernelCall, op_calls, step_calls
+from microbench.kernels.steps import glue_workloads
 from microbench.machine import machine_metadata
 from microbench.randomnets import random_workloads
 from microbench.records import RecordWriter, load_dataframe

@@ -208,10 +208,10 @@ def test_bad_calls_are_refused():
 @pytest.mark.parametrize("workload", [load_workload("cnn"), MLP_INPUT_RELU], ids=lambda w: w.name)
 def test_the_recorder_catches_every_enumerated_call_and_times_them_alone(workload):
     """The step benchmark's "alone" sum is over the very calls the model prices."""
-    from microbench.kernelbench import _step_fn
     from microbench.kernels.record import record_calls, time_alone
+    from microbench.kernels.steps import step_fn
 
-    step = _step_fn(workload, 5)
+    step = step_fn(workload, 5)
     step()
     calls = record_calls(step)
     assert len(calls) == len(step_calls(workload, 5, 1, gather=False))

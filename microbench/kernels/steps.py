@@ -1,0 +1,115 @@
+"""The step benchmark's networks and its measurement: whole training steps against their
+kernel calls each timed alone.
+
+A step's kernels, each timed alone, do not add up to the step: the Python between them and
+the kernels' slowdown inside a sequence of other kernels make the difference
+(:mod:`calibration.step_terms` fits both). :func:`measure_step` times the two side by side, a
+step then its calls alone (:mod:`microbench.kernels.record`) in each round, so that a slow
+spell of a shared machine lands on both. The networks (:func:`step_workloads`) are tiny ones
+whose kernels do next to no work (:func:`glue_workloads`) and random ones of the supported
+layer kinds (:mod:`microbench.randomnets`) at batches log-uniform in :data:`STEP_BATCHES`,
+from :data:`STEP_STREAM`, a stream no seed a user gives reaches.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from microbench.kernels.record import record_calls, time_alone
+from microbench.nn import SGD, Network
+from microbench.randomnets import random_workloads
+from microbench.workload import Workload
+
+__all__ = ["STEP_BATCHES", "STEP_STREAM", "glue_workloads", "measure_step", "step_fn",
+           "step_workloads"]  # fmt: skip
+
+STEP_BATCHES = (4, 256)
+STEP_STREAM = 0x57E9
+
+
+def glue_workloads() -> list[Workload]:
+    """Tiny networks of 1 to 8 ops of each kind whose kernels do next to no work: their steps
+    are the Python between the kernels."""
+    out = []
+    for depth in (1, 2, 4, 8):
+        dense = [{"kind": "dense", "units": 4}, {"kind": "relu"}] * depth
+        out.append(
+            Workload.from_dict(
+                {
+                    "name": f"glue-dense{depth}",
+                    "input_shape": [4],
+                    "layers": [
+                        *dense,
+                        {"kind": "dense", "units": 2},
+                        {"kind": "softmax_cross_entropy"},
+                    ],
+                }  # fmt: skip
+            )
+        )
+        conv = [{"kind": "conv2d", "filters": 2, "kernel": 1}, {"kind": "relu"}] * depth
+        out.append(
+            Workload.from_dict(
+                {
+                    "name": f"glue-conv{depth}",
+                    "input_shape": [1, 2, 2],
+                    "layers": [
+                        *conv,
+                        {"kind": "maxpool2d", "size": 2},
+                        {"kind": "flatten"},
+                        {"kind": "dense", "units": 2},
+                        {"kind": "softmax_cross_entropy"},
+                    ],
+                }  # fmt: skip
+            )
+        )
+    return out
+
+
+def step_workloads(threads: int, count: int) -> list[tuple[Workload, int]]:
+    """The step benchmark's networks at ``threads``, each with its batch: the tiny networks at
+    batch 1, then ``count`` random ones (:mod:`microbench.randomnets`) at batches log-uniform
+    in :data:`STEP_BATCHES`, drawn from the benchmark's own stream."""
+    rng = np.random.default_rng([STEP_STREAM, threads])
+    low, high = (math.log(b) for b in STEP_BATCHES)
+    drawn = random_workloads(rng, count, prefix=f"step-t{threads}")
+    batches = [int(round(math.exp(rng.uniform(low, high)))) for _ in drawn]
+    return [(w, 1) for w in glue_workloads()] + list(zip(drawn, batches, strict=True))
+
+
+def step_fn(workload: Workload, batch: int) -> Callable[[], object]:
+    """One training step (forward, loss, backward, SGD update) of ``workload`` at ``batch``
+    on synthetic data, as ``pdlsim train`` runs it."""
+    net, opt = Network(workload), SGD(1e-9)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, *workload.input_shape), dtype=np.float32)
+    y = rng.integers(0, workload.num_classes, batch)
+
+    def step() -> None:
+        net.forward(x, y)
+        net.backward()
+        opt.step(net.params, net.grads)
+
+    return step
+
+
+def measure_step(
+    workload: Workload, batch: int, rounds: int, warmup: int = 2
+) -> tuple[list[float], list[float]]:
+    """``rounds`` whole steps of ``workload`` at ``batch`` and, after each, the sum of the same
+    kernel calls each timed alone (:func:`microbench.kernels.record.time_alone`): (steps,
+    alone), seconds, after ``warmup`` steps."""
+    step = step_fn(workload, batch)
+    for _ in range(warmup):
+        step()
+    calls = record_calls(step)
+    steps, alone = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        step()
+        steps.append(time.perf_counter() - start)
+        alone.append(time_alone(calls))
+    return steps, alone
