@@ -170,6 +170,15 @@ class Profile:
         profile = cls(dict(machine or {}), sections, quality, tuple(sources))
         return cls.from_dict(json.loads(json.dumps(profile.to_dict())), "new profile")
 
+    @property
+    def measured_on(self) -> str:
+        """When and where the profile's benchmarks ran, for a reader of a prediction: the
+        creation date and the machine's CPU model and cores (``unknown`` where not recorded)."""
+        cpu = self.machine.get("cpu_model") or "an unknown CPU"
+        cores = self.machine.get("cores_available") or self.machine.get("logical_cores")
+        where = f"{cpu}, {cores} cores" if cores else cpu
+        return f"{self.created_utc[:10]} on {where}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,

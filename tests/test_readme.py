@@ -10,7 +10,7 @@ directory; a block whose first line is a comment starting ``# needs`` (a run dir
 ``train``, ``validate``) are not rerun: they are this machine's moments. A line ``...`` in an
 example elides output; the shown runs of lines must appear in that order, each run contiguous.
 
-After a change that moves these outputs on purpose, ``python tests/test_readme.py --update``
+After a change that moves these outputs on purpose, ``python -m tests.test_readme --update``
 rewrites the examples of the README and docs/*.md from what the code prints now (an elided
 example keeps its shape: its first run is the output's first lines, a last run after ``...`` its
 last lines).
@@ -325,6 +325,6 @@ def test_anchors_and_links_are_found_as_github_makes_them():
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--update"]:
-        sys.exit("usage: python tests/test_readme.py --update")
+        sys.exit("usage: python -m tests.test_readme --update")
     for doc in DOCS:
         print(f"{_name(doc)}: {update_readme(doc)} examples rewritten from the code")

@@ -115,7 +115,7 @@ def build(
         assumptions=hardware.assumptions,
     )  # fmt: skip
     cost = apply_to_cost(cfg, cost)
-    provenance = {"profile": profile_name, **cost.provenance}
+    provenance = {"profile": profile_name, "measured": profile.measured_on, **cost.provenance}
     if gpu is not None:
         provenance["gpu_preset"] = f"{gpu.name} (data sheet: {gpu.source})"
     if cfg.hardware is not None:

@@ -104,9 +104,9 @@ class PredictConfig:
 
 
 # The profile a prediction uses without --profile: the first of these that is packaged (else
-# the first packaged one). The 2-core EPYC's, which the README's examples print (its kernel
-# tables price any workload); xeon-2core and h100-16core are there for --profile.
-DEFAULT_PROFILES = ("epyc-2core",)
+# the first packaged one). The 2-core Xeon VM's, which the README's examples print (its kernel
+# tables and step terms price any workload); epyc-2core and h100-16core are there for --profile.
+DEFAULT_PROFILES = ("xeon-2core",)
 
 
 def resolve_profile(name: str | os.PathLike[str] | Profile | None) -> tuple[Profile, str]:

@@ -10,6 +10,7 @@ from calibration.drift import DriftModel
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter, load_dataframe
 from microbench.workload import load_workload
+from tests.profiles import STEP_TABLES
 
 
 def _write(writer, samples_s, benchmark, name, params):
@@ -258,7 +259,7 @@ def test_the_cost_model_scales_the_measured_steps_to_their_typical_time():
     from pdlsim.costmodel.model import ProfileCostModel
     from pdlsim.costmodel.stepscale import StepScale
 
-    profile = load_profile("xeon-2core")
+    profile = load_profile(STEP_TABLES)
     drift = profile.model("drift")
     measured = StepScale.from_table(profile.model("compute").table_)
     scaled = ProfileCostModel.from_profile(profile, workload="cnn").scale
@@ -311,7 +312,7 @@ def test_forward_only_predictions_are_the_typical_step_times_its_measured_share(
     from microbench.network_ops import LABEL_BYTES
     from pdlsim.costmodel.model import ProfileCostModel
 
-    doc = load_profile("xeon-2core").to_dict()
+    doc = load_profile(STEP_TABLES).to_dict()
 
     def with_shares(shares: dict) -> Profile:
         drift_doc = {**doc["models"]["drift"], "forward_medians_s": shares}

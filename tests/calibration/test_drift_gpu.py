@@ -22,8 +22,9 @@ from microbench.records import load_dataframe
 from microbench.workload import load_workload
 from tests import fake_cupy
 from tests.conftest import REPO, run_microbench
+from tests.profiles import STEP_TABLES
 
-PROFILE = REPO / "calibration" / "profiles" / "xeon-2core.json"
+PROFILE = STEP_TABLES
 HAS_GPU = find_gpu()[0] is not None
 
 

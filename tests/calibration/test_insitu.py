@@ -15,6 +15,7 @@ from microbench.insitu import Call, insitu_records, split_rounds, splittable
 from microbench.records import load_dataframe
 from microbench.workload import PRESETS, load_workload
 from tests.conftest import LoneComm, run_microbench
+from tests.profiles import STEP_TABLES
 
 PROG = "python -m microbench insitu"
 
@@ -467,7 +468,7 @@ def test_the_gather_apart_is_what_the_first_layers_forward_adds_for_it():
     from calibration.profile import load_profile
     from pdlsim.costmodel.model import ProfileCostModel
 
-    cost = ProfileCostModel.from_profile(load_profile("xeon-2core"), workload="mlp",
+    cost = ProfileCostModel.from_profile(load_profile(STEP_TABLES), workload="mlp",
                                          ranks_per_node=2)  # fmt: skip
     first = load_workload("mlp").layers[0]
     without = dataclasses.replace(cost, scale=dataclasses.replace(cost.scale, data=()))

@@ -17,6 +17,7 @@ from calibration.insitu import InSituModel
 from microbench.insitu import MODEL_INFERENCE, Call, alone_record, insitu_records, split_rounds
 from microbench.workload import load_workload, sliced_dense
 from tests.conftest import LoneComm
+from tests.profiles import STEP_TABLES
 
 ALONE_S = 1e-4  # rank 0's forward and backward alone at the fast level
 
@@ -67,7 +68,7 @@ def profile_with(frame: pd.DataFrame):
     """The packaged profile with its in-place model fitted to ``frame``."""
     from calibration.profile import Profile, load_profile
 
-    doc = copy.deepcopy(load_profile("xeon-2core").to_dict())
+    doc = copy.deepcopy(load_profile(STEP_TABLES).to_dict())
     doc["models"]["insitu"] = InSituModel().fit(frame).to_dict()
     return Profile.from_dict(doc)
 

@@ -23,6 +23,7 @@ from microbench.sampling import SamplingPolicy
 from microbench.workload import load_workload
 from pdlsim.costmodel.kernels import KernelCompute
 from tests.conftest import run_pdlsim
+from tests.profiles import STEP_TABLES
 
 PACKAGED = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
 TINY = KernelPlan(
@@ -226,7 +227,7 @@ def test_a_bands_draws_cover_the_models_error_evenly(sweep):
 
 def test_the_model_predicts_through_a_profile(sweep, tmp_path):
     _, model = sweep
-    doc = json.loads((PACKAGED / "xeon-2core.json").read_text())
+    doc = json.loads(STEP_TABLES.read_text())
     doc["models"]["kernels"] = model.to_dict()
     profile = tmp_path / "kernels-profile.json"
     profile.write_text(json.dumps(doc))

@@ -14,9 +14,10 @@ from calibration.storage import StorageModel, storage_points
 from microbench.__main__ import main as microbench_main
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter, load_dataframe, read_records
+from tests.profiles import STEP_TABLES
 from tests.train.synthetic_comm import noisy_samples
 
-PROFILE = Path(__file__).resolve().parents[2] / "calibration" / "profiles" / "xeon-2core.json"
+PROFILE = STEP_TABLES
 SIZES = tuple(64 << 10 << i for i in range(13))  # 64 KiB .. 256 MiB
 # A made-up disk (test data, not a measurement): 2 ms per write (fsyncs), 400 MB/s.
 ALPHA_S, BETA_S_PER_BYTE = 2e-3, 1 / 400e6

@@ -15,15 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calibration.profile import load_profile
+from calibration.profile import load_profile, packaged_profile_names
 from microbench import fileio
 from microbench.boundary import describe_failure
 from microbench.fileio import atomic_write_text, loads_strict, new_run_dir
 from microbench.records import RecordWriter
 from pdlsim.cli.main import main
 from tests.conftest import REPO, run_pdlsim
+from tests.profiles import STEP_TABLES
 
-PROFILE = REPO / "calibration" / "profiles" / "xeon-2core.json"
+PROFILE = STEP_TABLES
 LONG_NAME = "a" * 300  # over NAME_MAX (255) on every common file system
 
 
@@ -188,7 +189,7 @@ def test_a_damaged_profile_names_its_file_and_field(tmp_path, capsys, damage, fi
 
 
 def test_every_section_of_the_packaged_profiles_still_builds():
-    for name in ("xeon-2core", "h100-16core"):
+    for name in packaged_profile_names():
         profile = load_profile(name)
         for section in profile.models:
             profile.model(section)

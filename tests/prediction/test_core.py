@@ -9,9 +9,9 @@ import sys
 import pandas as pd
 import pytest
 
-from calibration.profile import packaged_profile_names
+from calibration.profile import load_profile, packaged_profile_names
 from pdlsim.cli.main import main
-from pdlsim.prediction.config import PredictConfig, parse_rate, parse_time
+from pdlsim.prediction.config import DEFAULT_PROFILES, PredictConfig, parse_rate, parse_time
 from pdlsim.prediction.core import run_prediction
 from tests.conftest import run_pdlsim
 from tests.costmodel.test_model import write_synthetic_profile
@@ -80,7 +80,10 @@ def test_the_packaged_h100_profile_predicts_gpu_ranks_from_what_it_measured():
     assert sources["copies"] == "profile"
     assert "compute" not in out["data_sheet"] and "copies" not in out["data_sheet"]
     default = json.loads(_cli("predict", "--nodes", "2", "--gpus", "4", "--json").stdout)
-    assert default["provenance"]["profile"] == "epyc-2core"
+    assert default["provenance"]["profile"] == DEFAULT_PROFILES[0]
+    assert default["provenance"]["measured"].startswith(
+        load_profile(DEFAULT_PROFILES[0]).created_utc[:10]
+    )
     assert out["breakdown"]["compute_s"] > 3 * default["breakdown"]["compute_s"]
 
 

@@ -21,8 +21,9 @@ from pdlsim.validate.calibrate import gpu_configurations
 from pdlsim.validate.report import format_report
 from pdlsim.validate.run import RunSpec, ValidateConfig, plan_matrix, predict_spec, run_validation
 from tests import fake_cupy
+from tests.profiles import STEP_TABLES
 
-PROFILE = Path(__file__).resolve().parents[2] / "calibration" / "profiles" / "xeon-2core.json"
+PROFILE = STEP_TABLES
 
 
 @pytest.fixture(scope="module")

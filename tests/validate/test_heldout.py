@@ -20,8 +20,9 @@ from pdlsim.validate.run import (
     check_unseen,
     heldout_matrix,
 )
+from tests.profiles import STEP_TABLES
 
-PROFILE = str(Path(__file__).resolve().parents[2] / "calibration" / "profiles" / "xeon-2core.json")
+PROFILE = str(STEP_TABLES)
 
 
 def test_random_workloads_are_valid_bounded_and_drawn_from_the_seed():

@@ -20,8 +20,9 @@ from pdlsim.validate.run import (
     steps_for,
     warmup_steps,
 )
+from tests.profiles import STEP_TABLES
 
-PROFILE = str(Path(__file__).resolve().parents[2] / "calibration" / "profiles" / "xeon-2core.json")
+PROFILE = str(STEP_TABLES)
 TINY_LOG: list[str] = []
 
 
