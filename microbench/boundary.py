@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from typing import Any
 
 __all__ = [
     "describe_failure",
@@ -91,6 +92,26 @@ def silence_stdout_if_broken() -> None:
         sys.stdout.flush()
     except (OSError, ValueError):
         silence_stdout()
+
+
+def print_message(prog: str, message: str, file: Any = None) -> None:
+    """What an argparse parser prints (help, usage, version), written through: argparse's own
+    printer swallows an ``OSError``, so ``--help`` onto a full disk printed nothing and exited
+    0. Here such a failure is one line and exit status 2; a reader that went away (``| head``)
+    is no failure."""
+    if not message:
+        return
+    out = file if file is not None else sys.stderr
+    try:
+        out.write(message)
+        out.flush()
+    except BrokenPipeError:
+        silence_stdout()
+    except OSError as exc:
+        if out is sys.stdout:
+            silence_stdout()
+        say(prog, describe_failure(exc) or f"cannot write the output ({exc.strerror})")
+        raise SystemExit(2) from None
 
 
 def flush_stdout(prog: str) -> bool:

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .boundary import describe_failure
+from .boundary import describe_failure, print_message
 from .errors import UserError
 from .fileio import new_run_dir, write_problem
 
@@ -93,7 +93,7 @@ class Parser(argparse.ArgumentParser):
 
     def _print_message(self, message: str, file: Any = None) -> None:
         if launcher_rank() == 0:
-            super()._print_message(message, file)
+            print_message("python -m microbench", message, file)
 
 
 def path_argument(text: str) -> Path:

@@ -15,6 +15,7 @@ from typing import Any
 from microbench.boundary import (
     describe_failure,
     flush_stdout,
+    print_message,
     say,
     silence_stdout,
     silence_stdout_if_broken,
@@ -41,6 +42,9 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        print_message("pdlsim", message, file)
 
 
 def build_parser() -> argparse.ArgumentParser:

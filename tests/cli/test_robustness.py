@@ -28,12 +28,12 @@ PROFILE = STEP_TABLES
 LONG_NAME = "a" * 300  # over NAME_MAX (255) on every common file system
 
 
-def _one_line_error(result: subprocess.CompletedProcess, *parts: str) -> None:
+def _one_line_error(result: subprocess.CompletedProcess, *parts: str, prog: str = "pdlsim") -> None:
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("pdlsim: error: "), lines[0]
+    assert lines[0].startswith(f"{prog}: error: "), lines[0]
     for part in parts:
         assert part in lines[0], lines[0]
 
@@ -114,16 +114,27 @@ def test_a_file_name_too_long_is_one_line(args, tmp_path):
     _one_line_error(result, "too long")
 
 
-def test_a_full_stdout_is_one_line_on_stderr(tmp_path):
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["pdlsim", "predict", "--nodes", "2", "--json"],
+        ["pdlsim", "--help"],  # argparse's own printer would swallow the failure
+        ["pdlsim", "predict", "--help"],
+        ["pdlsim", "--version"],
+        ["microbench", "storage", "--help"],
+    ],
+)
+def test_a_full_stdout_is_one_line_on_stderr(command):
     with open("/dev/full", "w") as full:
         result = subprocess.run(
-            [sys.executable, "-m", "pdlsim", "predict", "--nodes", "2", "--json"],
+            [sys.executable, "-m", *command],
             stdout=full,
             stderr=subprocess.PIPE,
             text=True,
             timeout=60,
         )
-    _one_line_error(result, "cannot write the output", "disk is full")
+    prog = "pdlsim" if command[0] == "pdlsim" else f"python -m {command[0]}"
+    _one_line_error(result, "cannot write the output", "disk is full", prog=prog)
 
 
 def test_a_reader_going_away_stays_quiet():
