@@ -173,7 +173,7 @@ class Profile:
     @property
     def measured_on(self) -> str:
         """When and where the profile's benchmarks ran, for a reader of a prediction: the
-        creation date and the machine's CPU model and cores (``unknown`` where not recorded)."""
+        creation date and the machine's CPU model and cores, as far as recorded."""
         cpu = self.machine.get("cpu_model") or "an unknown CPU"
         cores = self.machine.get("cores_available") or self.machine.get("logical_cores")
         where = f"{cpu}, {cores} cores" if cores else cpu

@@ -52,12 +52,7 @@ def _abort_mpi(status: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit:  # --help or a usage error, printed: make sure it got out
-        if not flush_stdout("python -m microbench"):
-            raise SystemExit(2) from None
-        raise
+    args = build_parser().parse_args(argv)  # its messages are flushed as they are printed
     prog = f"python -m microbench {args.command}"
     threads = getattr(args, "threads", None)  # one count, or a list of them
     if threads:

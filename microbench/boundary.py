@@ -110,8 +110,12 @@ def print_message(prog: str, message: str, file: Any = None) -> None:
     except OSError as exc:
         if out is sys.stdout:
             silence_stdout()
-        say(prog, describe_failure(exc) or f"cannot write the output ({exc.strerror})")
+        _say_unwritten(prog, exc)
         raise SystemExit(2) from None
+
+
+def _say_unwritten(prog: str, exc: OSError) -> None:
+    say(prog, describe_failure(exc) or f"cannot write the output ({exc.strerror})")
 
 
 def flush_stdout(prog: str) -> bool:
@@ -124,7 +128,7 @@ def flush_stdout(prog: str) -> bool:
         silence_stdout()
     except OSError as exc:
         silence_stdout()
-        say(prog, describe_failure(exc) or f"cannot write the output ({exc.strerror})")
+        _say_unwritten(prog, exc)
         return False
     except ValueError:  # stdout closed by the caller: nothing left to flush
         pass

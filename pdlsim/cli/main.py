@@ -105,12 +105,7 @@ def _cmd_workload_show(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_idle_blas_threads()  # before anything imports numpy
     parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit:  # --help, --version or a usage error, printed: make sure it got out
-        if not flush_stdout("pdlsim"):
-            raise SystemExit(2) from None
-        raise
+    args = parser.parse_args(argv)  # its messages are flushed as they are printed (_Parser)
     try:
         status = int(args.handler(args) or 0)
         return status if flush_stdout("pdlsim") else 2
