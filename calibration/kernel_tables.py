@@ -7,7 +7,10 @@
   largest dimensions reduced, scaled by the ratio of FLOPs: past the largest measured sizes
   **a GEMM keeps the efficiency it reached**, so its time grows in proportion to each
   dimension beyond the grid. Below the smallest size, time stays that size's (a call's fixed
-  cost).
+  cost). Where the BLAS computes small GEMMs with a kernel of its own (``small``,
+  :mod:`calibration.gemm_regimes`), its points and the packed kernel's make two grids, each
+  filling the points it lacks from its own kernel's (:func:`_filled`), and a shape is priced
+  from the grid of the kernel that computes it: time jumps at the line between them.
   **A dimension of m or n that is not a multiple of the vector width** (:data:`VECTOR_FLOATS`)
   is computed as whole vector tiles plus edge tiles of 4, 2 and 1 columns, which run far below
   the GEMM's rate (a 47-wide GEMM can cost more than a 48-wide one). The table is interpolated
@@ -37,6 +40,9 @@ from typing import Any
 import numpy as np
 from scipy.interpolate import RegularGridInterpolator
 from scipy.optimize import brentq, nnls
+from scipy.spatial import cKDTree
+
+from .gemm_regimes import SmallGemm
 
 __all__ = ["VECTOR_FLOATS", "GemmTable", "LoopTable", "edge_tiles"]
 
@@ -69,14 +75,12 @@ def _median_by(keys: Iterable[Any], values: Iterable[float]) -> dict[Any, float]
 
 @dataclass(frozen=True)
 class _Grid:
-    """A GEMM table's whole-dimension grid: log dims per axis (m, n, k), the log seconds with
-    skipped points filled, their interpolator (None for a single point), and per axis (m, n)
-    the columns each edge tile (4, 2, 1) costs."""
+    """One kernel's whole-dimension grid: log dims per axis (m, n, k), the log seconds with
+    points it did not measure filled, and their interpolator (None for a single point)."""
 
     logs: tuple[np.ndarray, np.ndarray, np.ndarray]
     filled: np.ndarray
     interp: Any
-    edge: tuple[np.ndarray, np.ndarray]
 
     @cached_property
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
@@ -84,20 +88,33 @@ class _Grid:
         return np.array([a[0] for a in self.logs]), np.array([a[-1] for a in self.logs])
 
 
+@dataclass(frozen=True)
+class _Built:
+    """A GEMM table's grids, by whether the small-matrix kernel computes their points, and per
+    axis (m, n) the columns each edge tile (4, 2, 1) costs."""
+
+    grids: dict[bool, _Grid]
+    edge: tuple[np.ndarray, np.ndarray]
+
+
 @dataclass(frozen=True, eq=False)
 class GemmTable:
-    """Seconds of one GEMM layout at one thread count over the sweep's (m, n, k) grid."""
+    """Seconds of one GEMM layout at one thread count over the sweep's (m, n, k) grid; with
+    ``small``, the BLAS's small-matrix kernel's points and the packed kernel's are two grids
+    (:mod:`calibration.gemm_regimes`)."""
 
     points: Mapping[tuple[int, int, int], float]  # measured medians
     # per axis (m, n), columns each edge tile costs: fitted from the ragged points when None
     edge_columns: tuple[tuple[float, ...], tuple[float, ...]] | None = None
-    _grid_cache: _Grid | None = field(default=None, repr=False)  # built once
+    small: SmallGemm | None = None
+    _built: _Built | None = field(default=None, repr=False)  # built once
 
     @classmethod
     def from_points(
         cls,
         points: Mapping[tuple[int, int, int], float],
         edge_columns: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+        small: SmallGemm | None = None,
     ) -> GemmTable:
         if not points:
             raise ValueError("a GEMM table needs at least one point")
@@ -107,7 +124,7 @@ class GemmTable:
             np.shape(edge_columns) != (2, 3) or not np.all(np.asarray(edge_columns) >= 0)
         ):
             raise ValueError("edge columns must be two rows of three non-negative widths")
-        return cls(dict(points), edge_columns)
+        return cls(dict(points), edge_columns, small)
 
     @staticmethod
     def _whole(key: tuple[int, int, int]) -> bool:
@@ -121,32 +138,43 @@ class GemmTable:
             np.array(sorted({key[a] for key in whole}), dtype=float) for a in range(3)
         )
 
-    def _grid(self) -> _Grid:
-        if self._grid_cache is not None:
-            return self._grid_cache
+    def _takes_small(self, key: Sequence[float]) -> bool:
+        return self.small is not None and self.small.takes(*key)
+
+    def _side(self, built: _Built, m: float, n: float, k: float) -> bool:
+        """The grid that prices (m, n, k): the small kernel's if it computes the shape and the
+        table has that grid."""
+        return self._takes_small((m, n, k)) and True in built.grids
+
+    def _build(self) -> _Built:
+        if self._built is not None:
+            return self._built
         dims = self.dims
         logs = tuple(np.log(d) for d in dims)
         index = [{d: i for i, d in enumerate(axis)} for axis in dims]
-        measured = np.full(tuple(len(d) for d in dims), np.nan)
-        for key, t in self.points.items():
-            if all(key[a] in index[a] for a in range(3)):
-                measured[tuple(index[a][key[a]] for a in range(3))] = np.log(t)
-        filled = measured.copy()
-        for ijk in zip(*np.nonzero(np.isnan(measured)), strict=True):
-            filled[ijk] = _filled(measured, logs, list(ijk))
-        interp = (
-            RegularGridInterpolator(logs, filled, bounds_error=False, fill_value=None)
-            if min(len(d) for d in dims) > 1
-            else None
-        )
-        grid = _Grid(logs, filled, interp, (np.zeros(3), np.zeros(3)))  # the whole grid alone
+        on_grid = [key for key in self.points if all(key[a] in index[a] for a in range(3))]
+        sides = {self._takes_small(key) for key in on_grid}
+        grids: dict[bool, _Grid] = {}
+        for side in sides if len(sides) > 1 else {False}:
+            measured = np.full(tuple(len(d) for d in dims), np.nan)
+            for key in on_grid:
+                if len(sides) == 1 or self._takes_small(key) == side:
+                    measured[tuple(index[a][key[a]] for a in range(3))] = np.log(self.points[key])
+            filled = _filled(measured, logs)
+            interp = (
+                RegularGridInterpolator(logs, filled, bounds_error=False, fill_value=None)
+                if min(len(d) for d in dims) > 1
+                else None
+            )
+            grids[side] = _Grid(logs, filled, interp)
+        built = _Built(grids, (np.zeros(3), np.zeros(3)))  # the whole grids alone
         if self.edge_columns is not None:
             edge = (np.array(self.edge_columns[0]), np.array(self.edge_columns[1]))
         else:
-            edge = (self._edge_width(grid, 0), self._edge_width(grid, 1))
-        grid = replace(grid, edge=edge)
-        object.__setattr__(self, "_grid_cache", grid)
-        return grid
+            edge = (self._edge_width(built, 0), self._edge_width(built, 1))
+        built = replace(built, edge=edge)
+        object.__setattr__(self, "_built", built)
+        return built
 
     @staticmethod
     def _whole_s(grid: _Grid, m: float, n: float, k: float) -> float:
@@ -169,15 +197,19 @@ class GemmTable:
             if edge_tiles(key[axis]).any() and not edge_tiles(key[other]).any()
         ]
 
-    def _edge_width(self, grid: _Grid, axis: int) -> np.ndarray:
+    def _edge_width(self, built: _Built, axis: int) -> np.ndarray:
         """Columns each edge tile costs along ``axis``: for each ragged point, the extra width
-        at which the whole grid takes its measured time; the non-negative least-squares split
-        of those over the tiles each point needs (0 for a tile nothing measured)."""
+        at which its kernel's whole grid takes its measured time; the non-negative
+        least-squares split of those over the tiles each point needs (0 for a tile nothing
+        measured)."""
         tiles, widths = [], []
         for key, t in self._ragged(axis):
             dim = key[axis]
+            grid = built.grids[self._side(built, *key)]
 
-            def gap(extra: float, key: tuple[int, int, int] = key, t: float = t) -> float:
+            def gap(
+                extra: float, key: tuple[int, int, int] = key, t: float = t, grid: _Grid = grid
+            ) -> float:
                 wider = list(key)
                 wider[axis] += extra
                 return np.log(self._whole_s(grid, *wider)) - np.log(t)
@@ -197,28 +229,29 @@ class GemmTable:
     @property
     def edge_width(self) -> tuple[np.ndarray, np.ndarray]:
         """Per axis (m, n): the columns each edge tile (4, 2, 1) costs (module docstring)."""
-        return self._grid().edge
+        return self._build().edge
 
     def time_s(self, m: float, n: float, k: float) -> float:
         """Seconds of ``(m x k) @ (k x n)`` (module docstring for the edge law and the law off
-        the grid)."""
-        grid = self._grid()
-        m_eff = m + float(grid.edge[0] @ edge_tiles(m))
-        n_eff = n + float(grid.edge[1] @ edge_tiles(n))
-        return self._whole_s(grid, m_eff, n_eff, k)
+        the grid), from the grid of the kernel that computes it."""
+        built = self._build()
+        m_eff = m + float(built.edge[0] @ edge_tiles(m))
+        n_eff = n + float(built.edge[1] @ edge_tiles(n))
+        return self._whole_s(built.grids[self._side(built, m, n, k)], m_eff, n_eff, k)
 
     def neighbour_residuals(self) -> np.ndarray:
         """log(measured / predicted from neighbours) at every whole point that has a measured
         neighbour on both sides along some axis (the prediction is the log-linear interpolation
         between them, the median over such axes), and log(measured / priced) at every ragged
         point under the edge law."""
-        grid = self._grid()
+        built = self._build()
         index = [{d: i for i, d in enumerate(axis)} for axis in self.dims]
         out = []
         for key, t in self.points.items():
             if not all(key[a] in index[a] for a in range(3)):
                 out.append(np.log(t) - np.log(self.time_s(*key)))
                 continue
+            grid = built.grids[self._side(built, *key)]
             ijk = [index[a][key[a]] for a in range(3)]
             guesses = []
             for axis in range(3):
@@ -238,30 +271,60 @@ class GemmTable:
         return {
             "points_m_n_k_s": [[m, n, k, _sig(t)] for (m, n, k), t in rows],
             "edge_columns_m_n": edge,  # per axis, the columns edge tiles of 4, 2, 1 cost
+            **({"small_kernel": self.small.to_dict()} if self.small else {}),
         }
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> GemmTable:
         rows = doc["points_m_n_k_s"]
         edge = doc.get("edge_columns_m_n")
+        small = doc.get("small_kernel")
         return cls.from_points(
             {(int(m), int(n), int(k)): float(t) for m, n, k, t in rows},
             None if edge is None else (tuple(edge[0]), tuple(edge[1])),
+            None if small is None else SmallGemm.from_dict(small),
         )
 
 
-def _filled(measured: np.ndarray, logs: Sequence[np.ndarray], ijk: list[int]) -> float:
-    """A skipped grid point: the nearest measured point below it along its largest dimensions,
-    scaled by the ratio of the dimensions given up (constant efficiency)."""
-    idx, add = list(ijk), 0.0
-    while np.isnan(measured[tuple(idx)]):
-        if max(idx) == 0:
-            found = measured[~np.isnan(measured)]
-            return float(found.min()) + add
-        axis = int(np.argmax([logs[a][i] if i > 0 else -np.inf for a, i in enumerate(idx)]))
-        add += logs[axis][idx[axis]] - logs[axis][idx[axis] - 1]
-        idx[axis] -= 1
-    return float(measured[tuple(idx)]) + add
+def _walked(measured: np.ndarray, logs: Sequence[np.ndarray], step: int) -> np.ndarray:
+    """Each grid point's log seconds from the measured point a walk reaches: one index at a time
+    along the largest dimension with room (``step`` -1, down) or the smallest (+1, up), to the
+    first measured point, scaled by the ratio of the dimensions walked (constant efficiency);
+    NaN where the walk leaves the grid first. Each point's walk continues its next point's, so
+    points are resolved in the walk's order from its end."""
+    out = measured.copy()
+    missing = np.argwhere(np.isnan(measured))
+    order = np.argsort(missing.sum(axis=1) * -step, kind="stable")
+    sizes = measured.shape
+    for idx in map(tuple, missing[order]):
+        room = [0 <= i + step < sizes[a] for a, i in enumerate(idx)]
+        if not any(room):
+            continue
+        at = [logs[a][i] if room[a] else np.nan for a, i in enumerate(idx)]
+        axis = int(np.nanargmax(at) if step < 0 else np.nanargmin(at))
+        nxt = list(idx)
+        nxt[axis] += step
+        out[idx] = out[tuple(nxt)] + logs[axis][idx[axis]] - logs[axis][nxt[axis]]
+    return out
+
+
+def _filled(measured: np.ndarray, logs: Sequence[np.ndarray]) -> np.ndarray:
+    """The grid with the points its kernel did not measure filled at the efficiency of a
+    measured neighbour: the nearest measured point below along the largest dimensions (a point
+    the sweep skipped as too large), else above along the smallest (a small shape that only the
+    other kernel of the BLAS computes), else the nearest in log dims; scaled by the ratio of
+    their sizes."""
+    filled = _walked(measured, logs, -1)
+    gaps = np.isnan(filled)
+    if gaps.any():
+        filled[gaps] = _walked(measured, logs, 1)[gaps]
+    gaps = np.isnan(filled)
+    if gaps.any():
+        coords = np.stack(np.meshgrid(*logs, indexing="ij"), axis=-1)
+        known = ~np.isnan(measured)
+        _, near = cKDTree(coords[known]).query(coords[gaps], p=1)
+        filled[gaps] = measured[known][near] + (coords[gaps] - coords[known][near]).sum(axis=1)
+    return filled
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 ``KernelModel().fit(df)`` reads the "kernels" records (:mod:`microbench.kernelbench`) and
 holds measured terms, each with a physical meaning and its own benchmark:
 
-* **Kernel tables**: a GEMM's seconds over (m, n, k) per layout and thread count, a loop's over
-  (elements, inner run) per driver and thread count (:mod:`calibration.kernel_tables`).
+* **Kernel tables**: a GEMM's seconds over (m, n, k) per layout and thread count (the BLAS's
+  small-matrix kernel and its packed one apart, where the recorded BLAS has such a kernel:
+  :mod:`calibration.gemm_regimes`), a loop's over (elements, inner run) per driver and thread
+  count (:mod:`calibration.kernel_tables`).
   :meth:`KernelModel.call_s` prices any :class:`~microbench.kernels.calls.KernelCall` from them.
 * **Step terms** (:attr:`KernelModel.steps_`, :mod:`calibration.step_terms`), per thread
   count: the *interplay* factor by which kernels run slower inside a step than alone, and the
@@ -50,11 +52,21 @@ from microbench.errors import UserError
 from microbench.kernels.calls import KernelCall, call_features, op_calls, step_calls
 from microbench.workload import Workload, load_workload
 
+from .gemm_regimes import small_gemm_rules
 from .kernel_tables import GemmTable, LoopTable
 from .stats import fit_quality
 from .step_terms import StepTerms, fit_step_terms
 
 __all__ = ["KernelModel"]
+
+
+_BLAS_KEYS = ("name", "architecture")  # what picks the BLAS's small-GEMM rules
+
+
+def _first(rows: pd.DataFrame, column: str) -> str | None:
+    """The first recorded value of ``column`` (None where no record has one)."""
+    values = rows[column].dropna() if column in rows else ()
+    return str(values.iloc[0]) if len(values) else None
 
 
 def _medians(rows: pd.DataFrame) -> np.ndarray:
@@ -77,12 +89,14 @@ class KernelModel:
         if rows.empty:
             raise UserError("no kernel sweep records to fit the kernel model from")
         gemm = rows[rows["name"] == "gemm"]
+        small = small_gemm_rules(*(_first(gemm, f"machine.blas.{k}") for k in _BLAS_KEYS))
         self.gemm_: dict[tuple[str, int], GemmTable] = {}
         for (layout, threads), part in gemm.groupby(["params.layout", "params.threads"]):
             keys = zip(part["params.m"], part["params.n"], part["params.k"], strict=True)
             medians = _medians(part)
             points = {tuple(int(v) for v in key): t for key, t in zip(keys, medians, strict=True)}
-            self.gemm_[(str(layout), int(threads))] = GemmTable.from_points(points)
+            table = GemmTable.from_points(points, small=small.get(str(layout)))
+            self.gemm_[(str(layout), int(threads))] = table
         loops = rows[rows["name"] == "loop"]
         self.loops_: dict[tuple[str, int], LoopTable] = {}
         for (variant, threads), part in loops.groupby(["params.variant", "params.threads"]):

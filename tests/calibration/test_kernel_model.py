@@ -247,3 +247,17 @@ def test_the_model_predicts_through_a_profile(sweep, tmp_path):
     bad = run_pdlsim("predict", "--nodes", "1", "--corrections", "magic")
     assert bad.returncode == 2 and "unknown correction" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("architecture, split", [("SkylakeX", True), ("Haswell", False)])
+def test_gemm_tables_split_where_the_recorded_blas_has_a_small_kernel(
+    sweep, architecture, split
+):
+    """The small-kernel rule comes from the BLAS the sweep recorded, and stays in the profile."""
+    out, _ = sweep
+    blas = {"machine.blas.name": "openblas", "machine.blas.architecture": architecture}
+    model = KernelModel().fit(load_dataframe(out, type="measurement").assign(**blas))
+    again = KernelModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    for key, table in model.gemm_.items():
+        assert (table.small is not None) == split
+        assert again.gemm_[key].small == table.small
