@@ -291,21 +291,28 @@ def _walked(measured: np.ndarray, logs: Sequence[np.ndarray], step: int) -> np.n
     along the largest dimension with room (``step`` -1, down) or the smallest (+1, up), to the
     first measured point, scaled by the ratio of the dimensions walked (constant efficiency);
     NaN where the walk leaves the grid first. Each point's walk continues its next point's, so
-    points are resolved in the walk's order from its end."""
-    out = measured.copy()
-    missing = np.argwhere(np.isnan(measured))
-    order = np.argsort(missing.sum(axis=1) * -step, kind="stable")
-    sizes = measured.shape
-    for idx in map(tuple, missing[order]):
-        room = [0 <= i + step < sizes[a] for a, i in enumerate(idx)]
-        if not any(room):
-            continue
-        at = [logs[a][i] if room[a] else np.nan for a, i in enumerate(idx)]
-        axis = int(np.nanargmax(at) if step < 0 else np.nanargmin(at))
-        nxt = list(idx)
-        nxt[axis] += step
-        out[idx] = out[tuple(nxt)] + logs[axis][idx[axis]] - logs[axis][nxt[axis]]
-    return out
+    the points are resolved a layer of equal index sum at a time, from the walks' end."""
+    shape = np.array(measured.shape)
+    idx = np.indices(measured.shape).reshape(3, -1).T
+    at = np.stack([logs[a][idx[:, a]] for a in range(3)], axis=1)
+    room = (idx + step >= 0) & (idx + step < shape)
+    if step < 0:
+        axis = np.where(room, at, -np.inf).argmax(axis=1)
+    else:
+        axis = np.where(room, at, np.inf).argmin(axis=1)
+    rows = np.arange(len(idx))
+    nxt = idx.copy()
+    nxt[rows, axis] += np.where(room.any(axis=1), step, 0)
+    nxt_at = np.array([logs[a][i] for a, i in zip(axis, nxt[rows, axis], strict=True)])
+    add = at[rows, axis] - nxt_at
+    target = np.ravel_multi_index(nxt.T, measured.shape)
+    out = measured.reshape(-1).copy()
+    todo = np.isnan(out) & room.any(axis=1)
+    sums = idx.sum(axis=1)
+    for layer in sorted(set(sums[todo].tolist()), reverse=step > 0):
+        sel = todo & (sums == layer)
+        out[sel] = out[target[sel]] + add[sel]
+    return out.reshape(measured.shape)
 
 
 def _filled(measured: np.ndarray, logs: Sequence[np.ndarray]) -> np.ndarray:
