@@ -94,21 +94,21 @@ def launch_rounds(n: int, repeats: int) -> list[list[int]]:
 
 
 def _frozen_profile(name: str) -> Any:
-    """The frozen profile at path ``name``, read once for all the predictions made from it (a
-    kernel-table profile takes most of a second to read): keyed on the file's identity, so a
-    profile written anew at the same path is read again. A packaged profile's name is given
-    through as it is."""
+    """The frozen profile at path ``name``, or the packaged profile of that name, read once for
+    all the predictions made from it (a kernel-table profile takes most of a second to read): a
+    path keyed on the file's identity, so a profile written anew at the same path is read
+    again; a packaged one (installed with pdlsim) on its name."""
     if not os.path.isfile(name):
-        return name
+        return _read_profile(name, 0, 0)
     stat = os.stat(name)
     return _read_profile(name, stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=2)
-def _read_profile(path: str, mtime_ns: int, size: int) -> Any:
+def _read_profile(name: str, mtime_ns: int, size: int) -> Any:
     from pdlsim.prediction.config import resolve_profile
 
-    return resolve_profile(path)[0]
+    return resolve_profile(name)[0]
 
 
 def predict_spec(
