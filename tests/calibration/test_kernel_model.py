@@ -250,9 +250,7 @@ def test_the_model_predicts_through_a_profile(sweep, tmp_path):
 
 
 @pytest.mark.parametrize("architecture, split", [("SkylakeX", True), ("Haswell", False)])
-def test_gemm_tables_split_where_the_recorded_blas_has_a_small_kernel(
-    sweep, architecture, split
-):
+def test_gemm_tables_split_where_the_recorded_blas_has_a_small_kernel(sweep, architecture, split):
     """The small-kernel rule comes from the BLAS the sweep recorded, and stays in the profile."""
     out, _ = sweep
     blas = {"machine.blas.name": "openblas", "machine.blas.architecture": architecture}
