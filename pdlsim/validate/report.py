@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from microbench.fileio import atomic_write_text
+from pdlsim.validate.machine_speed import speed_line
 
 __all__ = [
     "COLUMNS",
@@ -311,6 +312,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['min_steps_per_run']} steps each, {report['warmup']}; step = max over ranks; "
         f"interval = {report['interval']}",
         f"speedup = {report['speedup']}",
+        *filter(None, [speed_line(report.get("machine_speed"))]),
         "",
         f"{'set':9} {'model':12} {'mode':12} {'P':>2} {'T':>2} {'batch':>5} "
         f"{'meas ms':>8} {'[min..max]':>19} {'pred P50':>8} {'[P10..P90]':>19} "

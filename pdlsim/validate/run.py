@@ -149,6 +149,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         profile_provenance,
     )
     from pdlsim.validate.checkpoint import validate_checkpoint
+    from pdlsim.validate.machine_speed import machine_speed, probe
     from pdlsim.validate.report import ablation, build_rows, summarize, write_outputs
 
     check_out(cfg.out)
@@ -182,7 +183,11 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         for spec, pred in zip(specs, predictions, strict=True)
     ]
     launches: list[list[dict[str, Any]]] = [[] for _ in specs]
+    kernels = _frozen_profile(cfg.profile).model("kernels")  # the machine's speed, reported
+    probes = []
     for k, round_order in enumerate(launch_rounds(len(specs), cfg.repeats)):
+        if kernels is not None:
+            probes.append(probe(lambda call: kernels.call_s(call, 1)))
         for position, i in enumerate(round_order):
             launch = measure_launch(specs[i], cfg, steps[i], k)
             launches[i].append(launch)
@@ -191,6 +196,8 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
                 f"measured {launch['median_s'] * 1e3:.3f} ms, predicted "
                 f"{predictions[i]['band']['p50_s'] * 1e3:.3f} ms"
             )
+    if kernels is not None:
+        probes.append(probe(lambda call: kernels.call_s(call, 1)))
     measured = [summarize_launches(launches[i], steps[i]) for i in range(len(specs))]
     rows = build_rows(list(zip(specs, measured, predictions, strict=True)), cores)
     sets = ablation_sets(cfg.corrections)
@@ -219,6 +226,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
             "batches": sorted({s.batch for s in heldout}),
             "refused": refused,
         },
+        "machine_speed": machine_speed(probes),  # the machine's state, beside the results
         "elapsed_s": time.perf_counter() - started,
         "summary": summarize(rows),
         "ablation": table,

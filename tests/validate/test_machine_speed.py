@@ -1,0 +1,56 @@
+"""The machine's speed during a validation: reference kernels against the profile's tables,
+reported beside the results and read by no prediction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import pdlsim.validate.machine_speed as machine_speed_module
+from pdlsim.validate.machine_speed import PROBES, machine_speed, probe, speed_line
+from pdlsim.validate.run import ValidateConfig, run_validation
+
+
+def test_a_probe_is_the_tables_price_over_the_time_measured_now():
+    """A price of one second against kernels that take micro- to milliseconds: a speed far
+    above one, the same for a price twice as high doubled."""
+    once = probe(lambda call: 1.0)
+    assert set(once) == set(PROBES)
+    assert all(10.0 < v < 1e7 for v in once.values())
+    twice = probe(lambda call: 2.0)
+    for name in PROBES:  # two timings of a shared machine: within a factor of two of 2x
+        assert 1.0 < twice[name] / once[name] < 4.0
+
+
+def test_the_report_gives_each_kernels_range_over_the_probes():
+    probes = [{"gemm": 0.9, "relu": 1.2}, {"gemm": 1.1, "relu": 0.8}, {"gemm": 1.0, "relu": 1.0}]
+    speed = machine_speed(probes)
+    assert speed["range"] == {"gemm": [0.9, 1.0, 1.1], "relu": [0.8, 1.0, 1.2]}
+    assert "gemm x0.90..x1.10, relu x0.80..x1.20" in speed_line(speed)
+    assert machine_speed([]) is None and speed_line(None) is None
+
+
+def _run(out: Path) -> dict:
+    cfg = ValidateConfig(
+        out=out, profile="xeon-2core", repeats=1, steps=4, models=("mlp",), modes=((1, 1),),
+        batches=(16,), band_samples=2, target_run_s=0.01, max_steps=4, parallel=("data",),
+        heldout_workloads=0,
+    )  # fmt: skip
+    return run_validation(cfg, log=lambda s: None)
+
+
+def test_no_prediction_reads_the_machines_speed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The same configurations with the machine probed at x100 and at x0.01: the speed is
+    reported as measured, before and after the launches, and every prediction is the same."""
+    reports = {}
+    for speed in (100.0, 0.01):
+        monkeypatch.setattr(machine_speed_module, "probe", lambda price, s=speed: {"gemm": s})
+        reports[speed] = _run(tmp_path / str(speed))
+    fast, slow = reports[100.0], reports[0.01]
+    assert fast["machine_speed"]["range"] == {"gemm": [100.0, 100.0, 100.0]}
+    assert len(fast["machine_speed"]["probes"]) == 2  # before the one round, after it
+    assert slow["machine_speed"]["range"]["gemm"][0] == 0.01
+    for a, b in zip(fast["rows"], slow["rows"], strict=True):
+        assert a["predicted_p50_s"] == b["predicted_p50_s"]
+        assert a["predicted_p10_s"] == b["predicted_p10_s"]
