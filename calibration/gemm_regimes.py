@@ -53,6 +53,10 @@ class SmallGemm:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> SmallGemm:
+        if not isinstance(doc, dict) or "max_mnk" not in doc:
+            raise ValueError(
+                f"a small-GEMM rule is an object with max_mnk (and max_mn, min_k), not {doc!r}"
+            )
         return cls(
             float(doc["max_mnk"]),
             float(doc.get("max_mn", math.inf)),

@@ -75,9 +75,13 @@ def test_the_rule_reads_all_three_limits():
     assert SmallGemm.from_dict(rule.to_dict()) == rule
 
 
-@pytest.mark.parametrize("bad", [{"max_mnk": 0}, {"max_mnk": 1e6, "min_k": -1}])
-def test_a_rule_with_impossible_limits_is_refused(bad):
-    with pytest.raises(ValueError, match="positive limits"):
+@pytest.mark.parametrize(
+    "bad, why",
+    [({"max_mnk": 0}, "positive limits"), ({"max_mnk": 1e6, "min_k": -1}, "positive limits"),
+     ([1, 2], "an object with max_mnk"), ({"min_k": 32}, "an object with max_mnk")],
+)  # fmt: skip
+def test_a_rule_that_is_not_one_is_refused_with_what_it_needs(bad, why):
+    with pytest.raises(ValueError, match=why):
         SmallGemm.from_dict(bad)
 
 
