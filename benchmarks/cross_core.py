@@ -15,27 +15,21 @@ thread pays that the tables do not see. Medians over repeats, after warm-up.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 
 from microbench.kernels import loops
+from microbench.sampling import SamplingPolicy, measure, timed
 from microbench.threads import set_threads
 
 REPEATS, WARMUP = 40, 5
+POLICY = SamplingPolicy(warmup=WARMUP, min_samples=REPEATS, max_samples=REPEATS, time_cap_s=60)
 SIZES_KIB = (64, 256, 1024, 4096)
 
 
 def median_after(call, before) -> float:
-    times = []
-    for i in range(WARMUP + REPEATS):
-        before()
-        start = time.perf_counter()
-        call()
-        if i >= WARMUP:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """Median seconds of ``call`` right after ``before()`` (untimed), by the sweep's sampler."""
+    return measure(timed(call, before=before), POLICY).median
 
 
 def main() -> None:

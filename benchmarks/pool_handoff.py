@@ -15,15 +15,15 @@ column carries it and the others do not. Medians over repeats, after warm-up.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 
 from microbench.kernels import loops
+from microbench.sampling import SamplingPolicy, measure, timed
 from microbench.threads import let_blas_threads_sleep, set_threads
 
 REPEATS, WARMUP = 60, 5
+POLICY = SamplingPolicy(warmup=WARMUP, min_samples=REPEATS, max_samples=REPEATS, time_cap_s=60)
 
 
 def gemm(m: int, n: int, k: int):
@@ -43,16 +43,9 @@ def serial_relu(elements: int):
     return lambda: loops.relu_serial(x)
 
 
-def timed_after(call, before) -> float:
-    """Median seconds of ``call`` right after ``before()`` (untimed)."""
-    times = []
-    for i in range(WARMUP + REPEATS):
-        before()
-        start = time.perf_counter()
-        call()
-        if i >= WARMUP:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def median_after(call, before) -> float:
+    """Median seconds of ``call`` right after ``before()`` (untimed), by the sweep's sampler."""
+    return measure(timed(call, before=before), POLICY).median
 
 
 def main() -> None:
@@ -73,10 +66,10 @@ def main() -> None:
         for fn in (call, other, serial):
             fn()  # compile, first touch
         row = [
-            timed_after(call, let_blas_threads_sleep),
-            timed_after(call, call),
-            timed_after(call, serial),
-            timed_after(call, other),
+            median_after(call, let_blas_threads_sleep),
+            median_after(call, call),
+            median_after(call, serial),
+            median_after(call, other),
         ]
         print(f"{name:30} " + " ".join(f"{t * 1e6:8.1f}" for t in row))
 

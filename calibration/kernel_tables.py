@@ -90,8 +90,9 @@ class _Grid:
 
 @dataclass(frozen=True)
 class _Built:
-    """A GEMM table's grids, by whether the small-matrix kernel computes their points, and per
-    axis (m, n) the columns each edge tile (4, 2, 1) costs."""
+    """A GEMM table's grids, keyed on whether the small-matrix kernel computes a shape (one grid
+    under both keys where the table is not split), and per axis (m, n) the columns each edge
+    tile (4, 2, 1) costs."""
 
     grids: dict[bool, _Grid]
     edge: tuple[np.ndarray, np.ndarray]
@@ -141,11 +142,6 @@ class GemmTable:
     def _takes_small(self, key: Sequence[float]) -> bool:
         return self.small is not None and self.small.takes(*key)
 
-    def _side(self, built: _Built, m: float, n: float, k: float) -> bool:
-        """The grid that prices (m, n, k): the small kernel's if it computes the shape and the
-        table has that grid."""
-        return self._takes_small((m, n, k)) and True in built.grids
-
     def _build(self) -> _Built:
         if self._built is not None:
             return self._built
@@ -153,20 +149,25 @@ class GemmTable:
         logs = tuple(np.log(d) for d in dims)
         index = [{d: i for i, d in enumerate(axis)} for axis in dims]
         on_grid = [key for key in self.points if all(key[a] in index[a] for a in range(3))]
-        sides = {self._takes_small(key) for key in on_grid}
-        grids: dict[bool, _Grid] = {}
-        for side in sides if len(sides) > 1 else {False}:
+        split = len({self._takes_small(key) for key in on_grid}) > 1
+
+        def grid(keys: list[tuple[int, int, int]]) -> _Grid:
             measured = np.full(tuple(len(d) for d in dims), np.nan)
-            for key in on_grid:
-                if len(sides) == 1 or self._takes_small(key) == side:
-                    measured[tuple(index[a][key[a]] for a in range(3))] = np.log(self.points[key])
+            for key in keys:
+                measured[tuple(index[a][key[a]] for a in range(3))] = np.log(self.points[key])
             filled = _filled(measured, logs)
             interp = (
                 RegularGridInterpolator(logs, filled, bounds_error=False, fill_value=None)
                 if min(len(d) for d in dims) > 1
                 else None
             )
-            grids[side] = _Grid(logs, filled, interp)
+            return _Grid(logs, filled, interp)
+
+        if split:  # keyed on whether the small kernel computes a shape
+            grids = {side: grid([k for k in on_grid if self._takes_small(k) == side])
+                     for side in (False, True)}  # fmt: skip
+        else:  # one grid, whichever kernel computes a shape
+            grids = dict.fromkeys((False, True), grid(on_grid))
         built = _Built(grids, (np.zeros(3), np.zeros(3)))  # the whole grids alone
         if self.edge_columns is not None:
             edge = (np.array(self.edge_columns[0]), np.array(self.edge_columns[1]))
@@ -205,7 +206,7 @@ class GemmTable:
         tiles, widths = [], []
         for key, t in self._ragged(axis):
             dim = key[axis]
-            grid = built.grids[self._side(built, *key)]
+            grid = built.grids[self._takes_small(key)]
 
             def gap(
                 extra: float, key: tuple[int, int, int] = key, t: float = t, grid: _Grid = grid
@@ -237,7 +238,7 @@ class GemmTable:
         built = self._build()
         m_eff = m + float(built.edge[0] @ edge_tiles(m))
         n_eff = n + float(built.edge[1] @ edge_tiles(n))
-        return self._whole_s(built.grids[self._side(built, m, n, k)], m_eff, n_eff, k)
+        return self._whole_s(built.grids[self._takes_small((m, n, k))], m_eff, n_eff, k)
 
     def neighbour_residuals(self) -> np.ndarray:
         """log(measured / predicted from neighbours) at every whole point that has a measured
@@ -251,7 +252,7 @@ class GemmTable:
             if not all(key[a] in index[a] for a in range(3)):
                 out.append(np.log(t) - np.log(self.time_s(*key)))
                 continue
-            grid = built.grids[self._side(built, *key)]
+            grid = built.grids[self._takes_small(key)]
             ijk = [index[a][key[a]] for a in range(3)]
             guesses = []
             for axis in range(3):

@@ -3,8 +3,8 @@
 A shared machine changes speed as its tenants come and go: calibrations an hour apart on the
 same VM differed by as much as the model's error. So that a reader can tell a model's miss
 from a slow spell, ``pdlsim validate`` times two reference kernels before each round of
-launches and after the last, as the kernel sweep times them (one thread, operands its own,
-back to back, median after warm-up), and divides the profile's table price by the time:
+launches and after the last, as the kernel sweep times them (its sampling policy; one
+thread, operands its own, back to back), and divides the profile's table price by the time:
 x1.10 means the machine ran 10% faster than when the profile was measured. The GEMM
 (:data:`PROBES`: 256 x 256 x 256) is bound by the cores; the serial relu over 2^21 floats
 (8 MiB) by the last-level cache, which a VM shares with its tenants. The figures are reported
@@ -14,14 +14,15 @@ beside the results, as the machine's state; no prediction reads them.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from microbench.kernelbench import FULL_POLICY
 from microbench.kernels import loops
 from microbench.kernels.calls import KernelCall
+from microbench.sampling import measure, timed
 
 __all__ = ["PROBES", "machine_speed", "probe", "speed_line"]
 
@@ -30,7 +31,6 @@ PROBES: dict[str, KernelCall] = {
     "gemm 256^3": KernelCall("gemm_nn", (256, 256, 256), 0, "forward"),
     "relu 2^21": KernelCall("relu", (2**21,), 0, "forward"),
 }
-WARMUP, REPEATS = 3, 25
 
 
 def _kernel(call: KernelCall) -> Callable[[], object]:
@@ -45,16 +45,6 @@ def _kernel(call: KernelCall) -> Callable[[], object]:
     return lambda: loops.relu_serial(x)
 
 
-def _median_s(fn: Callable[[], object]) -> float:
-    times = []
-    for i in range(WARMUP + REPEATS):
-        start = time.perf_counter()
-        fn()
-        if i >= WARMUP:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def probe(price: Callable[[KernelCall], float]) -> dict[str, float]:
     """One probe: per reference kernel, ``price(call)`` (the profile's table seconds at one
     thread) over its measured median seconds, timed with BLAS on one thread."""
@@ -63,7 +53,7 @@ def probe(price: Callable[[KernelCall], float]) -> dict[str, float]:
     out = {}
     with threadpool_limits(limits=1, user_api="blas"):
         for name, call in PROBES.items():
-            out[name] = price(call) / _median_s(_kernel(call))
+            out[name] = price(call) / measure(timed(_kernel(call)), FULL_POLICY).median
     return out
 
 

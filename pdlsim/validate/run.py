@@ -184,10 +184,14 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     ]
     launches: list[list[dict[str, Any]]] = [[] for _ in specs]
     kernels = _frozen_profile(cfg.profile).model("kernels")  # the machine's speed, reported
-    probes = []
-    for k, round_order in enumerate(launch_rounds(len(specs), cfg.repeats)):
+    probes: list[dict[str, float]] = []
+
+    def probe_machine() -> None:
         if kernels is not None:
             probes.append(probe(lambda call: kernels.call_s(call, 1)))
+
+    for k, round_order in enumerate(launch_rounds(len(specs), cfg.repeats)):
+        probe_machine()
         for position, i in enumerate(round_order):
             launch = measure_launch(specs[i], cfg, steps[i], k)
             launches[i].append(launch)
@@ -196,8 +200,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
                 f"measured {launch['median_s'] * 1e3:.3f} ms, predicted "
                 f"{predictions[i]['band']['p50_s'] * 1e3:.3f} ms"
             )
-    if kernels is not None:
-        probes.append(probe(lambda call: kernels.call_s(call, 1)))
+    probe_machine()
     measured = [summarize_launches(launches[i], steps[i]) for i in range(len(specs))]
     rows = build_rows(list(zip(specs, measured, predictions, strict=True)), cores)
     sets = ablation_sets(cfg.corrections)
