@@ -30,7 +30,6 @@ __all__ = [
     "LABEL_BYTES",
     "KernelCall",
     "FusedOp",
-    "call_elements",
     "channels_last",
     "fused_ops",
     "call_features",
@@ -61,16 +60,6 @@ KERNEL_DIMS: dict[str, tuple[str, ...]] = {
     "gather": ("batch", "row_bytes"),
 }
 
-# Loops that always take their parallel driver when more than one thread runs (the
-# whole-activation loops); the other loops go parallel by size (policy.runs_parallel).
-_WHOLE_ACTIVATION = {
-    "im2col",
-    "col2im",
-    "maxpool",
-    "maxpool_backward",
-    "maxpool_backward_tiled",
-    "nchw_to_nhwc",
-}
 _SERIAL_ONLY = {"softmax_xent", "gather", "copy"} | {f"gemm_{x}" for x in GEMM_LAYOUTS}
 
 
@@ -149,15 +138,6 @@ def _im2col_run(width: int, c: int, k: int, stride: int, padding: int) -> int:
     return max(1, round(ow * k * k * c / runs))
 
 
-def call_elements(kernel: str, dims: Sequence[int]) -> int:
-    """Elements a loop's parallel decision is taken on (the array it walks)."""
-    if kernel in ("bias_act", "column_sum", "softmax_xent"):
-        return dims[0] * dims[1]
-    if kernel in ("relu", "relu_mask", "copy", "sgd", "sgd_momentum"):
-        return dims[0]
-    return math.prod(dims[:4])
-
-
 _F = BYTES_PER_VALUE
 Operands = tuple[tuple[str, int], ...]
 
@@ -171,10 +151,7 @@ def _loop(
     reads: Operands = (),
     writes: Operands = (),
 ) -> KernelCall:
-    if kernel in _WHOLE_ACTIVATION:
-        parallel = threads > 1
-    else:
-        parallel = runs_parallel(call_elements(kernel, dims), threads)
+    parallel = runs_parallel(call_features(kernel, dims)[0], threads)
     return KernelCall(kernel, dims, layer, phase, parallel, reads, writes)
 
 

@@ -24,7 +24,7 @@ import numba
 import numpy as np
 
 from microbench.kernels import loops
-from microbench.kernels.policy import PARALLEL_MIN_ELEMENTS, col2im_chunk_samples, runs_parallel
+from microbench.kernels.policy import col2im_chunk_samples, runs_parallel
 from microbench.kernels.shapes import conv_output_hw, pool_output_hw
 
 
@@ -46,10 +46,12 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def _loop(name: str, size: int = PARALLEL_MIN_ELEMENTS):
+def _loop(name: str, work: int):
     """The parallel loop ``name`` of :mod:`~microbench.kernels.loops`, or its serial version
-    for one thread or fewer than ``PARALLEL_MIN_ELEMENTS`` elements."""
-    parallel = runs_parallel(size, numba.get_num_threads())
+    for one thread or less ``work`` than pays for a parallel launch
+    (:func:`~microbench.kernels.policy.runs_parallel`; ``work`` counted as
+    :func:`microbench.kernels.calls.call_features` counts it)."""
+    parallel = runs_parallel(work, numba.get_num_threads())
     return getattr(loops, name if parallel else name + "_serial")
 
 
@@ -98,7 +100,7 @@ class NumbaKernels:
         n, h, wd, c = x.shape
         k, f = w.shape[0], w.shape[3]
         out_h, out_w = conv_output_hw(h, wd, k, stride, padding)
-        _loop("im2col")(x, k, stride, padding, out_h, out_w, cols)
+        _loop("im2col", n * out_h * out_w * k * k * c)(x, k, stride, padding, out_h, out_w, cols)
         np.matmul(cols, _matrix(w, k * k * c, f), out=_rows(out))
         if b is not None:
             NumbaKernels.bias_activation(out, b, False, out)
@@ -116,12 +118,11 @@ class NumbaKernels:
         w_t = _matrix(w, k * k * c, f).T
         rows = out_h * out_w  # per sample
         step = col2im_chunk_samples(rows, k * k * c, dcols.itemsize)
-        col2im = _loop("col2im")
         for first in range(0, n, step):
             last = min(n, first + step)
             chunk = dcols[: (last - first) * rows]
             np.matmul(dout2d[first * rows : last * rows], w_t, out=chunk)
-            col2im(chunk, k, stride, padding, out_h, out_w, dx[first:last])
+            _loop("col2im", chunk.size)(chunk, k, stride, padding, out_h, out_w, dx[first:last])
 
     # elementwise and reductions ------------------------------------------------------------
 
@@ -154,20 +155,21 @@ class NumbaKernels:
     @staticmethod
     def maxpool2d_forward(x, size: int, stride: int, out, argmax) -> None:
         pool_output_hw(x.shape[1], x.shape[2], size, stride)  # validates the window fits
-        _loop("maxpool")(x, size, stride, out, argmax)
+        _loop("maxpool", out.size * size * size)(x, size, stride, out, argmax)
 
     @staticmethod
     def maxpool2d_backward(dout, argmax, size: int, stride: int, dx) -> None:
         if stride == size:
-            _loop("maxpool_backward_tiled")(dout, argmax, size, dx)
+            _loop("maxpool_backward_tiled", dx.size)(dout, argmax, size, dx)
         else:
-            _loop("maxpool_backward")(dout, argmax, size, stride, dx)
+            taps = dx.size * -((-size // stride) ** 2)  # windows covering each input
+            _loop("maxpool_backward", taps)(dout, argmax, size, stride, dx)
 
     # layout, loss, update ------------------------------------------------------------------
 
     @staticmethod
     def nchw_to_nhwc(x, out) -> None:
-        _loop("nchw_to_nhwc")(x, out)
+        _loop("nchw_to_nhwc", x.size)(x, out)
 
     @staticmethod
     def softmax_cross_entropy(logits, labels, dlogits) -> tuple[float, int]:

@@ -16,6 +16,7 @@ from microbench.kernels.calls import (
     op_calls,
     step_calls,
 )
+from microbench.kernels.policy import PARALLEL_MIN_ELEMENTS
 from microbench.nn import SGD, Network
 from microbench.randomnets import random_workloads
 from microbench.threads import available_cores, set_threads
@@ -159,17 +160,24 @@ def test_a_step_starts_with_the_gather_and_forward_only_ends_at_the_loss():
 
 
 def test_loops_go_parallel_by_the_kernels_own_rule():
-    mlp = load_workload("mlp")
+    mlp, cnn = load_workload("mlp"), load_workload("cnn")
 
-    def first(batch: int, threads: int = 2) -> dict[str, bool]:
+    def first(workload, batch: int, threads: int = 2) -> dict[str, bool]:
         out: dict[str, bool] = {}
-        for c in step_calls(mlp, batch, threads):
+        for c in step_calls(workload, batch, threads):
             out.setdefault(c.kernel, c.parallel)
         return out
 
-    assert not first(4)["bias_act"] and first(512)["bias_act"]  # 4 x 256 < 32768 <= 512 x 256
-    assert first(4)["sgd"]  # 235,146 parameters
+    assert PARALLEL_MIN_ELEMENTS == 1 << 17
+    assert not first(mlp, 4)["bias_act"] and first(mlp, 512)["bias_act"]  # 4 x 256 < 2^17
+    assert first(mlp, 4)["sgd"]  # 235,146 parameters
     assert not any(c.parallel for c in step_calls(mlp, 512, 1))
+    # a whole-activation loop too goes parallel by its work, not always: the CNN's first
+    # im2col writes 32 x 32 x 27 column entries a sample, 27,648, and its first pool reads
+    # 32 x 32 x 32 taps: serial at batch 2, parallel at 64
+    small, large = first(cnn, 2), first(cnn, 64)
+    assert not small["im2col"] and not small["maxpool"] and not small["nchw_to_nhwc"]
+    assert large["im2col"] and large["maxpool"]
 
 
 def test_op_calls_count_every_op_the_network_runs():
