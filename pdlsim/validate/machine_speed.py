@@ -4,11 +4,16 @@ A shared machine changes speed as its tenants come and go: calibrations an hour 
 same VM differed by as much as the model's error. So that a reader can tell a model's miss
 from a slow spell, ``pdlsim validate`` times two reference kernels before each round of
 launches and after the last, as the kernel sweep times them (its sampling policy; one
-thread, operands its own, back to back), and divides the profile's table price by the time:
-x1.10 means the machine ran 10% faster than when the profile was measured. The GEMM
-(:data:`PROBES`: 256 x 256 x 256) is bound by the cores; the serial relu over 2^21 floats
-(8 MiB) by the last-level cache, which a VM shares with its tenants. The figures are reported
-beside the results, as the machine's state; no prediction reads them.
+thread, operands its own, back to back), and divides the profile's price by the time: x1.10
+means the machine ran 10% faster than when the profile was measured. The square GEMM
+(:data:`PROBES`: 256 x 256 x 256) is bound by the cores; the skinny one (64 x 256 x 1024, a
+1 MiB operand, an MLP layer's shape) also by the L2 cache, and on the 2-core VM it has slowed
+by a quarter while the square one slowed by 8%; the serial relu over 2^21 floats
+(8 MiB) by the last-level cache, which a VM shares with its tenants; the tiny training step
+(:data:`TINY_STEP`, one of the step benchmark's networks whose kernels do next to no work) by
+the Python and dispatch between kernels, which can slow down while both kernels keep their
+speed (on the 2-core VM, a day on which the GEMM probe read x0.96 read x0.7 here). The figures
+are reported beside the results, as the machine's state; no prediction reads them.
 """
 
 from __future__ import annotations
@@ -19,18 +24,22 @@ from typing import Any
 
 import numpy as np
 
+from calibration.kernels import KernelModel
 from microbench.kernelbench import FULL_POLICY
 from microbench.kernels import loops
 from microbench.kernels.calls import KernelCall
+from microbench.kernels.steps import glue_workloads, step_fn
 from microbench.sampling import measure, timed
 
-__all__ = ["PROBES", "machine_speed", "probe", "speed_line"]
+__all__ = ["PROBES", "TINY_STEP", "machine_speed", "probe", "speed_line"]
 
 # name -> the kernel call the profile's tables price (one thread)
 PROBES: dict[str, KernelCall] = {
     "gemm 256^3": KernelCall("gemm_nn", (256, 256, 256), 0, "forward"),
+    "gemm 64x256x1024": KernelCall("gemm_nn", (64, 256, 1024), 0, "forward"),
     "relu 2^21": KernelCall("relu", (2**21,), 0, "forward"),
 }
+TINY_STEP = "glue-dense2"  # the step benchmark's network timed whole, at batch 1
 
 
 def _kernel(call: KernelCall) -> Callable[[], object]:
@@ -45,15 +54,19 @@ def _kernel(call: KernelCall) -> Callable[[], object]:
     return lambda: loops.relu_serial(x)
 
 
-def probe(price: Callable[[KernelCall], float]) -> dict[str, float]:
-    """One probe: per reference kernel, ``price(call)`` (the profile's table seconds at one
-    thread) over its measured median seconds, timed with BLAS on one thread."""
+def probe(model: KernelModel) -> dict[str, float]:
+    """One probe: per reference (:data:`PROBES`, then "step TINY_STEP"), ``model``'s price at
+    one thread (a kernel's table seconds; the tiny step's tables, interplay and glue) over its
+    measured median seconds, timed with BLAS on one thread."""
     from threadpoolctl import threadpool_limits
 
     out = {}
     with threadpool_limits(limits=1, user_api="blas"):
         for name, call in PROBES.items():
-            out[name] = price(call) / measure(timed(_kernel(call)), FULL_POLICY).median
+            out[name] = model.call_s(call, 1) / measure(timed(_kernel(call)), FULL_POLICY).median
+        tiny = next(w for w in glue_workloads() if w.name == TINY_STEP)
+        seconds = measure(timed(step_fn(tiny, 1)), FULL_POLICY).median
+        out[f"step {TINY_STEP}"] = model.step_s(tiny, 1, 1) / seconds
     return out
 
 

@@ -188,7 +188,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
 
     def probe_machine() -> None:
         if kernels is not None:
-            probes.append(probe(lambda call: kernels.call_s(call, 1)))
+            probes.append(probe(kernels))
 
     for k, round_order in enumerate(launch_rounds(len(specs), cfg.repeats)):
         probe_machine()

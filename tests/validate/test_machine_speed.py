@@ -8,19 +8,42 @@ from pathlib import Path
 import pytest
 
 import pdlsim.validate.machine_speed as machine_speed_module
-from pdlsim.validate.machine_speed import PROBES, machine_speed, probe, speed_line
+from calibration.profile import load_profile
+from pdlsim.validate.machine_speed import PROBES, TINY_STEP, machine_speed, probe, speed_line
 from pdlsim.validate.run import ValidateConfig, run_validation
 
 
-def test_a_probe_is_the_tables_price_over_the_time_measured_now():
-    """A price of one second against kernels that take micro- to milliseconds: a speed far
-    above one, the same for a price twice as high doubled."""
-    once = probe(lambda call: 1.0)
-    assert set(once) == set(PROBES)
+class _Priced:
+    """A kernel model that prices every kernel call and every step at ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def call_s(self, call, threads: int) -> float:
+        return self.seconds
+
+    def step_s(self, workload, batch: int, threads: int) -> float:
+        return self.seconds
+
+
+def test_a_probe_is_the_models_price_over_the_time_measured_now():
+    """A price of one second against kernels and a tiny step that take micro- to milliseconds:
+    a speed far above one, the same for a price twice as high doubled."""
+    once = probe(_Priced(1.0))
+    assert set(once) == {*PROBES, f"step {TINY_STEP}"}
     assert all(10.0 < v < 1e7 for v in once.values())
-    twice = probe(lambda call: 2.0)
-    for name in PROBES:  # two timings of a shared machine: within a factor of two of 2x
+    twice = probe(_Priced(2.0))
+    for name in once:  # two timings of a shared machine: within a factor of two of 2x
         assert 1.0 < twice[name] / once[name] < 4.0
+
+
+def test_the_tiny_step_is_priced_as_the_profile_prices_a_step():
+    """Against the packaged profile the tiny step reads within a factor of three of x1 (the
+    machine's glue varies by tens of percent; a step priced without its glue would read far
+    above, one of tables alone far below the kernel probes)."""
+    model = load_profile("xeon-2core").model("kernels")
+    speed = probe(model)[f"step {TINY_STEP}"]
+    assert 1 / 3 < speed < 3
 
 
 def test_the_report_gives_each_kernels_range_over_the_probes():
