@@ -18,6 +18,7 @@ second thread (see ``benchmarks/train_vs_torch.py --openblas-timeout``).
 
 from __future__ import annotations
 
+import math
 import os
 
 import numba
@@ -162,7 +163,7 @@ class NumbaKernels:
         if stride == size:
             _loop("maxpool_backward_tiled", dx.size)(dout, argmax, size, dx)
         else:
-            taps = dx.size * -((-size // stride) ** 2)  # windows covering each input
+            taps = dx.size * math.ceil(size / stride) ** 2  # windows covering each input
             _loop("maxpool_backward", taps)(dout, argmax, size, stride, dx)
 
     # layout, loss, update ------------------------------------------------------------------

@@ -40,6 +40,19 @@ ODD = Workload.from_dict(
         ],
     }
 )
+OVERLAP = Workload.from_dict(
+    {
+        "name": "overlapping-pool",  # at batch 64 each loop has past 2^17 elements of work
+        "input_shape": [3, 32, 32],
+        "layers": [
+            {"kind": "conv2d", "filters": 8, "kernel": 3},
+            {"kind": "maxpool2d", "size": 3, "stride": 2},  # windows overlap: the untiled backward
+            {"kind": "flatten"},
+            {"kind": "dense", "units": 10},
+            {"kind": "softmax_cross_entropy"},
+        ],
+    }
+)
 MLP_INPUT_RELU = Workload.from_dict(
     {
         "name": "relu-first",
@@ -126,6 +139,7 @@ WORKLOADS = [
     load_workload("mlp"),
     load_workload("cnn"),
     ODD,
+    OVERLAP,
     MLP_INPUT_RELU,
     *random_workloads(3, 4),
 ]
