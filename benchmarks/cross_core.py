@@ -19,17 +19,12 @@ import argparse
 import numpy as np
 
 from microbench.kernels import loops
-from microbench.sampling import SamplingPolicy, measure, timed
+from microbench.sampling import SamplingPolicy, median_s
 from microbench.threads import set_threads
 
 REPEATS, WARMUP = 40, 5
 POLICY = SamplingPolicy(warmup=WARMUP, min_samples=REPEATS, max_samples=REPEATS, time_cap_s=60)
 SIZES_KIB = (64, 256, 1024, 4096)
-
-
-def median_after(call, before) -> float:
-    """Median seconds of ``call`` right after ``before()`` (untimed), by the sweep's sampler."""
-    return measure(timed(call, before=before), POLICY).median
 
 
 def main() -> None:
@@ -55,9 +50,9 @@ def main() -> None:
             consume()
             loops.relu(x)
             loops.relu_serial(x)
-            untouched = median_after(consume, lambda: None)
-            serial = median_after(consume, lambda x=x: loops.relu_serial(x))
-            parallel = median_after(consume, lambda x=x: loops.relu(x))
+            untouched = median_s(consume, POLICY, lambda: None)
+            serial = median_s(consume, POLICY, lambda x=x: loops.relu_serial(x))
+            parallel = median_s(consume, POLICY, lambda x=x: loops.relu(x))
             moved = 4 * n * (args.threads - 1) / args.threads
             extra = parallel - serial
             clear = moved and extra > 0.05 * serial  # else no crossing to speak of

@@ -19,7 +19,7 @@ import argparse
 import numpy as np
 
 from microbench.kernels import loops
-from microbench.sampling import SamplingPolicy, measure, timed
+from microbench.sampling import SamplingPolicy, median_s
 from microbench.threads import let_blas_threads_sleep, set_threads
 
 REPEATS, WARMUP = 60, 5
@@ -43,11 +43,6 @@ def serial_relu(elements: int):
     return lambda: loops.relu_serial(x)
 
 
-def median_after(call, before) -> float:
-    """Median seconds of ``call`` right after ``before()`` (untimed), by the sweep's sampler."""
-    return measure(timed(call, before=before), POLICY).median
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -66,10 +61,10 @@ def main() -> None:
         for fn in (call, other, serial):
             fn()  # compile, first touch
         row = [
-            median_after(call, let_blas_threads_sleep),
-            median_after(call, call),
-            median_after(call, serial),
-            median_after(call, other),
+            median_s(call, POLICY, let_blas_threads_sleep),
+            median_s(call, POLICY, call),
+            median_s(call, POLICY, serial),
+            median_s(call, POLICY, other),
         ]
         print(f"{name:30} " + " ".join(f"{t * 1e6:8.1f}" for t in row))
 

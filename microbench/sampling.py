@@ -198,6 +198,17 @@ def measure(
     )
 
 
+def median_s(
+    fn: Callable[[], object],
+    policy: SamplingPolicy,
+    before: Callable[[], object] | None = None,
+) -> float:
+    """Median seconds of ``fn()`` sampled on this rank under ``policy`` (``before()`` untimed
+    ahead of each repetition): :func:`measure` of :func:`timed`, for probes and benchmarks
+    that keep only the median."""
+    return measure(timed(fn, before=before), policy).median
+
+
 def _max_reducer(comm: Any) -> Callable[[float, float], tuple[float, float]]:
     """``(sample, elapsed) -> (max over ranks of each)``, by one Allreduce of two doubles."""
     if comm is None:

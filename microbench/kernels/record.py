@@ -21,6 +21,7 @@ import statistics
 import time
 import types
 from collections.abc import Callable
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import numpy as np
@@ -28,9 +29,28 @@ import numpy as np
 from microbench.kernels import cpu, loops
 from microbench.threads import let_blas_threads_sleep
 
-__all__ = ["CallRecorder", "record_calls", "time_alone"]
+__all__ = ["CallRecorder", "kernels_replaced", "record_calls", "time_alone"]
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+@contextmanager
+def kernels_replaced(replace: Callable[[str, Callable[..., Any]], Callable[..., Any]]):
+    """For the ``with`` block, :mod:`microbench.kernels.cpu` calls ``replace(name, fn)`` in
+    place of each kernel ``fn`` it reaches: numpy's ``matmul`` and ``copyto`` and every loop
+    of :mod:`microbench.kernels.loops`, by name."""
+    fake_np = types.ModuleType("numpy")
+    fake_np.__dict__.update(np.__dict__)
+    fake_np.matmul = replace("matmul", np.matmul)  # type: ignore[attr-defined]
+    fake_np.copyto = replace("copyto", np.copyto)  # type: ignore[attr-defined]
+    names = [k for k in dir(loops) if not k.startswith("_") and callable(getattr(loops, k))]
+    fake_loops = types.SimpleNamespace(**{k: replace(k, getattr(loops, k)) for k in names})
+    saved = cpu.np, cpu.loops
+    cpu.np, cpu.loops = fake_np, fake_loops  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        cpu.np, cpu.loops = saved
 
 
 class CallRecorder:
@@ -42,7 +62,7 @@ class CallRecorder:
         self.times: list[float] = []
         self.calls: list[Call] = []
         self.keep = False
-        self._saved: tuple[Any, Any] | None = None
+        self._active: ExitStack | None = None
 
     def _wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -56,20 +76,14 @@ class CallRecorder:
         return timed
 
     def __enter__(self) -> CallRecorder:
-        fake_np = types.ModuleType("numpy")
-        fake_np.__dict__.update(np.__dict__)
-        fake_np.matmul = self._wrap(np.matmul)  # type: ignore[attr-defined]
-        fake_np.copyto = self._wrap(np.copyto)  # type: ignore[attr-defined]
-        names = [k for k in dir(loops) if not k.startswith("_") and callable(getattr(loops, k))]
-        fake_loops = types.SimpleNamespace(**{k: self._wrap(getattr(loops, k)) for k in names})
-        self._saved = (cpu.np, cpu.loops)
-        cpu.np, cpu.loops = fake_np, fake_loops  # type: ignore[assignment]
+        self._active = ExitStack()
+        self._active.enter_context(kernels_replaced(lambda name, fn: self._wrap(fn)))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        assert self._saved is not None
-        cpu.np, cpu.loops = self._saved
-        self._saved = None
+        assert self._active is not None
+        self._active.close()
+        self._active = None
 
 
 def record_calls(step: Callable[[], object]) -> list[Call]:

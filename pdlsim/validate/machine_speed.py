@@ -29,7 +29,7 @@ from microbench.kernelbench import FULL_POLICY
 from microbench.kernels import loops
 from microbench.kernels.calls import KernelCall
 from microbench.kernels.steps import glue_workloads, step_fn
-from microbench.sampling import measure, timed
+from microbench.sampling import median_s
 
 __all__ = ["PROBES", "TINY_STEP", "machine_speed", "probe", "speed_line"]
 
@@ -63,9 +63,9 @@ def probe(model: KernelModel) -> dict[str, float]:
     out = {}
     with threadpool_limits(limits=1, user_api="blas"):
         for name, call in PROBES.items():
-            out[name] = model.call_s(call, 1) / measure(timed(_kernel(call)), FULL_POLICY).median
+            out[name] = model.call_s(call, 1) / median_s(_kernel(call), FULL_POLICY)
         tiny = next(w for w in glue_workloads() if w.name == TINY_STEP)
-        seconds = measure(timed(step_fn(tiny, 1)), FULL_POLICY).median
+        seconds = median_s(step_fn(tiny, 1), FULL_POLICY)
         out[f"step {TINY_STEP}"] = model.step_s(tiny, 1, 1) / seconds
     return out
 
