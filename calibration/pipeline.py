@@ -19,7 +19,6 @@ from calibration.communication import CollectiveModels
 from calibration.compression import CompressionModel
 from calibration.compute import ComputeModel
 from calibration.drift import DriftModel
-from calibration.insitu import InSituModel
 from calibration.jitter import JitterModel
 from calibration.jitter_models import JitterModels
 from calibration.kernels import KernelModel
@@ -43,7 +42,6 @@ _SECTIONS: dict[str, tuple[str, Callable[[int, int], Any], bool]] = {
     "drift": ("compute+jitter+speed", lambda n, s: DriftModel(), False),
     "compression": ("compression", lambda n, s: CompressionModel(n_boot=n, seed=s), False),
     "storage": ("storage", lambda n, s: StorageModel(n_boot=n, seed=s), False),
-    "insitu": ("insitu", lambda n, s: InSituModel(), False),
     "kernels": ("kernels+speed", lambda n, s: KernelModel(), False),
 }
 

@@ -66,7 +66,6 @@ MODELERS: dict[str, str] = {
     "drift": "calibration.drift:DriftModel",
     "compression": "calibration.compression:CompressionModel",
     "storage": "calibration.storage:StorageModel",
-    "insitu": "calibration.insitu:InSituModel",
     "kernels": "calibration.kernels:KernelModel",
 }
 

@@ -66,7 +66,7 @@ def parameter_rows(models: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
         elif isinstance(node, list):
             for index, child in enumerate(node):
                 regime = isinstance(child, Mapping) and "min_bytes" in child
-                yield from walk(child, where if regime else f"{where}[{_item(child, index)}]")
+                yield from walk(child, where if regime else f"{where}[{index}]")
 
     for section, model in models.items():
         if model is not None:
@@ -74,13 +74,6 @@ def parameter_rows(models: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
             yield from walk(
                 model.get("collectives", model) if section == "collectives" else model, section
             )
-
-
-def _item(node: Any, index: int) -> str:
-    """A list item's label: an in-place collective by its call, anything else by position."""
-    if isinstance(node, Mapping) and {"workload", "op", "layer", "batch", "ranks"} <= node.keys():
-        return f"{node['workload']} {node['op']} {node['layer']} b{node['batch']} P{node['ranks']}"
-    return str(index)
 
 
 def quality_rows(fit_quality: Mapping[str, Any]) -> Iterator[dict[str, Any]]:

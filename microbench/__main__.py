@@ -26,7 +26,7 @@ from .errors import UserError  # noqa: E402
 
 COMMANDS = (
     "collectives", "jitter", "interference", "compute", "copies", "power", "compression", "storage",
-    "speed", "insitu", "kernels",
+    "speed", "kernels",
 )  # fmt: skip
 
 

@@ -34,7 +34,7 @@ def mpiexec() -> str:
 
 class LoneComm:
     """Rank 0 of a communicator with nobody else: what the samplers of
-    :mod:`microbench.jitter` and :mod:`microbench.insitu` call on it, doing nothing."""
+    :mod:`microbench.jitter` calls on it, doing nothing."""
 
     def Barrier(self):  # noqa: N802 - mpi4py's names
         pass

@@ -30,11 +30,7 @@ as part of the allgather. The model lets ``ceil(units / P)`` be 1 when P exceeds
 units; the real run refuses it (every rank needs a neuron: :func:`check_splittable`).
 GPU arrays go through host memory for both collectives (the PyPI MPICH is not CUDA-aware).
 
-It lives in microbench, beside :class:`microbench.nn.Network`, so that the in-situ collectives
-benchmark (:mod:`microbench.insitu`) times exactly the collectives training runs, where it runs
-them. With :attr:`SlicedNetwork.call_log` set to a list, every collective appends
-``(op, layer, nbytes, seconds)``: the op, the dense layer, the bytes gathered or reduced in
-total, and this rank's seconds in it (its wait for the others included).
+It lives in microbench, beside :class:`microbench.nn.Network`, the network it splits.
 """
 
 from __future__ import annotations
@@ -118,7 +114,6 @@ class SlicedNetwork:
         self.params, self.grads = self._bind(init_params(workload, seed, init))
         self.param_count = int(self.params.size)
         self.comm_s = {"allgather": 0.0, "allreduce": 0.0}
-        self.call_log: list[tuple[str, str, int, float]] | None = None  # module docstring
         self._workspaces: OrderedDict[tuple[bool, int], list[Buffers]] = OrderedDict()
         self._pending: list[Buffers] | None = None
         self._mpi: Any = None
@@ -218,7 +213,7 @@ class SlicedNetwork:
 
     # collectives -------------------------------------------------------------------------
 
-    def _allgather(self, part: Any, buf: Buffers, layer: str) -> Any:
+    def _allgather(self, part: Any, buf: Buffers) -> Any:
         """The whole ``(batch, units)`` activation from every rank's ``(batch, slice)``."""
         self.sync()
         t0 = time.perf_counter()
@@ -233,19 +228,14 @@ class SlicedNetwork:
             full[:, lo:hi] = recv[start : start + batch * (hi - lo)].reshape(batch, hi - lo)
         if not on_host:
             buf["gathered"].set(full)
-        self._count("allgather", layer, full.nbytes, time.perf_counter() - t0)
+        self.comm_s["allgather"] += time.perf_counter() - t0
         return buf["gathered"]
 
-    def _allreduce(self, partial: Any, layer: str) -> None:
+    def _allreduce(self, partial: Any) -> None:
         self.sync()
         t0 = time.perf_counter()
         self.comm.allreduce_sum_(partial)
-        self._count("allreduce", layer, partial.nbytes, time.perf_counter() - t0)
-
-    def _count(self, op: str, layer: str, nbytes: int, seconds: float) -> None:
-        self.comm_s[op] += seconds
-        if self.call_log is not None:
-            self.call_log.append((op, layer, int(nbytes), seconds))
+        self.comm_s["allreduce"] += time.perf_counter() - t0
 
     # forward, backward, inference --------------------------------------------------------
 
@@ -254,7 +244,7 @@ class SlicedNetwork:
         for op, buf, columns in zip(self._ops, space, self._columns, strict=False):
             x = op.forward(x, buf)
             if columns is not None:
-                x = self._allgather(x, buf, op.info.name)
+                x = self._allgather(x, buf)
         return x
 
     def forward(self, x: Any, y: Any, training: bool = True) -> tuple[float, int]:
@@ -284,7 +274,7 @@ class SlicedNetwork:
                 buf["dy"][...] = grad[:, lo:hi]
                 grad = op.backward(buf["dy"], buf)
                 if grad is not None:
-                    self._allreduce(grad, op.info.name)
+                    self._allreduce(grad)
             else:
                 grad = op.backward(grad, buf)
             if grad is None:

@@ -124,9 +124,8 @@ def _jitter_stages(
 
 def plan_stages(plan: BenchPlan) -> list[Stage]:
     """The stages, in the order they run: compute and copies on one process, then per P
-    collectives, per model the jitter step (the same step at every P: its slowdown from one
-    rank to P is the co-location factor) and, at P >= 2, the collectives inside the training
-    steps at every batch (``insitu``)."""
+    collectives and per model the jitter step (the same step at every P: its slowdown from one
+    rank to P is the co-location factor)."""
     quick = ["--quick"] if plan.quick else []
     threads, batches = _csv(plan.threads), _csv(plan.batches)
     models = [m for m in plan.model.split(",") if m]
@@ -177,26 +176,8 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
         )
         moments = JITTER_MOMENTS if procs >= 2 and not plan.quick else 1
         stages += _jitter_stages(plan, procs, models, jitter_threads, (1, moments))
-        if procs >= 2:
-            stages.append(
-                Stage(
-                    f"insitu-p{procs}",
-                    f"collectives inside training steps at {procs} ranks",
-                    tuple(
-                        mpiexec_command(
-                            procs,
-                            _microbench(
-                                "insitu", "--model", plan.model, "--batch", batches,
-                                "--threads", str(jitter_threads), "--out", out, *quick,
-                            ),
-                        )
-                    ),
-                    ranks=procs,
-                    threads=jitter_threads,
-                )
-            )  # fmt: skip
-            if moments > 1:
-                stages += _jitter_stages(plan, procs, models, jitter_threads, (2, moments))
+        if moments > 1:
+            stages += _jitter_stages(plan, procs, models, jitter_threads, (2, moments))
         speed_checks.append(len(stages))
     overlap_procs = max(plan.procs)
     if overlap_procs >= 2:

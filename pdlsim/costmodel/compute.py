@@ -10,14 +10,11 @@ one subject; it uses the fields the cost model declares (``compute``, ``scale``,
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
 from microbench.network_ops import LABEL_BYTES, layer_bytes, update_cost
-from microbench.workload import LayerInfo, sliced_dense
+from microbench.workload import LayerInfo
 from pdlsim.costmodel.kernels import sliced_layers
 from pdlsim.costmodel.uncertainty import moved
 from pdlsim.sim import ConfigError
@@ -44,17 +41,11 @@ class ComputeCost(CostHooks):
     colocation_z: float
     drift_level: float
     drift_factor: float
-    colocation_in_place: tuple[tuple[int, float], ...]  # (batch, factor) of the step in place
-    colocation_in_place_threads: int
-    slice_shares: tuple[tuple[int, float], ...]  # (batch, rank 0's part / whole), alone
-    slice_share_ranks: int  # the ranks the shares were measured at
-    slice_share_threads: int
     tensor_ranks: int  # the ranks this model's dense layers are split over (1: whole layers)
     kernels: Any  # pdlsim.costmodel.kernels.KernelCompute, where the profile has kernel tables
     description: Any  # the workload itself, where the caller gave it
     assumptions: Any  # name -> costmodel.presets.Assumption: figures taken where unmeasured
     _ops_cache: dict[tuple[Any, ...], float]
-    _share_cache: dict[tuple[Any, ...], float]
     _pin_cache: dict[tuple[str, str, int, int, str], float]
 
     def assumed(self, name: str) -> float:
@@ -100,36 +91,8 @@ class ComputeCost(CostHooks):
 
     def sliced(self, ranks: int) -> Any:
         """This model pricing each layer as one of ``ranks`` ranks' slices of a layer-wise
-        step (:meth:`slice_factor`)."""
+        step (the kernel tables price the calls a rank's slices make)."""
         return replace(self, tensor_ranks=ranks)  # type: ignore[type-var]
-
-    def slice_factor(self, batch: int, threads: int) -> float:
-        """Measured over predicted share of the whole network's compute that a layer-wise
-        rank's part takes (:func:`pdlsim.costmodel.insitu.in_place_share`): the measured share at
-        ``batch`` (interpolated, held outside), the predicted one from the layers' ops at the
-        ranks measured; 1 for whole layers, at another thread count, where unmeasured or where
-        the workload's file is not at hand."""
-        if self.tensor_ranks <= 1 or not self.slice_shares or threads != self.slice_share_threads:
-            return 1.0
-        key = (self.workload, self.inference, batch, threads)  # copies share the cache
-        if key not in self._share_cache:
-            layers = self._workload_layers()
-            if not layers:  # the workload file is not at hand: nothing to price the share by
-                return 1.0
-            ranks = self.slice_share_ranks
-            part = tuple(
-                sliced_dense(info, math.ceil(info.output_shape[0] / ranks))
-                if info.kind == "dense"
-                else info
-                for info in layers
-            )  # rank 0's, which holds the most columns
-            phases = ("forward",) if self.inference else STEP
-            predicted = self._layers_ops_s(part, batch, threads, "cpu", phases) / (
-                self._layers_ops_s(layers, batch, threads, "cpu", phases)
-            )
-            batches, shares = zip(*self.slice_shares, strict=True)
-            self._share_cache[key] = float(np.interp(batch, batches, shares)) / predicted
-        return self._share_cache[key]
 
     def _forward_ops_s(self, model: str, batch: int, threads: int, device: str) -> float:
         """The forward-only step's predicted ops (the loss is a forward)."""
@@ -145,14 +108,9 @@ class ComputeCost(CostHooks):
 
     def colocation_factor(self, threads: int, batch: int) -> float:
         """Slowdown of a CPU rank's compute with ``ranks_per_node`` ranks busy on its node: the
-        step's measured in place at ``batch`` where the profile has it for these ranks per node
-        and ``threads`` (:func:`pdlsim.costmodel.insitu.in_place_colocation`), else the
         co-location model's."""
         if self.ranks_per_node <= 1:
             return 1.0
-        if self.colocation_in_place and threads == self.colocation_in_place_threads:
-            batches, factors = zip(*self.colocation_in_place, strict=True)
-            return float(np.interp(batch, batches, factors))
         if self.colocation is None:
             return 1.0
         value, ci = self.colocation.factor(self.workload or "", threads, self.ranks_per_node)
@@ -177,7 +135,7 @@ class ComputeCost(CostHooks):
                 return raw
             # the GPU steps' typical speed is in their rows; the band's draw of their drift
             return raw * self.step_ratio(batch, 1, "gpu") * self.drift_level * self.drift_factor
-        seconds = raw * self.step_ratio(batch, threads) * self.slice_factor(batch, threads)
+        seconds = raw * self.step_ratio(batch, threads)
         if phase == "forward" and layer.index == 0:
             seconds += self._gather_s(layer, batch)
         return seconds * self._host_factor(threads, batch)

@@ -19,8 +19,6 @@ CORRECTIONS: dict[str, str] = {
     "kernel's data (the same step benchmark, a factor per thread count)",
     "colocation": "ranks sharing a node slow each other's compute (the jitter step at 1 and at "
     "P ranks per node)",
-    "insitu": "collectives, the barrier and the update cost what they cost inside real training "
-    "steps (the insitu benchmark, on the calibration's workloads)",
 }
 
 

@@ -21,10 +21,6 @@
   profile's fitted inter-node parameters when it has them and no network is given; the receiver
   reduces at a third of its memory bandwidth (two reads, one write per byte): the profile's
   triad bandwidth for CPU ranks, the preset's HBM for GPU ranks.
-* **Collectives in place.** A training step's collectives cost more than the same ones back to
-  back; where the profile measured the workload's calls inside real steps, :meth:`in_situ_s`
-  gives the excess the engines add to each call (:mod:`pdlsim.costmodel.insitu`), and
-  :meth:`step_barrier_s` the training loop's barrier per step, where it was timed in place.
 * **Whole-step correction.** Ops timed one at a time do not add up to the same ops run back to
   back as one training step (caches, allocator state, per-call overheads). Where the profile's
   compute table holds whole-step rows (phase ``step``, per model, batch and threads, measured
@@ -37,12 +33,7 @@
   update phases add up to.
 * **Co-location.** CPU ranks sharing a node slow each other down (memory bandwidth, caches):
   compute is multiplied by the profile's measured co-location factor at ``ranks_per_node``
-  (:mod:`calibration.colocation`; held at the largest measured ranks per node beyond it), or
-  by the step's own factor where ``insitu`` timed it in place (:mod:`pdlsim.costmodel.insitu`).
-* **A layer-wise rank's part.** Asked for a layer-wise step's slices (:meth:`sliced`), compute
-  is multiplied by the share of the whole network's compute a rank's part was measured to take
-  over the share its ops predict, where ``insitu`` timed both alone
-  (:meth:`~pdlsim.costmodel.compute.ComputeCost.slice_factor`).
+  (:mod:`calibration.colocation`; held at the largest measured ranks per node beyond it).
 * **Drift.** The same step measured at several moments of the calibration
   (:mod:`calibration.drift`) gives the machine's typical speed and the spread around it. CPU
   compute is divided by exp(the compute stage's log-offset from typical), so a prediction
@@ -63,10 +54,8 @@
 centred on the fitted value whose 95% interval has the width of the fitted interval
 (sigma = width / 3.92), clipped at 0 (rates and efficiencies at 1% of the fitted value, so that
 nothing divides by zero; the overlap efficiency at 1); the measured whole-step times and the
-co-location factor move by one normal draw each within their intervals; the in-place
-collectives take one of the moments their rounds measured
-(:func:`pdlsim.costmodel.uncertainty.insitu_draw`). Data-sheet figures and assumptions are not
-perturbed: they have no interval.
+co-location factor move by one normal draw each within their intervals. Data-sheet figures
+and assumptions are not perturbed: they have no interval.
 """
 
 from __future__ import annotations
@@ -87,10 +76,9 @@ from calibration.profile import Profile
 from calibration.stats import Interval
 from calibration.transfer import TransferModel
 from microbench.errors import UserError
-from microbench.workload import LayerInfo, Workload, load_workload
+from microbench.workload import Workload, load_workload
 from pdlsim.costmodel.compute import ComputeCost
 from pdlsim.costmodel.corrections import CORRECTIONS
-from pdlsim.costmodel.insitu import InSituCost, in_place_colocation, in_place_share, in_place_sync
 from pdlsim.costmodel.kernels import TERMS, KernelCompute
 from pdlsim.costmodel.oppins import OpPins
 from pdlsim.costmodel.presets import ASSUMPTIONS, Assumption, GpuPreset, NetworkPreset
@@ -157,16 +145,9 @@ class ProfileCostModel(ComputeCost):
     drift_log_deviations: tuple[float, ...] = ()  # the speeds it saw, log(moment / typical)
     drift_level: float = 1.0  # without whole-step rows: exp(-the compute stage's log offset)
     drift_factor: float = 1.0  # this band sample's draw of the deviations
-    colocation_in_place: tuple[tuple[int, float], ...] = ()  # (batch, factor): insitu_cost
-    colocation_in_place_threads: int = 1
-    slice_shares: tuple[tuple[int, float], ...] = ()  # (batch, share): insitu_cost
-    slice_share_ranks: int = 1
-    slice_share_threads: int = 1
     tensor_ranks: int = 1  # set by sliced(): a layer-wise plan's slices
     _ops_cache: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)
-    _share_cache: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)
     compression: CompressionModel | None = None  # the profile's, when it measured compression
-    insitu: InSituCost | None = None  # the workload's collectives measured in place
     pins: OpPins = field(default_factory=OpPins)  # the workload's ops as measured one by one
     inference: bool = False  # predicts forward-only steps: their rows scale compute
     _pin_cache: dict[tuple[str, str, int, int, str], float] = field(
@@ -188,15 +169,11 @@ class ProfileCostModel(ComputeCost):
         workload: str | None = None,
         ranks_per_node: int = 1,
         inference: bool = False,
-        batch: int | None = None,
-        parallel: str | None = None,
         corrections: frozenset[str] = frozenset(CORRECTIONS),
         description: Workload | None = None,
         assumptions: Mapping[str, Assumption] | None = None,
     ) -> ProfileCostModel:
-        """The cost model of ``workload`` from ``profile``; ``batch`` and ``parallel`` (the
-        in-place step, :func:`pdlsim.costmodel.insitu.sync_parallelism`) size the sync where the
-        profile timed that step's skew in place; ``corrections``: the named corrections
+        """The cost model of ``workload`` from ``profile``; ``corrections``: the named corrections
         (:data:`pdlsim.costmodel.corrections.CORRECTIONS`) switched on; ``description``: the
         workload itself (default: loaded by the name ``workload``); ``assumptions``: the figures
         taken where nothing measured says (default: the packaged
@@ -241,9 +218,6 @@ class ProfileCostModel(ComputeCost):
         hidden = overlap.hidden_fraction(bucket_bytes, method)
         efficiency = float(np.clip(1.0 if hidden is None else hidden, 0.0, 1.0))
         prov["overlap"] = f"profile ({method} method, {bucket_bytes} B)"
-        insitu_model = profile.model("insitu") if profile.models.get("insitu") else None
-        if "insitu" not in corrections:
-            insitu_model = None
         jitter_model = profile.model("jitter") if profile.models.get("jitter") else None
         own = (
             profile.model("jitter_models").get(workload)
@@ -257,11 +231,6 @@ class ProfileCostModel(ComputeCost):
             prov["jitter"] = "profile (every measured workload's steps pooled)"
         jitter = None
         if jitter_model is not None:
-            if device == "cpu":  # the in-place steps ran on CPU ranks
-                jitter_model, note = in_place_sync(
-                    jitter_model, insitu_model, workload, parallel, batch
-                )
-                prov["jitter"] += f"; {note}" if note else ""
             jitter = ProfileJitter(jitter_model)
         scale = StepScale.from_table(getattr(compute, "table_", []))
         compute_device = "gpu" if device == "gpu" and has_gpu_compute else "cpu"
@@ -281,17 +250,6 @@ class ProfileCostModel(ComputeCost):
                     f"{ranks_per_node} per node"
                     + (f", held above {held}" if ranks_per_node > held else "")
                 )
-        in_place, in_place_threads, note = in_place_colocation(
-            insitu_model if device == "cpu" else None, workload, parallel, ranks_per_node
-        )
-        if note is not None:
-            others = prov.get("co-location", "not measured")
-            prov["co-location"] = f"{note}; at other thread counts {others}"
-        shares, share_ranks, share_threads, note = in_place_share(
-            insitu_model if device == "cpu" else None, workload, parallel
-        )
-        if note is not None:
-            prov["slices"] = note
         drift = profile.model("drift") if profile.models.get("drift") else None
         # the drift of the steps this prediction computes with: the host's, or the GPU steps'
         # where the profile timed the GPU (calibration.drift); a data sheet's GPU has none
@@ -330,17 +288,12 @@ class ProfileCostModel(ComputeCost):
             prov["compute"] = f"profile kernel tables (terms: {terms})"
         elif scale and (device == "cpu" or has_gpu_compute):
             prov["compute"] += "; " + scale.source(compute_device, workload, inference)
-        insitu, prov["in-place collectives"] = InSituCost.from_profile_model(
-            insitu_model, workload, device
-        )
         return cls(
             compute, regimes, inter, source, transfer, gpu, device, mem_bw, jitter, efficiency,
             _overlap_interval(overlap, bucket_bytes, method), prov, workload, ranks_per_node,
             scale, colocation, compression=profile.model("compression"), drift_sigma=drift_sigma,
-            drift_log_deviations=deviations, drift_level=level, insitu=insitu,
+            drift_log_deviations=deviations, drift_level=level,
             pins=OpPins.from_table(getattr(compute, "table_", [])), inference=inference,
-            colocation_in_place=in_place, colocation_in_place_threads=in_place_threads,
-            slice_shares=shares, slice_share_ranks=share_ranks, slice_share_threads=share_threads,
             kernels=kernels, corrections=frozenset(corrections), description=description,
             assumptions=dict(ASSUMPTIONS if assumptions is None else assumptions),
         )  # fmt: skip
@@ -386,40 +339,6 @@ class ProfileCostModel(ComputeCost):
 
     def collective_time(self, op: str, nbytes: int, ranks: int, placement: Placement) -> float:
         return collectives.total_time_s(self.collective_schedule(op, nbytes, ranks, placement))
-
-    def in_situ_s(
-        self,
-        parallel: str,
-        op: str,
-        layer: str,
-        batch: int,
-        nbytes: int,
-        back_to_back_s: float | None = None,
-    ) -> float:
-        """Seconds a training step's collective costs beyond its back-to-back time
-        ``back_to_back_s`` (negative: less), where the profile measured it in place
-        (:mod:`pdlsim.costmodel.insitu`); else 0."""
-        if self.insitu is None:
-            return 0.0
-        return self.insitu.extra_s(self, parallel, op, layer, batch, nbytes, back_to_back_s)
-
-    def in_place_update_s(
-        self, parallel: str, batch: int, threads: int, first: LayerInfo, compute_s: float
-    ) -> float | None:
-        """Seconds of a CPU rank's update after the step's collectives, given its forward and
-        backward ``compute_s`` (the gather in ``first``'s forward included), where the profile
-        timed it in place (:mod:`pdlsim.costmodel.insitu`); else None."""
-        if self.insitu is None:
-            return None
-        gather_s = self.gather_s(first, batch, threads)
-        return self.insitu.update_s(parallel, batch, compute_s - gather_s)
-
-    def step_barrier_s(self, parallel: str, batch: int, ranks: int, placement: Placement) -> float:
-        """Seconds of the training loop's barrier per step, where the profile timed it in place
-        (:mod:`pdlsim.costmodel.insitu`); else 0."""
-        if self.insitu is None:
-            return 0.0
-        return self.insitu.barrier_s(self, parallel, batch, ranks, placement)
 
     # ----------------------------------------------------------------------------- copies
     def transfer_time(self, direction: str, nbytes: int, pinned: bool) -> float:

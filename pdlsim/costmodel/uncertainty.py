@@ -148,22 +148,9 @@ def perturbed_cost(
         colocation_z=float(rng.standard_normal()),
         kernels=None if cost.kernels is None else cost.kernels.drawn(rng, stratum),
         drift_factor=drift_draw(cost, rng, stratum),
-        insitu=None if cost.insitu is None else insitu_draw(cost.insitu, rng),
         _ops_cache={},
         _pin_cache={},
-        _share_cache={},
     )
-
-
-def insitu_draw(insitu: Any, rng: np.random.Generator) -> Any:
-    """``insitu`` (:class:`pdlsim.costmodel.insitu.InSituCost`) at one moment of the machine: its
-    factor one of the in-place rounds' log-deviations (:mod:`calibration.insitu`), drawn
-    anywhere, independently of the compute's drift (the two are measured minutes apart and
-    the in-place cost is a small share of a step); unchanged without deviations."""
-    deviations = insitu.model.log_deviations_
-    if deviations.size == 0:
-        return insitu
-    return replace(insitu, factor=float(np.exp(deviations[rng.integers(deviations.size)])))
 
 
 def drift_draw(

@@ -76,7 +76,6 @@ def build(
     """The cluster, scenario and cost model of a configuration, where the numbers came from,
     and the bytes per rank (``memory``; default :func:`memory_per_rank`): everything refused
     up front (:mod:`pdlsim.prediction.checks`) is refused here, before any simulation."""
-    from pdlsim.costmodel.insitu import sync_parallelism
     from pdlsim.costmodel.model import ProfileCostModel, fitted_inter
     from pdlsim.sim import Cluster, Scenario
 
@@ -109,8 +108,7 @@ def build(
     )
     cost = ProfileCostModel.from_profile(
         profile, network, gpu, cluster.device, bucket_bytes, workload.name,
-        cluster.ranks_per_node, inference=cfg.inference, batch=cfg.batch,
-        parallel=sync_parallelism(cfg.parallel, cfg.inference),
+        cluster.ranks_per_node, inference=cfg.inference,
         corrections=parse_corrections(cfg.corrections), description=workload,
         assumptions=hardware.assumptions,
     )  # fmt: skip

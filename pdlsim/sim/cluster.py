@@ -21,8 +21,7 @@ The model of one data-parallel step (per rank):
   remaining backward), is charged to the rank's compute right after the launch (IMB-NBC's
   overlap definition, the one the interference benchmark measures).
 * The update (SGD, per step, not jittered) runs once the last bucket's allreduce is done: the
-  layers' update times, or with two or more ranks, the cost model's in-place update where it
-  has one (:mod:`pdlsim.sim.cost`).
+  layers' update times.
 
 What-ifs (all off by default):
 
@@ -41,11 +40,11 @@ What-ifs (all off by default):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from microbench.workload import Workload
 
-from .collectives import Step, TimedStep
+from .collectives import TimedStep
 from .compression import parse_compression, wire
 from .cost import DEVICES, CostModel, Device, Placement
 from .errors import ConfigError
@@ -260,15 +259,7 @@ def build_plan(
         (layers[i].name, cost.compute_time(layers[i], "backward", batch, threads, device) / speed)
         for i in order
     )
-    update_s: float | None = None  # the in-place update where the cost model has one
-    if cluster.ranks > 1 and device == "cpu":
-        compute_s = speed * sum(t for _, t in (*forward, *backward))
-        found = cost.in_place_update_s("data", batch, threads, layers[0], compute_s)
-        update_s = None if found is None else float(found)
-    if update_s is None:
-        update_s = sum(
-            cost.compute_time(layers[i], "update", batch, threads, device) for i in params
-        )
+    update_s = sum(cost.compute_time(layers[i], "update", batch, threads, device) for i in params)
     if buckets is None:
         buckets = _buckets(cluster, scenario, cost, order, params[0])
     closes: list[int | None] = [None] * len(order)
@@ -316,18 +307,6 @@ def _buckets(
         if open_bytes >= scenario.bucket_bytes or i == first_param:
             groups.append((open_layers, open_bytes, position))
             open_layers, open_bytes = [], 0
-    total = sum(nbytes for _, nbytes, _ in groups)
-    # The in-place excess of the whole gradient's allreduce (a saving: its share of the
-    # back-to-back time, off every bucket), and the training loop's barrier before it, where the
-    # profile timed them in place (CostModel docstring).
-    extra_s, kept = 0.0, 1.0
-    if cluster.ranks > 1 and scenario.compression is None:
-        batch, placement = scenario.batch_per_rank, cluster.placement(scenario.algorithm)
-        whole_s = cost.collective_time("allreduce", total, cluster.ranks, placement)
-        extra_s = float(cost.in_situ_s("data", "allreduce", "gradients", batch, total, whole_s))
-        if extra_s < 0 and whole_s > 0:
-            extra_s, kept = 0.0, 1.0 + extra_s / whole_s
-        extra_s += float(cost.step_barrier_s("data", batch, cluster.ranks, placement))
     buckets = []
     for index, (names, nbytes, position) in enumerate(groups):
         w = wire(
@@ -338,13 +317,6 @@ def _buckets(
             cluster.ranks_per_node,
             scenario.algorithm,
         )
-        schedule, collective_s = w.schedule, w.collective_s
-        if kept < 1.0:  # what the step saves in place, the same share of every step
-            schedule = tuple(replace(t, time_s=t.time_s * kept) for t in schedule)
-            collective_s *= kept
-        if extra_s > 0:  # each bucket its share, as one more step of its collective
-            share = TimedStep(Step(0.0, "intra", phase="in place"), extra_s * nbytes / total)
-            schedule, collective_s = (*schedule, share), collective_s + share.time_s
         buckets.append(
             Bucket(
                 index=index,
@@ -352,8 +324,8 @@ def _buckets(
                 nbytes=nbytes,
                 closes_after=position,
                 algorithm=w.algorithm,
-                collective_s=collective_s,
-                schedule=schedule,
+                collective_s=w.collective_s,
+                schedule=w.schedule,
                 wire_bytes=w.wire_bytes,
                 compress_s=w.compress_s,
                 decompress_s=w.decompress_s,

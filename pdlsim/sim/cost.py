@@ -93,38 +93,6 @@ class CostHooks(Protocol):
     """The optional part of the cost interface, with the engines' assumptions as defaults: a
     cost model subclasses it (inheriting the defaults) and overrides what it has measured."""
 
-    def in_situ_s(
-        self,
-        parallel: str,
-        op: str,
-        layer: str,
-        batch: int,
-        nbytes: int,
-        back_to_back_s: float | None = None,
-    ) -> float:
-        """Seconds a training step's collective ``op`` costs beyond its back-to-back time
-        ``back_to_back_s`` at the placement priced (measured inside real steps: caches filled
-        by the layers' compute, the gather's copy; negative where it ran faster in place). The
-        data-parallel plan adds an excess to the gradient buckets (each its share, as one more
-        step of its collective) and takes a saving off every step of their schedules alike;
-        the layer-wise plan adds it to each allgather and allreduce. Default 0: collectives
-        cost their back-to-back time."""
-        return 0.0
-
-    def step_barrier_s(self, parallel: str, batch: int, ranks: int, placement: Placement) -> float:
-        """Seconds of the training loop's barrier per step: the data-parallel plan adds it to
-        the buckets' in-place share, the layer-wise plan as the op that ends the step.
-        Default 0: no barrier."""
-        return 0.0
-
-    def in_place_update_s(
-        self, parallel: str, batch: int, threads: int, first_layer: LayerInfo, compute_s: float
-    ) -> float | None:
-        """Seconds of the update after the collectives of a data-parallel step of two or more
-        ranks, given a rank's forward and backward ``compute_s``. Default None: the update is
-        the layers' ``compute_time`` for phase ``update``."""
-        return None
-
     def compression_time(
         self, method: str, nbytes: int, phase: str = "round_trip", ranks: int = 1
     ) -> float:

@@ -7,9 +7,8 @@ rank):
 * **Dense layers are split by output neurons.** Each rank holds ``ceil(units / P)`` columns of
   W and b (uneven splits: the busiest rank sets the pace) and computes that slice of the
   output: the layer's FLOPs / P. The sliced layer is costed by the cost model like any layer
-  (:func:`sliced_dense`); a cost model with a ``sliced(P)`` method is asked for that one, which
-  may price a rank's part apart (:meth:`pdlsim.costmodel.compute.ComputeCost.slice_factor`: the
-  share of the whole network's compute a rank's part was measured to take).
+  (:func:`sliced_dense`); a cost model with a ``sliced(P)`` method is asked for that one (the
+  kernel tables price a rank's slices as the calls that rank makes).
 * After each dense layer's forward the slices are **all-gathered** (``B x units x 4`` bytes in
   total, :func:`pdlsim.sim.messages.allgather_time`) so that every rank has the whole activation
   for the next layer.
@@ -22,10 +21,8 @@ rank):
   maxpool2d layers of a CNN (a conv stack is not split) run whole on every rank, on the whole
   batch; their weight gradients are then identical on every rank and need no allreduce.
 * The update (plain SGD) updates each rank's slice (dense) or its replica (conv).
-* Communication is on the critical path: nothing overlaps a collective. A cost model that
-  measured the workload's collectives inside real steps (``in_situ_s``, as
-  :class:`pdlsim.costmodel.model.ProfileCostModel` does) adds each call's excess over its
-  back-to-back time: the same op costs more after the layers' compute than in a loop.
+* Communication is on the critical path: nothing overlaps a collective; each costs its
+  back-to-back time.
 
 ``inference=True`` runs the forward pass only (no backward, no update, no input-gradient
 allreduce); the labels are not copied. The same code with ``tensor_ranks=1`` is data-parallel
@@ -54,7 +51,6 @@ from typing import Any
 import numpy as np
 import simpy
 
-from microbench.insitu import MODEL_INFERENCE
 from microbench.workload import LayerInfo, sliced_dense
 
 from .cluster import LABEL_BYTES_PER_SAMPLE, Cluster, ConfigError, Scenario
@@ -93,13 +89,12 @@ def check_layerwise(cluster: Cluster, scenario: Scenario, what: str) -> None:
 class TensorOp:
     """One item of a rank's step, in order: its own compute, or a collective of the P ranks."""
 
-    kind: str  # "compute", "allgather", "allreduce" or "barrier" (the step's, measured in place)
+    kind: str  # "compute", "allgather" or "allreduce"
     layer: str
-    phase: str  # "forward", "backward", "update" or "step" (the barrier between steps)
+    phase: str  # "forward", "backward" or "update"
     time_s: float
     nbytes: float = 0.0
     algorithm: str = ""
-    in_situ_s: float = 0.0  # of time_s: the excess measured inside real steps (cost.in_situ_s)
     split: bool = False  # a dense layer's slice
 
     @property
@@ -178,44 +173,26 @@ def build_tensor_plan(
         seconds = cost.compute_time(local[i], phase, batch, threads, device)
         return TensorOp("compute", layers[i].name, phase, seconds, split=local[i] is not layers[i])
 
-    parallel = MODEL_INFERENCE if inference else "model"  # as the profile's in-place calls
-
-    def in_situ(op: str, layer: str, nbytes: float, back_to_back_s: float) -> float:
-        """The call's in-place excess over ``back_to_back_s`` (module docstring; negative: a
-        saving); 0 without one."""
-        if p == 1:
-            return 0.0
-        return float(cost.in_situ_s(parallel, op, layer, batch, int(nbytes), back_to_back_s))
-
     ops: list[TensorOp] = []
     for i, info in enumerate(layers):
         ops.append(compute(i, "forward"))
         if local[i] is not info:
             nbytes = float(batch * info.output_shape[0] * FLOAT_BYTES)
             name, timed = allgather_schedule(cost, nbytes, placement)
-            back_to_back = sum(t.duration_s for t in timed)
-            extra = in_situ("allgather", info.name, nbytes, back_to_back)
-            seconds = back_to_back + extra
-            ops.append(TensorOp("allgather", info.name, "forward", seconds, nbytes, name, extra))
+            seconds = sum(t.duration_s for t in timed)
+            ops.append(TensorOp("allgather", info.name, "forward", seconds, nbytes, name))
     if not inference:
         for i in range(len(layers) - 1, params[0] - 1, -1):
             ops.append(compute(i, "backward"))
             if local[i] is not layers[i] and layers[i].needs_input_grad:
                 nbytes = float(batch * layers[i].input_shape[0] * FLOAT_BYTES)
-                back_to_back = cost.collective_time("allreduce", int(nbytes), p, placement)
-                extra = in_situ("allreduce", layers[i].name, nbytes, back_to_back)
-                seconds = back_to_back + extra
+                seconds = cost.collective_time("allreduce", int(nbytes), p, placement)
                 name, _ = collective_schedule(
                     "allreduce", nbytes, placement.nodes, placement.ranks_per_node,
                     placement.algorithm,
                 )  # fmt: skip
-                ops.append(
-                    TensorOp("allreduce", layers[i].name, "backward", seconds, nbytes, name, extra)
-                )
+                ops.append(TensorOp("allreduce", layers[i].name, "backward", seconds, nbytes, name))
         ops += [compute(i, "update") for i in params]
-    barrier_s = float(cost.step_barrier_s(parallel, batch, p, placement)) if p > 1 else 0.0
-    if barrier_s > 0:  # the loop's barrier between two steps, where it was timed in place
-        ops.append(TensorOp("barrier", "step", "step", barrier_s, 0.0, "in place", barrier_s))
     h2d_s = 0.0
     if device == "gpu":
         per_sample = layers[0].input_bytes_per_sample + (0 if inference else LABEL_BYTES_PER_SAMPLE)
@@ -264,7 +241,6 @@ class TensorPrediction:
                     "nbytes": o.nbytes,
                     "algorithm": o.algorithm,
                     "time_s": o.time_s,
-                    "in_situ_s": o.in_situ_s,
                 }
                 for o in plan.collectives
             ],

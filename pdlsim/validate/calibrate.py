@@ -96,14 +96,6 @@ def profile_provenance(profile: str | None, calibrated_now: bool = False) -> dic
             f"the profile was measured on another machine ({difference}): the predictions "
             "are that machine's and the runs this one's; drop --profile to calibrate here"
         )
-    if prof.models.get("insitu"):
-        ranks = sorted({p["ranks"] for p in prof.models["insitu"]["points"]})
-        out["in_place_collectives"] = (
-            "the collectives of each workload's data- and model-parallel step timed inside "
-            f"that step at {', '.join(map(str, ranks))} ranks (microbench insitu: fixed batch, "
-            "learning rate 0); at those ranks the rows' communication is measured in place, "
-            "beyond them it is extrapolated"
-        )
     return out
 
 

@@ -343,8 +343,7 @@ def format_breakdown(rows: list[dict[str, Any]]) -> str:
         "breakdown, ms: measured phases of the slowest rank (median over steps): compute = "
         "data+h2d+forward+backward+update, comm = allreduce (+ allgather, model parallel); "
         "measured sync = the ranks' mean wait at the barrier (the slowest rank's own is in "
-        "'wait'; model parallel: waits inside the collectives are in comm; the barrier's own "
-        "cost, where the profile timed it in place, is in the predicted comm); energy per sample, "
+        "'wait'; model parallel: waits inside the collectives are in comm); energy per sample, "
         "mJ: the power model applied to the measured phases (a consistency check of the model "
         "against itself, not a measurement of energy), and predicted; memory per rank, MiB: "
         "predicted, training's arrays, peak RSS",

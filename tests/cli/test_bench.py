@@ -55,21 +55,9 @@ def test_the_plan_runs_compute_once_and_mpi_stages_per_process_count(tmp_path):
     assert compute[compute.index("--batch") + 1] == "16,32,64"
 
 
-def test_collectives_in_place_at_every_multi_rank_count_and_every_batch(tmp_path):
-    stages = plan_stages(BenchPlan(out=tmp_path, model="mlp,cnn", procs=(1, 2, 4)))
-    insitu = [s for s in stages if s.name.startswith("insitu")]
-    assert [s.name for s in insitu] == ["insitu-p2", "insitu-p4"]  # none at one rank
-    for stage, procs in zip(insitu, (2, 4), strict=True):
-        command = list(stage.command)
-        assert stage.ranks == procs and command[command.index("-n") + 1] == str(procs)
-        assert command[command.index("--batch") + 1] == "16,32,64"  # the compute stage's
-        assert command[command.index("--model") + 1] == "mlp,cnn"
-        assert command[command.index("--out") + 1] == str(tmp_path / f"ranks{procs}")
-
-
 def test_the_jitter_step_of_every_model_at_every_process_count_in_one_file(tmp_path):
-    """At one rank one run; at P >= 2 three labelled moments spread over the bench (before and
-    after the in-place collectives, and after everything), each a third of one run's samples;
+    """At one rank one run; at P >= 2 three labelled moments spread over the bench (two after
+    the collectives, one after everything), each a third of one run's samples;
     --quick: one run at every P."""
     stages = plan_stages(BenchPlan(out=tmp_path, model="mlp,cnn", procs=(1, 2)))
     names = [s.name for s in stages]
@@ -78,8 +66,7 @@ def test_the_jitter_step_of_every_model_at_every_process_count_in_one_file(tmp_p
         "jitter-p1-mlp", "jitter-p1-cnn", "jitter-p2-mlp-m1", "jitter-p2-cnn-m1",
         "jitter-p2-mlp-m2", "jitter-p2-cnn-m2", "jitter-p2-mlp-m3", "jitter-p2-cnn-m3",
     ]  # fmt: skip
-    assert names.index("jitter-p2-cnn-m1") < names.index("insitu-p2")
-    assert names.index("insitu-p2") < names.index("jitter-p2-mlp-m2")
+    assert names.index("collectives-p2") < names.index("jitter-p2-mlp-m1")
     assert names.index("interference-p2") < names.index("jitter-p2-mlp-m3")
     for stage in jitter:
         command = list(stage.command)

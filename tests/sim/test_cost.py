@@ -22,10 +22,6 @@ def test_linear_cost_model_satisfies_the_protocol():
 
 def test_optional_hooks_are_declared_with_the_engines_assumptions_as_defaults():
     cost = example_cost()
-    place = Placement(2, 1)
-    assert cost.in_situ_s("data", "allreduce", "gradients", 8, 1024, 1e-4) == 0.0
-    assert cost.step_barrier_s("data", 8, 2, place) == 0.0
-    assert cost.in_place_update_s("data", 8, 1, CNN.layers[0], 1e-3) is None
     assert cost.sliced(4) is cost
     with pytest.raises(ConfigError, match="needs a cost model that times it"):
         cost.compression_time("fp16", 1024)

@@ -67,7 +67,7 @@ def test_a_profile_that_measured_a_heldout_batch_or_workload_is_refused(tmp_path
                 walk(value)
 
     walk(doc["models"])
-    assert measured  # the packaged profile's in-place and op tables are keyed by batch
+    assert measured  # the packaged profile's op and jitter tables are keyed by batch
     unseen = next(b for b in (24, 48, 96) if b not in measured)
     check_unseen(PROFILE, [RunSpec(str(tmp_path / "mlp-s0-0.json"), 1, 1, unseen, heldout=True)])
     with pytest.raises(UserError, match="not held out"):
@@ -79,7 +79,7 @@ def test_a_profile_that_measured_a_heldout_batch_or_workload_is_refused(tmp_path
 def test_corrections_parse_and_ablations_take_each_out():
     assert parse_corrections("all") == frozenset(CORRECTIONS)
     assert parse_corrections("none") == frozenset()
-    assert parse_corrections("glue, insitu") == {"glue", "insitu"}
+    assert parse_corrections("glue, colocation") == {"glue", "colocation"}
     with pytest.raises(UserError, match="unknown correction"):
         parse_corrections("glue,magic")
     sets = ablation_sets("all")
