@@ -19,6 +19,10 @@
   tile's width in columns fitted per axis, without negative widths, to ragged shapes the sweep
   times for it (a BLAS whose register tile along an axis is 4 pays nothing for a 4-column
   edge on that axis, and the fit says so).
+  **A width whose row stride is a multiple of a large power of two** costs the extra of
+  :class:`~calibration.gemm_alias.AliasLaw` where the table has one: it is taken off every
+  measured point before interpolating (the grid's widths are such strides) and added to the
+  shape priced. Shapes the small-matrix kernel computes, which packs nothing, have none.
 * :class:`LoopTable`: a loop's seconds over (elements, inner run), one curve of log seconds in
   log elements per measured run length, linear between runs in log run (held outside them).
   Beyond the largest measured size **time grows in proportion to the elements** (a streaming
@@ -42,6 +46,7 @@ from scipy.interpolate import RegularGridInterpolator
 from scipy.optimize import brentq, nnls
 from scipy.spatial import cKDTree
 
+from .gemm_alias import AliasLaw
 from .gemm_regimes import SmallGemm
 
 __all__ = ["VECTOR_FLOATS", "GemmTable", "LoopTable", "edge_tiles"]
@@ -108,6 +113,7 @@ class GemmTable:
     # per axis (m, n), columns each edge tile costs: fitted from the ragged points when None
     edge_columns: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     small: SmallGemm | None = None
+    alias: AliasLaw | None = None  # the extra cost of a width with a costly row stride
     _built: _Built | None = field(default=None, repr=False)  # built once
 
     @classmethod
@@ -116,6 +122,7 @@ class GemmTable:
         points: Mapping[tuple[int, int, int], float],
         edge_columns: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
         small: SmallGemm | None = None,
+        alias: AliasLaw | None = None,
     ) -> GemmTable:
         if not points:
             raise ValueError("a GEMM table needs at least one point")
@@ -125,7 +132,7 @@ class GemmTable:
             np.shape(edge_columns) != (2, 3) or not np.all(np.asarray(edge_columns) >= 0)
         ):
             raise ValueError("edge columns must be two rows of three non-negative widths")
-        return cls(dict(points), edge_columns, small)
+        return cls(dict(points), edge_columns, small, alias)
 
     @staticmethod
     def _whole(key: tuple[int, int, int]) -> bool:
@@ -142,6 +149,18 @@ class GemmTable:
     def _takes_small(self, key: Sequence[float]) -> bool:
         return self.small is not None and self.small.takes(*key)
 
+    def _alias_s(self, m: float, n: float, k: float) -> float:
+        """The shape's extra for its width's row stride (module docstring); 0 without a law or
+        where the small-matrix kernel computes it."""
+        if self.alias is None or self._takes_small((m, n, k)):
+            return 0.0
+        return self.alias.extra_s(n, k)
+
+    def _smooth_s(self, key: tuple[int, int, int]) -> float:
+        """A measured point's seconds without its stride's extra (at least half of them)."""
+        t = self.points[key]
+        return max(t - self._alias_s(*key), 0.5 * t)
+
     def _build(self) -> _Built:
         if self._built is not None:
             return self._built
@@ -154,7 +173,7 @@ class GemmTable:
         def grid(keys: list[tuple[int, int, int]]) -> _Grid:
             measured = np.full(tuple(len(d) for d in dims), np.nan)
             for key in keys:
-                measured[tuple(index[a][key[a]] for a in range(3))] = np.log(self.points[key])
+                measured[tuple(index[a][key[a]] for a in range(3))] = np.log(self._smooth_s(key))
             filled = _filled(measured, logs)
             interp = (
                 RegularGridInterpolator(logs, filled, bounds_error=False, fill_value=None)
@@ -204,8 +223,8 @@ class GemmTable:
         least-squares split of those over the tiles each point needs (0 for a tile nothing
         measured)."""
         tiles, widths = [], []
-        for key, t in self._ragged(axis):
-            dim = key[axis]
+        for key, _ in self._ragged(axis):
+            dim, t = key[axis], self._smooth_s(key)
             grid = built.grids[self._takes_small(key)]
 
             def gap(
@@ -238,7 +257,8 @@ class GemmTable:
         built = self._build()
         m_eff = m + float(built.edge[0] @ edge_tiles(m))
         n_eff = n + float(built.edge[1] @ edge_tiles(n))
-        return self._whole_s(built.grids[self._takes_small((m, n, k))], m_eff, n_eff, k)
+        grid = built.grids[self._takes_small((m, n, k))]
+        return self._whole_s(grid, m_eff, n_eff, k) + self._alias_s(m, n, k)
 
     def neighbour_residuals(self) -> np.ndarray:
         """log(measured / predicted from neighbours) at every whole point that has a measured
@@ -263,7 +283,7 @@ class GemmTable:
                     w = (logs[i] - logs[i - 1]) / (logs[i + 1] - logs[i - 1])
                     guesses.append((1 - w) * grid.filled[tuple(lo)] + w * grid.filled[tuple(hi)])
             if guesses:
-                out.append(np.log(t) - float(np.median(guesses)))
+                out.append(np.log(self._smooth_s(key)) - float(np.median(guesses)))
         return np.array(out)
 
     def to_dict(self) -> dict[str, Any]:
@@ -273,6 +293,7 @@ class GemmTable:
             "points_m_n_k_s": [[m, n, k, _sig(t)] for (m, n, k), t in rows],
             "edge_columns_m_n": edge,  # per axis, the columns edge tiles of 4, 2, 1 cost
             **({"small_kernel": self.small.to_dict()} if self.small else {}),
+            **({"alias_s_per_element": self.alias.to_dict()} if self.alias else {}),
         }
 
     @classmethod
@@ -280,10 +301,12 @@ class GemmTable:
         rows = doc["points_m_n_k_s"]
         edge = doc.get("edge_columns_m_n")
         small = doc.get("small_kernel")
+        alias = doc.get("alias_s_per_element")
         return cls.from_points(
             {(int(m), int(n), int(k)): float(t) for m, n, k, t in rows},
             None if edge is None else (tuple(edge[0]), tuple(edge[1])),
             None if small is None else SmallGemm.from_dict(small),
+            None if alias is None else AliasLaw.from_dict(alias),
         )
 
 

@@ -5,7 +5,8 @@ holds measured terms, each with a physical meaning and its own benchmark:
 
 * **Kernel tables**: a GEMM's seconds over (m, n, k) per layout and thread count (the BLAS's
   small-matrix kernel and its packed one apart, where the recorded BLAS has such a kernel:
-  :mod:`calibration.gemm_regimes`), a loop's over (elements, inner run) per driver and thread
+  :mod:`calibration.gemm_regimes`; a width of a costly row stride,
+  :mod:`calibration.gemm_alias`), a loop's over (elements, inner run) per driver and thread
   count (:mod:`calibration.kernel_tables`).
   :meth:`KernelModel.call_s` prices any :class:`~microbench.kernels.calls.KernelCall` from them.
 * **Step terms** (:attr:`KernelModel.steps_`, :mod:`calibration.step_terms`), per thread
@@ -49,10 +50,12 @@ import numpy as np
 import pandas as pd
 
 from microbench.errors import UserError
+from microbench.kernelbench import GEMM_ALIAS_SHIFT
 from microbench.kernels.calls import KernelCall, call_features, op_calls, step_calls
 from microbench.workload import Workload, load_workload
 
-from .gemm_regimes import small_gemm_rules
+from .gemm_alias import AliasLaw
+from .gemm_regimes import SmallGemm, small_gemm_rules
 from .kernel_tables import GemmTable, LoopTable
 from .stats import fit_quality
 from .step_terms import StepTerms, fit_step_terms
@@ -71,6 +74,25 @@ def _first(rows: pd.DataFrame, column: str) -> str | None:
 
 def _medians(rows: pd.DataFrame) -> np.ndarray:
     return np.array([float(np.median(s)) for s in rows["samples"]])
+
+
+def _alias_law(rows: pd.DataFrame, small: SmallGemm | None) -> AliasLaw | None:
+    """The stride law of one layout and thread count from its "gemm_alias" triples, leaving
+    out those the small-matrix kernel computes (it packs nothing); None without any."""
+    if rows.empty:
+        return None
+    keys = ["params.m", "params.base_n", "params.k"]
+    medians = pd.Series(_medians(rows), index=rows.index)
+    triples = []
+    for (m, n, k), part in rows.groupby(keys):
+        at = {int(s): float(np.median(medians[g.index])) for s, g in part.groupby("params.shift")}
+        if sorted(at) != [-GEMM_ALIAS_SHIFT, 0, GEMM_ALIAS_SHIFT]:
+            continue
+        if small is not None and any(small.takes(m, n + s, k) for s in at):
+            continue
+        reference = (at[-GEMM_ALIAS_SHIFT] + at[GEMM_ALIAS_SHIFT]) / 2
+        triples.append((int(m), int(n), int(k), at[0], reference))
+    return AliasLaw.fit(triples) if triples else None
 
 
 def _nearest_threads(have: Sequence[int], threads: int) -> int:
@@ -95,7 +117,10 @@ class KernelModel:
             keys = zip(part["params.m"], part["params.n"], part["params.k"], strict=True)
             medians = _medians(part)
             points = {tuple(int(v) for v in key): t for key, t in zip(keys, medians, strict=True)}
-            table = GemmTable.from_points(points, small=small.get(str(layout)))
+            rule = small.get(str(layout))
+            pairs = rows[(rows["name"] == "gemm_alias") & (rows["params.layout"] == layout)]
+            alias = _alias_law(pairs[pairs["params.threads"] == threads], rule)
+            table = GemmTable.from_points(points, small=rule, alias=alias)
             self.gemm_[(str(layout), int(threads))] = table
         loops = rows[rows["name"] == "loop"]
         self.loops_: dict[tuple[str, int], LoopTable] = {}

@@ -18,6 +18,11 @@ workloads, batches and thread counts it never ran:
   keeps the efficiency of the grid's edge. Above one thread each sample follows a short gap,
   as every GEMM of a step follows other work: a GEMM that BLAS threads pays their wake-up
   (:data:`microbench.threads.BLAS_SLEEP_GAP_S`).
+* **GEMM stride pairs** ``gemm_alias``: at each width n of :data:`GEMM_ALIAS_N` (row strides
+  of a large power of two bytes, as every grid width from 64 up) and each (m, k) of
+  :data:`GEMM_ALIAS_MK`, the GEMM at n and :data:`GEMM_ALIAS_SHIFT` columns either side of it,
+  one right after the other, in every layout: what such a stride costs
+  (:mod:`calibration.gemm_alias`).
 * **Loops** ``loop``: each numba loop, the gather and the copy over :data:`LOOP_ELEMENTS`
   elements and, where a kernel's speed depends on it, a few lengths of its inner contiguous
   run (:func:`microbench.kernels.calls.call_features`: channels, columns, classes, row bytes).
@@ -39,6 +44,8 @@ scattered shapes rather than on one neighbourhood of the grid. Each point is sam
 Record params (benchmark "kernels"; all carry ``threads``):
 
 * "gemm": ``layout``, ``m``, ``n``, ``k``, ``flops``.
+* "gemm_alias": the same, with ``base_n`` (the triple's width of a costly stride) and
+  ``shift`` (the columns n is past it: -8, 0 or 8).
 * "loop": ``kernel``, ``variant``, ``dims`` (:data:`~microbench.kernels.calls.KERNEL_DIMS`),
   ``elements``, ``run``.
 * "step", "step_alone": ``workload_json`` (its description, as JSON text), ``batch``,
@@ -90,6 +97,10 @@ __all__ = [
     "KernelPlan",
     "QUICK_STEP_NETWORKS",
     "QUICK_STEP_ROUNDS",
+    "GEMM_ALIAS_N",
+    "GEMM_ALIAS_MK",
+    "QUICK_GEMM_ALIAS_N",
+    "QUICK_GEMM_ALIAS_MK",
     "run_kernels",
 ]
 
@@ -105,6 +116,13 @@ GEMM_PARTNER_DIMS = (16, 64, 256, 1024, 4096, 16384)
 QUICK_GEMM_RAGGED_DIMS = (14, 15)
 QUICK_GEMM_PARTNER_DIMS = (16, 256, 4096)
 GEMM_MAX_FLOPS = 2**28
+# Stride pairs: widths whose float32 rows are 256 B to 8 KiB apart, at short and long m and k
+# (the extra is per element of the right operand, so m spans it only as a check).
+GEMM_ALIAS_N = (64, 128, 256, 512, 1024, 2048)
+GEMM_ALIAS_MK = ((16, 512), (16, 2048), (128, 512), (128, 2048))
+GEMM_ALIAS_SHIFT = 8
+QUICK_GEMM_ALIAS_N = (64, 256, 1024)
+QUICK_GEMM_ALIAS_MK = ((16, 2048), (128, 512))
 QUICK_GEMM_MAX_FLOPS = 2**27
 # A GEMM with a dimension this small or smaller (a convolution's: few filters, a narrow
 # im2col) is timed up to SKINNY_MAX_FLOPS: its rate keeps changing as its long operand
@@ -168,6 +186,8 @@ class KernelPlan:
     gemm_max_flops: float = GEMM_MAX_FLOPS
     gemm_ragged_dims: tuple[int, ...] = GEMM_RAGGED_DIMS
     gemm_partner_dims: tuple[int, ...] = GEMM_PARTNER_DIMS
+    gemm_alias_n: tuple[int, ...] = GEMM_ALIAS_N
+    gemm_alias_mk: tuple[tuple[int, int], ...] = GEMM_ALIAS_MK
     loop_elements: tuple[int, ...] = LOOP_ELEMENTS
     channel_runs: tuple[int, ...] = CHANNEL_RUNS
     im2col_shapes: tuple[tuple[int, int, int], ...] = IM2COL_SHAPES
@@ -386,14 +406,21 @@ def _loop_points(plan: KernelPlan, threads: int) -> list[tuple[str, str, tuple[i
 
 def _points(plan: KernelPlan, threads: int, pool: _Pool) -> list[tuple[str, dict, Any]]:
     base = {"threads": threads}
-    points: list[tuple[str, dict, Any]] = []
+    units: list[list[tuple[str, dict, Any]]] = []  # a stride triple is one unit: side by side
+
+    def gemm(name: str, layout: str, m: int, n: int, k: int, **extra: int) -> tuple:
+        params = {**base, "layout": layout, "m": m, "n": n, "k": k, "flops": 2 * m * n * k}
+        return name, {**params, **extra}, (_gemm_fn, pool, layout, m, n, k)
+
     for layout in GEMM_LAYOUTS:
         shapes = gemm_shapes(plan.gemm_dims, plan.gemm_max_flops) + ragged_shapes(
             plan.gemm_ragged_dims, plan.gemm_partner_dims, plan.gemm_max_flops
         )
-        for m, n, k in shapes:
-            params = {**base, "layout": layout, "m": m, "n": n, "k": k, "flops": 2 * m * n * k}
-            points.append(("gemm", params, (_gemm_fn, pool, layout, m, n, k)))
+        units += [[gemm("gemm", layout, m, n, k)] for m, n, k in shapes]
+        for n, (m, k) in itertools.product(plan.gemm_alias_n, plan.gemm_alias_mk):
+            units.append([gemm("gemm_alias", layout, m, n + s, k, base_n=n, shift=s)
+                          for s in (-GEMM_ALIAS_SHIFT, 0, GEMM_ALIAS_SHIFT)])  # fmt: skip
+    points = []
     for kernel, variant, dims in _loop_points(plan, threads):
         elements, run = call_features(kernel, dims)
         params = {**base, "kernel": kernel, "variant": variant, "dims": list(dims),
@@ -403,8 +430,9 @@ def _points(plan: KernelPlan, threads: int, pool: _Pool) -> list[tuple[str, dict
         params = {**base, "workload_json": json.dumps(workload.to_dict()), "batch": batch,
                   "op_calls": len(op_calls(workload))}  # fmt: skip
         points.append(("step", params, (workload, batch)))
-    order = np.random.default_rng(plan.seed + threads).permutation(len(points))
-    return [points[i] for i in order]
+    units += [[p] for p in points]
+    order = np.random.default_rng(plan.seed + threads).permutation(len(units))
+    return [point for i in order for point in units[i]]
 
 
 def run_kernels(
@@ -429,7 +457,8 @@ def run_kernels(
                 continue
             fn = make(*args)
             fn()  # compiles a numba variant, first-touches a view: never in a sample
-            before = let_blas_threads_sleep if name == "gemm" and threads > 1 else None
+            gemm = name.startswith("gemm")
+            before = let_blas_threads_sleep if gemm and threads > 1 else None
             m = measure(timed(fn, before=before), plan.policy, benchmark="kernels", name=name,
                         params=params)  # fmt: skip
             results.append(m)
@@ -456,8 +485,9 @@ def _run_step(
 
 
 def _label(name: str, p: dict[str, Any]) -> str:
-    if name == "gemm":
-        what = f"gemm_{p['layout']} {p['m']}x{p['n']}x{p['k']}"
+    if name.startswith("gemm"):
+        pair = " (stride triple)" if name == "gemm_alias" else ""
+        what = f"gemm_{p['layout']} {p['m']}x{p['n']}x{p['k']}{pair}"
     elif name == "loop":
         what = f"{p['variant']} {p['dims']}"
     else:

@@ -18,6 +18,8 @@ from ..cli import (
 from ..kernelbench import (
     FULL_POLICY,
     QUICK_CHANNEL_RUNS,
+    QUICK_GEMM_ALIAS_MK,
+    QUICK_GEMM_ALIAS_N,
     QUICK_GEMM_DIMS,
     QUICK_GEMM_MAX_FLOPS,
     QUICK_GEMM_PARTNER_DIMS,
@@ -77,6 +79,8 @@ def plan_from_args(args: argparse.Namespace) -> KernelPlan:
             gemm_max_flops=QUICK_GEMM_MAX_FLOPS,
             gemm_ragged_dims=QUICK_GEMM_RAGGED_DIMS,
             gemm_partner_dims=QUICK_GEMM_PARTNER_DIMS,
+            gemm_alias_n=QUICK_GEMM_ALIAS_N,
+            gemm_alias_mk=QUICK_GEMM_ALIAS_MK,
             loop_elements=QUICK_LOOP_ELEMENTS,
             channel_runs=QUICK_CHANNEL_RUNS,
             im2col_shapes=QUICK_IM2COL_SHAPES,

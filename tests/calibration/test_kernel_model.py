@@ -30,6 +30,8 @@ TINY = KernelPlan(
     threads=(1,),
     gemm_dims=(1, 16, 256),
     gemm_max_flops=2**22,
+    gemm_alias_n=(64,),
+    gemm_alias_mk=((16, 2048),),
     loop_elements=(64, 4096),
     channel_runs=(1, 8),
     im2col_shapes=((3, 1, 1), (3, 1, 8)),
@@ -259,3 +261,14 @@ def test_gemm_tables_split_where_the_recorded_blas_has_a_small_kernel(sweep, arc
     for key, table in model.gemm_.items():
         assert (table.small is not None) == split
         assert again.gemm_[key].small == table.small
+
+
+def test_every_gemm_table_carries_the_stride_law_of_its_layout_and_threads(sweep):
+    _, model = sweep
+    for table in model.gemm_.values():
+        assert table.alias is not None and 256 in table.alias.per_element_s
+    again = KernelModel.from_dict(model.to_dict())
+    for key, table in model.gemm_.items():  # four significant digits kept
+        assert again.gemm_[key].alias.c_s(64, 2048) == pytest.approx(
+            table.alias.c_s(64, 2048), 1e-3
+        )
