@@ -20,7 +20,6 @@ from calibration.compression import CompressionModel
 from calibration.compute import ComputeModel
 from calibration.drift import DriftModel
 from calibration.jitter import JitterModel
-from calibration.jitter_models import JitterModels
 from calibration.kernels import KernelModel
 from calibration.overlap import OverlapModel
 from calibration.profile import Profile, read_sources
@@ -38,7 +37,6 @@ _SECTIONS: dict[str, tuple[str, Callable[[int, int], Any], bool]] = {
     "jitter": ("jitter", lambda n, s: JitterModel(n_boot=n, seed=s), True),
     "overlap": ("interference", lambda n, s: OverlapModel(n_boot=n, seed=s), False),
     "colocation": ("jitter", lambda n, s: ColocationModel(n_boot=n, seed=s), False),
-    "jitter_models": ("jitter", lambda n, s: JitterModels(n_boot=n, seed=s), False),
     "drift": ("compute+jitter+speed", lambda n, s: DriftModel(), False),
     "compression": ("compression", lambda n, s: CompressionModel(n_boot=n, seed=s), False),
     "storage": ("storage", lambda n, s: StorageModel(n_boot=n, seed=s), False),

@@ -62,7 +62,6 @@ MODELERS: dict[str, str] = {
     "jitter": "calibration.jitter:JitterModel",
     "overlap": "calibration.overlap:OverlapModel",
     "colocation": "calibration.colocation:ColocationModel",
-    "jitter_models": "calibration.jitter_models:JitterModels",
     "drift": "calibration.drift:DriftModel",
     "compression": "calibration.compression:CompressionModel",
     "storage": "calibration.storage:StorageModel",

@@ -219,18 +219,9 @@ class ProfileCostModel(ComputeCost):
         efficiency = float(np.clip(1.0 if hidden is None else hidden, 0.0, 1.0))
         prov["overlap"] = f"profile ({method} method, {bucket_bytes} B)"
         jitter_model = profile.model("jitter") if profile.models.get("jitter") else None
-        own = (
-            profile.model("jitter_models").get(workload)
-            if profile.models.get("jitter_models")
-            else None
-        )
-        if own is not None:
-            jitter_model = own
-            prov["jitter"] = f"profile ({workload}'s own steps)"
-        elif jitter_model is not None:
-            prov["jitter"] = "profile (every measured workload's steps pooled)"
         jitter = None
         if jitter_model is not None:
+            prov["jitter"] = "profile (every measured workload's steps pooled)"
             jitter = ProfileJitter(jitter_model)
         scale = StepScale.from_table(getattr(compute, "table_", []))
         compute_device = "gpu" if device == "gpu" and has_gpu_compute else "cpu"

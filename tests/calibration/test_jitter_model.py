@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from calibration.jitter import JitterModel
@@ -201,24 +200,6 @@ def test_span_moments_join_the_calibrations_and_move_the_sync_not_the_fit(tmp_pa
         k: v for k, v in before["params"].items() if k in model.params_
     }
     assert model.add_moments(span.iloc[0:0]).scale_ == model.scale_  # nothing to add
-
-
-def test_each_workloads_model_takes_its_own_span_moments(tmp_path):
-    from calibration.jitter_models import JitterModels
-
-    rng = np.random.default_rng(4)
-    tables = {"jitter 1 of 1": 0.02 * rng.lognormal(0.0, 0.1, (2, 200))}
-    (tmp_path / "mlp").mkdir()
-    frame = pd.concat(
-        [write_moments(tmp_path, tables), write_moments(tmp_path / "mlp", tables, model="mlp")]
-    )
-    models = JitterModels(n_boot=0).fit(frame)
-    (tmp_path / "span").mkdir()
-    span = write_moments(
-        tmp_path / "span", {"validation 1": 0.02 * rng.lognormal(0.0, 0.1, (2, 200))}
-    )
-    models.add_moments(span)  # cnn's only
-    assert len(models.get("cnn").moments_) == 2 and len(models.get("mlp").moments_) == 1
 
 
 def heavy_tailed(seed: int, n: int = 4000) -> np.ndarray:
