@@ -96,4 +96,19 @@ class AliasLaw:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> AliasLaw:
-        return cls({int(c): tuple((int(k), float(s)) for k, s in pts) for c, pts in doc.items()})
+        """The law from :meth:`to_dict`'s form; ValueError naming what is wrong otherwise."""
+        form = "a stride class in bytes (a power of two) -> [[k >= 1, seconds >= 0], ...]"
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"alias_s_per_element must map {form}, got {type(doc).__name__}")
+        out: dict[int, tuple[tuple[int, float], ...]] = {}
+        for key, points in doc.items():
+            try:
+                cls_bytes = int(key)
+                pts = tuple((int(k), float(s)) for k, s in points)
+            except (TypeError, ValueError):
+                raise ValueError(f"alias_s_per_element[{key!r}]: expected {form}") from None
+            bad_class = cls_bytes < 1 or cls_bytes & (cls_bytes - 1)
+            if bad_class or not pts or any(k < 1 or not 0 <= s < np.inf for k, s in pts):
+                raise ValueError(f"alias_s_per_element[{key!r}]: expected {form}")
+            out[cls_bytes] = pts
+        return cls(out)

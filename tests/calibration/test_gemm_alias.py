@@ -103,3 +103,29 @@ def test_the_sweep_times_each_triple_side_by_side_in_every_layout():
         assert len({(p["layout"], p["m"], p["k"], p["base_n"]) for p in (below, at, above)}) == 1
     assert {p["layout"] for p in timed} == {"nn", "tn", "nt"}
     assert {p["base_n"] % 64 for p in timed} == {0}
+
+
+@pytest.mark.parametrize(
+    "doc", [[1, 2], {"abc": [[512, 1e-10]]}, {"1000": [[512, 1e-10]]}, {"1024": [[0, 1e-10]]},
+            {"1024": [[512, -1e-10]]}, {"1024": []}, {"1024": [[512, float("inf")]]}],
+)  # fmt: skip
+def test_a_malformed_law_is_refused_naming_the_form(doc):
+    with pytest.raises(ValueError, match="stride class in bytes"):
+        AliasLaw.from_dict(doc)
+
+
+def test_a_profile_with_a_malformed_law_is_a_one_line_error(tmp_path):
+    import json
+    from pathlib import Path
+
+    from tests.conftest import run_pdlsim
+
+    packaged = Path(__file__).resolve().parents[2] / "calibration" / "profiles" / "xeon-2core.json"
+    doc = json.loads(packaged.read_text())
+    doc["models"]["kernels"]["gemm"]["nn"]["1"]["alias_s_per_element"] = {"1024": [[512, -1.0]]}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    done = run_pdlsim("predict", "--nodes", "1", "--procs-per-node", "1", "--profile", str(bad))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "alias_s_per_element['1024']" in done.stderr and "stride class" in done.stderr
