@@ -106,7 +106,7 @@ class ComputeCost(CostHooks):
             self._ops_s, device, self.workload, batch, threads, self.step_z, forward
         )
 
-    def colocation_factor(self, threads: int, batch: int) -> float:
+    def colocation_factor(self, threads: int) -> float:
         """Slowdown of a CPU rank's compute with ``ranks_per_node`` ranks busy on its node: the
         co-location model's."""
         if self.ranks_per_node <= 1:
@@ -128,7 +128,7 @@ class ComputeCost(CostHooks):
                 )
             layers = sliced_layers(workload, self.tensor_ranks)
             table = self.kernels.step_table(workload, layers, batch, threads, not self.inference)
-            return table.get((layer.index, phase), 0.0) * self._host_factor(threads, batch)
+            return table.get((layer.index, phase), 0.0) * self._host_factor(threads)
         raw = self._raw_compute(layer, phase, batch, threads, device)
         if device == "gpu":
             if "gpu" not in self.compute.devices:
@@ -138,17 +138,17 @@ class ComputeCost(CostHooks):
         seconds = raw * self.step_ratio(batch, threads)
         if phase == "forward" and layer.index == 0:
             seconds += self._gather_s(layer, batch)
-        return seconds * self._host_factor(threads, batch)
+        return seconds * self._host_factor(threads)
 
-    def _host_factor(self, threads: int, batch: int) -> float:
+    def _host_factor(self, threads: int) -> float:
         """What a CPU rank's compute is multiplied by: co-location, the typical speed's level
         and this band sample's drift."""
-        return self.colocation_factor(threads, batch) * self.drift_level * self.drift_factor
+        return self.colocation_factor(threads) * self.drift_level * self.drift_factor
 
     def gather_s(self, first: LayerInfo, batch: int, threads: int) -> float:
         """Of a CPU rank's first-layer forward (``first``), the mini-batch gather's share,
         priced as :meth:`compute_time` prices it."""
-        return self._gather_s(first, batch) * self._host_factor(threads, batch)
+        return self._gather_s(first, batch) * self._host_factor(threads)
 
     def _gather_s(self, first: LayerInfo, batch: int) -> float:
         return self.scale.data_time_s(
