@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -71,17 +72,23 @@ class AliasLaw:
             table.setdefault(cls_bytes, []).append((k, max(float(np.median(values)), 0.0)))
         return cls({c: tuple(v) for c, v in table.items()})
 
+    @cached_property
+    def _curves(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """Per class, ascending: (class bytes, log k, seconds per element)."""
+        out = []
+        for cls_bytes, points in sorted(self.per_element_s.items()):
+            ks, cs = zip(*points, strict=True)
+            out.append((cls_bytes, np.log(ks), np.array(cs)))
+        return out
+
     def c_s(self, n: float, k: float) -> float:
         """Seconds per element of B for a GEMM of width ``n`` and depth ``k``."""
-        if not self.per_element_s:
-            return 0.0
-        classes = sorted(self.per_element_s)
         cls_bytes = stride_class_bytes(n)
-        if cls_bytes < classes[0]:
+        below = [curve for curve in self._curves if curve[0] <= cls_bytes]
+        if not below:  # no law, or a class below the smallest measured
             return 0.0
-        points = self.per_element_s[max(c for c in classes if c <= cls_bytes)]
-        ks, cs = zip(*points, strict=True)
-        return float(np.interp(np.log(max(k, 1.0)), np.log(ks), cs))
+        _, log_k, cs = below[-1]
+        return float(np.interp(np.log(max(k, 1.0)), log_k, cs))
 
     def extra_s(self, n: float, k: float) -> float:
         """Seconds a ``(m x k) @ (k x n)`` GEMM spends beyond one of a stride in no costly

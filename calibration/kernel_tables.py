@@ -149,12 +149,14 @@ class GemmTable:
     def _takes_small(self, key: Sequence[float]) -> bool:
         return self.small is not None and self.small.takes(*key)
 
-    def _alias_s(self, m: float, n: float, k: float) -> float:
+    def _alias_s(self, m: float, n: float, k: float, small: bool | None = None) -> float:
         """The shape's extra for its width's row stride (module docstring); 0 without a law or
-        where the small-matrix kernel computes it."""
-        if self.alias is None or self._takes_small((m, n, k)):
+        where the small-matrix kernel computes it (``small``, when the caller knows)."""
+        if self.alias is None:
             return 0.0
-        return self.alias.extra_s(n, k)
+        if small is None:
+            small = self._takes_small((m, n, k))
+        return 0.0 if small else self.alias.extra_s(n, k)
 
     def _smooth_s(self, key: tuple[int, int, int]) -> float:
         """A measured point's seconds without its stride's extra (at least half of them)."""
@@ -257,8 +259,8 @@ class GemmTable:
         built = self._build()
         m_eff = m + float(built.edge[0] @ edge_tiles(m))
         n_eff = n + float(built.edge[1] @ edge_tiles(n))
-        grid = built.grids[self._takes_small((m, n, k))]
-        return self._whole_s(grid, m_eff, n_eff, k) + self._alias_s(m, n, k)
+        small = self._takes_small((m, n, k))
+        return self._whole_s(built.grids[small], m_eff, n_eff, k) + self._alias_s(m, n, k, small)
 
     def neighbour_residuals(self) -> np.ndarray:
         """log(measured / predicted from neighbours) at every whole point that has a measured

@@ -50,7 +50,6 @@ import numpy as np
 import pandas as pd
 
 from microbench.errors import UserError
-from microbench.kernelbench import GEMM_ALIAS_SHIFT
 from microbench.kernels.calls import KernelCall, call_features, op_calls, step_calls
 from microbench.workload import Workload, load_workload
 
@@ -77,8 +76,9 @@ def _medians(rows: pd.DataFrame) -> np.ndarray:
 
 
 def _alias_law(rows: pd.DataFrame, small: SmallGemm | None) -> AliasLaw | None:
-    """The stride law of one layout and thread count from its "gemm_alias" triples, leaving
-    out those the small-matrix kernel computes (it packs nothing); None without any."""
+    """The stride law of one layout and thread count from its "gemm_alias" triples (shifts
+    -s, 0, s, as recorded), leaving out those the small-matrix kernel computes (it packs
+    nothing); None without any."""
     if rows.empty:
         return None
     keys = ["params.m", "params.base_n", "params.k"]
@@ -86,12 +86,12 @@ def _alias_law(rows: pd.DataFrame, small: SmallGemm | None) -> AliasLaw | None:
     triples = []
     for (m, n, k), part in rows.groupby(keys):
         at = {int(s): float(np.median(medians[g.index])) for s, g in part.groupby("params.shift")}
-        if sorted(at) != [-GEMM_ALIAS_SHIFT, 0, GEMM_ALIAS_SHIFT]:
+        shift = max(at)
+        if sorted(at) != [-shift, 0, shift] or shift == 0:
             continue
         if small is not None and any(small.takes(m, n + s, k) for s in at):
             continue
-        reference = (at[-GEMM_ALIAS_SHIFT] + at[GEMM_ALIAS_SHIFT]) / 2
-        triples.append((int(m), int(n), int(k), at[0], reference))
+        triples.append((int(m), int(n), int(k), at[0], (at[-shift] + at[shift]) / 2))
     return AliasLaw.fit(triples) if triples else None
 
 
@@ -113,13 +113,14 @@ class KernelModel:
         gemm = rows[rows["name"] == "gemm"]
         small = small_gemm_rules(*(_first(gemm, f"machine.blas.{k}") for k in _BLAS_KEYS))
         self.gemm_: dict[tuple[str, int], GemmTable] = {}
+        triples = rows[rows["name"] == "gemm_alias"]
         for (layout, threads), part in gemm.groupby(["params.layout", "params.threads"]):
             keys = zip(part["params.m"], part["params.n"], part["params.k"], strict=True)
             medians = _medians(part)
             points = {tuple(int(v) for v in key): t for key, t in zip(keys, medians, strict=True)}
             rule = small.get(str(layout))
-            pairs = rows[(rows["name"] == "gemm_alias") & (rows["params.layout"] == layout)]
-            alias = _alias_law(pairs[pairs["params.threads"] == threads], rule)
+            mine = (triples["params.layout"] == layout) & (triples["params.threads"] == threads)
+            alias = _alias_law(triples[mine], rule)
             table = GemmTable.from_points(points, small=rule, alias=alias)
             self.gemm_[(str(layout), int(threads))] = table
         loops = rows[rows["name"] == "loop"]

@@ -420,17 +420,15 @@ def _points(plan: KernelPlan, threads: int, pool: _Pool) -> list[tuple[str, dict
         for n, (m, k) in itertools.product(plan.gemm_alias_n, plan.gemm_alias_mk):
             units.append([gemm("gemm_alias", layout, m, n + s, k, base_n=n, shift=s)
                           for s in (-GEMM_ALIAS_SHIFT, 0, GEMM_ALIAS_SHIFT)])  # fmt: skip
-    points = []
     for kernel, variant, dims in _loop_points(plan, threads):
         elements, run = call_features(kernel, dims)
         params = {**base, "kernel": kernel, "variant": variant, "dims": list(dims),
                   "elements": elements, "run": run}  # fmt: skip
-        points.append(("loop", params, (_loop_fn, pool, kernel, variant, dims)))
+        units.append([("loop", params, (_loop_fn, pool, kernel, variant, dims))])
     for workload, batch in step_workloads(threads, plan.step_networks):
         params = {**base, "workload_json": json.dumps(workload.to_dict()), "batch": batch,
                   "op_calls": len(op_calls(workload))}  # fmt: skip
-        points.append(("step", params, (workload, batch)))
-    units += [[p] for p in points]
+        units.append([("step", params, (workload, batch))])
     order = np.random.default_rng(plan.seed + threads).permutation(len(units))
     return [point for i in order for point in units[i]]
 
@@ -486,8 +484,8 @@ def _run_step(
 
 def _label(name: str, p: dict[str, Any]) -> str:
     if name.startswith("gemm"):
-        pair = " (stride triple)" if name == "gemm_alias" else ""
-        what = f"gemm_{p['layout']} {p['m']}x{p['n']}x{p['k']}{pair}"
+        triple = " (stride triple)" if name == "gemm_alias" else ""
+        what = f"gemm_{p['layout']} {p['m']}x{p['n']}x{p['k']}{triple}"
     elif name == "loop":
         what = f"{p['variant']} {p['dims']}"
     else:
