@@ -11,20 +11,25 @@ the step (:mod:`microbench.kernelbench`, "step"). Two physical effects make the 
   update) and per step.
 
 Per thread count, one least-squares fit in relative error (:func:`calibration.stats.
-nonneg_relative_fit`) of ``step = factor * alone + per_op_s * op_calls + per_step_s`` over the
+nonneg_relative_fit`) of ``step = factor * kernels + per_op_s * op_calls + per_step_s`` over the
 benchmark's networks: tiny ones that pin the glue, random ones at random batches that pin the
-factor. Each parameter has a 95% interval from the fit's covariance (Student t on the residual
-variance). Each network is then predicted as a workload never seen is: its kernels priced by the
-kernel tables (not timed alone), times the factor, plus the glue, both fitted without it. Those
-leave-one-out log residuals are the compute model's error on a network it never saw, tables
-included: the term's quality, and ``sigma``, their robust spread, which the prediction band
-draws for the whole step.
+factor. ``kernels`` is what a prediction multiplies: the network's kernels priced by the kernel
+tables (its calls timed alone where no tables are given). The tables, timed over and over on
+operands a call leaves in cache, price a step's calls a few percent below the same calls timed
+once each after other work; fitted on the calls alone, the factor missed that and every network
+left out came out 2-8% fast. Fitted on the tables' price, the factor is the step over what the
+tables say, interplay and that table bias together, and the tables' error on each network is
+part of the fit's scatter. Each parameter has a 95% interval from the fit's covariance (Student
+t on the residual variance). Each network is then predicted as a workload never seen is: priced
+by the tables, with the factor and glue fitted without it. Those leave-one-out log residuals are
+the compute model's error on a network it never saw: the term's quality, and ``sigma``, their
+robust spread, which the prediction band draws for the whole step.
 
 ``to_dict()`` (the profile's ``models.kernels.step_terms``)::
 
     {"<threads>": {"factor", "per_op_s", "per_step_s", "sigma",
                    "intervals": {"factor" | "per_op_s" | "per_step_s": {"low", "high"}},
-                   "points": [[alone_s, op_calls, step_s], ...]}}
+                   "points": [[kernels_s, op_calls, step_s], ...]}}
 """
 
 from __future__ import annotations
@@ -53,10 +58,10 @@ class StepTerms:
     per_step_s: float = 0.0
     sigma: float = 0.0  # log spread of the leave-one-out residuals, tables priced
     intervals: dict[str, dict[str, float]] = field(default_factory=dict)
-    points: tuple[tuple[float, int, float], ...] = ()  # (alone_s, op_calls, step_s)
+    points: tuple[tuple[float, int, float], ...] = ()  # (kernels_s, op_calls, step_s) fitted
 
     def step_s(self, kernels_s: float, op_calls: int) -> float:
-        """A step's seconds from its kernels' seconds alone and its op calls."""
+        """A step's seconds from its kernels' table seconds and its op calls."""
         return kernels_s * self.factor + self.per_op_s * op_calls + self.per_step_s
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,7 +92,7 @@ def _design(kernels: np.ndarray, ops: np.ndarray) -> np.ndarray:
 
 
 def _fit(points: np.ndarray) -> StepTerms:
-    """The three parameters of rows (alone, ops, step) with their 95% intervals (no
+    """The three parameters of rows (kernels, ops, step) with their 95% intervals (no
     leave-one-out: see :func:`fit`)."""
     design, times = _design(points[:, 0], points[:, 1]), points[:, 2]
     x, rss = nonneg_relative_fit(design, times)
@@ -106,24 +111,26 @@ def _fit(points: np.ndarray) -> StepTerms:
 def fit(
     points: list[tuple[float, int, float]], priced: Sequence[float] | None = None
 ) -> tuple[StepTerms, dict[str, Any] | None]:
-    """The step terms of rows (alone_s, op_calls, step_s) at one thread count, with ``sigma``
-    from each row predicted by a fit without it from ``priced``, its kernels' table seconds
-    (default: their seconds alone), and that leave-one-out quality (None from fewer rows than a
-    left-out fit needs)."""
+    """The step terms of rows (alone_s, op_calls, step_s) at one thread count, fitted on
+    ``priced``, each row's kernels' table seconds (default: their seconds alone; module
+    docstring), with ``sigma`` from each row predicted by a fit without it, and that
+    leave-one-out quality (None from fewer rows than a left-out fit needs)."""
     rows = np.asarray(points, dtype=float)
-    basis = rows[:, 0] if priced is None else np.asarray(priced, dtype=float)
+    if priced is not None:
+        rows = np.column_stack([np.asarray(priced, dtype=float), rows[:, 1:]])
     if len(rows) < len(_NAMES) or len({int(n) for n in rows[:, 1]}) < 2:
-        return StepTerms(points=tuple(points)), None  # glue and factor cannot be separated
+        kept = tuple((float(k), int(o), float(s)) for k, o, s in rows)
+        return StepTerms(points=kept), None  # glue and factor cannot be separated
     terms = _fit(rows)
     if len(rows) <= len(_NAMES) + 1:
         return terms, None
-    priced = _design(basis, rows[:, 1])
-    fitted = priced @ np.array([terms.factor, terms.per_op_s, terms.per_step_s])
+    design = _design(rows[:, 0], rows[:, 1])
+    fitted = design @ np.array([terms.factor, terms.per_op_s, terms.per_step_s])
     left_out = np.empty(len(rows))
     for i in range(len(rows)):
         kept = np.delete(rows, i, axis=0)
         x, _ = nonneg_relative_fit(_design(kept[:, 0], kept[:, 1]), kept[:, 2])
-        left_out[i] = priced[i] @ x
+        left_out[i] = design[i] @ x
     residuals = np.log(np.maximum(left_out, 1e-12) / rows[:, 2])
     terms = replace(terms, sigma=robust_sigma(residuals))
     return terms, fit_quality(rows[:, 2], fitted, left_out).to_dict()
