@@ -17,18 +17,18 @@ import math
 
 import numpy as np
 
-from calibration.profile import load_profile
 from microbench.kernels.policy import PARALLEL_MIN_ELEMENTS
+from pdlsim.prediction.config import resolve_profile
 
 CANDIDATES = tuple(1 << p for p in range(15, 21))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default="xeon-2core")
+    parser.add_argument("--profile", default=None, help="default: what pdlsim predict uses")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    tables = load_profile(args.profile).model("kernels").loops_
+    tables = resolve_profile(args.profile)[0].model("kernels").loops_
     print(f"the policy: parallel from 2^{math.log2(PARALLEL_MIN_ELEMENTS):.0f} elements of work")
     for (name, threads), parallel in sorted(tables.items()):
         serial = tables.get((name + "_serial", 1))

@@ -30,12 +30,12 @@ import time
 import numpy as np
 
 from calibration.kernels import KernelModel
-from calibration.profile import load_profile
 from microbench.kernels.calls import op_calls, step_calls
 from microbench.kernels.record import CallRecorder
 from microbench.kernels.steps import step_fn
 from microbench.threads import set_threads
 from microbench.workload import load_workload
+from pdlsim.prediction.config import resolve_profile
 
 WARMUP, STEPS = 5, 20
 
@@ -109,10 +109,10 @@ def report(m: dict, batch: int, threads: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", metavar="WORKLOAD:BATCH")
-    parser.add_argument("--profile", default="epyc-2core")
+    parser.add_argument("--profile", default=None, help="default: what pdlsim predict uses")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    model = KernelModel.from_dict(load_profile(args.profile).models["kernels"])
+    model = KernelModel.from_dict(resolve_profile(args.profile)[0].models["kernels"])
     set_threads(args.threads)
     for run in args.runs:
         name, _, batch = run.rpartition(":")
