@@ -22,7 +22,7 @@ from typing import Any
 
 from microbench.kernels.policy import col2im_chunk_samples, runs_parallel
 from microbench.kernels.shapes import conv_output_hw, pool_output_hw, window_range
-from microbench.workload import BYTES_PER_VALUE, LayerInfo, Workload
+from microbench.workload import BYTES_PER_VALUE, TRAINED_KINDS, LayerInfo, Workload
 
 __all__ = [
     "GEMM_LAYOUTS",
@@ -404,6 +404,7 @@ def step_calls(
     replaced (a rank's slices of a layer-wise split); default the workload's own."""
     if batch < 1 or threads < 1:
         raise ValueError(f"batch and threads must be >= 1, got {batch} and {threads}")
+    workload.require(TRAINED_KINDS, "the CPU kernel model", "; predict it on GPUs (--gpus N)")
     layers = tuple(workload.layers if layers is None else layers)
     body, loss = layers[:-1], layers[-1]
     step = _Step(batch, threads)

@@ -25,7 +25,7 @@ import numpy
 from microbench.kernels import kernels_for
 from microbench.kernels.calls import channels_last
 from microbench.nn.layers import Buffers, Op, build_ops
-from microbench.workload import LayerInfo, Workload
+from microbench.workload import TRAINED_KINDS, LayerInfo, Workload
 
 INITS = ("he", "xavier", "glorot")
 
@@ -80,6 +80,7 @@ class Network:
         xp: ModuleType = numpy,
         backend: str = "auto",
     ) -> None:
+        workload.require(TRAINED_KINDS, "the numpy network")
         self.workload = workload
         self.xp = xp
         self.kernels = kernels_for(xp, backend)

@@ -7,7 +7,6 @@ bad input.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -69,9 +68,18 @@ def build_parser() -> argparse.ArgumentParser:
     show = workload_commands.add_parser(
         "show", help="print the per-layer table: output shape, parameters, FLOPs, bytes"
     )
-    show.add_argument("workload", metavar="NAME|PATH", help="a preset (mlp, cnn) or a JSON file")
-    show.add_argument("--json", action="store_true", help="print the table as JSON")
+    show.add_argument(
+        "workload",
+        metavar="NAME|PATH",
+        help="a preset, a zoo network (workload list) or a JSON file",
+    )
+    show.add_argument("--json", action="store_true", help="print the description and table as JSON")
     show.set_defaults(handler=_cmd_workload_show)
+    listing = workload_commands.add_parser(
+        "list", help="the workloads known by name: presets and the zoo of published networks"
+    )
+    listing.add_argument("--json", action="store_true", help="print the list as JSON")
+    listing.set_defaults(handler=_cmd_workload_list)
 
     add_bench_parser(commands)
     add_calibrate_parser(commands)
@@ -83,22 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_workload_show(args: argparse.Namespace) -> int:
-    from microbench.workload import load_workload
-    from pdlsim.cli.workload_table import workload_table
+    from pdlsim.cli.workload_table import show_workload
 
-    workload = load_workload(args.workload)
-    table = workload_table(workload)
-    if args.json:
-        print(json.dumps({"workload": workload.to_dict(), "layers": table}, indent=2))
-        return 0
-    print(
-        f"workload {workload.name}: input {list(workload.input_shape)}, "
-        f"{workload.num_classes} classes, {workload.param_count:,} parameters, "
-        f"{workload.gradient_bytes:,} gradient bytes to allreduce per step"
-    )
-    from pdlsim.cli.workload_table import format_table
+    print(show_workload(args.workload, args.json))
+    return 0
 
-    print(format_table(table))
+
+def _cmd_workload_list(args: argparse.Namespace) -> int:
+    from pdlsim.cli.workload_table import list_workloads
+
+    print(list_workloads(args.json))
     return 0
 
 

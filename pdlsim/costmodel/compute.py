@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from microbench.network_ops import LABEL_BYTES, layer_bytes, update_cost
-from microbench.workload import LayerInfo
+from microbench.workload import LOSS_KINDS, LayerInfo
 from pdlsim.costmodel.kernels import sliced_layers
 from pdlsim.costmodel.uncertainty import moved
 from pdlsim.sim import ConfigError
@@ -202,7 +202,7 @@ class ComputeCost(CostHooks):
             ) * batch
             nbytes = layer_bytes(layer, phase, batch)
             kind = layer.kind
-            label = "loss" if kind == "softmax_cross_entropy" else phase
+            label = "loss" if kind in LOSS_KINDS else phase
         else:
             raise ValueError(f"unknown phase '{phase}'")
         if device == "gpu" and "gpu" not in self.compute.devices:

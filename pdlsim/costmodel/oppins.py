@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from microbench.workload import LOSS_KINDS
 from pdlsim.costmodel.stepscale import threads_row
 
 __all__ = ["OpPins"]
@@ -62,7 +63,7 @@ class OpPins:
         if phase == "update":
             wanted, table_phase = None, "update"
         else:
-            table_phase = "loss" if kind == "softmax_cross_entropy" else phase
+            table_phase = "loss" if kind in LOSS_KINDS else phase
             wanted = layer
         for row in self.rows:
             if (row.device, row.model, row.phase) != (device, model, table_phase):

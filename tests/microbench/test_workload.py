@@ -107,7 +107,7 @@ def _mlp_doc(**changes):
         ("{not json", "not valid JSON"),
         ([1, 2], "expected a JSON object"),
         (_mlp_doc(input_shape=[0]), "must be positive"),
-        (_mlp_doc(input_shape=[28, 28]), "input_shape"),
+        (_mlp_doc(input_shape=[1, 28, 28, 1]), "input_shape"),
         (_mlp_doc(layers=[]), "non-empty list"),
         (_mlp_doc(extra=1), "unknown key"),
         (
@@ -146,7 +146,7 @@ def _mlp_doc(**changes):
         ),
         (
             _mlp_doc(layers=[{"kind": "dense", "units": 10}]),
-            "last layer must be softmax_cross_entropy",
+            r"last layer must be the loss \(softmax_cross_entropy or token_cross_entropy\)",
         ),
         (
             _mlp_doc(layers=[{"kind": "relu"}, {"kind": "softmax_cross_entropy"}]),

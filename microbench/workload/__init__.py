@@ -1,0 +1,33 @@
+"""One workload description for the compute benchmarks, the real network and the simulator.
+
+A workload is a named graph of layers with shapes (:mod:`.graph`); from it come, per layer
+(:mod:`.layers`), the output shape, the parameter count, forward and backward FLOPs per sample,
+activation and gradient bytes, and in total the gradient bytes that data parallelism must
+allreduce. :mod:`microbench.nn` builds the real numpy/numba network from the same description;
+:mod:`.zoo` names the presets and the published networks.
+
+It lives in microbench because the compute benchmarks time each layer at the shapes a workload
+runs, and microbench must work on a cluster without pdlsim; pdlsim imports it from here.
+"""
+
+from .graph import NETWORK_INPUT, Workload, load_workload, preset_names, sliced_dense
+from .layers import (
+    BYTES_PER_VALUE,
+    KIND_SETTINGS,
+    LAYER_KINDS,
+    LOSS_KINDS,
+    MAX_DIM,
+    Layer,
+    LayerInfo,
+    WorkloadError,
+)
+from .zoo import PRESETS, ZOO
+
+# The kinds pdlsim's own numpy network trains and its CPU kernel model prices.
+TRAINED_KINDS = ("dense", "conv2d", "relu", "maxpool2d", "flatten", "softmax_cross_entropy")
+
+__all__ = [
+    "BYTES_PER_VALUE", "KIND_SETTINGS", "LAYER_KINDS", "LOSS_KINDS", "MAX_DIM", "NETWORK_INPUT",
+    "PRESETS", "TRAINED_KINDS", "ZOO", "Layer", "LayerInfo", "Workload", "WorkloadError",
+    "load_workload", "preset_names", "sliced_dense",
+]  # fmt: skip

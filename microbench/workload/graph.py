@@ -1,0 +1,389 @@
+"""A workload: a named graph of layers, parsed from its JSON description and checked.
+
+Each layer names the layers it reads (``"inputs": ["conv3", "add1"]``; ``"input"`` is the
+network's input); without ``inputs`` a layer reads the one before it, so a chain needs none.
+Layers are listed so that each reads only layers above it (a topological order: the order the
+forward pass runs them, backward in reverse), every layer but the loss is read by some later
+layer, and the loss comes last. A layer whose output two layers read (a residual's skip) gets
+the sum of their gradients.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from microbench.fileio import DuplicateKeyError, loads_strict, special_kind
+
+from .layers import (
+    KIND_SETTINGS,
+    LAYER_KINDS,
+    LOSS_KINDS,
+    MAX_DIM,
+    MULTI_INPUT_KINDS,
+    Layer,
+    LayerInfo,
+    Setting,
+    WorkloadError,
+    infer,
+)
+from .zoo import PRESETS, ZOO
+
+__all__ = ["Workload", "load_workload", "preset_names", "sliced_dense"]
+
+NETWORK_INPUT = "input"  # the name a layer's ``inputs`` gives the network's input
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named network: input shape, layers (in forward order), and their derived costs."""
+
+    name: str
+    input_shape: tuple[int, ...]
+    layers: tuple[LayerInfo, ...]
+    description: str = ""  # what the network is and where it comes from
+
+    @property
+    def num_classes(self) -> int:
+        return self.layers[-1].output_shape[-1]
+
+    @property
+    def param_count(self) -> int:
+        return sum(info.param_count for info in self.layers)
+
+    @property
+    def gradient_bytes(self) -> int:
+        """Bytes that data parallelism allreduces each step (all gradients, float32)."""
+        return sum(info.gradient_bytes for info in self.layers)
+
+    @property
+    def forward_flops_per_sample(self) -> int:
+        return sum(info.forward_flops_per_sample for info in self.layers)
+
+    @property
+    def backward_flops_per_sample(self) -> int:
+        return sum(info.backward_flops_per_sample for info in self.layers)
+
+    @property
+    def activation_bytes_per_sample(self) -> int:
+        return sum(info.activation_bytes_per_sample for info in self.layers)
+
+    @property
+    def parametric_layers(self) -> tuple[LayerInfo, ...]:
+        return tuple(info for info in self.layers if info.param_count > 0)
+
+    @property
+    def is_chain(self) -> bool:
+        """Every layer reads the one before it (and only it)."""
+        return all(info.inputs == (info.index - 1,) for info in self.layers)
+
+    def require(self, kinds: Sequence[str], who: str, hint: str = "") -> None:
+        """A one-line :class:`WorkloadError` unless this workload is made of ``kinds`` with
+        their settings as the first workload language had them (biases on, no pool padding,
+        no tied weights): ``who`` (say, "the numpy network") names the part of pdlsim that
+        handles only those, ``hint`` what to do instead. (Without a layer that joins two
+        inputs, a graph is a chain.)"""
+        other = [info for info in self.layers if info.kind not in kinds]
+        found = ", ".join(dict.fromkeys(info.kind for info in other))
+        for info in () if other else self.layers:
+            spec = KIND_SETTINGS[info.kind]
+            changed = [
+                k for k, v in info.layer.settings.items() if spec[k].quiet and v != spec[k].default
+            ]
+            if changed:
+                value = json.dumps(info.layer.get(changed[0]))
+                found, other = f"{info.kind} with {changed[0]} {value}", [info]
+                break
+        if other:
+            raise WorkloadError(
+                f"workload {self.name}: {who} does not handle {found} yet (layer "
+                f"{other[0].name}); it handles {', '.join(kinds)}{hint}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON description this workload was built from (round-trips via from_dict)."""
+        layers = []
+        for info in self.layers:
+            spec = KIND_SETTINGS[info.kind]
+            settings = {
+                k: v
+                for k, v in info.layer.settings.items()
+                if not (spec[k].quiet and v == spec[k].default)
+            }
+            entry = {"kind": info.kind, "name": info.name, **settings}
+            if info.inputs != (info.index - 1,):
+                entry["inputs"] = [
+                    NETWORK_INPUT if i < 0 else self.layers[i].name for i in info.inputs
+                ]
+            layers.append(entry)
+        doc: dict[str, Any] = {"name": self.name, "input_shape": list(self.input_shape)}
+        if self.description:
+            doc["description"] = self.description
+        return {**doc, "layers": layers}
+
+    @classmethod
+    def from_dict(cls, doc: Any, source: str = "workload") -> Workload:
+        return _build(doc, source)
+
+    @classmethod
+    def load(cls, spec: str | Path | Mapping[str, Any] | Workload) -> Workload:
+        """A workload from a preset or zoo name, a workload JSON file's path, a dict in that
+        file's format, or a workload already built (returned as it is)."""
+        if isinstance(spec, Workload):
+            return spec
+        if isinstance(spec, Mapping):
+            return _build(spec, "workload dict")
+        if not isinstance(spec, (str, Path)):
+            raise WorkloadError(
+                f"a workload is a preset name, a file path or a dict, got {type(spec).__name__}"
+            )
+        return load_workload(spec)
+
+
+def preset_names() -> list[str]:
+    """The workloads known by name: the presets pdlsim trains, then the zoo."""
+    return sorted(PRESETS) + sorted(ZOO)
+
+
+def load_workload(name_or_path: str | Path) -> Workload:
+    """A preset or zoo network by name, or a workload JSON file by path."""
+    key = str(name_or_path)
+    if key in PRESETS:
+        return _build(PRESETS[key], f"preset '{key}'")
+    if key in ZOO:
+        return _build(ZOO[key](), f"zoo network '{key}'")
+    if not key:
+        raise WorkloadError(
+            f"the workload name is empty; give a preset ({', '.join(sorted(PRESETS))}), a "
+            "zoo network (pdlsim workload list) or the path of a workload JSON file"
+        )
+    path = Path(key)
+    if not path.exists():
+        raise WorkloadError(
+            f"no workload preset or file named '{key}'; use a preset ({', '.join(PRESETS)}), "
+            f"a zoo network ({', '.join(ZOO)}) or the path of a workload JSON file"
+        )
+    kind = special_kind(path)
+    if kind is not None:  # a directory, or a FIFO that would wait for a writer forever
+        raise WorkloadError(f"workload '{key}' is {kind}; give the path of a JSON file")
+    try:
+        doc = loads_strict(path.read_text())
+    except DuplicateKeyError as exc:
+        raise WorkloadError(
+            f"workload file {key}: the key '{exc.key}' is given twice in one object; keep one"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(
+            f"workload file {key}: not valid JSON (line {exc.lineno}, column {exc.colno}: "
+            f"{exc.msg})"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WorkloadError(f"workload file {key}: cannot read it ({exc})") from None
+    return _build(doc, f"workload file {key}")
+
+
+def sliced_dense(info: LayerInfo, units: int) -> LayerInfo:
+    """The dense layer ``info`` with only ``units`` of its output neurons (one rank's slice):
+    shapes, parameters and FLOPs derived by the workload description itself."""
+    if info.kind != "dense":
+        raise ValueError(f"only dense layers are split, not {info.kind} ({info.name})")
+    layer = Layer("dense", info.name, {**info.layer.settings, "units": units}, info.layer.inputs)
+    shapes = list(info.input_shapes or (info.input_shape,))
+    return infer(info.index, layer, shapes, info.needs_input_grad, info.name, info.inputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing and shape inference
+
+
+def _build(doc: Any, source: str) -> Workload:
+    if not isinstance(doc, Mapping):
+        raise WorkloadError(f"{source}: expected a JSON object with 'input_shape' and 'layers'")
+    unknown = set(doc) - {"name", "input_shape", "layers", "description"}
+    if unknown:
+        raise WorkloadError(
+            f"{source}: unknown key(s) {', '.join(sorted(unknown))}; "
+            "allowed: name, input_shape, layers, description"
+        )
+    name = doc.get("name", Path(source).stem if source.startswith("workload file") else "custom")
+    if not isinstance(name, str) or not name:
+        raise WorkloadError(f"{source}: 'name' must be a non-empty string")
+    description = doc.get("description", "")
+    if not isinstance(description, str):
+        raise WorkloadError(f"{source}: 'description' must be a string")
+    input_shape = _shape(doc.get("input_shape"), source)
+    raw_layers = doc.get("layers")
+    if not isinstance(raw_layers, Sequence) or isinstance(raw_layers, str) or not raw_layers:
+        raise WorkloadError(f"{source}: 'layers' must be a non-empty list of layer objects")
+
+    layers = [_parse_layer(i, raw, source) for i, raw in enumerate(raw_layers)]
+    index: dict[str, int] = {NETWORK_INPUT: -1}
+    infos: list[LayerInfo] = []
+    upstream_params = {-1: False}  # per layer: some layer at or above it has parameters
+    read: set[int] = set()
+    for i, layer in enumerate(layers):
+        where = f"{source}: layer {i} ({layer.name})"
+        if layer.name in index:
+            first = "the network's input" if index[layer.name] < 0 else f"layer {index[layer.name]}"
+            raise WorkloadError(f"{where}: the name {layer.name} is taken by {first}; rename it")
+        if layer.kind in LOSS_KINDS and i != len(layers) - 1:
+            raise WorkloadError(f"{where}: {layer.kind} must be the last layer")
+        inputs = _inputs(layer, i, index, where)
+        read.update(inputs)
+        shapes = [input_shape if j < 0 else infos[j].output_shape for j in inputs]
+        grad = any(upstream_params[j] for j in inputs)
+        tied = _tied(layer, index, infos, where)
+        info = infer(i, layer, shapes, grad, where, inputs, tied)
+        upstream_params[i] = grad or info.param_count > 0 or tied is not None
+        infos.append(info)
+        index[layer.name] = i
+    last = infos[-1]
+    if last.kind not in LOSS_KINDS:
+        raise WorkloadError(
+            f"{source}: the last layer must be the loss ({' or '.join(LOSS_KINDS)}), "
+            f"got {last.kind}"
+        )
+    unread = [info.name for info in infos[:-1] if info.index not in read]
+    if unread:
+        raise WorkloadError(
+            f"{source}: layer {unread[0]} is read by no later layer; every layer but the loss "
+            "must feed another (name it in a later layer's inputs, or remove it)"
+        )
+    if not any(info.param_count or info.tied_to is not None for info in infos):
+        raise WorkloadError(f"{source}: no layer has parameters; add a dense or conv2d layer")
+    return Workload(name, input_shape, tuple(infos), description)
+
+
+def _inputs(layer: Layer, i: int, index: dict[str, int], where: str) -> tuple[int, ...]:
+    """The indices of the layers ``layer`` reads (module docstring)."""
+    names = layer.inputs or ((NETWORK_INPUT,) if i == 0 else ())
+    missing = [n for n in names if n not in index]
+    if missing:
+        raise WorkloadError(
+            f"{where}: reads '{missing[0]}', which is no layer above it; inputs name earlier "
+            f"layers or '{NETWORK_INPUT}'"
+        )
+    read = tuple(index[n] for n in names) or (i - 1,)
+    wanted = "two or more inputs" if layer.kind in MULTI_INPUT_KINDS else "one input"
+    if (len(read) >= 2) != (layer.kind in MULTI_INPUT_KINDS):
+        raise WorkloadError(f"{where}: {layer.kind} takes {wanted}, got {len(read)}")
+    if layer.kind == "embedding" and read != (-1,):
+        raise WorkloadError(f"{where}: embedding reads the token ids of the network's input")
+    return read
+
+
+def _tied(layer: Layer, index: dict[str, int], infos: list[LayerInfo], where: str) -> int | None:
+    """The embedding a dense layer's ``tied_to`` names, checked against its shapes."""
+    target = layer.settings.get("tied_to")
+    if not target:
+        return None
+    j = index.get(target, -1)
+    if j < 0 or infos[j].kind != "embedding":
+        raise WorkloadError(f"{where}: tied_to names '{target}', which is no embedding above it")
+    vocab, dim = infos[j].layer.get("vocab"), infos[j].layer.get("dim")
+    if layer.get("units") != vocab:
+        raise WorkloadError(
+            f"{where}: tied to {target} ({vocab} x {dim}), so units must be {vocab}, "
+            f"got {layer.get('units')}"
+        )
+    return j
+
+
+def _shape(value: Any, source: str) -> tuple[int, ...]:
+    if (
+        not isinstance(value, Sequence)
+        or isinstance(value, str)
+        or len(value) not in (1, 2, 3)
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        raise WorkloadError(
+            f"{source}: 'input_shape' must be [features] (or token ids), [tokens, features] or "
+            f"[channels, height, width] (integers), got {value!r}"
+        )
+    if any(v <= 0 for v in value):
+        raise WorkloadError(f"{source}: 'input_shape' sizes must be positive, got {list(value)}")
+    if any(v > MAX_DIM for v in value):
+        raise WorkloadError(f"{source}: 'input_shape' sizes must be at most {MAX_DIM:,}")
+    return tuple(value)
+
+
+def _parse_layer(index: int, raw: Any, source: str) -> Layer:
+    if not isinstance(raw, Mapping):
+        raise WorkloadError(f"{source}: layer {index} must be an object with a 'kind'")
+    kind = raw.get("kind")
+    if kind not in KIND_SETTINGS:
+        raise WorkloadError(
+            f"{source}: layer {index}: unknown kind {kind!r}; known kinds: {', '.join(LAYER_KINDS)}"
+        )
+    name = raw.get("name", f"{kind}{index}")
+    if not isinstance(name, str) or not name:
+        raise WorkloadError(f"{source}: layer {index} ({kind}): 'name' must be a string")
+    where = f"{source}: layer {index} ({name})"
+    allowed = KIND_SETTINGS[kind]
+    unknown = set(raw) - set(allowed) - {"kind", "name", "inputs"}
+    if unknown:
+        keys = ", ".join(sorted(allowed)) or "none besides kind, name and inputs"
+        raise WorkloadError(
+            f"{where}: unknown setting(s) {', '.join(sorted(unknown))} for {kind}; allowed: {keys}"
+        )
+    settings: dict[str, Any] = {}
+    for key, spec in allowed.items():
+        value = raw.get(key, spec.default)
+        if value is None:
+            if key == "stride" and kind in ("maxpool2d", "avgpool2d"):
+                continue  # filled from size below
+            if spec.type == "layer":
+                continue
+            raise WorkloadError(f"{where}: {kind} needs '{key}'")
+        settings[key] = _setting(value, key, spec, where)
+    if kind in ("maxpool2d", "avgpool2d"):
+        settings.setdefault("stride", settings["size"])
+    return Layer(kind=kind, name=name, settings=settings, inputs=_input_names(raw, where))
+
+
+def _setting(value: Any, key: str, spec: Setting, where: str) -> Any:
+    """``value`` checked against its setting's type (:class:`Setting`)."""
+    if isinstance(spec.type, tuple):
+        if value not in spec.type:
+            raise WorkloadError(
+                f"{where}: '{key}' must be one of {', '.join(spec.type)}, got {value!r}"
+            )
+        return value
+    if spec.type == "bool":
+        if not isinstance(value, bool):
+            raise WorkloadError(f"{where}: '{key}' must be true or false, got {value!r}")
+        return value
+    if spec.type == "layer":
+        if not isinstance(value, str) or not value:
+            raise WorkloadError(f"{where}: '{key}' must name a layer, got {value!r}")
+        return value
+    if spec.type == "fraction":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise WorkloadError(f"{where}: '{key}' must be a number in [0, 1), got {value!r}")
+        return float(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise WorkloadError(f"{where}: '{key}' must be an integer, got {value!r}")
+    minimum = 0 if spec.type == "count" else 1
+    if value < minimum:
+        raise WorkloadError(f"{where}: '{key}' must be >= {minimum}, got {value}")
+    if value > MAX_DIM:
+        raise WorkloadError(f"{where}: '{key}' must be at most {MAX_DIM:,}, got {value:,}")
+    return value
+
+
+def _input_names(raw: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    names = raw.get("inputs")
+    if names is None:
+        return ()
+    if isinstance(names, str):
+        names = [names]
+    if (
+        not isinstance(names, Sequence)
+        or not names
+        or not all(isinstance(n, str) and n for n in names)
+    ):
+        raise WorkloadError(f"{where}: 'inputs' must be a list of layer names, got {names!r}")
+    return tuple(names)

@@ -1,0 +1,225 @@
+"""The workload language's graphs and new layer kinds, and the zoo pinned to published figures."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from microbench.kernels.calls import step_calls
+from microbench.nn import Network
+from microbench.workload import ZOO, Workload, WorkloadError, load_workload
+from tests.conftest import run_pdlsim
+
+# Parameter counts as published by the reference implementations (torchvision; Hugging Face
+# BertForMaskedLM of bert-base-uncased; GPT-2 small with its output layer tied).
+PUBLISHED_PARAMS = {
+    "resnet18": 11_689_512,
+    "resnet50": 25_557_032,
+    "vgg16": 138_357_544,
+    "bert-base": 109_514_298,
+    "gpt2": 124_439_808,
+    "vit-b16": 86_567_656,
+}
+# torchvision's published GFLOPS per image (multiply-adds of convolutions, dense layers and
+# attention's products, at 224 x 224).
+PUBLISHED_GMACS = {"resnet18": 1.814, "resnet50": 4.089, "vgg16": 15.470, "vit-b16": 17.564}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_zoo_networks_have_their_published_parameter_counts(name):
+    workload = load_workload(name)
+    assert workload.param_count == PUBLISHED_PARAMS[name]
+    assert workload.gradient_bytes == 4 * PUBLISHED_PARAMS[name]
+    assert set(ZOO) == set(PUBLISHED_PARAMS)
+
+
+def _macs(workload: Workload) -> float:
+    """Multiply-adds of the convolutions, dense layers and attention's products per sample."""
+    total = 0
+    for info in workload.layers:
+        if info.kind in ("dense", "conv2d"):
+            bias = math.prod(info.output_shape) if info.bias_count else 0
+            total += (info.forward_flops_per_sample - bias) // 2
+        elif info.kind == "attention":
+            t, d = info.input_shape
+            total += 4 * t * d * d + 2 * t * t * d
+    return total
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_GMACS))
+def test_zoo_networks_have_their_published_multiply_adds(name):
+    assert _macs(load_workload(name)) / 1e9 == pytest.approx(PUBLISHED_GMACS[name], abs=0.0006)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_zoo_descriptions_round_trip_through_json(tmp_path, name):
+    workload = load_workload(name)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(workload.to_dict()))
+    assert load_workload(path) == workload
+    assert workload.description and f"{PUBLISHED_PARAMS[name]:,}" in workload.description
+
+
+def test_attention_keeps_its_probabilities_for_backward():
+    gpt2 = load_workload("gpt2")
+    attn = next(info for info in gpt2.layers if info.kind == "attention")
+    t, d, h = 1024, 768, 12
+    assert attn.output_shape == (t, d)
+    assert attn.param_count == 4 * d * d + 4 * d
+    assert attn.activation_bytes_per_sample == 4 * (t * d + 4 * t * d + h * t * t)
+    causal = [info.layer.get("causal") for info in gpt2.layers if info.kind == "attention"]
+    assert all(causal) and len(causal) == 12
+    # the output layer shares the token embedding's table: no parameters of its own
+    head = gpt2.layers[-2]
+    assert head.kind == "dense" and head.param_count == 0 and head.tied_to == 0
+    assert head.forward_flops_per_sample == 2 * t * d * 50257
+
+
+def _doc(layers, input_shape=(3, 8, 8)):
+    return {"name": "g", "input_shape": list(input_shape), "layers": layers}
+
+
+_RESIDUAL = [
+    {"kind": "conv2d", "name": "a", "filters": 4, "kernel": 3, "padding": 1},
+    {"kind": "batchnorm2d", "name": "bn"},
+    {"kind": "relu", "name": "r"},
+    {"kind": "conv2d", "name": "b", "filters": 4, "kernel": 3, "padding": 1, "bias": False},
+    {"kind": "add", "name": "skip", "inputs": ["r", "b"]},
+    {"kind": "global_avgpool", "name": "gap"},
+    {"kind": "dense", "name": "fc", "units": 3},
+    {"kind": "softmax_cross_entropy", "name": "loss"},
+]
+
+
+def test_a_residual_graph_chains_its_shapes_and_gradients():
+    w = Workload.from_dict(_doc(_RESIDUAL))
+    by = {info.name: info for info in w.layers}
+    assert by["skip"].inputs == (2, 3) and by["skip"].input_shapes == ((4, 8, 8), (4, 8, 8))
+    assert by["skip"].input_bytes_per_sample == 2 * 4 * 64 * 4
+    assert by["skip"].forward_flops_per_sample == 4 * 64  # one add per value
+    assert not by["a"].needs_input_grad and by["b"].needs_input_grad
+    assert by["bn"].param_count == 8 and by["b"].param_count == 4 * 4 * 9  # no bias
+    assert by["gap"].output_shape == (4,)
+    assert not w.is_chain
+    assert Workload.from_dict(w.to_dict()) == w
+    assert w.to_dict()["layers"][4]["inputs"] == ["r", "b"]
+    assert "inputs" not in w.to_dict()["layers"][1]  # a chain's link is left implicit
+
+
+def _replace(i, **changes):
+    layers = json.loads(json.dumps(_RESIDUAL))
+    layers[i].update(changes)
+    return layers
+
+
+@pytest.mark.parametrize(
+    ("layers", "message"),
+    [
+        (
+            _replace(4, inputs=["r", "nowhere"]),
+            r"layer 4 \(skip\): reads 'nowhere', which is no layer above",
+        ),
+        (_replace(4, inputs=["r", "loss"]), "reads 'loss', which is no layer above"),
+        (_replace(4, inputs=["r", "a"]), "layer b is read by no later layer"),
+        (_replace(4, inputs=["r"]), "add takes two or more inputs, got 1"),
+        (_replace(2, inputs=["a", "bn"]), "relu takes one input, got 2"),
+        (_replace(3, name="a"), "the name a is taken by layer 0"),
+        (_replace(3, stride=2), r"add needs inputs of one shape, got \[4, 8, 8\], \[4, 4, 4\]"),
+        (_replace(4, kind="concat"), None),
+        (_replace(4, inputs=["bn", "b"]), None),
+        (_replace(1, kind="layernorm"), None),
+        (_replace(6, units=3, bias="no"), "'bias' must be true or false"),
+        (_replace(6, tied_to="a"), "tied_to names 'a', which is no embedding above it"),
+    ],
+)
+def test_graphs_that_do_not_chain_get_one_line_errors(layers, message):
+    if message is None:  # a valid variation, to show the errors are about what they say
+        Workload.from_dict(_doc(layers))
+        return
+    with pytest.raises(WorkloadError, match=message) as info:
+        Workload.from_dict(_doc(layers))
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("layers", "input_shape", "message"),
+    [
+        ([{"kind": "embedding", "vocab": 10, "dim": 8, "positions": 4},
+          {"kind": "dense", "units": 10}, {"kind": "token_cross_entropy"}],
+         (6,), "6 tokens need at least 6 positions, got 4"),
+        ([{"kind": "dense", "units": 8}, {"kind": "attention", "heads": 3},
+          {"kind": "token_cross_entropy"}], (4, 8), "8 features do not split over 3 heads"),
+        ([{"kind": "dense", "units": 8}, {"kind": "embedding", "vocab": 4, "dim": 2},
+          {"kind": "softmax_cross_entropy"}], (4,), "embedding reads the token ids"),
+        ([{"kind": "embedding", "vocab": 10, "dim": 8, "name": "e"},
+          {"kind": "dense", "units": 9, "tied_to": "e"}, {"kind": "token_cross_entropy"}],
+         (6,), r"tied to e \(10 x 8\), so units must be 10, got 9"),
+        ([{"kind": "dense", "units": 8}, {"kind": "dropout", "rate": 1.5},
+          {"kind": "softmax_cross_entropy"}], (4,), r"'rate' must be a number in \[0, 1\)"),
+        ([{"kind": "dense", "units": 8}, {"kind": "token_pool", "mode": "max"},
+          {"kind": "softmax_cross_entropy"}], (4, 8), "'mode' must be one of first, mean"),
+        ([{"kind": "dense", "units": 8}, {"kind": "softmax_cross_entropy"}], (4, 8),
+         "softmax_cross_entropy needs flat logits"),
+    ],
+)  # fmt: skip
+def test_token_layers_check_their_shapes_and_settings(layers, input_shape, message):
+    with pytest.raises(WorkloadError, match=message):
+        Workload.from_dict(_doc(layers, input_shape))
+
+
+def test_what_the_numpy_network_and_the_cpu_model_do_not_run_is_refused_by_name():
+    resnet = load_workload("resnet18")
+    for build in (lambda: Network(resnet), lambda: step_calls(resnet, 2, 1)):
+        with pytest.raises(
+            WorkloadError,
+            match=r"does not handle batchnorm2d, add, global_avgpool yet \(layer stem.bn\)",
+        ):
+            build()
+    chain = Workload.from_dict(
+        _doc([{"kind": "conv2d", "filters": 2, "kernel": 3, "bias": False}, {"kind": "flatten"},
+              {"kind": "dense", "units": 2}, {"kind": "softmax_cross_entropy"}])
+    )  # fmt: skip
+    with pytest.raises(WorkloadError, match="does not handle conv2d with bias false yet"):
+        Network(chain)
+    net = Network(load_workload("mlp"))  # the presets still build
+    assert np.isfinite(net.params).all()
+
+
+def test_workload_list_names_every_preset_and_zoo_network_with_its_size():
+    done = run_pdlsim("workload", "list", "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {r["name"]: r for r in json.loads(done.stdout)}
+    assert set(rows) == {"mlp", "cnn", *PUBLISHED_PARAMS}
+    assert all(rows[n]["params"] == p for n, p in PUBLISHED_PARAMS.items())
+    text = run_pdlsim("workload", "list").stdout
+    assert "gpt2" in text and "124,439,808" in text
+
+
+def test_a_zoo_network_written_out_by_show_is_a_workload_file(tmp_path):
+    done = run_pdlsim("workload", "show", "resnet50", "--json")
+    assert done.returncode == 0, done.stderr
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(json.loads(done.stdout)["workload"]))
+    assert load_workload(path) == load_workload("resnet50")
+    table = run_pdlsim("workload", "show", str(path)).stdout
+    assert "reads" in table.splitlines()[1] and "layer1.0.c.bn,layer1.0.down.bn" in table
+
+
+def test_what_cannot_train_is_refused_before_any_work_and_predicts_on_gpus(tmp_path):
+    for argv in (
+        ("train", "--model", "resnet18", "--out", str(tmp_path / "t")),
+        ("bench", "--quick", "--model", "mlp,gpt2", "--out", str(tmp_path / "b")),
+        ("validate", "--quick", "--models", "vit-b16", "--out", str(tmp_path / "v")),
+        ("predict", "--nodes", "1", "--model", "resnet18", "--batch", "2"),
+    ):
+        done = run_pdlsim(*argv)
+        assert done.returncode == 2, (argv, done.stderr)
+        assert "does not handle" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())  # refused before its first folder
+    done = run_pdlsim("predict", "--nodes", "2", "--gpus", "8", "--model", "gpt2", "--batch",
+                      "4", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    gpt2 = load_workload("gpt2")
+    assert out["memory_breakdown_bytes"]["activations"] == 4 * gpt2.activation_bytes_per_sample
