@@ -151,8 +151,13 @@ def format_prediction(out: dict[str, Any]) -> str:
 
 def add_common_options(p: argparse.ArgumentParser) -> None:
     from pdlsim.costmodel.corrections import CORRECTIONS
+    from pdlsim.costmodel.training import OPTIMIZERS, PRECISIONS
 
     p.add_argument("--model", default="cnn", metavar="NAME|PATH", help="workload (cnn)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32 (default), tf32, bf16/fp16 mixed precision (GPU ranks)")  # fmt: skip
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
+                   help="sgd (default), momentum, adam, adamw: its update and state")  # fmt: skip
     p.add_argument("--profile", default=None, metavar="NAME|PATH", help="default: packaged")
     p.add_argument("--network", default=None, metavar="NAME", help="ib-hdr (default), ib-ndr, "
                    "roce-100g, eth-25g, eth-10g: data-sheet presets")  # fmt: skip

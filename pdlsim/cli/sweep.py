@@ -50,6 +50,7 @@ def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...]
             **out["breakdown"], **out["band"],
             "memory_bytes_per_rank": out["memory_bytes_per_rank"],
             "parallel": cfg.parallel, "inference": cfg.inference,
+            "precision": cfg.precision, "optimizer": cfg.optimizer,
             "bubble_fraction": out.get("parallel", {}).get("bubble_fraction"),
         })  # fmt: skip
         if progress is not None:

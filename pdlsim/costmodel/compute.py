@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from microbench.network_ops import LABEL_BYTES, layer_bytes, update_cost
+from microbench.network_ops import LABEL_BYTES, layer_bytes
 from microbench.workload import LOSS_KINDS, LayerInfo
 from pdlsim.costmodel.kernels import sliced_layers
 from pdlsim.costmodel.uncertainty import moved
@@ -44,6 +44,7 @@ class ComputeCost(CostHooks):
     tensor_ranks: int  # the ranks this model's dense layers are split over (1: whole layers)
     kernels: Any  # pdlsim.costmodel.kernels.KernelCompute, where the profile has kernel tables
     description: Any  # the workload itself, where the caller gave it
+    training: Any  # pdlsim.costmodel.training.Training: precision and optimizer
     assumptions: Any  # name -> costmodel.presets.Assumption: figures taken where unmeasured
     _ops_cache: dict[tuple[Any, ...], float]
     _pin_cache: dict[tuple[str, str, int, int, str], float]
@@ -190,7 +191,7 @@ class ComputeCost(CostHooks):
         self, layer: LayerInfo, phase: str, batch: int, threads: int, device: str
     ) -> float:
         if phase == "update":
-            flops, nbytes = update_cost(layer.param_count, 0.0)
+            flops, nbytes = self.training.update_cost(layer.param_count)
             kind, label = "sgd", "update"
         elif phase in ("forward", "backward"):
             if layer.kind == "flatten":
@@ -200,7 +201,8 @@ class ComputeCost(CostHooks):
                 if phase == "forward"
                 else layer.backward_flops_per_sample
             ) * batch
-            nbytes = layer_bytes(layer, phase, batch)
+            # 16-bit values in mixed precision: half the bytes of each value moved
+            nbytes = layer_bytes(layer, phase, batch) * self.training.value_bytes // 4
             kind = layer.kind
             label = "loss" if kind in LOSS_KINDS else phase
         else:
@@ -210,7 +212,7 @@ class ComputeCost(CostHooks):
                 raise ConfigError("GPU ranks need a GPU compute model or a GPU preset")
             g = self.gpu
             busy = max(
-                flops / (g.fp32_flops_per_s * self.assumed("gpu_flops_efficiency")),
+                flops / (self.training.peak_flops_per_s(g) * self.assumed("gpu_flops_efficiency")),
                 nbytes / (g.hbm_bandwidth_bytes_per_s * self.assumed("gpu_memory_efficiency")),
             )
             return self.assumed("gpu_kernel_launch_s") + busy

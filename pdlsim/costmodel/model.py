@@ -83,6 +83,7 @@ from pdlsim.costmodel.kernels import TERMS, KernelCompute
 from pdlsim.costmodel.oppins import OpPins
 from pdlsim.costmodel.presets import ASSUMPTIONS, Assumption, GpuPreset, NetworkPreset
 from pdlsim.costmodel.stepscale import StepRow, StepScale
+from pdlsim.costmodel.training import Training
 from pdlsim.costmodel.uncertainty import ProfileJitter, perturbed_cost
 from pdlsim.sim import ConfigError, LinkCost, Placement, TimedStep, collectives
 
@@ -157,6 +158,7 @@ class ProfileCostModel(ComputeCost):
     corrections: frozenset[str] = frozenset(CORRECTIONS)
     description: Workload | None = None  # the workload itself, where given
     assumptions: Mapping[str, Assumption] = field(default_factory=lambda: dict(ASSUMPTIONS))
+    training: Training = field(default_factory=Training)  # precision and optimizer
 
     @classmethod
     def from_profile(
@@ -172,6 +174,7 @@ class ProfileCostModel(ComputeCost):
         corrections: frozenset[str] = frozenset(CORRECTIONS),
         description: Workload | None = None,
         assumptions: Mapping[str, Assumption] | None = None,
+        training: Training | None = None,
     ) -> ProfileCostModel:
         """The cost model of ``workload`` from ``profile``; ``corrections``: the named corrections
         (:data:`pdlsim.costmodel.corrections.CORRECTIONS`) switched on; ``description``: the
@@ -181,8 +184,11 @@ class ProfileCostModel(ComputeCost):
         compute = profile.model("compute")
         kernels = None
         if profile.models.get("kernels") and device == "cpu":
+            momentum = training is not None and training.optimizer == "momentum"
             kernels = KernelCompute(
-                profile.model("kernels"), frozenset(corrections) & frozenset(TERMS)
+                profile.model("kernels"),
+                frozenset(corrections) & frozenset(TERMS),
+                momentum=momentum,
             )
             if description is None and workload:  # a file not at hand: compute_time says so
                 with contextlib.suppress(UserError):
@@ -287,6 +293,7 @@ class ProfileCostModel(ComputeCost):
             pins=OpPins.from_table(getattr(compute, "table_", [])), inference=inference,
             kernels=kernels, corrections=frozenset(corrections), description=description,
             assumptions=dict(ASSUMPTIONS if assumptions is None else assumptions),
+            training=training or Training(),
         )  # fmt: skip
 
     # ------------------------------------------------------------------------ collectives

@@ -67,13 +67,15 @@ class GpuPreset:
 
     name: str
     fp32_flops_per_s: float  # non-tensor-core FP32
-    tf32_tensor_flops_per_s: float  # dense TF32 tensor core
+    tf32_tensor_flops_per_s: float  # dense TF32 tensor core (0: none)
     hbm_bandwidth_bytes_per_s: float
     pcie_bytes_per_s: float  # host link, per direction, theoretical
     nvlink_bytes_per_s: float  # total bidirectional NVLink bandwidth per GPU
     memory_bytes: int
     source: str
     kind: str = "data sheet"
+    bf16_tensor_flops_per_s: float = 0.0  # dense BF16 tensor core (0: none)
+    fp16_tensor_flops_per_s: float = 0.0  # dense FP16 tensor core (0: none)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from microbench.errors import UserError
 from pdlsim.costmodel.corrections import parse_corrections
 from pdlsim.costmodel.presets import (
     DEFAULT_NETWORK_PRESET,
@@ -15,6 +16,7 @@ from pdlsim.costmodel.presets import (
     NetworkPreset,
     load_hardware,
 )
+from pdlsim.costmodel.training import Training
 from pdlsim.prediction.checks import check_bounds, check_epoch, check_memory, layerwise_mode
 from pdlsim.prediction.config import PredictConfig, parse_rate, parse_time, resolve_profile
 from pdlsim.prediction.epoch import dataset_samples
@@ -94,6 +96,7 @@ def build(
     if speeds is not None:
         cluster = replace(cluster, speeds=speeds)
     bucket_bytes = max(1, int(cfg.bucket_mb * 2**20))
+    training = checked_training(cfg, cluster.device, profile)
     scenario = Scenario(
         workload,
         cfg.batch,
@@ -104,13 +107,14 @@ def build(
         iterations=cfg.iterations,
         seed=cfg.seed,
         algorithm=cfg.algorithm,
+        training=training,
         **scenario_options(cfg),
     )
     cost = ProfileCostModel.from_profile(
         profile, network, gpu, cluster.device, bucket_bytes, workload.name,
         cluster.ranks_per_node, inference=cfg.inference,
         corrections=parse_corrections(cfg.corrections), description=workload,
-        assumptions=hardware.assumptions,
+        assumptions=hardware.assumptions, training=training,
     )  # fmt: skip
     cost = apply_to_cost(cfg, cost)
     provenance = {"profile": profile_name, "measured": profile.measured_on, **cost.provenance}
@@ -118,10 +122,41 @@ def build(
         provenance["gpu_preset"] = f"{gpu.name} (data sheet: {gpu.source})"
     if cfg.hardware is not None:
         provenance["hardware"] = hardware.source
+    if not training.is_default:
+        provenance["training"] = training.source()
     need = (memory or _data_memory)(cluster, scenario, cost)
     check_memory(cfg, need["total"], cluster.device, cost.gpu, profile.machine,
                  cluster.ranks_per_node)  # fmt: skip
     return cluster, scenario, cost, provenance, need
+
+
+def checked_training(cfg: PredictConfig, device: str, profile: Any) -> Training:
+    """The job's precision and optimizer, refused where the ranks cannot be priced for them:
+    CPU ranks (float32 SGD, :meth:`Training.check_cpu`), a profile's measured GPU layers
+    (float32), the layer-wise modes (their memory and messages are float32 SGD), fp16
+    compression of gradients already 16-bit."""
+    training = Training(cfg.precision, cfg.optimizer)
+    if training.is_default:
+        return training
+    if device == "cpu":
+        training.check_cpu()
+    elif "gpu" in profile.model("compute").devices and training.precision != "fp32":
+        raise UserError(
+            "the profile's GPU layers were timed in fp32; --precision "
+            f"{training.precision} is priced from the data sheet: use a profile without GPU "
+            "measurements (or --precision fp32)"
+        )
+    if cfg.parallel != "data" or cfg.inference:
+        raise UserError(
+            f"--precision and --optimizer are priced for data-parallel training; --parallel "
+            f"{cfg.parallel}{' --inference' if cfg.inference else ''} takes fp32 SGD"
+        )
+    if training.mixed and cfg.compression == "fp16":
+        raise UserError(
+            f"--compression fp16 casts float32 gradients to 16 bits; under --precision "
+            f"{training.precision} they are 16-bit already: drop one of the two"
+        )
+    return training
 
 
 def _data_memory(cluster: Cluster, scenario: Scenario, cost: Any) -> dict[str, int]:

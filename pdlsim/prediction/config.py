@@ -78,6 +78,8 @@ class PredictConfig:
     microbatches: int | None = None  # micro-batches per pipeline step
     schedule: str | None = None  # gpipe or 1f1b (default)
     inference: bool = False  # forward pass only
+    precision: str = "fp32"  # how the job trains (pdlsim.costmodel.training)
+    optimizer: str = "sgd"
     compression: str | None = None  # what-ifs (pdlsim.prediction.whatif): none, fp16, topk:F
     sync_every: int = 1  # local SGD: allreduce every k-th step
     network_scale: float = 1.0  # inter-node bandwidth x

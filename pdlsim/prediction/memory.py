@@ -86,22 +86,26 @@ def layerwise_memory(cfg: Any, result: Any, scenario: Any) -> dict[str, int]:
 
 
 def memory_per_rank(cluster: Cluster, scenario: Scenario) -> dict[str, int]:
-    """Bytes per rank: float32 weights and gradients, plain SGD (no optimizer state), the
-    activations kept for backward at the batch, the convolutions' im2col workspace (the column
-    matrix of each conv layer, and its gradient where the layer passes one back: what an
-    im2col + GEMM convolution allocates), on GPU ranks DDP bucket buffers (a flat copy of every
-    gradient) when there is more than one rank (CPU ranks allreduce in place), and the
-    mini-batch input (twice with prefetch)."""
+    """Bytes per rank: weights, gradients and optimizer state as the scenario's precision and
+    optimizer keep them (:meth:`pdlsim.costmodel.training.Training.memory_bytes`; float32 SGD: 4, 4
+    and none a parameter), the activations kept for backward at the batch, the convolutions'
+    im2col workspace (the column matrix of each conv layer, and its gradient where the layer
+    passes one back: what an im2col + GEMM convolution allocates), both at the precision's
+    bytes a value, on GPU ranks DDP bucket buffers (a flat copy of every gradient) when there
+    is more than one rank (CPU ranks allreduce in place), and the mini-batch input (twice with
+    prefetch)."""
     w = scenario.workload
     batch = scenario.batch_per_rank
+    training = scenario.training
+    per_value = training.value_bytes / 4  # the workload counts float32 values
     inputs = w.layers[0].input_bytes_per_sample * batch * (2 if scenario.prefetch else 1)
-    buckets = w.gradient_bytes if cluster.ranks > 1 and cluster.device == "gpu" else 0
+    state = training.memory_bytes(w.param_count)
+    buckets = state["gradients"] if cluster.ranks > 1 and cluster.device == "gpu" else 0
+    workspace = batch * sum(im2col_bytes_per_sample(info) for info in w.layers)
     parts = {
-        "weights": 4 * w.param_count,
-        "gradients": w.gradient_bytes,
-        "optimizer_state": 0,
-        "activations": w.activation_bytes_per_sample * batch,
-        "workspace": batch * sum(im2col_bytes_per_sample(info) for info in w.layers),
+        **state,
+        "activations": int(w.activation_bytes_per_sample * batch * per_value),
+        "workspace": int(workspace * per_value),
         "buffers": buckets + inputs,
     }
     parts["total"] = sum(parts.values())

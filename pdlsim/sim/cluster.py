@@ -40,9 +40,10 @@ What-ifs (all off by default):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from microbench.workload import Workload
+from pdlsim.costmodel.training import Training
 
 from .collectives import TimedStep
 from .compression import parse_compression, wire
@@ -157,6 +158,7 @@ class Scenario:
     compression: str | None = None
     sync_every: int = 1
     balance: str = "static"
+    training: Training = field(default_factory=Training)  # precision and optimizer
 
     def __post_init__(self) -> None:
         if self.batch_per_rank < 1:
@@ -303,7 +305,7 @@ def _buckets(
         if layers[i].param_count == 0:
             continue
         open_layers.append(layers[i].name)
-        open_bytes += layers[i].gradient_bytes
+        open_bytes += layers[i].param_count * scenario.training.value_bytes
         if open_bytes >= scenario.bucket_bytes or i == first_param:
             groups.append((open_layers, open_bytes, position))
             open_layers, open_bytes = [], 0
