@@ -34,8 +34,10 @@ The methods, per layer kind (outputs are written into arrays the caller allocate
 * loss: ``softmax_cross_entropy(logits, labels, dlogits) -> (mean loss, correct)``, with
   ``dlogits = (softmax - onehot) / batch``
 * helpers the network fuses with: ``bias_activation(x, b, relu, out)`` (bias, then relu),
-  ``channel_sum(x, out)`` (a bias gradient), ``nchw_to_nhwc(x, out)``, and
-  ``sgd_update(params, grads, velocity, lr, momentum, scratch)``
+  ``channel_sum(x, out)`` (a bias gradient), ``nchw_to_nhwc(x, out)``,
+  ``sgd_update(params, grads, velocity, lr, momentum, scratch)`` and
+  ``adam_update(params, grads, m, v, scalars, scratch)`` (Adam and AdamW,
+  :mod:`microbench.nn.optim`)
 
 Elementwise outputs (relu, bias_activation, relu_backward) may alias their input: in place is
 their fast path. :mod:`microbench.nn` runs a dense or conv2d layer and the relu and max-pool

@@ -190,3 +190,23 @@ class ArrayKernels:
             direction = velocity
         xp.multiply(direction, lr, out=scratch)
         xp.subtract(params, scratch, out=params)
+
+    def adam_update(self, params: Any, grads: Any, m: Any, v: Any, scalars: Any, scratch: Any):
+        """One Adam/AdamW step (:func:`microbench.kernels.loops.adam_serial`) with in-place
+        array operations; ``scratch`` (shaped like the gradients) holds the gradient as used."""
+        xp = self.xp
+        scale, l2, b1, b2, decay, step, rsq, eps = (float(s) for s in scalars)
+        xp.multiply(grads, scale, out=scratch)
+        if l2:
+            scratch += l2 * params
+        xp.multiply(m, b1, out=m)
+        m += (1 - b1) * scratch
+        xp.multiply(v, b2, out=v)
+        v += (1 - b2) * scratch * scratch
+        xp.sqrt(v, out=scratch)
+        scratch *= rsq
+        scratch += eps
+        xp.divide(m, scratch, out=scratch)
+        if decay != 1.0:
+            params *= decay
+        params -= step * scratch

@@ -178,6 +178,13 @@ class NumbaKernels:
         return float(loss), int(correct)
 
     @staticmethod
+    def adam_update(params, grads, m, v, scalars, scratch) -> None:
+        """One Adam/AdamW step in one pass (:func:`~microbench.kernels.loops.adam_serial`;
+        ``scalars``: its eight float32 figures); ``scratch`` is unused."""
+        p = _flat(params)
+        _loop("adam", p.size)(p, _flat(grads), _flat(m), _flat(v), scalars)
+
+    @staticmethod
     def sgd_update(params, grads, velocity, lr: float, momentum: float, scratch) -> None:
         """``v = momentum * v + g; p -= lr * v`` in one pass (float32 arithmetic throughout);
         ``velocity`` is unused (may be None) when ``momentum`` is 0; ``scratch`` is unused."""

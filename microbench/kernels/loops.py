@@ -290,6 +290,31 @@ def sgd(params, grads, velocity, lr, momentum):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def adam_serial(params, grads, m, v, scalars):  # pragma: no cover - compiled
+    """One Adam (or AdamW) step in place; ``scalars`` (float32): grad scale, L2 weight decay,
+    beta1, beta2, decoupled decay factor, step size (lr over beta1's bias correction), one over
+    the square root of beta2's bias correction, eps. ``g = scale grads + l2 params``,
+    ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``,
+    ``params = decay params - step m / (sqrt(v) rsq + eps)``."""
+    scale, l2, b1, b2 = scalars[0], scalars[1], scalars[2], scalars[3]
+    decay, step, rsq, eps = scalars[4], scalars[5], scalars[6], scalars[7]
+    for i in range(params.size):
+        g = grads[i] * scale + l2 * params[i]
+        mi = b1 * m[i] + (1 - b1) * g
+        vi = b2 * v[i] + (1 - b2) * g * g
+        m[i] = mi
+        v[i] = vi
+        params[i] = decay * params[i] - step * mi / (np.sqrt(vi) * rsq + eps)
+
+
+@njit(parallel=True, cache=True)
+def adam(params, grads, m, v, scalars):  # pragma: no cover - compiled
+    for t in prange(CHUNKS):
+        lo, hi = _chunk(params.size, t)
+        adam_serial(params[lo:hi], grads[lo:hi], m[lo:hi], v[lo:hi], scalars)
+
+
+@njit(cache=True)
 def softmax_xent(logits, labels, dlogits):  # pragma: no cover - compiled
     """Mean cross-entropy, correct argmax count, and its gradient (softmax - onehot) / batch."""
     batch, classes = logits.shape

@@ -5,10 +5,11 @@ training runs, on a cluster where only microbench was copied.
 
 :class:`Network` holds all parameters in one flat float32 array (and the gradients in another
 of the same layout), runs forward and backward with the kernels of :mod:`microbench.kernels`
-(numba on numpy arrays, array-module kernels on cupy), and :class:`SGD` updates in place.
+(numba on numpy arrays, array-module kernels on cupy), and :class:`SGD` or :class:`Adam`
+(:func:`make_optimizer`) updates in place.
 """
 
 from microbench.nn.network import INITS, Network, init_params
-from microbench.nn.optim import SGD
+from microbench.nn.optim import OPTIMIZERS, SGD, Adam, make_optimizer
 
-__all__ = ["INITS", "SGD", "Network", "init_params"]
+__all__ = ["INITS", "OPTIMIZERS", "SGD", "Adam", "Network", "init_params", "make_optimizer"]

@@ -58,7 +58,12 @@ def add_train_parser(commands: Any) -> None:
     p.add_argument(
         "--lr", type=non_negative_float, default=0.02, help="learning rate (default 0.02)"
     )
-    p.add_argument("--momentum", type=non_negative_float, default=0.0, help="SGD momentum")
+    p.add_argument("--momentum", type=non_negative_float, default=None,
+                   help="SGD momentum (0; 0.9 with --optimizer momentum)")  # fmt: skip
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam", "adamw"), default="sgd",
+                   help="sgd (default), momentum (SGD with --momentum), adam, adamw")  # fmt: skip
+    p.add_argument("--weight-decay", type=non_negative_float, default=0.0,
+                   help="adam: L2 added to the gradient; adamw: decoupled (0)")  # fmt: skip
     p.add_argument("--scale-lr", action="store_true", help="linear scaling rule: lr x P")
     p.add_argument("--seed", type=seed, default=0, help="initialisation, data and order seed")
     p.add_argument(
@@ -114,15 +119,16 @@ def add_train_parser(commands: Any) -> None:
 
 
 def config_from_args(args: argparse.Namespace, procs: int) -> TrainConfig:
-    if args.momentum >= 1.0:
-        raise UserError(f"--momentum must be below 1, got {args.momentum}")
+    optimizer, momentum = _optimizer(args)
+    if momentum >= 1.0:
+        raise UserError(f"--momentum must be below 1, got {momentum}")
     if args.lr == 0:
         raise UserError("--lr must be above 0")
     checkpointing = args.checkpoint_every is not None or args.resume
     if args.pinned and args.device != "gpu":
         raise UserError("--pinned is for copies to a GPU: add --device gpu, or drop --pinned")
     if args.inference:
-        for dest in ("lr", "momentum", "scale_lr"):
+        for dest in ("lr", "momentum", "scale_lr", "optimizer", "weight_decay"):
             flag = given(args, dest)
             if flag:
                 raise UserError(f"--inference updates no weights, so {flag} is unused: drop it")
@@ -154,7 +160,9 @@ def config_from_args(args: argparse.Namespace, procs: int) -> TrainConfig:
         epochs=args.epochs,
         batch_per_rank=args.batch,
         lr=args.lr,
-        momentum=args.momentum,
+        momentum=momentum,
+        optimizer=optimizer,
+        weight_decay=args.weight_decay,
         scale_lr=args.scale_lr,
         seed=args.seed,
         data=args.data,
@@ -170,6 +178,29 @@ def config_from_args(args: argparse.Namespace, procs: int) -> TrainConfig:
     )
 
 
+def _optimizer(args: argparse.Namespace) -> tuple[str, float]:
+    """``(optimizer, momentum)`` of the flags: ``momentum`` is SGD with ``--momentum`` (0.9
+    unless given); adam and adamw keep their own moments and take no ``--momentum``."""
+    name, momentum = args.optimizer, args.momentum
+    if name in ("adam", "adamw"):
+        if momentum:
+            raise UserError(f"--optimizer {name} keeps its own moments: drop --momentum")
+        return name, 0.0
+    if args.weight_decay:
+        raise UserError("--weight-decay is for --optimizer adam or adamw")
+    if name == "momentum":
+        return "sgd", 0.9 if momentum is None else momentum
+    return "sgd", momentum or 0.0
+
+
+def _update(config: TrainConfig) -> str:
+    """The optimizer as the banner names it."""
+    if config.optimizer == "sgd":
+        return f"momentum {config.momentum:g}"
+    decay = f", weight decay {config.weight_decay:g}" if config.weight_decay else ""
+    return f"optimizer {config.optimizer}{decay}"
+
+
 def config_to_args(config: TrainConfig, out: Path, resume: bool = False) -> list[str]:
     """The command-line arguments that make a rank run ``config`` into ``out``."""
     args = ["train", "--model", config.model, "--procs", str(config.procs)]
@@ -177,6 +208,7 @@ def config_to_args(config: TrainConfig, out: Path, resume: bool = False) -> list
     args += ["--epochs", str(config.epochs), "--batch", str(config.batch_per_rank)]
     if not config.inference:  # no update: its settings are refused
         args += ["--lr", repr(config.lr), "--momentum", repr(config.momentum)]
+        args += ["--optimizer", config.optimizer, "--weight-decay", repr(config.weight_decay)]
     args += ["--seed", str(config.seed), "--data", config.data, "--init", config.init]
     args += ["--test-samples", str(config.test_samples), "--out", str(out)]
     if config.samples is not None:
@@ -384,7 +416,7 @@ def _banner(config: TrainConfig, run_dir: Path) -> str:
             f"pdlsim train: {config.model}, model parallel {what}: dense layers split over "
             f"{config.procs} rank(s) x {config.threads} thread(s), {config.device}; every rank "
             f"computes the same batch of {config.batch_per_rank} = global batch "
-            f"{config.global_batch}, {lr}, momentum {config.momentum:g}, data {config.data}; "
+            f"{config.global_batch}, {lr}, {_update(config)}, data {config.data}; "
             f"records in {run_dir}"
         )
     if config.inference:
@@ -392,7 +424,7 @@ def _banner(config: TrainConfig, run_dir: Path) -> str:
     return (
         f"pdlsim train: {config.model}, mode {config.mode} ({config.procs} rank(s) x "
         f"{config.threads} thread(s), {config.device}), batch {config.batch_per_rank} per rank = "
-        f"global batch {config.global_batch}, {lr}, momentum {config.momentum:g}, "
+        f"global batch {config.global_batch}, {lr}, {_update(config)}, "
         f"data {config.data}; records in {run_dir}"
     )
 

@@ -23,9 +23,10 @@ bias corrections (scalars) and ``p -= lr m / (sqrt(v) + eps)``; AdamW the decoup
 on top. In mixed precision the update reads the 16-bit gradient and writes the 16-bit weights
 besides the float32 state.
 
-pdlsim's own CPU trainer computes in float32 with SGD (with or without momentum), which is what
-the CPU kernel tables time; other precisions and optimizers are priced for GPU ranks, from the
-data sheet's peak at the precision (``peak_flops_per_s``).
+pdlsim's own CPU trainer computes in float32 (SGD, with or without momentum, Adam, AdamW); the
+CPU kernel tables time the SGD updates, so CPU ranks are priced for those, and other precisions
+and optimizers for GPU ranks, from the data sheet's peak at the precision
+(``peak_flops_per_s``).
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ class Training:
         if self.optimizer not in ("sgd", "momentum"):
             raise UserError(
                 f"CPU ranks are priced for SGD with or without momentum (the kernel tables "
-                f"time those updates); --optimizer {self.optimizer} needs GPU ranks (--gpus N)"
+                f"time those updates, not {self.optimizer}'s yet); --optimizer "
+                f"{self.optimizer} needs GPU ranks (--gpus N)"
             )
 
     def source(self) -> str:

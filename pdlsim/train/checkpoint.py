@@ -10,7 +10,9 @@ zip of arrays, read back without pickle. Its members:
   correct predictions and phase seconds so far, summed over ranks, and its elapsed time on rank
   0) and ``epochs`` (the results of the completed epochs);
 - ``params``: the flat float32 weights, the same on every rank after the allreduce;
-- ``velocity``: the SGD momentum buffer, when the run has momentum.
+- the optimizer's state, named as :attr:`microbench.nn.optim.SGD.state` names it: ``velocity``
+  (SGD with momentum), ``adam_m`` and ``adam_v`` (Adam, AdamW; their step count is the
+  position's ``global_step``).
 
 Rank 0 alone writes, atomically (temporary file, fsync, rename, directory fsync), so a run
 killed at any moment leaves the previous checkpoint or the new one whole, never a torn file;
@@ -51,6 +53,8 @@ RESUME_MUST_MATCH = {
     "batch_per_rank": "--batch",
     "lr": "--lr",
     "momentum": "--momentum",
+    "optimizer": "--optimizer",
+    "weight_decay": "--weight-decay",
     "scale_lr": "--scale-lr",
     "seed": "--seed",
     "data": "--data",
@@ -72,8 +76,12 @@ class CheckpointError(UserError):
 class Checkpoint:
     header: dict[str, Any]
     params: np.ndarray
-    velocity: np.ndarray | None
+    state: dict[str, np.ndarray]  # the optimizer's arrays by name
     path: Path
+
+    @property
+    def velocity(self) -> np.ndarray | None:
+        return self.state.get("velocity")
 
     @property
     def epoch(self) -> int:
@@ -119,12 +127,14 @@ def _host(array: Any) -> np.ndarray:
     return np.asarray(get() if callable(get) else array)
 
 
-def save_checkpoint(run_dir: Path, header: dict[str, Any], params: Any, velocity: Any) -> Path:
-    """Write one checkpoint (``header`` without the format fields) and prune old ones."""
+def save_checkpoint(
+    run_dir: Path, header: dict[str, Any], params: Any, state: dict[str, Any]
+) -> Path:
+    """Write one checkpoint (``header`` without the format fields; ``state``: the optimizer's
+    arrays by name) and prune old ones."""
     doc = {"format": FORMAT, "format_version": FORMAT_VERSION, "created_utc": utc_now(), **header}
     arrays = {"header": np.array(json.dumps(doc)), "params": _host(params)}
-    if velocity is not None:
-        arrays["velocity"] = _host(velocity)
+    arrays.update({name: _host(a) for name, a in state.items()})
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     path = checkpoint_path(run_dir, int(header["position"]["global_step"]))
@@ -163,8 +173,8 @@ def _read(path: Path, arrays: bool) -> tuple[dict[str, Any], dict[str, np.ndarra
             header = _check_header(path, json.loads(str(members["header"])))
             if arrays and "params" not in members.files:
                 raise CheckpointError(path, "no params member")
-            names = ("params", "velocity") if arrays else ()
-            return header, {name: members[name] for name in names if name in members.files}
+            names = [n for n in members.files if n != "header"] if arrays else []
+            return header, {name: members[name] for name in names}
     except CheckpointError:
         raise
     except FileNotFoundError:
@@ -182,12 +192,13 @@ def load_checkpoint(path: Path) -> Checkpoint:
     """Read and check a checkpoint (without pickle); CheckpointError says what is wrong."""
     path = Path(path)
     header, arrays = _read(path, arrays=True)
-    params, velocity = arrays["params"], arrays.get("velocity")
+    params = arrays.pop("params")
     if params.dtype != np.float32 or params.ndim != 1:
         raise CheckpointError(path, f"params are {params.dtype} {params.shape}, not flat float32")
-    if velocity is not None and velocity.shape != params.shape:
-        raise CheckpointError(path, f"velocity {velocity.shape} does not match params")
-    return Checkpoint(header, params, velocity, path)
+    for name, array in arrays.items():
+        if array.shape != params.shape:
+            raise CheckpointError(path, f"{name} {array.shape} does not match params")
+    return Checkpoint(header, params, arrays, path)
 
 
 def _flag(flag: str, value: Any) -> str:
@@ -201,7 +212,8 @@ def check_resumable(
 ) -> None:
     """Refuse, with one line naming every difference, a resume that would not continue the run
     ``header`` describes; ``workload`` is the current workload's ``to_dict()``."""
-    saved = header["config"]
+    # a setting newer than the checkpoint was at its default then
+    saved = {**TrainConfig().to_dict(), **header["config"]}
     now = config.to_dict()
     differ = [key for key in RESUME_MUST_MATCH if saved.get(key) != now[key]]
     if differ:
@@ -228,7 +240,7 @@ def check_resumable(
 def restore(
     path: Path, config: TrainConfig, workload: dict, net: Any, opt: Any, order: Any
 ) -> Checkpoint:
-    """Load ``path`` into the network's weights, the optimizer's velocity and the data-order
+    """Load ``path`` into the network's weights, the optimizer's state and the data-order
     generator ``order`` (a numpy Generator), checking first that it continues this run."""
     ckpt = load_checkpoint(path)
     check_resumable(ckpt.header, config, workload, ckpt.path)
@@ -236,15 +248,17 @@ def restore(
         raise CheckpointError(
             ckpt.path, f"{ckpt.params.size} weights, but the network has {net.params.size}"
         )
-    if (ckpt.velocity is None) != (config.momentum == 0):
-        raise CheckpointError(ckpt.path, "its momentum velocity does not match --momentum")
+    if set(ckpt.state) != set(opt.state_names()):
+        held = ", ".join(sorted(ckpt.state)) or "none"
+        raise CheckpointError(
+            ckpt.path, f"its optimizer state ({held}) does not match --optimizer/--momentum"
+        )
     try:
         order.bit_generator.state = ckpt.header["rng_state"]
     except (TypeError, ValueError, KeyError) as exc:
         raise CheckpointError(ckpt.path, f"bad data-order generator state ({exc})") from None
     net.params[...] = net.xp.asarray(ckpt.params)  # in place: the layers hold views of it
-    if ckpt.velocity is not None:
-        opt.velocity = net.xp.asarray(ckpt.velocity)
+    opt.load_state(ckpt.state, ckpt.global_step)
     return ckpt
 
 

@@ -30,6 +30,8 @@ class TrainConfig:
     batch_per_rank: int = 32
     lr: float = 0.02
     momentum: float = 0.0
+    optimizer: str = "sgd"  # sgd (with momentum), adam or adamw (microbench.nn.optim)
+    weight_decay: float = 0.0  # adam: L2 on the gradient; adamw: decoupled
     scale_lr: bool = False
     seed: int = 0
     data: str = "synthetic"

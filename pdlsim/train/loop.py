@@ -34,7 +34,7 @@ import numpy as np
 
 from microbench.errors import UserError
 from microbench.machine import machine_metadata
-from microbench.nn import SGD, Network
+from microbench.nn import SGD, Adam, Network, make_optimizer
 from microbench.records import RecordWriter
 from microbench.workload import Workload, load_workload
 from pdlsim.prediction.epoch import dataset_samples
@@ -150,10 +150,11 @@ def train(
     net = Network(
         workload, seed=config.seed, init=config.init, xp=device.xp, backend=device.kernel_backend
     )
-    # The allreduce leaves the SUM of the P ranks' gradients; a learning rate divided by P
+    # The allreduce leaves the SUM of the P ranks' gradients; SGD's learning rate divided by P
     # applies their mean without another pass over the gradients (with momentum too: the
-    # velocity is then P times larger and the step the same).
-    opt = SGD(config.effective_lr / size, config.momentum, xp=device.xp)
+    # velocity is then P times larger and the step the same); Adam scales them as it reads.
+    opt = make_optimizer(config.optimizer, config.effective_lr, config.momentum,
+                         config.weight_decay, size, xp=device.xp)  # fmt: skip
     feed = BatchFeed(train_set, batch, device, config.pinned, config.prefetch)
     step_once = _Stepper(net, opt, comm, device, feed, inference=config.inference)
     order = np.random.default_rng(config.seed)  # the data order: one permutation per epoch
@@ -198,7 +199,7 @@ def train(
             step_log.flush()
             if rank == 0:
                 start = time.perf_counter()
-                path = save_checkpoint(run_dir, header, net.params, opt.velocity)
+                path = save_checkpoint(run_dir, header, net.params, opt.state)
                 result.last_checkpoint = path
                 record = {"type": "checkpoint", "rank": rank, **header["position"]}
                 record.update(file=path.name, bytes=path.stat().st_size)
@@ -287,7 +288,7 @@ def train(
     return result
 
 
-def model_state_bytes(net: Network, opt: SGD, stepper: _Stepper) -> dict[str, int]:
+def model_state_bytes(net: Network, opt: SGD | Adam, stepper: _Stepper) -> dict[str, int]:
     """:func:`pdlsim.train.runinfo.state_parts` of a data-parallel rank: with MPI on a GPU the
     allreduce also goes through a host copy of the gradients."""
     gpu_mpi = stepper.device.kind == "gpu" and stepper.comm.size > 1
@@ -302,7 +303,7 @@ class _Stepper:
     def __init__(
         self,
         net: Network,
-        opt: SGD,
+        opt: SGD | Adam,
         comm: Any,
         device: Device,
         feed: BatchFeed,

@@ -28,7 +28,7 @@ import numpy as np
 
 from microbench.errors import UserError
 from microbench.machine import machine_metadata
-from microbench.nn import SGD
+from microbench.nn import SGD, Adam, make_optimizer
 from microbench.nn.sliced import SlicedNetwork
 from microbench.records import RecordWriter
 from microbench.workload import load_workload
@@ -77,7 +77,7 @@ class _Stepper:
     """One model-parallel step on this rank, timed phase by phase (:data:`MODEL_PHASES`)."""
 
     def __init__(
-        self, net: SlicedNetwork, opt: SGD, comm: Any, device: Device, feed: BatchFeed,
+        self, net: SlicedNetwork, opt: SGD | Adam, comm: Any, device: Device, feed: BatchFeed,
         inference: bool,
     ) -> None:  # fmt: skip
         self.net, self.opt, self.comm, self.device, self.feed = net, opt, comm, device, feed
@@ -131,7 +131,8 @@ def train_model_parallel(
         workload, comm, config.seed, config.init, device.xp, device.kernel_backend,
         device.synchronize,
     )  # fmt: skip
-    opt = SGD(config.lr, config.momentum, xp=device.xp)
+    opt = make_optimizer(config.optimizer, config.lr, config.momentum, config.weight_decay,
+                         xp=device.xp)  # fmt: skip
     feed = BatchFeed(train_set, batch, device, config.pinned, config.prefetch)
     step_once = _Stepper(net, opt, comm, device, feed, config.inference)
     order = np.random.default_rng(config.seed)

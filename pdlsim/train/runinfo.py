@@ -110,8 +110,9 @@ def device_pool_bytes(device: Device) -> int | None:
 def state_parts(net: Any, opt: Any, stepper: Any, extra_buffer_bytes: int = 0) -> dict[str, int]:
     """Bytes of the arrays training allocates, in the parts ``pdlsim predict`` reports per rank:
     weights, gradients (this rank's, a slice under model parallelism), optimizer_state (the
-    momentum velocity), activations (the training workspace at this batch: layer outputs,
-    input gradients, im2col columns, pool indices, gathered activations, the loss gradient),
+    momentum velocity, or Adam's two moments), activations (the training workspace at this
+    batch: layer outputs, input gradients, im2col columns, pool indices, gathered activations,
+    the loss gradient),
     buffers (the host batch, its pinned staging, on a GPU the batch's device copy, two of each
     with prefetch: :attr:`pdlsim.train.feed.BatchFeed.buffer_bytes`, plus
     ``extra_buffer_bytes``) and their total. Evaluation's workspaces and what the libraries
@@ -120,7 +121,7 @@ def state_parts(net: Any, opt: Any, stepper: Any, extra_buffer_bytes: int = 0) -
     parts = {
         "weights": int(net.params.nbytes),
         "gradients": int(net.grads.nbytes),
-        "optimizer_state": 0 if opt.velocity is None else int(opt.velocity.nbytes),
+        "optimizer_state": int(sum(a.nbytes for a in opt.state.values())),
         "activations": stepper.workspace_bytes,
         "buffers": int(buffers),
     }

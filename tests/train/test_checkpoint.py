@@ -56,7 +56,8 @@ def test_a_checkpoint_round_trips_without_pickle_and_old_ones_are_pruned(tmp_pat
     velocity = -params
     (tmp_path / ".checkpoint-step00000001.npz.abc.tmp").write_bytes(b"left by a killed write")
     for step in (1, 2, 10, 3):
-        save_checkpoint(tmp_path, _header(step), params * step, velocity if step != 3 else None)
+        state = {"velocity": velocity} if step != 3 else {}
+        save_checkpoint(tmp_path, _header(step), params * step, state)
     assert [p.name for p in list_checkpoints(tmp_path)] == [
         "checkpoint-step00000003.npz",
         "checkpoint-step00000010.npz",
@@ -79,7 +80,7 @@ def test_a_checkpoint_round_trips_without_pickle_and_old_ones_are_pruned(tmp_pat
 
 
 def test_damaged_or_foreign_checkpoints_are_refused_with_the_file_named(tmp_path):
-    path = save_checkpoint(tmp_path, _header(5), np.zeros(4, np.float32), None)
+    path = save_checkpoint(tmp_path, _header(5), np.zeros(4, np.float32), {})
     torn = tmp_path / "checkpoint-step00000006.npz"
     torn.write_bytes(path.read_bytes()[:200])
     with pytest.raises(CheckpointError, match=f"checkpoint {torn}: unreadable"):
@@ -121,10 +122,17 @@ NUMPY_AS_GPU = Device(
 
 
 @pytest.mark.parametrize("device", [cpu_device(), NUMPY_AS_GPU], ids=["cpu", "gpu-path"])
-def test_resuming_in_process_mid_epoch_or_with_more_epochs_repeats_the_run(tmp_path, device):
+@pytest.mark.parametrize(
+    "optimizer",
+    [{"momentum": 0.9}, {"optimizer": "adamw", "weight_decay": 0.01, "lr": 1e-3}],
+    ids=["momentum", "adamw"],
+)
+def test_resuming_in_process_mid_epoch_or_with_more_epochs_repeats_the_run(
+    tmp_path, device, optimizer
+):
     """Checkpoints every 20 steps of 32 per epoch: 60 is mid-epoch (kept with the final 64)."""
     config = TrainConfig(
-        model="mlp", epochs=2, batch_per_rank=16, samples=512, test_samples=64, momentum=0.9
+        model="mlp", epochs=2, batch_per_rank=16, samples=512, test_samples=64, **optimizer
     )
     config = replace(config, checkpoint_every=20)
     quiet = {"log": lambda line: None}
@@ -135,7 +143,10 @@ def test_resuming_in_process_mid_epoch_or_with_more_epochs_repeats_the_run(tmp_p
     resumed = train(config, LocalComm(), device, tmp_path / "again", resume=kept[0], **quiet)
     a, b = load_checkpoint(full.last_checkpoint), load_checkpoint(resumed.last_checkpoint)
     np.testing.assert_array_equal(a.params, b.params)
-    np.testing.assert_array_equal(a.velocity, b.velocity)
+    assert set(a.state) == set(b.state) == ({"velocity"} if "momentum" in optimizer else
+                                            {"adam_m", "adam_v"})  # fmt: skip
+    for name in a.state:
+        np.testing.assert_array_equal(a.state[name], b.state[name])
     assert [e.loss for e in resumed.epochs] == [e.loss for e in full.epochs]
     assert [e.test_accuracy for e in resumed.epochs] == [e.test_accuracy for e in full.epochs]
     assert len(resumed.step_losses) == 2 * STEPS_PER_EPOCH - 60

@@ -36,7 +36,10 @@ def _loss_curve(run_dir: Path) -> np.ndarray:
     return steps.groupby("global_step")["loss"].mean().sort_index().to_numpy()
 
 
-def _train(tmp_path: Path, name: str, model: str, procs: int, threads: int, batch: int) -> Path:
+def _train(
+    tmp_path: Path, name: str, model: str, procs: int, threads: int, batch: int,
+    optimizer: tuple[str, ...] = ("--momentum", "0.9"),
+) -> Path:  # fmt: skip
     out = tmp_path / name
     result = run_pdlsim(
         "train",
@@ -50,8 +53,7 @@ def _train(tmp_path: Path, name: str, model: str, procs: int, threads: int, batc
         str(batch),
         "--epochs",
         "2",
-        "--momentum",
-        "0.9",
+        *optimizer,
         "--out",
         str(out),
         *SMALL[model],
@@ -60,15 +62,23 @@ def _train(tmp_path: Path, name: str, model: str, procs: int, threads: int, batc
     return out
 
 
-@pytest.mark.parametrize("model", ["mlp", "cnn"])
-def test_serial_threads_mpi_and_hybrid_give_the_same_loss_curve(tmp_path, model):
-    """Synchronous data parallelism is the same computation: global batch 16 every time."""
+ADAMW = ("--optimizer", "adamw", "--lr", "0.002", "--weight-decay", "0.01")
+
+
+@pytest.mark.parametrize(
+    ("model", "optimizer"),
+    [("mlp", ("--momentum", "0.9")), ("cnn", ("--momentum", "0.9")), ("mlp", ADAMW)],
+    ids=["mlp-momentum", "cnn-momentum", "mlp-adamw"],
+)
+def test_serial_threads_mpi_and_hybrid_give_the_same_loss_curve(tmp_path, model, optimizer):
+    """Synchronous data parallelism is the same computation: global batch 16 every time (Adam
+    reads the summed gradients scaled by 1 / ranks: the same update as serial)."""
     runs = {
-        "serial": _train(tmp_path, "serial", model, procs=1, threads=1, batch=16),
-        "threads": _train(tmp_path, "threads", model, procs=1, threads=2, batch=16),
-        "mpi": _train(tmp_path, "mpi", model, procs=2, threads=1, batch=8),
-        "hybrid": _train(tmp_path, "hybrid", model, procs=2, threads=2, batch=8),
-    }
+        name: _train(tmp_path, name, model, procs, threads, batch, optimizer)
+        for name, procs, threads, batch in (
+            ("serial", 1, 1, 16), ("threads", 1, 2, 16), ("mpi", 2, 1, 8), ("hybrid", 2, 2, 8)
+        )
+    }  # fmt: skip
     curves = {mode: _loss_curve(run_dir) for mode, run_dir in runs.items()}
     reference = curves["serial"]
     assert len(reference) == 2 * int(SMALL[model][-1])
@@ -163,6 +173,9 @@ def test_a_job_started_by_the_users_own_mpiexec(tmp_path):
         (["--data", "mnist:/does/not/exist"], "/does/not/exist"),
         (["--batch", "4096", "--samples", "100"], "exceeds the 100 training samples"),
         (["--momentum", "1.5"], "--momentum must be below 1"),
+        (["--optimizer", "adam", "--momentum", "0.9"], "adam keeps its own moments"),
+        (["--weight-decay", "0.1"], "--weight-decay is for --optimizer adam or adamw"),
+        (["--optimizer", "lion"], "invalid choice: 'lion'"),
         (["--batch", "0"], "expected a positive integer"),
         (["--procs", "two"], "expected a positive integer, got 'two'"),
     ],
