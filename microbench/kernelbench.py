@@ -251,7 +251,7 @@ def loop_dims(
     """A call of ``kernel`` with about ``elements`` elements and inner run ``run``
     (:func:`~microbench.kernels.calls.call_features`), in typical layer settings; a max-pool
     with ``window`` (size, stride)."""
-    if kernel in ("relu", "relu_mask", "copy", "sgd", "sgd_momentum"):
+    if kernel in ("relu", "relu_mask", "copy", "sgd", "sgd_momentum", "adam"):
         return (elements,)
     if kernel in ("bias_act", "column_sum", "softmax_xent"):
         return (max(1, elements // run), run)
@@ -307,6 +307,11 @@ def _loop_fn(pool: _Pool, kernel: str, variant: str, dims: tuple[int, ...]) -> A
         src, dst = view(0, dims), view(1, dims)
         return lambda: np.copyto(dst, src)
     fn = getattr(loops, variant.replace("sgd_momentum", "sgd"))  # one loop, momentum on
+    if kernel == "adam":  # state of its own: moments that stay finite over any repeats
+        p, g = view(0, dims).copy(), view(1, dims)
+        m, v = np.zeros(dims, np.float32), np.full(dims, 1e-4, np.float32)
+        scalars = np.array([1.0, 0.0, 0.9, 0.999, 1.0, 1e-9, 1.0, 1e-8], dtype=np.float32)
+        return lambda: fn(p, g, m, v, scalars)
     if kernel in ("relu", "sgd", "sgd_momentum", "relu_mask"):
         x = view(0, dims)
         if kernel == "relu":

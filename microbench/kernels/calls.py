@@ -50,6 +50,7 @@ KERNEL_DIMS: dict[str, tuple[str, ...]] = {
     "copy": ("elements",),
     "sgd": ("elements",),
     "sgd_momentum": ("elements",),
+    "adam": ("elements",),
     "softmax_xent": ("batch", "classes"),
     "im2col": ("batch", "height", "width", "channels", "kernel", "stride", "padding"),
     "col2im": ("batch", "height", "width", "channels", "kernel", "stride", "padding"),
@@ -395,6 +396,7 @@ def step_calls(
     momentum: float = 0.0,
     gather: bool = True,
     layers: Sequence[LayerInfo] | None = None,
+    optimizer: str = "sgd",
 ) -> list[KernelCall]:
     """Every kernel call of one step of ``workload`` at ``batch`` per rank and ``threads``, in
     the order the network makes them: the mini-batch gather (``gather``), the input's
@@ -446,8 +448,12 @@ def step_calls(
         for role, count in (("W", info.weight_count), ("b", info.bias_count))
     ]
     grads = [(f"d{name}", n) for name, n in tensors]
-    velocity = [(f"v{name}", n) for name, n in tensors] if momentum else []
-    kernel = "sgd_momentum" if momentum else "sgd"
-    step.loop(kernel, (params,), -1, "update", (*tensors, *grads, *velocity),
-              (*tensors, *velocity))  # fmt: skip
+    if optimizer in ("adam", "adamw"):  # one loop for both: AdamW's decay is one multiply
+        state = [(f"{m}{name}", n) for name, n in tensors for m in ("m", "v")]
+        kernel = "adam"
+    else:
+        state = [(f"v{name}", n) for name, n in tensors] if momentum else []
+        kernel = "sgd_momentum" if momentum else "sgd"
+    step.loop(kernel, (params,), -1, "update", (*tensors, *grads, *state),
+              (*tensors, *state))  # fmt: skip
     return step.calls

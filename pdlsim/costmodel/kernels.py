@@ -63,7 +63,7 @@ class KernelCompute:
     model: KernelModel
     terms: frozenset[str] = frozenset(TERMS)
     z: float = 0.0  # the band's draw of the model's error, in sigmas
-    momentum: bool = False  # the update keeps a velocity (SGD with momentum)
+    optimizer: str = "sgd"  # the update's kernel: sgd, momentum (a velocity), adam or adamw
     _cache: dict[tuple, dict[tuple[int, str], float]] = field(default_factory=dict, repr=False)
     # each step's calls and their table seconds, shared by every draw (they move none of them)
     _prices: dict[tuple, tuple[list, list[float]]] = field(default_factory=dict, repr=False)
@@ -82,7 +82,7 @@ class KernelCompute:
             i, k = stratum
             j = int(np.random.default_rng(k).permutation(k)[i])
             z = float(special.ndtri((j + rng.random()) / k))
-        return KernelCompute(self.model, self.terms, z, self.momentum, _prices=self._prices)
+        return KernelCompute(self.model, self.terms, z, self.optimizer, _prices=self._prices)
 
     def _sigma(self, calls: Sequence[Any], seconds: Sequence[float], sigma: float) -> float:
         """The step's log sigma: the step terms' own; for a profile from before the step
@@ -116,8 +116,9 @@ class KernelCompute:
         if key in self._cache:
             return self._cache[key]
         if step not in self._prices:
-            momentum = 0.9 if self.momentum else 0.0  # any velocity: the momentum kernel
-            calls = step_calls(workload, batch, threads, training, momentum, layers=layers)
+            momentum = 0.9 if self.optimizer == "momentum" else 0.0  # any: the momentum kernel
+            calls = step_calls(workload, batch, threads, training, momentum, layers=layers,
+                               optimizer=self.optimizer)  # fmt: skip
             self._prices[step] = (calls, [self.model.call_s(c, threads) for c in calls])
         calls, alone = self._prices[step]
         terms = self.model.step_terms(threads)

@@ -184,11 +184,10 @@ class ProfileCostModel(ComputeCost):
         compute = profile.model("compute")
         kernels = None
         if profile.models.get("kernels") and device == "cpu":
-            momentum = training is not None and training.optimizer == "momentum"
             kernels = KernelCompute(
                 profile.model("kernels"),
                 frozenset(corrections) & frozenset(TERMS),
-                momentum=momentum,
+                optimizer=(training or Training()).optimizer,
             )
             if description is None and workload:  # a file not at hand: compute_time says so
                 with contextlib.suppress(UserError):

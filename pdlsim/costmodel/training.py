@@ -23,10 +23,9 @@ bias corrections (scalars) and ``p -= lr m / (sqrt(v) + eps)``; AdamW the decoup
 on top. In mixed precision the update reads the 16-bit gradient and writes the 16-bit weights
 besides the float32 state.
 
-pdlsim's own CPU trainer computes in float32 (SGD, with or without momentum, Adam, AdamW); the
-CPU kernel tables time the SGD updates, so CPU ranks are priced for those, and other precisions
-and optimizers for GPU ranks, from the data sheet's peak at the precision
-(``peak_flops_per_s``).
+pdlsim's own CPU trainer computes in float32 (SGD, with or without momentum, Adam, AdamW), and
+the CPU kernel sweep times each update, so CPU ranks are priced for those; the 16-bit and TF32
+precisions for GPU ranks, from the data sheet's peak at the precision (``peak_flops_per_s``).
 """
 
 from __future__ import annotations
@@ -117,19 +116,20 @@ class Training:
             )
         return peak
 
-    def check_cpu(self) -> None:
-        """UserError unless CPU ranks can compute this: float32 SGD, with or without
-        momentum (what pdlsim's trainer runs and its kernel tables time)."""
+    def check_cpu(self, timed: set[str] | None) -> None:
+        """UserError unless CPU ranks can compute this: float32, with an update the profile's
+        kernel tables time (``timed``: their update kernels; None: no kernel tables, the
+        update priced by its FLOPs and bytes)."""
         if self.precision != "fp32":
             raise UserError(
                 f"CPU ranks compute in fp32 (the kernel tables are float32); --precision "
                 f"{self.precision} needs GPU ranks (--gpus N)"
             )
-        if self.optimizer not in ("sgd", "momentum"):
+        kernel = {"adamw": "adam", "momentum": "sgd_momentum"}.get(self.optimizer, self.optimizer)
+        if timed is not None and kernel not in timed:
             raise UserError(
-                f"CPU ranks are priced for SGD with or without momentum (the kernel tables "
-                f"time those updates, not {self.optimizer}'s yet); --optimizer "
-                f"{self.optimizer} needs GPU ranks (--gpus N)"
+                f"the profile's kernel sweep did not time the {self.optimizer} update (a profile "
+                f"from before it did); recalibrate (pdlsim calibrate) or predict GPU ranks"
             )
 
     def source(self) -> str:

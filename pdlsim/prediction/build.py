@@ -139,7 +139,9 @@ def checked_training(cfg: PredictConfig, device: str, profile: Any) -> Training:
     if training.is_default:
         return training
     if device == "cpu":
-        training.check_cpu()
+        kernels = profile.model("kernels") if profile.models.get("kernels") else None
+        timed = None if kernels is None else {v.removesuffix("_serial") for v, _ in kernels.loops_}
+        training.check_cpu(timed)
     elif "gpu" in profile.model("compute").devices and training.precision != "fp32":
         raise UserError(
             "the profile's GPU layers were timed in fp32; --precision "

@@ -295,3 +295,16 @@ def test_every_gemm_table_carries_the_stride_law_of_its_layout_and_threads(sweep
         assert again.gemm_[key].alias.c_s(64, 2048) == pytest.approx(
             table.alias.c_s(64, 2048), 1e-3
         )
+
+
+def test_every_update_the_trainer_runs_is_swept_and_priced(sweep):
+    """SGD, momentum and Adam each have a loop table of their own; Adam, reading and writing
+    two moments besides the weights, costs more than plain SGD over the same parameters."""
+    _, model = sweep
+    assert {"sgd_serial", "sgd_momentum_serial", "adam_serial"} <= {v for v, _ in model.loops_}
+    mlp = load_workload("mlp")
+    steps = {name: KernelCompute(model, frozenset(), optimizer=name).step_s(mlp, 8, 1)
+             for name in ("sgd", "momentum", "adam", "adamw")}  # fmt: skip
+    assert steps["adam"] == steps["adamw"] > steps["sgd"]
+    update = [c for c in step_calls(mlp, 8, 1, optimizer="adam") if c.phase == "update"]
+    assert [c.kernel for c in update] == ["adam"] and update[0].dims == (mlp.param_count,)

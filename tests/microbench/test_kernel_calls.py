@@ -17,7 +17,7 @@ from microbench.kernels.calls import (
     step_calls,
 )
 from microbench.kernels.policy import PARALLEL_MIN_ELEMENTS
-from microbench.nn import SGD, Network
+from microbench.nn import Network, make_optimizer
 from microbench.randomnets import random_workloads
 from microbench.threads import available_cores, set_threads
 from microbench.workload import Workload, load_workload
@@ -66,7 +66,10 @@ MLP_INPUT_RELU = Workload.from_dict(
 )
 
 
-def _trace(monkeypatch, workload: Workload, batch: int, threads: int, momentum: float = 0.0):
+def _trace(
+    monkeypatch, workload: Workload, batch: int, threads: int, momentum: float = 0.0,
+    optimizer: str = "sgd",
+):  # fmt: skip
     """The calls one real step makes: (kernel, dims) for GEMMs and copies, (variant, None)
     for loops."""
     log: list[tuple[str, object]] = []
@@ -103,7 +106,7 @@ def _trace(monkeypatch, workload: Workload, batch: int, threads: int, momentum: 
     monkeypatch.setattr(kernels_cpu, "loops", Loops())
     set_threads(threads)
     try:
-        net, opt = Network(workload), SGD(0.01, momentum)
+        net, opt = Network(workload), make_optimizer(optimizer, 0.01, momentum)
         x = np.random.default_rng(0).standard_normal((batch, *workload.input_shape), np.float32)
         y = np.random.default_rng(1).integers(0, workload.num_classes, batch)
         net.forward(x, y)
@@ -161,6 +164,17 @@ def test_momentum_updates_with_the_same_loop(monkeypatch):
     assert calls[-1].kernel == "sgd_momentum"
     assert _same(traced, _expected(calls))
     assert {name for name, _ in calls[-1].reads} >= {"vW0", "dW0", "W0"}
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_adam_updates_with_its_own_loop_over_both_moments(monkeypatch, optimizer):
+    workload = load_workload("mlp")
+    for threads in sorted({1, min(2, available_cores())}):
+        traced = _trace(monkeypatch, workload, 8, threads, optimizer=optimizer)
+        calls = step_calls(workload, 8, threads, gather=False, optimizer=optimizer)
+        assert calls[-1].kernel == "adam" and _same(traced, _expected(calls))
+        names = {name for name, _ in calls[-1].writes}
+        assert names >= {"W0", "mW0", "vW0"} and "dW0" not in names
 
 
 def test_a_step_starts_with_the_gather_and_forward_only_ends_at_the_loss():

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+import calibration
 from microbench.errors import UserError
 from microbench.network_ops import update_cost
 from microbench.workload import load_workload
@@ -12,6 +16,8 @@ from pdlsim.costmodel.training import Training
 from pdlsim.prediction.config import PredictConfig
 from pdlsim.prediction.core import run_prediction
 from tests.conftest import run_pdlsim
+
+PACKAGED = Path(calibration.__file__).parent / "profiles" / "xeon-2core.json"
 
 
 @pytest.mark.parametrize(
@@ -74,7 +80,6 @@ def test_mixed_precision_halves_the_wire_and_the_activations_and_runs_faster():
 def test_precision_and_optimizer_that_cannot_be_priced_are_one_line_errors():
     for argv, message in (
         (("--precision", "bf16"), "CPU ranks compute in fp32"),
-        (("--optimizer", "adam"), "--optimizer adam needs GPU ranks"),
         (("--gpus", "2", "--parallel", "model", "--precision", "bf16"), "data-parallel training"),
         (("--gpus", "2", "--precision", "fp16", "--compression", "fp16"), "16-bit already"),
         (("--gpus", "2", "--gpu-preset", "v100", "--precision", "bf16"), "no bf16 tensor cores"),
@@ -83,6 +88,22 @@ def test_precision_and_optimizer_that_cannot_be_priced_are_one_line_errors():
         done = run_pdlsim("predict", "--nodes", "1", "--model", "mlp", *argv)
         assert done.returncode == 2 and message in done.stderr, (argv, done.stderr)
         assert "Traceback" not in done.stderr
+
+
+def test_a_profile_whose_sweep_did_not_time_an_update_refuses_it_on_cpu(tmp_path):
+    doc = json.loads(PACKAGED.read_text())
+    loops = doc["models"]["kernels"]["loops"]
+    for name in [n for n in loops if n.startswith("adam")]:
+        del loops[name]
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps(doc))
+    done = run_pdlsim("predict", "--nodes", "1", "--model", "mlp", "--profile", str(older),
+                      "--optimizer", "adamw")  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "did not time the adamw update" in done.stderr and "recalibrate" in done.stderr
+    again = run_pdlsim("predict", "--nodes", "1", "--model", "mlp", "--profile", str(older),
+                       "--optimizer", "momentum")  # fmt: skip
+    assert again.returncode == 0, again.stderr
 
 
 def test_cpu_ranks_price_the_momentum_update_from_its_own_kernel():
