@@ -35,6 +35,7 @@ __all__ = [
     "call_features",
     "op_calls",
     "step_calls",
+    "update_kernel",
 ]
 
 LABEL_BYTES = 8  # int64 labels, as Network.forward converts them
@@ -388,6 +389,15 @@ def op_calls(
     return [*out, (-1, "update")]
 
 
+def update_kernel(optimizer: str) -> str:
+    """The loop that updates the parameters for ``optimizer`` (sgd, momentum, adam, adamw):
+    one loop serves Adam and AdamW, whose decoupled decay is one more multiply."""
+    kernels = {"sgd": "sgd", "momentum": "sgd_momentum", "adam": "adam", "adamw": "adam"}
+    if optimizer not in kernels:
+        raise ValueError(f"unknown optimizer {optimizer!r}; use one of {', '.join(kernels)}")
+    return kernels[optimizer]
+
+
 def step_calls(
     workload: Workload,
     batch: int,
@@ -401,8 +411,9 @@ def step_calls(
     """Every kernel call of one step of ``workload`` at ``batch`` per rank and ``threads``, in
     the order the network makes them: the mini-batch gather (``gather``), the input's
     transpose to channels-last where the network runs so, each op's forward, the loss, then
-    (``training``) each op's backward down to the first layer with parameters and the SGD
-    update (with ``momentum``: the velocity too). ``layers``: the workload's layers with some
+    (``training``) each op's backward down to the first layer with parameters and the
+    ``optimizer``'s update (:func:`update_kernel`; SGD with ``momentum`` is ``momentum``: the
+    velocity too). ``layers``: the workload's layers with some
     replaced (a rank's slices of a layer-wise split); default the workload's own."""
     if batch < 1 or threads < 1:
         raise ValueError(f"batch and threads must be >= 1, got {batch} and {threads}")
@@ -448,12 +459,9 @@ def step_calls(
         for role, count in (("W", info.weight_count), ("b", info.bias_count))
     ]
     grads = [(f"d{name}", n) for name, n in tensors]
-    if optimizer in ("adam", "adamw"):  # one loop for both: AdamW's decay is one multiply
-        state = [(f"{m}{name}", n) for name, n in tensors for m in ("m", "v")]
-        kernel = "adam"
-    else:
-        state = [(f"v{name}", n) for name, n in tensors] if momentum else []
-        kernel = "sgd_momentum" if momentum else "sgd"
+    kernel = update_kernel("momentum" if momentum and optimizer == "sgd" else optimizer)
+    buffers = {"sgd": (), "sgd_momentum": ("v",), "adam": ("m", "v")}[kernel]
+    state = [(f"{b}{name}", n) for name, n in tensors for b in buffers]
     step.loop(kernel, (params,), -1, "update", (*tensors, *grads, *state),
               (*tensors, *state))  # fmt: skip
     return step.calls

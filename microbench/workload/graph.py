@@ -87,21 +87,21 @@ class Workload:
         handles only those, ``hint`` what to do instead. (Without a layer that joins two
         inputs, a graph is a chain.)"""
         other = [info for info in self.layers if info.kind not in kinds]
-        found = ", ".join(dict.fromkeys(info.kind for info in other))
-        for info in () if other else self.layers:
-            spec = KIND_SETTINGS[info.kind]
-            changed = [
-                k for k, v in info.layer.settings.items() if spec[k].quiet and v != spec[k].default
-            ]
-            if changed:
-                value = json.dumps(info.layer.get(changed[0]))
-                found, other = f"{info.kind} with {changed[0]} {value}", [info]
-                break
         if other:
-            raise WorkloadError(
-                f"workload {self.name}: {who} does not handle {found} yet (layer "
-                f"{other[0].name}); it handles {', '.join(kinds)}{hint}"
-            )
+            found = ", ".join(dict.fromkeys(info.kind for info in other))
+            self._refuse(who, f"{found} yet (layer {other[0].name})", kinds, hint)
+        for info in self.layers:
+            spec = KIND_SETTINGS[info.kind]
+            for key, value in info.layer.settings.items():
+                if spec[key].quiet and value != spec[key].default:
+                    found = f"{info.kind} with {key} {json.dumps(value)}"
+                    self._refuse(who, f"{found} yet (layer {info.name})", kinds, hint)
+
+    def _refuse(self, who: str, what: str, kinds: Sequence[str], hint: str) -> None:
+        raise WorkloadError(
+            f"workload {self.name}: {who} does not handle {what}; it handles "
+            f"{', '.join(kinds)}{hint}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON description this workload was built from (round-trips via from_dict)."""
@@ -252,7 +252,7 @@ def _build(doc: Any, source: str) -> Workload:
             f"{source}: layer {unread[0]} is read by no later layer; every layer but the loss "
             "must feed another (name it in a later layer's inputs, or remove it)"
         )
-    if not any(info.param_count or info.tied_to is not None for info in infos):
+    if not any(info.param_count for info in infos):
         raise WorkloadError(f"{source}: no layer has parameters; add a dense or conv2d layer")
     return Workload(name, input_shape, tuple(infos), description)
 

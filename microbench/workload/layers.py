@@ -231,9 +231,7 @@ def _dense(s: Settings, shape: Shape, grad: bool, where: str) -> _Derived:
     bias = u if s.get("bias", True) else 0
     weights = 0 if s.get("tied_to") else n * u
     fwd = 2 * macs + t * bias
-    return _Derived(
-        (*shape[:-1], u), weights, bias, fwd, 2 * macs + t * bias + (2 * macs if grad else 0)
-    )
+    return _Derived((*shape[:-1], u), weights, bias, fwd, fwd + (2 * macs if grad else 0))
 
 
 def _conv2d(s: Settings, shape: Shape, grad: bool, where: str) -> _Derived:

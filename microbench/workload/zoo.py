@@ -70,16 +70,11 @@ class _Net:
 
     def add(self, kind: str, name: str, inputs: list[str] | None = None, **settings: Any) -> str:
         layer: dict[str, Any] = {"kind": kind, "name": name, **settings}
-        reads = inputs or [self.last]
-        if reads != [self._previous()]:
-            layer["inputs"] = reads
+        if inputs and inputs != [self.last]:
+            layer["inputs"] = inputs
         self.doc["layers"].append(layer)
         self.last = name
         return name
-
-    def _previous(self) -> str:
-        layers = self.doc["layers"]
-        return layers[-1]["name"] if layers else "input"
 
     def conv_bn(self, name: str, filters: int, kernel: int, stride: int = 1,
                 relu: bool = True, inputs: list[str] | None = None) -> str:  # fmt: skip

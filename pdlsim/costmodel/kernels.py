@@ -116,9 +116,9 @@ class KernelCompute:
         if key in self._cache:
             return self._cache[key]
         if step not in self._prices:
-            momentum = 0.9 if self.optimizer == "momentum" else 0.0  # any: the momentum kernel
-            calls = step_calls(workload, batch, threads, training, momentum, layers=layers,
-                               optimizer=self.optimizer)  # fmt: skip
+            calls = step_calls(
+                workload, batch, threads, training, layers=layers, optimizer=self.optimizer
+            )
             self._prices[step] = (calls, [self.model.call_s(c, threads) for c in calls])
         calls, alone = self._prices[step]
         terms = self.model.step_terms(threads)

@@ -116,17 +116,16 @@ class Training:
             )
         return peak
 
-    def check_cpu(self, timed: set[str] | None) -> None:
-        """UserError unless CPU ranks can compute this: float32, with an update the profile's
-        kernel tables time (``timed``: their update kernels; None: no kernel tables, the
-        update priced by its FLOPs and bytes)."""
+    def check_cpu(self, update_timed: bool) -> None:
+        """UserError unless CPU ranks can compute this: float32, with an update the profile
+        prices (``update_timed``: its kernel tables time this optimizer's update, or it has
+        none and prices the update by its FLOPs and bytes)."""
         if self.precision != "fp32":
             raise UserError(
                 f"CPU ranks compute in fp32 (the kernel tables are float32); --precision "
                 f"{self.precision} needs GPU ranks (--gpus N)"
             )
-        kernel = {"adamw": "adam", "momentum": "sgd_momentum"}.get(self.optimizer, self.optimizer)
-        if timed is not None and kernel not in timed:
+        if not update_timed:
             raise UserError(
                 f"the profile's kernel sweep did not time the {self.optimizer} update (a profile "
                 f"from before it did); recalibrate (pdlsim calibrate) or predict GPU ranks"

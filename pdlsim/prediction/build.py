@@ -139,8 +139,12 @@ def checked_training(cfg: PredictConfig, device: str, profile: Any) -> Training:
     if training.is_default:
         return training
     if device == "cpu":
-        kernels = profile.model("kernels") if profile.models.get("kernels") else None
-        timed = None if kernels is None else {v.removesuffix("_serial") for v, _ in kernels.loops_}
+        from microbench.kernels.calls import update_kernel  # numba: not when parsing flags
+
+        timed = True
+        if profile.models.get("kernels"):
+            loops = {v.removesuffix("_serial") for v, _ in profile.model("kernels").loops_}
+            timed = update_kernel(training.optimizer) in loops
         training.check_cpu(timed)
     elif "gpu" in profile.model("compute").devices and training.precision != "fp32":
         raise UserError(
