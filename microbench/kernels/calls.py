@@ -2,9 +2,9 @@
 
 :class:`microbench.nn.Network` runs a step as a fixed sequence of kernel calls (GEMMs through
 numpy's BLAS, numba loops, a few numpy copies); :func:`step_calls` lists that sequence without
-running anything, by the same rules the network follows (:func:`fused_ops`: a dense
-or conv2d layer absorbs the relu and max-pool after it; :mod:`microbench.kernels.policy`: which
-loops run in parallel, how col2im is chunked). A compute model that knows what each kernel
+running anything, by the same rules the network follows (:mod:`microbench.kernels.fusion`: a
+dense or conv2d layer absorbs the relu and max-pool after it; :mod:`microbench.kernels.policy`:
+which loops run in parallel, how col2im is chunked). A compute model that knows what each kernel
 costs at its shape then prices any workload of the supported layer kinds, including one it
 never saw; the tests hold this list to a trace of the real network's calls.
 
@@ -20,9 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from microbench.kernels.fusion import FusedOp, channels_last, fused_ops
 from microbench.kernels.policy import col2im_chunk_samples, runs_parallel
 from microbench.kernels.shapes import conv_output_hw, pool_output_hw, window_range
-from microbench.workload import BYTES_PER_VALUE, TRAINED_KINDS, LayerInfo, Workload
+from microbench.workload import BYTES_PER_VALUE, CPU_MODEL_KINDS, LayerInfo, Workload
 
 __all__ = [
     "GEMM_LAYOUTS",
@@ -165,61 +166,6 @@ def _gemm(
         f"gemm_{layout}", (m, n, k), layer, phase, False, ((a, m * k * _F), (b, k * n * _F)),
         ((c, m * n * _F),),
     )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class FusedOp:
-    """One op of the network: a lead layer and the relu / max-pool fused into it; a standalone
-    relu works ``in_place`` unless its input is the caller's array."""
-
-    lead: LayerInfo
-    relu: bool = False
-    pool: LayerInfo | None = None
-    in_place: bool = True
-
-
-def fused_ops(layers: Sequence[LayerInfo], input_owned: bool) -> list[FusedOp]:
-    """The ops a network makes of ``layers`` (the loss excluded): a dense layer absorbs a relu
-    right after it, a conv2d the relu and max-pool after it in either order. ``input_owned``:
-    the network feeds its own copy of the input (it runs channels-last), so a first relu may
-    work in place. :func:`microbench.nn.layers.build_ops` builds the ops from these."""
-    groups: list[FusedOp] = []
-    owned, i = input_owned, 0
-    while i < len(layers):
-        info, after = layers[i], layers[i + 1 : i + 3]
-        if info.kind == "conv2d":
-            relu, pool = False, None
-            for nxt in after:
-                if nxt.kind == "relu" and not relu:
-                    relu = True
-                elif nxt.kind == "maxpool2d" and pool is None:
-                    pool = nxt
-                else:
-                    break
-            groups.append(FusedOp(info, relu, pool))
-            i += 1 + relu + (pool is not None)
-        elif info.kind == "dense":
-            fuse = bool(after) and after[0].kind == "relu"
-            groups.append(FusedOp(info, fuse))
-            i += 1 + fuse
-        else:
-            groups.append(FusedOp(info, in_place=owned))
-            i += 1
-        owned = owned or info.kind != "flatten"
-    return groups
-
-
-def channels_last(input_shape: tuple[int, ...], layers: Sequence[LayerInfo]) -> bool:
-    """Whether a network runs channels-last: an image input that a convolution or a pool reads
-    before the first flatten (relu and flatten alone work on the input as it comes)."""
-    if len(input_shape) != 3:
-        return False
-    for info in layers:
-        if info.kind == "flatten":
-            return False
-        if info.kind in ("conv2d", "maxpool2d"):
-            return True
-    return False
 
 
 def _hwc(shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -417,7 +363,7 @@ def step_calls(
     replaced (a rank's slices of a layer-wise split); default the workload's own."""
     if batch < 1 or threads < 1:
         raise ValueError(f"batch and threads must be >= 1, got {batch} and {threads}")
-    workload.require(TRAINED_KINDS, "the CPU kernel model", "; predict it on GPUs (--gpus N)")
+    workload.require(CPU_MODEL_KINDS, "the CPU kernel model", "; predict it on GPUs (--gpus N)")
     layers = tuple(workload.layers if layers is None else layers)
     body, loss = layers[:-1], layers[-1]
     step = _Step(batch, threads)

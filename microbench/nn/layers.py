@@ -22,10 +22,21 @@ from typing import Any
 import numpy as np
 
 from microbench.kernels import Kernels, conv_output_hw, pool_output_hw
-from microbench.kernels.calls import fused_ops
 from microbench.workload import LayerInfo
 
 Buffers = dict[str, Any]
+
+
+def workspace_bytes(space: list[Buffers]) -> int:
+    """Bytes of the arrays in a workspace (one dict of buffers per op; a buffer may be a list
+    of arrays), each array once however many ops share it."""
+    arrays: dict[int, Any] = {}
+    for buf in space:
+        for value in buf.values():
+            for a in value if isinstance(value, list | tuple) else (value,):
+                if hasattr(a, "nbytes"):
+                    arrays[id(a)] = a
+    return int(sum(a.nbytes for a in arrays.values()))
 
 
 def _empty(xp: Any, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
@@ -33,23 +44,51 @@ def _empty(xp: Any, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
 
 
 class Op(ABC):
-    """One layer (or a fused group led by ``info``), on per-sample ``in_shape`` activations."""
+    """One layer (or a fused group led by ``info``), on per-sample ``in_shape`` activations.
+
+    The contract every op keeps, so that a graph of them runs forward and backward safely:
+
+    * ``forward`` never writes into its input, unless the network built it ``in_place`` (the
+      input then has no other reader); ``backward`` may overwrite the incoming gradient only
+      where it says so (relu), since the network hands each op a gradient it alone reads.
+    * Parameters: ``weight_shape`` (None: none) is the shape the network gives the weight view;
+      the bias view is flat, ``info.bias_count`` long. ``backward`` *writes* (never adds to)
+      ``dw`` and ``db``.
+    * ``state_count`` values of state that is not trained (batchnorm's running statistics)
+      live in the network's flat ``state`` array, bound by :meth:`bind_state`.
+    * ``backward`` returns the input gradient, or None where ``info.needs_input_grad`` is
+      false; an op of several inputs returns one per input.
+    """
 
     weight_shape: tuple[int, ...] | None = None
+    state_count = 0
 
     def __init__(self, info: LayerInfo, kernels: Kernels, in_shape: tuple[int, ...]) -> None:
         self.info = info
         self.k = kernels
+        self.xp = kernels.xp
         self.in_shape = in_shape
         self.out_shape = in_shape
-        self.w = self.b = self.dw = self.db = None
+        self.w = self.b = self.dw = self.db = self.state = None
 
     def bind(self, w: Any, b: Any, dw: Any, db: Any) -> None:
         """Views of this op's parameters and gradients in the network's flat arrays."""
         self.w, self.b, self.dw, self.db = w, b, dw, db
 
+    def bind_state(self, state: Any) -> None:
+        """A view of this op's ``state_count`` values in the network's flat state array."""
+        self.state = state
+
+    def initial_state(self) -> np.ndarray:
+        """The ``state_count`` values this op's state starts from (float32, on the host)."""
+        return np.zeros(self.state_count, np.float32)
+
+    def set_rng(self, rng: np.random.Generator) -> None:  # noqa: B027 (most ops draw nothing)
+        """The generator an op that draws random numbers (dropout) draws from; others ignore it."""
+
     def allocate(self, xp: Any, batch: int, training: bool) -> Buffers:
-        """Buffers for ``batch`` samples; without ``training``, none for the backward pass."""
+        """Buffers for ``batch`` samples; without ``training``, none for the backward pass
+        (an op that behaves differently in evaluation, such as dropout, keeps the flag)."""
         return {}
 
     @abstractmethod
@@ -65,9 +104,19 @@ class Op(ABC):
         return _empty(xp, (batch, *self.in_shape)) if need else None
 
 
+def _bias_relu(k: Kernels, y: Any, b: Any, relu: bool) -> None:
+    """In place: ``y + b`` (``b`` None: a layer without bias), then the relu if ``relu``."""
+    if b is not None:
+        k.bias_activation(y, b, relu, y)
+    elif relu:
+        k.relu_forward(y, y)
+
+
 class Dense(Op):
     """``y = x @ W + b`` (then relu if fused), ``W`` stored (in, out): the forward GEMM reads
-    it as stored and both backward GEMMs (``x.T @ dy``, ``dy @ W.T``) only flag a transpose."""
+    it as stored and both backward GEMMs (``x.T @ dy``, ``dy @ W.T``) only flag a transpose.
+    On tokens (``in_shape`` (tokens, features)) the GEMMs run on the (batch * tokens,
+    features) views of the activations."""
 
     def __init__(
         self, info: LayerInfo, kernels: Kernels, in_shape: tuple[int, ...], relu: bool = False
@@ -75,23 +124,27 @@ class Dense(Op):
         super().__init__(info, kernels, in_shape)
         units = info.layer.get("units")
         self.relu = relu
-        self.out_shape = (units,)
-        self.weight_shape = (in_shape[0], units)
+        self.out_shape = (*in_shape[:-1], units)
+        self.weight_shape = (in_shape[-1], units)
 
     def allocate(self, xp: Any, batch: int, training: bool) -> Buffers:
         return {"y": _empty(xp, (batch, *self.out_shape)), "dx": self._dx(xp, batch, training)}
 
+    def _rows(self, a: Any) -> Any:
+        return a if a is None or a.ndim == 2 else a.reshape(-1, a.shape[-1])
+
     def forward(self, x: Any, buf: Buffers) -> Any:
-        buf["x"], y = x, buf["y"]
-        self.k.dense_forward(x, self.w, None if self.relu else self.b, y)
+        buf["x"], y = self._rows(x), buf["y"]
+        self.k.dense_forward(buf["x"], self.w, None if self.relu else self.b, self._rows(y))
         if self.relu:
-            self.k.bias_activation(y, self.b, True, y)
+            _bias_relu(self.k, y, self.b, True)
         return y
 
     def backward(self, dy: Any, buf: Buffers) -> Any:
         if self.relu:
             self.k.relu_backward(dy, buf["y"], dy)
-        self.k.dense_backward(buf["x"], self.w, dy, self.dw, self.db, buf["dx"])
+        rows = self._rows
+        self.k.dense_backward(buf["x"], self.w, rows(dy), self.dw, self.db, rows(buf["dx"]))
         return buf["dx"]
 
 
@@ -148,7 +201,7 @@ class Conv2d(Op):
         if self.pool is not None:
             k.maxpool2d_forward(z, *self.pool, y, buf["argmax"])
         if fused:
-            k.bias_activation(y, self.b, self.relu, y)
+            _bias_relu(k, y, self.b, self.relu)
         return y
 
     def backward(self, dy: Any, buf: Buffers) -> Any:
@@ -157,7 +210,8 @@ class Conv2d(Op):
             k.relu_backward(dy, buf["y"], dy)
         dz, db = dy, self.db
         if self.pool is not None:
-            k.channel_sum(dy, self.db)  # the bias was added after the pool
+            if db is not None:
+                k.channel_sum(dy, db)  # the bias was added after the pool
             k.maxpool2d_backward(dy, buf["argmax"], *self.pool, buf["dz"])
             dz, db = buf["dz"], None
         k.conv2d_backward(
@@ -191,27 +245,50 @@ class ReLU(Op):
 
 
 class MaxPool2d(Op):
-    """A max-pool that follows no conv layer (channels-last)."""
+    """A max-pool that follows no conv layer (channels-last). With ``padding`` the input is
+    copied into a buffer bordered by -inf (a pad never wins), pooled there, and backward
+    scatters into the padded gradient and hands back its inside."""
 
     def __init__(self, info: LayerInfo, kernels: Kernels, in_shape: tuple[int, ...]) -> None:
         super().__init__(info, kernels, in_shape)
         h, w, c = in_shape
         self.size, self.stride = info.layer.get("size"), info.layer.get("stride")
-        self.out_shape = (*pool_output_hw(h, w, self.size, self.stride), c)
+        self.padding = info.layer.settings.get("padding", 0)
+        p = self.padding
+        self.padded_shape = (h + 2 * p, w + 2 * p, c)
+        self.out_shape = (*pool_output_hw(h + 2 * p, w + 2 * p, self.size, self.stride), c)
 
     def allocate(self, xp: Any, batch: int, training: bool) -> Buffers:
-        return {
+        buf = {
             "y": _empty(xp, (batch, *self.out_shape)),
             "argmax": _empty(xp, (batch, *self.out_shape), np.int32),
             "dx": self._dx(xp, batch, training),
         }
+        if self.padding:
+            buf["xpad"] = xp.full((batch, *self.padded_shape), -np.inf, np.float32)
+            if buf["dx"] is not None:
+                buf["dxpad"] = _empty(xp, (batch, *self.padded_shape))
+        return buf
+
+    def _inside(self, a: Any) -> Any:
+        p = self.padding
+        return a[:, p:-p, p:-p, :]
 
     def forward(self, x: Any, buf: Buffers) -> Any:
+        if self.padding:
+            self._inside(buf["xpad"])[...] = x
+            x = buf["xpad"]
         self.k.maxpool2d_forward(x, self.size, self.stride, buf["y"], buf["argmax"])
         return buf["y"]
 
     def backward(self, dy: Any, buf: Buffers) -> Any:
-        self.k.maxpool2d_backward(dy, buf["argmax"], self.size, self.stride, buf["dx"])
+        if buf["dx"] is None:
+            return None
+        if not self.padding:
+            self.k.maxpool2d_backward(dy, buf["argmax"], self.size, self.stride, buf["dx"])
+            return buf["dx"]
+        self.k.maxpool2d_backward(dy, buf["argmax"], self.size, self.stride, buf["dxpad"])
+        self.xp.copyto(buf["dx"], self._inside(buf["dxpad"]))
         return buf["dx"]
 
 
@@ -228,32 +305,3 @@ class Flatten(Op):
 
     def backward(self, dy: Any, buf: Buffers) -> Any:
         return dy.reshape(dy.shape[0], *self.in_shape)
-
-
-def build_ops(
-    layers: tuple[LayerInfo, ...], kernels: Kernels, in_shape: tuple[int, ...], input_owned: bool
-) -> list[Op]:
-    """The ops for ``layers`` (the loss excluded), fusing relu/max-pool into the layer before
-    (:func:`microbench.kernels.calls.fused_ops`, whose rule the compute model prices by).
-
-    ``in_shape`` is the per-sample input in the layout the network runs (channels-last when
-    the input goes through 2-D layers); ``input_owned`` says whether the network feeds its own
-    copy of the input. A standalone relu works in place unless its input is the caller's."""
-    ops: list[Op] = []
-    shape = in_shape
-    for fused in fused_ops(layers, input_owned):
-        info = fused.lead
-        op: Op
-        if info.kind == "conv2d":
-            op = Conv2d(info, kernels, shape, relu=fused.relu, pool=fused.pool)
-        elif info.kind == "dense":
-            op = Dense(info, kernels, shape, relu=fused.relu)
-        elif info.kind == "relu":
-            op = ReLU(info, kernels, shape, in_place=fused.in_place)
-        elif info.kind == "maxpool2d":
-            op = MaxPool2d(info, kernels, shape)
-        else:
-            op = Flatten(info, kernels, shape)
-        ops.append(op)
-        shape = op.out_shape
-    return ops

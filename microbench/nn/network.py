@@ -23,11 +23,14 @@ from typing import Any
 import numpy
 
 from microbench.kernels import kernels_for
-from microbench.kernels.calls import channels_last
-from microbench.nn.layers import Buffers, Op, build_ops
-from microbench.workload import TRAINED_KINDS, LayerInfo, Workload
+from microbench.kernels.fusion import channels_last
+from microbench.nn.build import Graph, build_graph
+from microbench.nn.layers import Buffers, Op, workspace_bytes
+from microbench.nn.tokens import token_cross_entropy
+from microbench.workload import LayerInfo, Workload
 
 INITS = ("he", "xavier", "glorot")
+EMBEDDING_STD = numpy.float32(0.02)
 
 # Workspaces kept at once: training batch and partial last batch, evaluation chunk and its last.
 _MAX_WORKSPACES = 4
@@ -36,31 +39,42 @@ _LOGITS_CHUNK = 256
 
 
 def _fans(info: LayerInfo) -> tuple[int, int]:
-    """(fan_in, fan_out) of a parametric layer, as He and Glorot define them."""
-    if info.kind == "dense":
-        return info.input_shape[0], info.output_shape[0]
-    k = info.layer.get("kernel")
-    return info.input_shape[0] * k * k, info.layer.get("filters") * k * k
+    """(fan_in, fan_out) of a layer's weight matrices, as He and Glorot define them."""
+    if info.kind == "conv2d":
+        k = info.layer.get("kernel")
+        return info.input_shape[0] * k * k, info.layer.get("filters") * k * k
+    return info.input_shape[-1], info.output_shape[-1]  # dense, and each attention projection
+
+
+def _matrices(rng: numpy.random.Generator, n: int, fans: tuple[int, int], init: str):
+    fan_in, fan_out = fans
+    if init == "he":
+        return rng.standard_normal(n, dtype=numpy.float32) * numpy.float32(math.sqrt(2 / fan_in))
+    limit = math.sqrt(6 / (fan_in + fan_out))
+    return rng.uniform(-limit, limit, n).astype(numpy.float32)
 
 
 def init_params(workload: Workload, seed: int, init: str = "he") -> numpy.ndarray:
-    """All parameters, flat, float32, from ``numpy.random.default_rng(seed)``: He (normal, std
-    sqrt(2/fan_in)) or Xavier/Glorot (uniform, limit sqrt(6/(fan_in+fan_out))); biases zero.
-    Bit-identical for the same seed on every machine (each MPI rank builds its own copy)."""
+    """All parameters, flat, float32, from ``numpy.random.default_rng(seed)``, layer by layer:
+    the weight matrices of dense, conv2d and attention layers He (normal, std sqrt(2/fan_in))
+    or Xavier/Glorot (uniform, limit sqrt(6/(fan_in+fan_out))); embedding tables, class tokens
+    and learned positions normal with std :data:`EMBEDDING_STD` (GPT-2's and BERT's); norm
+    scales one; biases and norm shifts zero. Bit-identical for the same seed on every machine
+    (each MPI rank builds its own copy)."""
     if init not in INITS:
         raise ValueError(f"unknown init {init!r}; use one of {', '.join(INITS)}")
     rng = numpy.random.default_rng(seed)
     params = numpy.zeros(workload.param_count, dtype=numpy.float32)
     offset = 0
     for info in workload.parametric_layers:
-        fan_in, fan_out = _fans(info)
         n = info.weight_count
-        if init == "he":
-            w = rng.standard_normal(n, dtype=numpy.float32) * numpy.float32(math.sqrt(2 / fan_in))
-        else:
-            limit = math.sqrt(6 / (fan_in + fan_out))
-            w = rng.uniform(-limit, limit, n).astype(numpy.float32)
-        params[offset : offset + n] = w
+        weights = params[offset : offset + n]
+        if info.kind in ("dense", "conv2d", "attention"):
+            weights[:] = _matrices(rng, n, _fans(info), init)
+        elif info.kind in ("batchnorm2d", "layernorm"):
+            weights[:] = 1
+        else:  # embedding, to_tokens
+            weights[:] = rng.standard_normal(n, dtype=numpy.float32) * EMBEDDING_STD
         offset += n + info.bias_count
     return params
 
@@ -69,7 +83,8 @@ class Network:
     """Forward, backward and inference of ``workload`` (see the module docstring for layouts).
 
     ``backend`` "auto" runs the numba kernels on numpy arrays and the array kernels otherwise;
-    "array" forces the ``xp``-generic kernels (on numpy too, for testing).
+    "array" forces the ``xp``-generic kernels (on numpy too, for testing). ``stream`` picks
+    the random stream of layers that draw random numbers (dropout): each MPI rank its own.
     """
 
     def __init__(
@@ -79,8 +94,8 @@ class Network:
         init: str = "he",
         xp: ModuleType = numpy,
         backend: str = "auto",
+        stream: int = 0,
     ) -> None:
-        workload.require(TRAINED_KINDS, "the numpy network")
         self.workload = workload
         self.xp = xp
         self.kernels = kernels_for(xp, backend)
@@ -88,40 +103,71 @@ class Network:
         self.params = xp.asarray(init_params(workload, seed, init))
         self.grads = xp.zeros_like(self.params)
         self._nhwc = runs_channels_last(workload)
-        self._ops = self._build_ops()
+        self._graph = self._build_graph()
+        self._ops = self._graph.ops
+        self.state = self._bind_state()
+        # Training forwards so far: with the seed and the stream, it seeds the random draws of
+        # each step (dropout's masks), so a run resumed at step N draws what it would have.
+        self.steps = 0
+        self._draw_key = (seed, stream)
+        self._drawing = [op for op in self._ops if op.info.kind == "dropout"]
+        self._logits_shape = workload.layers[-1].input_shape
+        self._token_loss = workload.layers[-1].kind == "token_cross_entropy"
         self._workspaces: OrderedDict[tuple[bool, int], list[Buffers]] = OrderedDict()
         self._pending: tuple[list[Buffers], Any] | None = None
 
-    def _build_ops(self) -> list[Op]:
+    def _build_graph(self) -> Graph:
         shape = self.workload.input_shape
         if self._nhwc:
             c, h, w = shape
             shape = (h, w, c)
-        ops = build_ops(self.workload.layers[:-1], self.kernels, shape, input_owned=self._nhwc)
+        graph = build_graph(self.workload.layers[:-1], self.kernels, shape, self._nhwc)
         offset = 0
-        for op in ops:
-            if op.weight_shape is None:
-                continue
+        for op in graph.ops:
             n_w, n_b = op.info.weight_count, op.info.bias_count
-            op.bind(
-                self.params[offset : offset + n_w].reshape(op.weight_shape),
-                self.params[offset + n_w : offset + n_w + n_b],
-                self.grads[offset : offset + n_w].reshape(op.weight_shape),
-                self.grads[offset + n_w : offset + n_w + n_b],
-            )
+            if n_w + n_b == 0:
+                continue
+            w = self.params[offset : offset + n_w]
+            dw = self.grads[offset : offset + n_w]
+            if op.weight_shape is not None:
+                w, dw = w.reshape(op.weight_shape), dw.reshape(op.weight_shape)
+            else:
+                w = dw = None
+            b = db = None  # a layer without bias gets None, which the kernels skip
+            if n_b:
+                b = self.params[offset + n_w : offset + n_w + n_b]
+                db = self.grads[offset + n_w : offset + n_w + n_b]
+            op.bind(w, b, dw, db)
             offset += n_w + n_b
-        return ops
+        return graph
+
+    def _bind_state(self) -> Any:
+        """The flat array of every op's state that is not trained (batchnorm's running
+        statistics), each op bound to its view."""
+        parts = [op.initial_state() for op in self._ops]
+        state = self.xp.asarray(numpy.concatenate([numpy.zeros(0, numpy.float32), *parts]))
+        offset = 0
+        for op, part in zip(self._ops, parts, strict=True):
+            if part.size:
+                op.bind_state(state[offset : offset + part.size])
+                offset += part.size
+        return state
 
     # ---------------------------------------------------------------------------------------
 
     def _workspace(self, training: bool, batch: int) -> list[Buffers]:
-        """Buffers of every op for ``batch`` samples (evaluation ones hold no gradients)."""
+        """Buffers of every op for ``batch`` samples (evaluation ones hold no gradients); an
+        op whose output several ops read gets ``dsum``, where their gradients add up."""
         key = (training, batch)
         space = self._workspaces.get(key)
         if space is None:
             xp = self.xp
             space = [op.allocate(xp, batch, training) for op in self._ops]
-            space.append({"dlogits": xp.empty((batch, self.workload.num_classes), xp.float32)})
+            if training:
+                for op, buf, readers in zip(self._ops, space, self._graph.readers, strict=True):
+                    if readers > 1:
+                        buf["dsum"] = xp.empty((batch, *op.out_shape), xp.float32)
+            space.append({"dlogits": xp.empty((batch, *self._logits_shape), xp.float32)})
             if self._nhwc:
                 c, h, w = self.workload.input_shape
                 space[-1]["input"] = xp.empty((batch, h, w, c), xp.float32)
@@ -135,42 +181,69 @@ class Network:
     def _run(self, x: Any, space: list[Buffers]) -> Any:
         """The logits of ``x`` (batch first), keeping in ``space`` what backward needs."""
         x = self.first_op_input(x, space)
-        for op, buf in zip(self._ops, space, strict=False):
-            x = op.forward(x, buf)
-        return x
+        outs: list[Any] = []
+        for op, buf, reads in zip(self._ops, space, self._graph.sources, strict=False):
+            xs = [x if k < 0 else outs[k] for k in reads]
+            outs.append(op.forward(xs[0] if len(xs) == 1 else xs, buf))
+        return outs[-1]
 
     def forward(self, x: Any, y: Any) -> tuple[float, int]:
-        """Mean softmax cross-entropy over the batch and the number of correct argmax
-        predictions; keeps what :meth:`backward` needs (including a reference to ``x``)."""
+        """Mean cross-entropy over the batch (over every token, for a token-level loss) and
+        the number of correct argmax predictions; keeps what :meth:`backward` needs
+        (including a reference to ``x``)."""
         batch = x.shape[0]
         labels = self.xp.asarray(y).astype(self.xp.int64, copy=False)
-        if labels.shape != (batch,):
-            raise ValueError(f"{batch} samples but labels of shape {labels.shape}")
+        wanted = (batch, *self._logits_shape[:-1])
+        if labels.shape != wanted:
+            raise ValueError(f"{batch} samples need labels of shape {wanted}, got {labels.shape}")
         space = self._workspace(True, batch)
+        for op in self._drawing:
+            op.set_rng(numpy.random.default_rng([*self._draw_key, op.info.index, self.steps]))
+        self.steps += 1
         logits = self._run(x, space)
         dlogits = space[-1]["dlogits"]
-        loss, correct = self.kernels.softmax_cross_entropy(logits, labels, dlogits)
+        if self._token_loss:
+            loss, correct = token_cross_entropy(self.xp, logits, labels, dlogits)
+        else:
+            loss, correct = self.kernels.softmax_cross_entropy(logits, labels, dlogits)
         self._pending = (space, dlogits)
         return loss, correct
 
     def backward(self) -> None:
         """Gradient of the last forward's mean loss with respect to ``params``, into ``grads``.
 
-        Stops at the first parametric layer: nothing upstream of it has parameters, so the
-        gradient with respect to the network's input is never computed."""
+        Ops run in reverse; an op whose output several ops read gets the sum of their input
+        gradients. Where no layer upstream has parameters an op returns no input gradient and
+        nothing above it runs: the gradient with respect to the network's input is never
+        computed."""
         if self._pending is None:
             raise RuntimeError("backward() needs a forward() first")
-        space, grad = self._pending
+        space, dlogits = self._pending
         self._pending = None
-        for op, buf in zip(reversed(self._ops), reversed(space[:-1]), strict=True):
-            grad = op.backward(grad, buf)
-            if grad is None:
-                break
+        graph = self._graph
+        grads: list[Any] = [None] * len(self._ops)
+        grads[-1] = dlogits
+        for k in reversed(range(len(self._ops))):
+            if grads[k] is None:
+                continue
+            dxs = self._ops[k].backward(grads[k], space[k])
+            reads = graph.sources[k]
+            for j, dx in zip(reads, dxs if len(reads) > 1 else [dxs], strict=True):
+                if dx is None or j < 0:
+                    continue
+                if graph.readers[j] == 1:
+                    grads[j] = dx
+                elif grads[j] is None:
+                    grads[j] = space[j]["dsum"]
+                    self.xp.copyto(grads[j], dx)
+                else:
+                    self.xp.add(grads[j], dx, out=grads[j])
 
     def logits(self, x: Any) -> Any:
-        """Inference only (for evaluation): the logits of ``x``, a new (batch, classes) array.
-        Leaves what the last :meth:`forward` kept for :meth:`backward` alone."""
-        out = self.xp.empty((x.shape[0], self.workload.num_classes), dtype=self.xp.float32)
+        """Inference only (for evaluation): the logits of ``x``, a new (batch, classes) array
+        ((batch, tokens, vocabulary) for a token-level loss). Leaves what the last
+        :meth:`forward` kept for :meth:`backward` alone."""
+        out = self.xp.empty((x.shape[0], *self._logits_shape), dtype=self.xp.float32)
         for begin in range(0, x.shape[0], _LOGITS_CHUNK):
             chunk = x[begin : begin + _LOGITS_CHUNK]
             out[begin : begin + chunk.shape[0]] = self._run(
@@ -191,6 +264,11 @@ class Network:
         one dict per op, in op order, then the loss's (``dlogits``, and ``input``)."""
         return self._workspace(True, batch)
 
+    def workspace_bytes(self, batch: int, training: bool = True) -> int:
+        """Bytes of the buffers a step at ``batch`` uses (training: with backward's), each
+        array once."""
+        return workspace_bytes(self._workspace(training, batch))
+
     def first_op_input(self, x: Any, space: list[Buffers]) -> Any:
         """``x`` as the first op takes it: float32, contiguous, and transposed to channels-last
         into ``space`` when the network runs channels-last (what :meth:`forward` does first)."""
@@ -198,12 +276,13 @@ class Network:
 
     def layer_params(self) -> list[tuple[str, Any, Any]]:
         """(layer name, weight view, bias view) of each parametric layer, in layer order."""
-        return [(op.info.name, op.w, op.b) for op in self._ops if op.w is not None]
+        return [(op.info.name, op.w, op.b) for op in self._ops if op.info.param_count]
 
 
 def runs_channels_last(workload: Workload) -> bool:
-    """Whether a network of ``workload`` runs channels-last: an image input that a convolution
-    or a pool reads before the first flatten."""
+    """Whether a network of ``workload`` runs channels-last: an image input that a layer
+    reading images (a convolution, a pool, batchnorm, patches as tokens) reads before any
+    flatten (:func:`microbench.kernels.fusion.channels_last`)."""
     return channels_last(workload.input_shape, workload.layers)
 
 

@@ -45,9 +45,10 @@ import numpy as np
 
 from microbench.errors import UserError
 from microbench.kernels import kernels_for
-from microbench.nn.layers import Buffers, Dense, Op, build_ops
+from microbench.nn.build import build_ops
+from microbench.nn.layers import Buffers, Dense, Op, workspace_bytes
 from microbench.nn.network import init_params, prepare_input, runs_channels_last
-from microbench.workload import Workload, sliced_dense
+from microbench.workload import CPU_MODEL_KINDS, Workload, sliced_dense
 
 __all__ = ["SlicedNetwork", "check_splittable", "split_columns"]
 
@@ -64,7 +65,9 @@ def split_columns(units: int, parts: int) -> list[tuple[int, int]]:
 
 
 def check_splittable(workload: Workload, procs: int) -> None:
-    """UserError unless every dense layer has at least one output neuron per rank."""
+    """UserError unless the workload is a chain of the kinds layer-wise parallelism splits and
+    every dense layer has at least one output neuron per rank."""
+    workload.require(CPU_MODEL_KINDS, "--parallel model", "; train it data-parallel")
     for info in workload.layers:
         units = info.output_shape[0]
         if info.kind == "dense" and units < procs:
@@ -99,7 +102,7 @@ class SlicedNetwork:
         if self._nhwc:
             c, h, w = shape
             shape = (h, w, c)
-        full = build_ops(workload.layers[:-1], self.kernels, shape, input_owned=self._nhwc)
+        full = build_ops(workload.layers[:-1], self.kernels, shape, self._nhwc)
         self._ops: list[Op] = []
         self._columns: list[tuple[int, int, int] | None] = []  # (lo, hi, units) of split layers
         for op in full:
@@ -203,13 +206,7 @@ class SlicedNetwork:
     def workspace_bytes(self, batch: int, training: bool = True) -> int:
         """Bytes of the buffers a step at ``batch`` uses (training: with backward's), each
         array once, host staging and receive buffers included."""
-        arrays = {
-            id(a): a
-            for buf in self._workspace(training, batch)
-            for a in buf.values()
-            if hasattr(a, "nbytes")
-        }
-        return int(sum(a.nbytes for a in arrays.values()))
+        return workspace_bytes(self._workspace(training, batch))
 
     # collectives -------------------------------------------------------------------------
 

@@ -23,11 +23,12 @@ from .layers import (
 )
 from .zoo import PRESETS, ZOO
 
-# The kinds pdlsim's own numpy network trains and its CPU kernel model prices.
-TRAINED_KINDS = ("dense", "conv2d", "relu", "maxpool2d", "flatten", "softmax_cross_entropy")
+# The kinds the CPU kernel model prices and layer-wise (model) parallelism splits; the numpy
+# network trains every kind.
+CPU_MODEL_KINDS = ("dense", "conv2d", "relu", "maxpool2d", "flatten", "softmax_cross_entropy")
 
 __all__ = [
     "BYTES_PER_VALUE", "KIND_SETTINGS", "LAYER_KINDS", "LOSS_KINDS", "MAX_DIM", "NETWORK_INPUT",
-    "PRESETS", "TRAINED_KINDS", "ZOO", "Layer", "LayerInfo", "Workload", "WorkloadError",
+    "CPU_MODEL_KINDS", "PRESETS", "ZOO", "Layer", "LayerInfo", "Workload", "WorkloadError",
     "load_workload", "preset_names", "sliced_dense",
 ]  # fmt: skip

@@ -76,6 +76,15 @@ class Workload:
         return tuple(info for info in self.layers if info.param_count > 0)
 
     @property
+    def vocabulary(self) -> int | None:
+        """The token vocabulary where the network's input is token ids (an embedding reads
+        it), else None."""
+        for info in self.layers:
+            if info.kind == "embedding":
+                return int(info.layer.get("vocab"))
+        return None
+
+    @property
     def is_chain(self) -> bool:
         """Every layer reads the one before it (and only it)."""
         return all(info.inputs == (info.index - 1,) for info in self.layers)

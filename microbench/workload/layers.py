@@ -273,6 +273,8 @@ def _per_value(kind: str) -> Callable[..., _Derived]:
         params = {"batchnorm2d": shape[0], "layernorm": shape[-1]}.get(kind, 0)
         if kind == "batchnorm2d":
             _need_rank(where, kind, shape, (3,))
+        if kind == "layernorm":
+            _need_rank(where, kind, shape, (1, 2))
         return _Derived(shape, params, params, fwd * n, bwd * n)
 
     return derive

@@ -1,6 +1,7 @@
-"""Workloads by name: the presets pdlsim trains (``mlp``, ``cnn``) and a zoo of published
-networks, each written in the workload language (:mod:`microbench.workload.graph`) as its
-reference implementation defines it, so that its parameter count is the published one.
+"""Workloads by name: the presets pdlsim trains (``mlp``, ``cnn``, ``rescnn``, ``transformer``)
+and a zoo of published networks, each written in the workload language
+(:mod:`microbench.workload.graph`) as its reference implementation defines it, so that its
+parameter count is the published one.
 
 * ``resnet18``, ``resnet50``: torchvision's ResNets (He et al. 2016; the stride on the 3x3
   convolution of a bottleneck, "v1.5"), 224 x 224 images, 1000 classes: 11,689,512 and
@@ -14,6 +15,10 @@ reference implementation defines it, so that its parameter count is the publishe
   attention, output layer tied to the token embedding: 124,439,808 parameters.
 * ``vit-b16``: torchvision's ViT-B/16 (Dosovitskiy et al. 2021): 16 x 16 patches of a 224 x 224
   image, a class token, learned positions, 86,567,656 parameters.
+
+* ``rescnn``, ``transformer``: small networks of these kinds that ``pdlsim train`` runs in every
+  execution mode on this machine's cores (with the same loss curve in each), so that the model
+  is checked against real steps of networks with skips and attention, not only chains.
 
 A builder returns the description as a dict, the JSON a user may write out
 (``pdlsim workload show NAME --json``), copy and edit.
@@ -210,6 +215,43 @@ def vit_b16() -> dict[str, Any]:
     return net.doc
 
 
+def rescnn() -> dict[str, Any]:
+    about = ("a small residual CNN for 32 x 32 images that pdlsim trains: two residual blocks "
+             "of 3x3 convolutions, max- and average-pooling, global average pooling; no "
+             "batchnorm, so that every execution mode computes the same steps")  # fmt: skip
+    net = _Net("rescnn", [3, 32, 32], about)
+    x = "input"
+    for stage, (width, pool) in enumerate(((16, "maxpool2d"), (32, "avgpool2d"))):
+        name = f"stage{stage + 1}"
+        net.add("conv2d", f"{name}.conv", [x], filters=width, kernel=3, padding=1)
+        x = net.add("relu", f"{name}.relu")
+        net.add("conv2d", f"{name}.block.conv1", filters=width, kernel=3, padding=1)
+        net.add("relu", f"{name}.block.relu1")
+        y = net.add("conv2d", f"{name}.block.conv2", filters=width, kernel=3, padding=1)
+        net.add("add", f"{name}.block.add", [x, y])
+        net.add("relu", f"{name}.block.out")
+        x = net.add(pool, f"{name}.pool", size=2)
+    net.add("global_avgpool", "avgpool")
+    net.add("dense", "fc", units=10)
+    net.add("softmax_cross_entropy", "loss")
+    return net.doc
+
+
+def transformer() -> dict[str, Any]:
+    about = ("a small transformer encoder that pdlsim trains: 32 tokens of a 512-token "
+             "vocabulary, two pre-layernorm blocks of width 64 with 4 heads, mean-pooled to "
+             "10 classes")  # fmt: skip
+    net = _Net("transformer", [32], about)
+    x = net.add("embedding", "embed", vocab=512, dim=64, positions=32)
+    for i in range(2):
+        x = _block(net, f"block{i}", x, 64, 4, pre_norm=True, causal=False, dropout=0.0)
+    net.add("layernorm", "ln")
+    net.add("token_pool", "pool", mode="mean")
+    net.add("dense", "head", units=10)
+    net.add("softmax_cross_entropy", "loss")
+    return net.doc
+
+
 ZOO: dict[str, Callable[[], dict[str, Any]]] = {
     "resnet18": resnet18,
     "resnet50": resnet50,
@@ -218,3 +260,6 @@ ZOO: dict[str, Callable[[], dict[str, Any]]] = {
     "gpt2": gpt2,
     "vit-b16": vit_b16,
 }
+
+# The presets pdlsim trains in every execution mode: the two chains above and two graphs.
+PRESETS.update({"rescnn": rescnn(), "transformer": transformer()})

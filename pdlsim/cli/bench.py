@@ -58,11 +58,11 @@ def checked_bench_threads(args: argparse.Namespace) -> tuple[int, ...]:
     """The thread counts a bench times, once its workloads load and its process and thread
     counts fit this machine (:class:`UserError` otherwise): before any folder or stage."""
     from microbench.threads import available_cores, too_many_threads
-    from microbench.workload import TRAINED_KINDS, load_workload
+    from microbench.workload import CPU_MODEL_KINDS, load_workload
 
     for model in args.model.split(","):
-        # the bench trains each workload's steps for real (compute, jitter, speed checks)
-        load_workload(model).require(TRAINED_KINDS, "pdlsim bench")
+        # the bench times each workload's steps and prices them with the CPU kernel model
+        load_workload(model).require(CPU_MODEL_KINDS, "pdlsim bench")
     threads = args.threads or tuple(range(1, available_cores() + 1))
     problem = too_many_threads(max(args.procs), 1) or too_many_threads(1, max(threads))
     if problem is not None:

@@ -306,7 +306,7 @@ def _resume_hint(config: TrainConfig) -> str:
 
 def _validate(config: TrainConfig) -> None:
     """Catch bad input once, in the launching process, before any rank starts."""
-    from microbench.workload import TRAINED_KINDS, load_workload
+    from microbench.workload import load_workload
     from pdlsim.train.device import gpu_device
     from pdlsim.train.loop import prepare_data, steps_per_epoch
 
@@ -316,14 +316,14 @@ def _validate(config: TrainConfig) -> None:
     if config.device == "gpu":
         gpu_device()
     workload = load_workload(config.model)
-    hint = "; predict it on GPUs instead (pdlsim predict --gpus N)"
-    workload.require(TRAINED_KINDS, "pdlsim train", hint)
-    train_set, _ = prepare_data(config, workload)
     if config.parallel == "model":
         from microbench.nn.sliced import check_splittable
-        from pdlsim.train.model_loop import model_steps_per_epoch
 
         check_splittable(workload, config.procs)
+    train_set, _ = prepare_data(config, workload)
+    if config.parallel == "model":
+        from pdlsim.train.model_loop import model_steps_per_epoch
+
         model_steps_per_epoch(config, len(train_set))
     else:
         steps_per_epoch(config, len(train_set))

@@ -93,10 +93,10 @@ def run_validate_command(args: argparse.Namespace) -> int:
     from pdlsim.costmodel.corrections import parse_corrections
 
     parse_corrections(args.corrections)  # a typo fails before the calibration, not after
-    from microbench.workload import TRAINED_KINDS, load_workload
+    from microbench.workload import CPU_MODEL_KINDS, load_workload
 
     for model in (m for m in args.models.split(",") if m):  # each is trained for real
-        load_workload(model).require(TRAINED_KINDS, "pdlsim validate")
+        load_workload(model).require(CPU_MODEL_KINDS, "pdlsim validate")
     parallel = tuple(m for m in args.parallel.split(",") if m)
     if not parallel or set(parallel) - {"data", "model"}:
         raise UserError(f"--parallel: expected data, model or data,model, got '{args.parallel}'")

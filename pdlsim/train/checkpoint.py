@@ -12,7 +12,10 @@ zip of arrays, read back without pickle. Its members:
 - ``params``: the flat float32 weights, the same on every rank after the allreduce;
 - the optimizer's state, named as :attr:`microbench.nn.optim.SGD.state` names it: ``velocity``
   (SGD with momentum), ``adam_m`` and ``adam_v`` (Adam, AdamW; their step count is the
-  position's ``global_step``).
+  position's ``global_step``);
+- ``running`` (where the network has any): its state that is not trained, batchnorm's running
+  statistics (rank 0's: each rank's follow its own samples). Dropout's masks need no member:
+  each step's are seeded by the run's seed, the rank and ``global_step``.
 
 Rank 0 alone writes, atomically (temporary file, fsync, rename, directory fsync), so a run
 killed at any moment leaves the previous checkpoint or the new one whole, never a torn file;
@@ -28,7 +31,7 @@ import io
 import json
 import re
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ from pdlsim.train.config import TrainConfig
 
 FORMAT = "pdlsim.checkpoint"
 FORMAT_VERSION = 1
+RUNNING = "running"  # the member holding the network's state that is not trained
 KEEP = 2  # checkpoints kept: the newest, and one before it should the newest be damaged
 _NAME = re.compile(r"checkpoint-step(\d{8,})\.npz")
 _HEADER_KEYS = ("config", "workload", "position", "rng_state", "epoch_sums", "epochs")
@@ -78,6 +82,7 @@ class Checkpoint:
     params: np.ndarray
     state: dict[str, np.ndarray]  # the optimizer's arrays by name
     path: Path
+    running: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
 
     @property
     def velocity(self) -> np.ndarray | None:
@@ -128,13 +133,15 @@ def _host(array: Any) -> np.ndarray:
 
 
 def save_checkpoint(
-    run_dir: Path, header: dict[str, Any], params: Any, state: dict[str, Any]
+    run_dir: Path, header: dict[str, Any], params: Any, state: dict[str, Any], running: Any = None
 ) -> Path:
     """Write one checkpoint (``header`` without the format fields; ``state``: the optimizer's
-    arrays by name) and prune old ones."""
+    arrays by name; ``running``: the network's state that is not trained) and prune old ones."""
     doc = {"format": FORMAT, "format_version": FORMAT_VERSION, "created_utc": utc_now(), **header}
     arrays = {"header": np.array(json.dumps(doc)), "params": _host(params)}
     arrays.update({name: _host(a) for name, a in state.items()})
+    if running is not None and running.size:
+        arrays[RUNNING] = _host(running)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     path = checkpoint_path(run_dir, int(header["position"]["global_step"]))
@@ -193,12 +200,14 @@ def load_checkpoint(path: Path) -> Checkpoint:
     path = Path(path)
     header, arrays = _read(path, arrays=True)
     params = arrays.pop("params")
-    if params.dtype != np.float32 or params.ndim != 1:
-        raise CheckpointError(path, f"params are {params.dtype} {params.shape}, not flat float32")
+    running = arrays.pop(RUNNING, np.zeros(0, np.float32))
+    for name, array in (("params", params), (RUNNING, running)):
+        if array.dtype != np.float32 or array.ndim != 1:
+            raise CheckpointError(path, f"{name} are {array.dtype} {array.shape}, not flat float32")
     for name, array in arrays.items():
         if array.shape != params.shape:
             raise CheckpointError(path, f"{name} {array.shape} does not match params")
-    return Checkpoint(header, params, arrays, path)
+    return Checkpoint(header, params, arrays, path, running)
 
 
 def _flag(flag: str, value: Any) -> str:
@@ -257,7 +266,14 @@ def restore(
         order.bit_generator.state = ckpt.header["rng_state"]
     except (TypeError, ValueError, KeyError) as exc:
         raise CheckpointError(ckpt.path, f"bad data-order generator state ({exc})") from None
+    if ckpt.running.size != net.state.size:
+        raise CheckpointError(
+            ckpt.path, f"{ckpt.running.size} running statistics, but the network has "
+            f"{net.state.size}"
+        )  # fmt: skip
     net.params[...] = net.xp.asarray(ckpt.params)  # in place: the layers hold views of it
+    net.state[...] = net.xp.asarray(ckpt.running)
+    net.steps = ckpt.global_step
     opt.load_state(ckpt.state, ckpt.global_step)
     return ckpt
 

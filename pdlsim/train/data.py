@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from microbench.errors import UserError
+from microbench.reference import available_memory_bytes
 from microbench.workload import Workload
 
 DEFAULT_SYNTHETIC_SAMPLES = 10_000
@@ -48,6 +49,11 @@ _SHIFT_STD = 0.2  # per-sample brightness shift
 _SIGNAL_VARIANCE = 0.5  # per-value variance of the smooth part; white noise brings it to ~1
 _MAX_FREQUENCY = 3  # cycles per image side of the spatial sinusoids
 _CHUNK_ROWS = 2048  # rows of white noise drawn at a time, to bound temporary memory
+# Synthetic tokens: the share of a sample's tokens drawn from its class's topic, and the size
+# of a topic (or an eighth of the vocabulary, if larger).
+_TOPIC_SHARE = 0.25
+_DATA_MEMORY_SHARE = 0.5  # of the available memory, at most, for one synthetic set
+_TOPIC_TOKENS = 32
 
 
 class DataError(UserError):
@@ -117,10 +123,7 @@ def synthetic(
     shape = tuple(int(s) for s in input_shape)
     if not shape or any(s < 1 for s in shape):
         raise DataError(f"synthetic data needs a positive input shape, got {list(shape)}")
-    if num_classes < 2:
-        raise DataError(f"synthetic data needs at least 2 classes, got {num_classes}")
-    if n_samples < 1:
-        raise DataError(f"synthetic data needs at least 1 sample, got {n_samples}")
+    _check_counts(num_classes, n_samples)
     proto_seed, train_seed, test_seed = np.random.SeedSequence(seed).spawn(3)
     prng = np.random.default_rng(proto_seed)
     size = math.prod(shape)
@@ -151,6 +154,47 @@ def synthetic(
         noise += shift[rows]
         x[rows] += noise
     return Dataset(x.reshape((n_samples, *shape)), y, "synthetic", num_classes)
+
+
+def synthetic_tokens(
+    tokens: int,
+    vocabulary: int,
+    num_classes: int,
+    n_samples: int,
+    seed: int = 0,
+    *,
+    train: bool = True,
+) -> Dataset:
+    """A learnable sequence-classification set of token ids (float32 values, exact integers):
+    each class has a topic, a few dozen tokens with random weights; a token of a sample comes
+    from its class's topic with probability :data:`_TOPIC_SHARE`, else uniformly from the
+    vocabulary. Topics overlap, so a sequence must be read as a whole (one token rarely
+    decides the class). ``seed`` and ``train`` as for :func:`synthetic`."""
+    if tokens < 1 or vocabulary < 2:
+        raise DataError(
+            "synthetic tokens need tokens >= 1 and a vocabulary >= 2, got "
+            f"{tokens} and {vocabulary}"
+        )
+    _check_counts(num_classes, n_samples)
+    topic_seed, train_seed, test_seed = np.random.SeedSequence(seed).spawn(3)
+    prng = np.random.default_rng(topic_seed)
+    size = min(vocabulary, max(2, vocabulary // 8, _TOPIC_TOKENS))
+    topics = np.stack([prng.choice(vocabulary, size, replace=False) for _ in range(num_classes)])
+    weights = prng.dirichlet(np.ones(size), size=num_classes)
+    rng = np.random.default_rng(train_seed if train else test_seed)
+    y = rng.permutation(np.arange(n_samples, dtype=np.int64) % num_classes)
+    pick = (weights[y].cumsum(axis=1)[:, None, :] < rng.random((n_samples, tokens, 1))).sum(-1)
+    topical = np.take_along_axis(topics[y], np.minimum(pick, size - 1), axis=1)
+    background = rng.integers(0, vocabulary, (n_samples, tokens))
+    x = np.where(rng.random((n_samples, tokens)) < _TOPIC_SHARE, topical, background)
+    return Dataset(x.astype(np.float32), y, "synthetic tokens", num_classes)
+
+
+def _check_counts(num_classes: int, n_samples: int) -> None:
+    if num_classes < 2:
+        raise DataError(f"synthetic data needs at least 2 classes, got {num_classes}")
+    if n_samples < 1:
+        raise DataError(f"synthetic data needs at least 1 sample, got {n_samples}")
 
 
 def _smooth_basis(rng: np.random.Generator, shape: tuple[int, ...], d: int) -> np.ndarray:
@@ -351,9 +395,26 @@ def load_dataset(
         raise DataError(f"the number of samples must be at least 1, got {n_samples}")
     kind, sep, where = spec.partition(":")
     kind = kind.strip().lower()
+    if workload.layers[-1].kind != "softmax_cross_entropy":
+        raise DataError(
+            f"workload '{workload.name}' ends in {workload.layers[-1].kind}; the data sets label "
+            "each sample with one class, so the loss must be softmax_cross_entropy (pool the "
+            "tokens with token_pool and add a dense layer before it)"
+        )
+    vocabulary = workload.vocabulary
     if kind == "synthetic" and not sep:
         count = DEFAULT_SYNTHETIC_SAMPLES if n_samples is None else n_samples
+        _check_fits_memory(workload, count)
+        if vocabulary is not None:
+            (tokens,) = workload.input_shape
+            return synthetic_tokens(tokens, vocabulary, workload.num_classes, count, seed,
+                                    train=train)  # fmt: skip
         return synthetic(workload.input_shape, workload.num_classes, count, seed, train=train)
+    if vocabulary is not None:
+        raise DataError(
+            f"workload '{workload.name}' reads token ids, and {kind} holds images; use "
+            "--data synthetic (synthetic tokens)"
+        )
     if kind not in ("mnist", "cifar10"):
         raise DataError(
             f"unknown data '{spec}'; use synthetic, mnist:DIR (the IDX files) or cifar10:DIR "
@@ -374,6 +435,21 @@ def load_dataset(
             f"{workload.num_classes}; give its last dense layer {data.num_classes} units"
         )
     return _fit_shape(data, workload)
+
+
+def _check_fits_memory(workload: Workload, n_samples: int) -> None:
+    """A DataError, before any allocation, where ``n_samples`` synthetic samples would take
+    more than :data:`_DATA_MEMORY_SHARE` of the memory this process may still use (a large
+    network's images would otherwise push the machine into swap)."""
+    available = available_memory_bytes()
+    need = n_samples * math.prod(workload.input_shape) * 4
+    if available is not None and need > _DATA_MEMORY_SHARE * available:
+        fit = max(1, int(_DATA_MEMORY_SHARE * available) // (math.prod(workload.input_shape) * 4))
+        raise DataError(
+            f"{n_samples} synthetic samples of {workload.name}'s input "
+            f"{list(workload.input_shape)} take {need / 2**30:.1f} GiB, more than half the "
+            f"{available / 2**30:.1f} GiB of memory available; give --samples {fit} or fewer"
+        )
 
 
 def _fit_shape(data: Dataset, workload: Workload) -> Dataset:

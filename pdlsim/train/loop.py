@@ -147,9 +147,8 @@ def train(
     steps = steps_per_epoch(config, len(train_set))
     rank, size, batch = comm.rank, comm.size, config.batch_per_rank
 
-    net = Network(
-        workload, seed=config.seed, init=config.init, xp=device.xp, backend=device.kernel_backend
-    )
+    net = Network(workload, seed=config.seed, init=config.init, xp=device.xp,
+                  backend=device.kernel_backend, stream=rank)  # fmt: skip
     # The allreduce leaves the SUM of the P ranks' gradients; SGD's learning rate divided by P
     # applies their mean without another pass over the gradients (with momentum too: the
     # velocity is then P times larger and the step the same); Adam scales them as it reads.
@@ -199,7 +198,7 @@ def train(
             step_log.flush()
             if rank == 0:
                 start = time.perf_counter()
-                path = save_checkpoint(run_dir, header, net.params, opt.state)
+                path = save_checkpoint(run_dir, header, net.params, opt.state, net.state)
                 result.last_checkpoint = path
                 record = {"type": "checkpoint", "rank": rank, **header["position"]}
                 record.update(file=path.name, bytes=path.stat().st_size)
@@ -313,10 +312,8 @@ class _Stepper:
         self.inference = inference  # forward (and loss) only: no backward, exchange or update
         batch = feed.batch
         # The training workspace, allocated now rather than in the first forward, while it
-        # holds only its own arrays (forward adds references to its input); one conv buffer
-        # may serve twice, so each array counts once.
-        owned = {id(a): a for buf in net.workspace(batch) for a in buf.values() if a is not None}
-        self.workspace_bytes = int(sum(a.nbytes for a in owned.values()))
+        # holds only its own arrays (forward adds references to its input).
+        self.workspace_bytes = net.workspace_bytes(batch)
 
     def __call__(
         self, index: np.ndarray, next_index: np.ndarray | None = None

@@ -96,8 +96,14 @@ def test_a_real_allocation_failure_in_training_is_one_line(tmp_path):
     workload = tmp_path / "huge.json"
     layers = [{"kind": "dense", "units": 2**31 - 1}, {"kind": "softmax_cross_entropy"}]
     workload.write_text(json.dumps({"input_shape": [2**20], "layers": layers}))
-    result = run_pdlsim("train", "--model", str(workload), "--out", str(tmp_path / "r"), timeout=60)
+    small = ("--samples", "16", "--test-samples", "4")  # the data fits; the weights do not
+    result = run_pdlsim("train", "--model", str(workload), *small, "--out", str(tmp_path / "r"),
+                        timeout=60)  # fmt: skip
     _one_line_error(result, "not enough memory")
+    # With the default epoch of samples, the data alone would not fit: refused before any.
+    result = run_pdlsim("train", "--model", str(workload), "--out", str(tmp_path / "r"), timeout=60)
+    _one_line_error(result, "50000 synthetic samples", "GiB of memory available", "--samples")
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,8 @@ TINY_CONV_UNFUSED = {
 def _data(workload: Workload, batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, *workload.input_shape), dtype=np.float32)
+    if workload.vocabulary is not None:
+        x = rng.integers(0, workload.vocabulary, (batch, *workload.input_shape)).astype(np.float32)
     return x, rng.integers(0, workload.num_classes, batch)
 
 
@@ -190,8 +192,10 @@ def test_fused_network_computes_the_layers_as_written(doc):
     np.testing.assert_allclose(net.logits(x), expected, rtol=1e-4, atol=1e-4)
 
 
-def test_numba_and_array_networks_agree_on_the_cnn():
-    workload = load_workload("cnn")
+@pytest.mark.parametrize("name", ["cnn", "rescnn", "transformer"])
+def test_numba_and_array_networks_agree(name):
+    """A chain, a residual graph and a transformer (token ids for it) compute the same step."""
+    workload = load_workload(name)
     x, y = _data(workload, 4)
     results = []
     for backend in ("auto", "array"):

@@ -86,7 +86,7 @@ def test_round_trip_through_json(tmp_path):
 def test_presets_are_listed_in_errors_for_unknown_names():
     with pytest.raises(WorkloadError, match="mlp, cnn|cnn, mlp"):
         load_workload("resnet")
-    assert set(PRESETS) == {"mlp", "cnn"}
+    assert set(PRESETS) == {"mlp", "cnn", "rescnn", "transformer"}
 
 
 def _write(tmp_path, doc):

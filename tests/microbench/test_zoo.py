@@ -128,7 +128,7 @@ def _replace(i, **changes):
         (_replace(3, stride=2), r"add needs inputs of one shape, got \[4, 8, 8\], \[4, 4, 4\]"),
         (_replace(4, kind="concat"), None),
         (_replace(4, inputs=["bn", "b"]), None),
-        (_replace(1, kind="layernorm"), None),
+        (_replace(1, kind="layernorm"), "layernorm needs a flat input, got \\[4, 8, 8\\]"),
         (_replace(6, units=3, bias="no"), "'bias' must be true or false"),
         (_replace(6, tied_to="a"), "tied_to names 'a', which is no embedding above it"),
     ],
@@ -168,29 +168,22 @@ def test_token_layers_check_their_shapes_and_settings(layers, input_shape, messa
         Workload.from_dict(_doc(layers, input_shape))
 
 
-def test_what_the_numpy_network_and_the_cpu_model_do_not_run_is_refused_by_name():
+def test_what_the_cpu_model_does_not_price_is_refused_by_name_and_the_network_builds_it():
     resnet = load_workload("resnet18")
-    for build in (lambda: Network(resnet), lambda: step_calls(resnet, 2, 1)):
-        with pytest.raises(
-            WorkloadError,
-            match=r"does not handle batchnorm2d, add, global_avgpool yet \(layer stem.bn\)",
-        ):
-            build()
-    chain = Workload.from_dict(
-        _doc([{"kind": "conv2d", "filters": 2, "kernel": 3, "bias": False}, {"kind": "flatten"},
-              {"kind": "dense", "units": 2}, {"kind": "softmax_cross_entropy"}])
-    )  # fmt: skip
-    with pytest.raises(WorkloadError, match="does not handle conv2d with bias false yet"):
-        Network(chain)
-    net = Network(load_workload("mlp"))  # the presets still build
-    assert np.isfinite(net.params).all()
+    refused = r"does not handle batchnorm2d, add, global_avgpool yet \(layer stem.bn\)"
+    with pytest.raises(WorkloadError, match=refused):
+        step_calls(resnet, 2, 1)
+    net = Network(resnet)  # the numpy network runs every kind
+    assert net.params.size == PUBLISHED_PARAMS["resnet18"] and np.isfinite(net.params).all()
+    assert net.state.size == 2 * sum(i.output_shape[0] for i in resnet.layers
+                                     if i.kind == "batchnorm2d")  # fmt: skip
 
 
 def test_workload_list_names_every_preset_and_zoo_network_with_its_size():
     done = run_pdlsim("workload", "list", "--json")
     assert done.returncode == 0, done.stderr
     rows = {r["name"]: r for r in json.loads(done.stdout)}
-    assert set(rows) == {"mlp", "cnn", *PUBLISHED_PARAMS}
+    assert set(rows) == {"mlp", "cnn", "rescnn", "transformer", *PUBLISHED_PARAMS}
     assert all(rows[n]["params"] == p for n, p in PUBLISHED_PARAMS.items())
     text = run_pdlsim("workload", "list").stdout
     assert "gpt2" in text and "124,439,808" in text
@@ -208,7 +201,7 @@ def test_a_zoo_network_written_out_by_show_is_a_workload_file(tmp_path):
 
 def test_what_cannot_train_is_refused_before_any_work_and_predicts_on_gpus(tmp_path):
     for argv in (
-        ("train", "--model", "resnet18", "--out", str(tmp_path / "t")),
+        ("train", "--model", "resnet18", "--parallel", "model", "--out", str(tmp_path / "t")),
         ("bench", "--quick", "--model", "mlp,gpt2", "--out", str(tmp_path / "b")),
         ("validate", "--quick", "--models", "vit-b16", "--out", str(tmp_path / "v")),
         ("predict", "--nodes", "1", "--model", "resnet18", "--batch", "2"),
@@ -223,3 +216,14 @@ def test_what_cannot_train_is_refused_before_any_work_and_predicts_on_gpus(tmp_p
     out = json.loads(done.stdout)
     gpt2 = load_workload("gpt2")
     assert out["memory_breakdown_bytes"]["activations"] == 4 * gpt2.activation_bytes_per_sample
+
+
+def test_the_trained_graph_presets_have_their_hand_counted_parameters():
+    """rescnn: 3x3 convolutions 3->16 (448), 16->16 twice (2,320 each), 16->32 (4,640),
+    32->32 twice (9,248 each), the classifier 32->10 (330): 28,554. transformer: tables
+    (512 + 32) x 64 (34,816); per block two layernorms (128 each), attention 4 x 64^2 + 4 x 64
+    (16,640), the MLP 64->256->64 (16,640 + 16,448); the last layernorm (128) and the head
+    64->10 (650): 135,562."""
+    assert load_workload("rescnn").param_count == 28_554
+    assert load_workload("transformer").param_count == 135_562
+    assert not load_workload("rescnn").is_chain and load_workload("transformer").vocabulary == 512

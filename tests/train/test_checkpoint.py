@@ -161,6 +161,39 @@ def test_resuming_in_process_mid_epoch_or_with_more_epochs_repeats_the_run(
     assert [e.loss for e in longer.epochs] == [e.loss for e in fresh.epochs]
 
 
+@pytest.mark.parametrize("device", [cpu_device(), NUMPY_AS_GPU], ids=["cpu", "gpu-path"])
+def test_batchnorm_statistics_and_dropout_masks_resume_where_they_stopped(tmp_path, device):
+    """A network with state that is not trained (batchnorm's running statistics, in the
+    checkpoint) and random draws (dropout, seeded by the step): resumed mid-epoch, it ends
+    where the uninterrupted run ends, bit for bit, its evaluation included."""
+    doc = {
+        "name": "bn-dropout",
+        "input_shape": [3, 8, 8],
+        "layers": [
+            {"kind": "conv2d", "filters": 4, "kernel": 3, "padding": 1},
+            {"kind": "batchnorm2d"},
+            {"kind": "relu"},
+            {"kind": "dropout", "rate": 0.3},
+            {"kind": "global_avgpool"},
+            {"kind": "dense", "units": 10},
+            {"kind": "softmax_cross_entropy"},
+        ],
+    }
+    path = tmp_path / "bn-dropout.json"
+    path.write_text(json.dumps(doc))
+    config = TrainConfig(model=str(path), epochs=2, batch_per_rank=16, samples=256,
+                         test_samples=32, momentum=0.9, checkpoint_every=12)  # fmt: skip
+    quiet = {"log": lambda line: None}
+    full = train(config, LocalComm(), device, tmp_path / "full", **quiet)
+    first = list_checkpoints(tmp_path / "full")[0]
+    assert load_checkpoint(first).global_step == 24 and load_checkpoint(first).running.size == 8
+    resumed = train(config, LocalComm(), device, tmp_path / "again", resume=first, **quiet)
+    a, b = load_checkpoint(full.last_checkpoint), load_checkpoint(resumed.last_checkpoint)
+    np.testing.assert_array_equal(a.params, b.params)
+    np.testing.assert_array_equal(a.running, b.running)
+    assert [e.test_accuracy for e in resumed.epochs] == [e.test_accuracy for e in full.epochs]
+
+
 def _kill_after_first_checkpoint(out: Path, args: list[str], sig: int) -> tuple[int, str]:
     """Start ``pdlsim train ARGS --out OUT``, send ``sig`` once a checkpoint appears."""
     process = subprocess.Popen(

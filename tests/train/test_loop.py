@@ -27,6 +27,8 @@ from tests.conftest import MPI_TIMEOUT_S, mpiexec, run_pdlsim
 SMALL = {
     "mlp": ["--samples", "512", "--test-samples", "64", "--max-steps", "6"],
     "cnn": ["--samples", "128", "--test-samples", "32", "--max-steps", "3"],
+    "rescnn": ["--samples", "128", "--test-samples", "32", "--max-steps", "3"],
+    "transformer": ["--samples", "256", "--test-samples", "32", "--max-steps", "4"],
 }
 
 
@@ -67,12 +69,14 @@ ADAMW = ("--optimizer", "adamw", "--lr", "0.002", "--weight-decay", "0.01")
 
 @pytest.mark.parametrize(
     ("model", "optimizer"),
-    [("mlp", ("--momentum", "0.9")), ("cnn", ("--momentum", "0.9")), ("mlp", ADAMW)],
-    ids=["mlp-momentum", "cnn-momentum", "mlp-adamw"],
-)
+    [("mlp", ("--momentum", "0.9")), ("cnn", ("--momentum", "0.9")),
+     ("rescnn", ("--momentum", "0.9")), ("transformer", ADAMW)],
+    ids=["mlp-momentum", "cnn-momentum", "rescnn-momentum", "transformer-adamw"],
+)  # fmt: skip
 def test_serial_threads_mpi_and_hybrid_give_the_same_loss_curve(tmp_path, model, optimizer):
     """Synchronous data parallelism is the same computation: global batch 16 every time (Adam
-    reads the summed gradients scaled by 1 / ranks: the same update as serial)."""
+    reads the summed gradients scaled by 1 / ranks: the same update as serial), chains and
+    graphs (residual adds, attention) alike."""
     runs = {
         name: _train(tmp_path, name, model, procs, threads, batch, optimizer)
         for name, procs, threads, batch in (
