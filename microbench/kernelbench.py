@@ -65,8 +65,8 @@ from typing import Any, TextIO
 import numpy as np
 
 from microbench.kernels.calls import GEMM_LAYOUTS, KERNEL_DIMS, call_features, op_calls
-from microbench.kernels.shapes import conv_output_hw
 from microbench.kernels.steps import measure_step, step_workloads
+from microbench.loopcalls import MAX_ELEMENTS, im2col_dims, loop_dims, loop_fn
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter
 from microbench.sampling import SamplingPolicy, measure, report_point, timed
@@ -129,7 +129,6 @@ QUICK_GEMM_MAX_FLOPS = 2**27
 # outgrows each cache, where a squarer one's has long settled.
 SKINNY_DIM = 64
 SKINNY_MAX_FLOPS = 2**30
-MAX_ELEMENTS = 2**24  # per operand: 64 MiB of float32
 LOOP_ELEMENTS = tuple(8**e for e in range(2, 9))  # 64 .. 16.8 M
 QUICK_LOOP_ELEMENTS = (64, 2**12, 2**15, 2**18, 2**21, 2**24)
 # The step benchmark (microbench.kernels.steps): random networks per thread count, and the
@@ -149,7 +148,8 @@ CHANNEL_RUNS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 32, 48, 63, 64, 
 QUICK_CHANNEL_RUNS = (1, 3, 7, 8, 9, 15, 16, 23, 24, 32, 63, 64, 512)
 CHANNEL_KERNELS = frozenset(
     {"bias_act", "column_sum", "col2im", "maxpool", "maxpool_backward",
-     "maxpool_backward_tiled", "nchw_to_nhwc"}
+     "maxpool_backward_tiled", "nchw_to_nhwc", "avgpool", "avgpool_backward",
+     "global_avgpool", "global_avgpool_backward"}
 )  # fmt: skip
 _RUNS = {"softmax_xent": (2, 10, 100, 1000), "gather": (16, 256, 4096, 65536)}
 # im2col's run depends on the kernel, the channels and how many windows overhang the padding
@@ -159,9 +159,10 @@ IM2COL_SHAPES = ((1, 0, 1), (1, 0, 8), (1, 0, 64), (3, 1, 1), (3, 1, 3), (3, 0, 
                  (3, 1, 256))  # fmt: skip
 QUICK_IM2COL_SHAPES = ((1, 0, 8), (3, 1, 1), (3, 1, 3), (3, 1, 16), (3, 1, 64), (5, 2, 3),
                        (7, 3, 1), (7, 3, 3))  # fmt: skip
-# Max-pool windows timed: (size, stride); tiled windows and overlapping ones.
+# Pool windows timed: (size, stride); tiled windows and overlapping ones.
 POOL_WINDOWS = {"maxpool": ((2, 2), (3, 2)), "maxpool_backward": ((3, 2),),
-                "maxpool_backward_tiled": ((2, 2),)}  # fmt: skip
+                "maxpool_backward_tiled": ((2, 2),), "avgpool": ((2, 2), (3, 2)),
+                "avgpool_backward": ((2, 2), (3, 2))}  # fmt: skip
 # A channel-like point walks at most this many elements per channel (and at least 2**21): a
 # loop over 16 M single-channel elements takes 0.1 s and matches no layer.
 ELEMENTS_PER_RUN = 2**19
@@ -245,137 +246,6 @@ def _gemm_fn(pool: _Pool, layout: str, m: int, n: int, k: int) -> Callable[[], o
 # ----------------------------------------------------------------------------------- loops
 
 
-def loop_dims(
-    kernel: str, elements: int, run: int, window: tuple[int, int] = (2, 2)
-) -> tuple[int, ...]:
-    """A call of ``kernel`` with about ``elements`` elements and inner run ``run``
-    (:func:`~microbench.kernels.calls.call_features`), in typical layer settings; a max-pool
-    with ``window`` (size, stride)."""
-    if kernel in ("relu", "relu_mask", "copy", "sgd", "sgd_momentum", "adam"):
-        return (elements,)
-    if kernel in ("bias_act", "column_sum", "softmax_xent"):
-        return (max(1, elements // run), run)
-    if kernel == "gather":
-        return (max(1, elements // run), run * 4)
-    if kernel == "col2im":  # run: the channels
-        side = 16 if elements // (9 * run) >= 256 else 4
-        return (max(1, elements // (side * side * 9 * run)), side, side, run, 3, 1, 1)
-    side = 16 if elements // run >= 256 else 4
-    n = max(1, elements // (side * side * run))
-    if kernel == "nchw_to_nhwc":
-        return (n, run, side, side)
-    size, stride = window
-    return (n, side, side, run, size, stride)
-
-
-def im2col_dims(elements: int, shape: tuple[int, int, int]) -> tuple[int, ...]:
-    """An im2col call of about ``elements`` column values with (kernel, padding, channels)
-    ``shape`` on 16 x 16 images."""
-    k, p, c = shape
-    side = 16  # one image size: a shape's run (how many windows overhang) stays one value
-    oh = side + 2 * p - k + 1
-    return (max(1, elements // (oh * oh * k * k * c)), side, side, c, k, 1, p)
-
-
-def _loop_fn(pool: _Pool, kernel: str, variant: str, dims: tuple[int, ...]) -> Any:
-    """One call of ``variant`` at ``dims`` on pool views (a parallel driver: the prange loop;
-    the elementwise loops run over flat or (rows, cols) views, as the kernels hand them)."""
-    from microbench.kernels import loops
-
-    def view(i: int, shape: tuple[int, ...]) -> np.ndarray:
-        return pool.view(i + 3, shape)  # loops write: they keep off the GEMMs' operands
-
-    if kernel == "gather":
-        batch, row_bytes = dims
-        width = row_bytes // 4
-        rows = max(batch, 4 * MAX_ELEMENTS // max(width, 1) // 4)  # a data set beyond the caches
-        data = view(0, (rows, width))
-        labels = np.zeros(rows, dtype=np.int64)
-        out, out_y = view(1, (batch, width)), np.empty(batch, dtype=np.int64)
-        order = np.random.default_rng(0).permutation(rows)
-        cursor = [0]
-
-        def gather() -> None:
-            start = cursor[0] if cursor[0] + batch <= rows else 0
-            index = order[start : start + batch]
-            cursor[0] = start + batch
-            np.take(data, index, axis=0, out=out)
-            np.take(labels, index, axis=0, out=out_y)
-
-        return gather
-    if kernel == "copy":
-        src, dst = view(0, dims), view(1, dims)
-        return lambda: np.copyto(dst, src)
-    fn = getattr(loops, variant.replace("sgd_momentum", "sgd"))  # one loop, momentum on
-    if kernel == "adam":  # state of its own: moments that stay finite over any repeats
-        p, g = view(0, dims).copy(), view(1, dims)
-        m, v = np.zeros(dims, np.float32), np.full(dims, 1e-4, np.float32)
-        scalars = np.array([1.0, 0.0, 0.9, 0.999, 1.0, 1e-9, 1.0, 1e-8], dtype=np.float32)
-        return lambda: fn(p, g, m, v, scalars)
-    if kernel in ("relu", "sgd", "sgd_momentum", "relu_mask"):
-        x = view(0, dims)
-        if kernel == "relu":
-            return lambda: fn(x)
-        if kernel == "relu_mask":
-            y = view(1, dims)
-            return lambda: fn(x, y)
-        g, v = view(1, dims), view(2, dims)
-        momentum = np.float32(0.9 if kernel == "sgd_momentum" else 0.0)
-        return lambda: fn(x, g, v, np.float32(1e-9), momentum)
-    if kernel == "bias_act":
-        x, b = view(0, dims), view(1, (dims[1],))
-        return lambda: fn(x, b, True)
-    if kernel == "column_sum":
-        x, out = view(0, dims), view(1, (dims[1],))
-        return lambda: fn(x, out)
-    if kernel == "softmax_xent":
-        logits, d = view(0, dims), view(1, dims)
-        labels = np.zeros(dims[0], dtype=np.int64)
-        return lambda: fn(logits, labels, d)
-    if kernel in ("im2col", "col2im"):
-        n, h, w, c, k, s, p = dims
-        oh, ow = conv_output_hw(h, w, k, s, p)
-        x, cols = view(0, (n, h, w, c)), view(1, (n * oh * ow, k * k * c))
-        if kernel == "im2col":
-            return lambda: fn(x, k, s, p, oh, ow, cols)
-        return lambda: fn(cols, k, s, p, oh, ow, x)
-    if kernel == "nchw_to_nhwc":
-        n, c, h, w = dims
-        x, out = view(0, dims), view(1, (n, h, w, c))
-        return lambda: fn(x, out)
-    n, h, w, c, size, stride = dims
-    oh, ow = (h - size) // stride + 1, (w - size) // stride + 1
-    big, small = view(0, (n, h, w, c)), view(1, (n, oh, ow, c))
-    # Max-pools branch on their data. In training each step brings new data; a call repeated on
-    # the same data lets the branch predictor learn its outcomes, which it does for calls of up
-    # to some 10^5 taps (a max-pool over 5 channels then ran 3x faster than on fresh data). So
-    # each call reads the next of several random inputs (random data that no loop writes, in a
-    # GEMM operand's buffer) and random winning taps (the backward's branches).
-    taps = np.random.default_rng(0).integers(0, size * size, 2 * n * oh * ow * c, dtype=np.int32)
-    argmaxes = _fresh_views(taps, (n, oh, ow, c))
-    turn = itertools.count()
-    if kernel == "maxpool":
-        inputs = _fresh_views(pool.buffers[0], (n, h, w, c))
-        return lambda: fn(inputs[next(turn) % FRESH_DATA], size, stride, small, argmaxes[0])
-    if kernel == "maxpool_backward_tiled":
-        return lambda: fn(small, argmaxes[next(turn) % FRESH_DATA], size, big)
-    return lambda: fn(small, argmaxes[next(turn) % FRESH_DATA], size, stride, big)
-
-
-FRESH_DATA = 4  # distinct inputs a data-dependent loop cycles through (_fresh_views)
-
-
-def _fresh_views(flat: np.ndarray, shape: tuple[int, ...]) -> list[np.ndarray]:
-    """:data:`FRESH_DATA` views of ``shape`` into ``flat``, each shifted by a quarter of its
-    size (a shift makes a different sequence of values at every position), or the one view
-    where ``flat`` holds no room for shifts (a call that large outruns any branch predictor)."""
-    size = math.prod(shape)
-    step = size // FRESH_DATA + 1
-    if size + step * (FRESH_DATA - 1) > flat.size:
-        return [flat[:size].reshape(shape)] * FRESH_DATA
-    return [flat[k * step : k * step + size].reshape(shape) for k in range(FRESH_DATA)]
-
-
 def _loop_points(plan: KernelPlan, threads: int) -> list[tuple[str, str, tuple[int, ...]]]:
     """(kernel, variant, dims) to time at ``threads``: serial drivers and single-variant
     kernels at one thread, parallel drivers at every other count."""
@@ -429,7 +299,7 @@ def _points(plan: KernelPlan, threads: int, pool: _Pool) -> list[tuple[str, dict
         elements, run = call_features(kernel, dims)
         params = {**base, "kernel": kernel, "variant": variant, "dims": list(dims),
                   "elements": elements, "run": run}  # fmt: skip
-        units.append([("loop", params, (_loop_fn, pool, kernel, variant, dims))])
+        units.append([("loop", params, (loop_fn, pool, kernel, variant, dims))])
     for workload, batch in step_workloads(threads, plan.step_networks):
         params = {**base, "workload_json": json.dumps(workload.to_dict()), "batch": batch,
                   "op_calls": len(op_calls(workload))}  # fmt: skip

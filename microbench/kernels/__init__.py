@@ -31,6 +31,13 @@ The methods, per layer kind (outputs are written into arrays the caller allocate
 * relu: ``relu_forward(x, out)``, ``relu_backward(dout, y, dx)`` (``y`` the forward output)
 * maxpool2d: ``maxpool2d_forward(x, size, stride, out, argmax)``,
   ``maxpool2d_backward(dout, argmax, size, stride, dx)``
+* avgpool2d (zero padding counted in the divisor, always ``size * size``):
+  ``avgpool2d_forward(x, size, stride, padding, out)``,
+  ``avgpool2d_backward(dout, size, stride, padding, dx)``
+* global average pool, ``(batch, h, w, c) -> (batch, c)``: ``global_avgpool_forward(x, out)``,
+  ``global_avgpool_backward(dout, dx)``
+* residual add: ``add(a, b, out)`` (``out = a + b``; also sums a skip's gradients,
+  ``add(acc, g, acc)``); ``copy(src, dst)`` (a gradient handed to a second reader)
 * loss: ``softmax_cross_entropy(logits, labels, dlogits) -> (mean loss, correct)``, with
   ``dlogits = (softmax - onehot) / batch``
 * helpers the network fuses with: ``bias_activation(x, b, relu, out)`` (bias, then relu),
@@ -39,10 +46,10 @@ The methods, per layer kind (outputs are written into arrays the caller allocate
   ``adam_update(params, grads, m, v, scalars, scratch)`` (Adam and AdamW,
   :mod:`microbench.nn.optim`)
 
-Elementwise outputs (relu, bias_activation, relu_backward) may alias their input: in place is
-their fast path. :mod:`microbench.nn` runs a dense or conv2d layer and the relu and max-pool
-right after it as one group (bias and relu after the pool, on the smaller tensor); a per-layer
-timing of these kernels should time such a group the same way.
+Elementwise outputs (relu, bias_activation, relu_backward, add) may alias their input: in
+place is their fast path. :mod:`microbench.nn` runs a dense or conv2d layer and the relu and
+max-pool right after it as one group (bias and relu after the pool, on the smaller tensor); a
+per-layer timing of these kernels should time such a group the same way.
 """
 
 from __future__ import annotations

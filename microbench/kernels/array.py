@@ -119,6 +119,12 @@ class ArrayKernels:
     def channel_sum(self, x: Any, out: Any) -> None:
         self.xp.sum(x.reshape(-1, x.shape[-1]), axis=0, out=out)
 
+    def copy(self, src: Any, dst: Any) -> None:
+        self.xp.copyto(dst, src)
+
+    def add(self, a: Any, b: Any, out: Any) -> None:
+        self.xp.add(a, b, out=out)
+
     def relu_forward(self, x: Any, out: Any) -> None:
         self.xp.maximum(x, 0, out=out)
 
@@ -159,6 +165,43 @@ class ArrayKernels:
                 dx[self._pool_slices(dout, stride, di, dj)] += xp.where(
                     argmax == di * size + dj, dout, zero
                 )
+
+    # avgpool2d and global average pool -----------------------------------------------------
+
+    def avgpool2d_forward(self, x: Any, size: int, stride: int, padding: int, out: Any) -> None:
+        h, wd = x.shape[1], x.shape[2]
+        out_h, out_w = conv_output_hw(h, wd, size, stride, padding)
+        out.fill(0)
+        for di in range(size):
+            rows = _tap_slices(out_h, h, stride, di - padding)
+            for dj in range(size):
+                columns = _tap_slices(out_w, wd, stride, dj - padding)
+                if rows is None or columns is None:
+                    continue
+                out[:, rows[0], columns[0], :] += x[:, rows[1], columns[1], :]
+        out *= 1.0 / (size * size)
+
+    def avgpool2d_backward(self, dout: Any, size: int, stride: int, padding: int, dx: Any) -> None:
+        h, wd = dx.shape[1], dx.shape[2]
+        out_h, out_w = dout.shape[1], dout.shape[2]
+        dx.fill(0)
+        for di in range(size):
+            rows = _tap_slices(out_h, h, stride, di - padding)
+            for dj in range(size):
+                columns = _tap_slices(out_w, wd, stride, dj - padding)
+                if rows is None or columns is None:
+                    continue
+                # For one tap, distinct outputs land on distinct inputs: += is a plain add.
+                dx[:, rows[1], columns[1], :] += dout[:, rows[0], columns[0], :]
+        dx *= 1.0 / (size * size)
+
+    def global_avgpool_forward(self, x: Any, out: Any) -> None:
+        self.xp.sum(x, axis=(1, 2), out=out)
+        out *= 1.0 / (x.shape[1] * x.shape[2])
+
+    def global_avgpool_backward(self, dout: Any, dx: Any) -> None:
+        scale = 1.0 / (dx.shape[1] * dx.shape[2])
+        self.xp.multiply(dout[:, None, None, :], scale, out=dx)
 
     # layout, loss, update ------------------------------------------------------------------
 

@@ -20,7 +20,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from microbench.kernels.fusion import FusedOp, channels_last, fused_ops
+from microbench.kernels.fusion import (
+    FusedOp,
+    backward_ops,
+    channels_last,
+    fused_ops,
+    group_readers,
+    group_sources,
+)
 from microbench.kernels.policy import col2im_chunk_samples, runs_parallel
 from microbench.kernels.shapes import conv_output_hw, pool_output_hw, window_range
 from microbench.workload import BYTES_PER_VALUE, CPU_MODEL_KINDS, LayerInfo, Workload
@@ -50,6 +57,7 @@ KERNEL_DIMS: dict[str, tuple[str, ...]] = {
     "relu": ("elements",),
     "relu_mask": ("elements",),
     "copy": ("elements",),
+    "add": ("elements",),
     "sgd": ("elements",),
     "sgd_momentum": ("elements",),
     "adam": ("elements",),
@@ -59,6 +67,10 @@ KERNEL_DIMS: dict[str, tuple[str, ...]] = {
     "maxpool": ("batch", "height", "width", "channels", "size", "stride"),
     "maxpool_backward": ("batch", "height", "width", "channels", "size", "stride"),
     "maxpool_backward_tiled": ("batch", "height", "width", "channels", "size", "stride"),
+    "avgpool": ("batch", "height", "width", "channels", "size", "stride", "padding"),
+    "avgpool_backward": ("batch", "height", "width", "channels", "size", "stride", "padding"),
+    "global_avgpool": ("batch", "height", "width", "channels"),
+    "global_avgpool_backward": ("batch", "height", "width", "channels"),
     "nchw_to_nhwc": ("batch", "channels", "height", "width"),
     "gather": ("batch", "row_bytes"),
 }
@@ -125,6 +137,15 @@ def call_features(kernel: str, dims: Sequence[int]) -> tuple[int, int]:
     if kernel == "maxpool_backward":  # every input searches the windows that cover it
         n, h, w, c, size, stride = dims
         return n * h * w * c * math.ceil(size / stride) ** 2, c
+    if kernel == "avgpool":
+        n, h, w, c, size, stride, p = dims
+        oh, ow = conv_output_hw(h, w, size, stride, p)
+        return n * oh * ow * c * size * size, c
+    if kernel == "avgpool_backward":
+        n, h, w, c, size, stride, _ = dims
+        return n * h * w * c * math.ceil(size / stride) ** 2, c
+    if kernel.startswith("global_avgpool"):
+        return math.prod(dims), dims[3]
     if kernel in ("maxpool_backward_tiled", "nchw_to_nhwc"):
         return math.prod(dims[:4]), (dims[3] if kernel != "nchw_to_nhwc" else dims[1])
     return dims[0], 1
@@ -189,10 +210,27 @@ class _Step:
         self.calls.append(_gemm(*args))
 
     # forward ---------------------------------------------------------------------------
-    def forward(self, g: FusedOp, x: str) -> str:
-        """Append ``g``'s forward on input buffer ``x``; the buffer of its output."""
+    def forward(self, g: FusedOp, xs: list[str]) -> str:
+        """Append ``g``'s forward on its input buffers ``xs``; the buffer of its output."""
         info, i, batch = g.lead, g.lead.index, self.batch
-        x_bytes = batch * info.input_bytes_per_sample
+        x, x_bytes = xs[0], batch * info.input_bytes_per_sample
+        y, out_bytes = f"y{i}", batch * math.prod(info.output_shape) * _F
+        if info.kind == "add":  # the first input copied into the output, the others added
+            n = out_bytes // _F
+            self.calls.append(KernelCall("copy", (n,), i, "forward", False, ((x, out_bytes),),
+                                         ((y, out_bytes),)))  # fmt: skip
+            for other in xs[1:]:
+                self.loop("add", (n,), i, "forward", ((y, out_bytes), (other, out_bytes)),
+                          ((y, out_bytes),))  # fmt: skip
+            return y
+        if info.kind == "avgpool2d":
+            self.loop("avgpool", self._avgpool_dims(info), i, "forward", ((x, x_bytes),),
+                      ((y, out_bytes),))  # fmt: skip
+            return y
+        if info.kind == "global_avgpool":
+            self.loop("global_avgpool", (batch, *_hwc(info.input_shape)), i, "forward",
+                      ((x, x_bytes),), ((y, out_bytes),))  # fmt: skip
+            return y
         if info.kind == "dense":
             units = info.output_shape[0]
             y, w, b = f"y{i}", f"W{i}", f"b{i}"
@@ -248,9 +286,33 @@ class _Step:
         grad = ((dy, rows * units * _F),)
         self.loop("column_sum", (rows, units), i, "backward", grad, ((f"db{i}", units * _F),))
 
-    def backward(self, g: FusedOp, x: str, y: str, dy: str) -> str:
-        """Append ``g``'s backward, its forward input ``x`` and output ``y`` kept, on the
-        output gradient in buffer ``dy``; the buffer of its input gradient."""
+    def _avgpool_dims(self, info: LayerInfo) -> tuple[int, ...]:
+        s = info.layer.settings
+        return (self.batch, *_hwc(info.input_shape), s["size"], s["stride"], s["padding"])
+
+    def backward(self, g: FusedOp, xs: list[str], y: str, dy: str) -> list[str | None]:
+        """Append ``g``'s backward, its forward inputs ``xs`` and output ``y`` kept, on the
+        output gradient in buffer ``dy``; the buffer of each input's gradient (None: none)."""
+        info, i, batch = g.lead, g.lead.index, self.batch
+        dx, x_bytes = f"dx{i}", batch * info.input_bytes_per_sample
+        if info.kind == "add":  # the first input takes dy itself, the others a copy each
+            n = batch * math.prod(info.output_shape)
+            copies = [f"dx{i}.{j}" for j in range(1, len(xs))]
+            for copy in copies:
+                self.calls.append(KernelCall("copy", (n,), i, "backward", False,
+                                             ((dy, n * _F),), ((copy, n * _F),)))  # fmt: skip
+            return [dy, *copies]
+        if info.kind in ("avgpool2d", "global_avgpool"):
+            out_bytes = batch * math.prod(info.output_shape) * _F
+            if info.kind == "global_avgpool":
+                kernel, dims = "global_avgpool_backward", (batch, *_hwc(info.input_shape))
+            else:
+                kernel, dims = "avgpool_backward", self._avgpool_dims(info)
+            self.loop(kernel, dims, i, "backward", ((dy, out_bytes),), ((dx, x_bytes),))
+            return [dx]
+        return [self._chain_backward(g, xs[0], y, dy)]
+
+    def _chain_backward(self, g: FusedOp, x: str, y: str, dy: str) -> str | None:
         info, i, batch = g.lead, g.lead.index, self.batch
         dx = f"dx{i}"
         x_bytes = batch * info.input_bytes_per_sample
@@ -260,8 +322,9 @@ class _Step:
                 self._relu_mask(i, batch * units, dy, y)
             self.gemm("tn", inputs, units, batch, i, "backward", x, dy, f"dW{i}")
             self._bias_grad(i, batch, units, dy)
-            if info.needs_input_grad:
-                self.gemm("nt", batch, inputs, units, i, "backward", dy, f"W{i}", dx)
+            if not info.needs_input_grad:
+                return None
+            self.gemm("nt", batch, inputs, units, i, "backward", dy, f"W{i}", dx)
             return dx
         if info.kind == "conv2d":
             return self._conv_backward(g, x, y, dy)
@@ -278,7 +341,7 @@ class _Step:
             return dx
         return dy  # flatten: a view
 
-    def _conv_backward(self, g: FusedOp, x: str, y: str, dy: str) -> str:
+    def _conv_backward(self, g: FusedOp, x: str, y: str, dy: str) -> str | None:
         info, i, batch = g.lead, g.lead.index, self.batch
         h, w, c = _hwc(info.input_shape)
         k, s, p, f = (info.layer.get(key) for key in ("kernel", "stride", "padding", "filters"))
@@ -306,7 +369,7 @@ class _Step:
             self.gemm("tn", width, f, out_rows, i, "backward", cols, dz, f"dW{i}")
             self._bias_grad(i, out_rows, f, dy)
         if not info.needs_input_grad:
-            return f"dx{i}"
+            return None
         step = col2im_chunk_samples(oh * ow, width, _F)
         for first in range(0, batch, step):
             n = min(batch, first + step) - first
@@ -317,22 +380,55 @@ class _Step:
         return f"dx{i}"
 
 
+def _backward(
+    step: _Step,
+    groups: list[FusedOp],
+    sources: list[tuple[int, ...]],
+    inputs: list[list[str]],
+    shapes: dict[int, tuple[int, ...]],
+) -> None:
+    """Each op's backward, as :meth:`microbench.nn.Network.backward` runs them: the output an
+    op reads alone gets its reader's input gradient as it is; one that several ops read gets
+    the first copied into its ``dsum`` and the others added there."""
+    readers, batch = group_readers(sources), step.batch
+    grads: list[str | None] = [None] * len(groups)
+    grads[-1] = "dlogits"
+    for k in backward_ops(groups, sources):
+        g, dy = groups[k], grads[k]
+        assert dy is not None
+        dxs = step.backward(g, inputs[k], step.outputs[k], dy)
+        for j, dx in zip(sources[k], dxs, strict=True):
+            if dx is None or j < 0:
+                continue
+            if readers[j] == 1:
+                grads[j] = dx
+                continue
+            lead = groups[j].lead.index
+            n = batch * math.prod(shapes[groups[j].output_index])
+            dsum, both = f"dsum{lead}", n * _F
+            if grads[j] is None:
+                grads[j] = dsum
+                step.calls.append(KernelCall("copy", (n,), lead, "backward", False,
+                                             ((dx, both),), ((dsum, both),)))  # fmt: skip
+            else:
+                step.loop("add", (n,), lead, "backward", ((dsum, both), (dx, both)),
+                          ((dsum, both),))  # fmt: skip
+
+
 def op_calls(
     workload: Workload, training: bool = True, layers: Sequence[LayerInfo] | None = None
 ) -> list[tuple[int, str]]:
     """The Python-level op calls of one step, as (lead layer, phase): each op's forward
-    (a flatten's too: a call that computes nothing), the loss, then (``training``) each op's
-    backward down to the first layer with parameters and the update (layer -1)."""
+    (a flatten's too: a call that computes nothing), the loss, then (``training``) the
+    backward of each op that gets a gradient (:func:`~microbench.kernels.fusion.backward_ops`)
+    and the update (layer -1)."""
     layers = tuple(workload.layers if layers is None else layers)
     groups = fused_ops(layers[:-1], channels_last(workload.input_shape, layers[:-1]))
     out = [(g.lead.index, "forward") for g in groups] + [(layers[-1].index, "loss")]
     if not training:
         return out
-    for g in reversed(groups):
-        out.append((g.lead.index, "backward"))
-        if g.lead.param_count > 0 and not g.lead.needs_input_grad:
-            break
-    return [*out, (-1, "update")]
+    backward = backward_ops(groups, group_sources(groups))
+    return [*out, *((groups[k].lead.index, "backward") for k in backward), (-1, "update")]
 
 
 def update_kernel(optimizer: str) -> str:
@@ -357,9 +453,9 @@ def step_calls(
     """Every kernel call of one step of ``workload`` at ``batch`` per rank and ``threads``, in
     the order the network makes them: the mini-batch gather (``gather``), the input's
     transpose to channels-last where the network runs so, each op's forward, the loss, then
-    (``training``) each op's backward down to the first layer with parameters and the
-    ``optimizer``'s update (:func:`update_kernel`; SGD with ``momentum`` is ``momentum``: the
-    velocity too). ``layers``: the workload's layers with some
+    (``training``) the backward of each op that gets a gradient (a skip's gradients summed
+    where two ops read it) and the ``optimizer``'s update (:func:`update_kernel`; SGD with
+    ``momentum`` is ``momentum``: the velocity too). ``layers``: the workload's layers with some
     replaced (a rank's slices of a layer-wise split); default the workload's own."""
     if batch < 1 or threads < 1:
         raise ValueError(f"batch and threads must be >= 1, got {batch} and {threads}")
@@ -374,29 +470,24 @@ def step_calls(
         step.calls.append(KernelCall("gather", (batch, row_bytes), -1, "data", writes=writes))
     nhwc = channels_last(workload.input_shape, body)
     groups = fused_ops(body, nhwc)
+    sources = group_sources(groups)
     x = "input"
     if nhwc:
         c, h, w = workload.input_shape
         step.loop("nchw_to_nhwc", (batch, c, h, w), groups[0].lead.index, "forward",
                   ((x, input_bytes),), (("input_nhwc", input_bytes),))  # fmt: skip
         x = "input_nhwc"
-    inputs = []
-    for g in groups:
-        inputs.append(x)
-        x = step.forward(g, x)
-        step.outputs.append(x)
+    inputs: list[list[str]] = []
+    for g, reads in zip(groups, sources, strict=True):
+        inputs.append([x if k < 0 else step.outputs[k] for k in reads])
+        step.outputs.append(step.forward(g, inputs[-1]))
     classes = loss.output_shape[0]
-    logits = ((x, batch * classes * _F), ("labels", batch * LABEL_BYTES))
+    logits = ((step.outputs[-1], batch * classes * _F), ("labels", batch * LABEL_BYTES))
     step.calls.append(KernelCall("softmax_xent", (batch, classes), loss.index, "loss", False,
                                  logits, (("dlogits", batch * classes * _F),)))  # fmt: skip
     if not training:
         return step.calls
-    grad = "dlogits"
-    for j in reversed(range(len(groups))):
-        g = groups[j]
-        grad = step.backward(g, inputs[j], step.outputs[j], grad)
-        if g.lead.param_count > 0 and not g.lead.needs_input_grad:
-            break  # the first parametric layer computes no input gradient: backward stops
+    _backward(step, groups, sources, inputs, {info.index: info.output_shape for info in body})
     parametric = [info for info in layers if info.param_count > 0]
     params = sum(info.param_count for info in parametric)
     tensors = [

@@ -151,6 +151,19 @@ class NumbaKernels:
             np.copyto(dx, dout)
         _loop("relu_mask", dx.size)(_flat(dx), _flat(y))
 
+    @staticmethod
+    def copy(src, dst) -> None:
+        np.copyto(dst, src)
+
+    @staticmethod
+    def add(a, b, out) -> None:
+        """``out = a + b`` elementwise; ``out`` may be ``a`` or ``b`` (in place)."""
+        if out is b:
+            a, b = b, a  # float addition commutes: add in place into out
+        elif out is not a:
+            np.copyto(out, a)
+        _loop("add", out.size)(_flat(out), _flat(b))
+
     # maxpool2d -----------------------------------------------------------------------------
 
     @staticmethod
@@ -165,6 +178,28 @@ class NumbaKernels:
         else:
             taps = dx.size * math.ceil(size / stride) ** 2  # windows covering each input
             _loop("maxpool_backward", taps)(dout, argmax, size, stride, dx)
+
+    # avgpool2d and global average pool -----------------------------------------------------
+
+    @staticmethod
+    def avgpool2d_forward(x, size: int, stride: int, padding: int, out) -> None:
+        """The mean of each ``size`` x ``size`` window, zero padding counted in the divisor."""
+        conv_output_hw(x.shape[1], x.shape[2], size, stride, padding)  # validates the fit
+        _loop("avgpool", out.size * size * size)(x, size, stride, padding, out)
+
+    @staticmethod
+    def avgpool2d_backward(dout, size: int, stride: int, padding: int, dx) -> None:
+        taps = dx.size * math.ceil(size / stride) ** 2  # windows covering each input
+        _loop("avgpool_backward", taps)(dout, size, stride, padding, dx)
+
+    @staticmethod
+    def global_avgpool_forward(x, out) -> None:
+        """(batch, h, w, c) -> (batch, c): the mean over h * w."""
+        _loop("global_avgpool", x.size)(x, out)
+
+    @staticmethod
+    def global_avgpool_backward(dout, dx) -> None:
+        _loop("global_avgpool_backward", dx.size)(dout, dx)
 
     # layout, loss, update ------------------------------------------------------------------
 

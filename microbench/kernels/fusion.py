@@ -16,7 +16,10 @@ from dataclasses import dataclass
 
 from microbench.workload import LayerInfo
 
-__all__ = ["IMAGE_KINDS", "FusedOp", "channels_last", "fused_ops", "group_sources"]
+__all__ = [
+    "IMAGE_KINDS", "FusedOp", "backward_ops", "channels_last", "fused_ops", "group_readers",
+    "group_sources",
+]  # fmt: skip
 
 # Kinds that read an image as an image: a network whose input one of them reads runs
 # channels-last (relu, flatten and the other per-value kinds take any layout).
@@ -116,6 +119,36 @@ def group_sources(groups: Sequence[FusedOp]) -> list[tuple[int, ...]]:
     network's input), in the order of its lead layer's inputs."""
     producer = {g.output_index: k for k, g in enumerate(groups)}
     return [tuple(-1 if j < 0 else producer[j] for j in g.lead.inputs) for g in groups]
+
+
+def group_readers(sources: Sequence[tuple[int, ...]]) -> list[int]:
+    """How many ops read each op's output (:func:`group_sources`' ``sources``)."""
+    readers = [0] * len(sources)
+    for reads in sources:
+        for k in reads:
+            if k >= 0:
+                readers[k] += 1
+    return readers
+
+
+def backward_ops(groups: Sequence[FusedOp], sources: Sequence[tuple[int, ...]]) -> list[int]:
+    """The ops whose backward runs, in the order it runs (last op first): an op runs where
+    some op that reads it hands it a gradient (one whose lead layer needs its input gradient;
+    the last op gets the loss's) and it has parameters or its own input needs a gradient.
+    Nothing upstream of every parameter runs."""
+    gets = [False] * len(groups)
+    gets[-1] = True
+    order = []
+    for k in reversed(range(len(groups))):
+        lead = groups[k].lead
+        if not gets[k] or not (lead.param_count or lead.needs_input_grad):
+            continue
+        order.append(k)
+        if lead.needs_input_grad:
+            for j in sources[k]:
+                if j >= 0:
+                    gets[j] = True
+    return order
 
 
 def channels_last(input_shape: tuple[int, ...], layers: Sequence[LayerInfo]) -> bool:

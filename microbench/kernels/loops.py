@@ -2,7 +2,7 @@
 
 Each loop that touches a whole activation runs with ``prange`` over the batch (times output
 rows), so it scales with the thread count like the GEMMs do. The im2col inverse and the
-pooling backward are gathers ("each input element sums what lands on it"), race-free under any
+pooling backwards are gathers ("each input element sums what lands on it"), race-free under any
 parallel split and without a separate zeroing pass. Elementwise loops come in two drivers, a
 serial one for small arrays (a parallel launch costs microseconds, more than the work) and a
 parallel one that splits rows into chunks, over one serial body. The whole-activation loops
@@ -169,6 +169,93 @@ def nchw_to_nhwc(x, out):  # pragma: no cover - compiled
                 out[i, ih, iw, ch] = x[i, ch, ih, iw]
 
 
+@njit(parallel=True, cache=True)
+def avgpool(x, size, stride, pad, out):  # pragma: no cover - compiled
+    """out[i, oh, ow] = the mean of x's window at (oh*stride - pad, ow*stride - pad); padding
+    counts as zeros in the divisor (always size * size)."""
+    n, h, w, c = x.shape
+    out_h, out_w = out.shape[1], out.shape[2]
+    inv = out.dtype.type(1.0 / (size * size))  # the array's type: float32 stays vectorized
+    for r in prange(n * out_h):
+        i = r // out_h
+        oh = r - i * out_h
+        for ow in range(out_w):
+            acc = out[i, oh, ow]
+            acc[:] = 0.0
+            for di in range(size):
+                ih = oh * stride - pad + di
+                if ih < 0 or ih >= h:
+                    continue
+                for dj in range(size):
+                    iw = ow * stride - pad + dj
+                    if iw < 0 or iw >= w:
+                        continue
+                    src = x[i, ih, iw]
+                    for ch in range(c):
+                        acc[ch] += src[ch]
+            for ch in range(c):
+                acc[ch] *= inv
+
+
+@njit(parallel=True, cache=True)
+def avgpool_backward(dout, size, stride, pad, dx):  # pragma: no cover - compiled
+    """The adjoint of :func:`avgpool`: dx sums dout / (size * size) over the windows covering it."""
+    n, h, w, c = dx.shape
+    out_h, out_w = dout.shape[1], dout.shape[2]
+    inv = dx.dtype.type(1.0 / (size * size))
+    for r in prange(n * h):
+        i = r // h
+        ih = r - i * h
+        t = ih + pad  # the row in the padded input
+        oh_lo = max(0, (t - size + stride) // stride)  # ceil((t - size + 1) / stride)
+        oh_hi = min(out_h - 1, t // stride)
+        for iw in range(w):
+            u = iw + pad
+            ow_lo = max(0, (u - size + stride) // stride)
+            ow_hi = min(out_w - 1, u // stride)
+            acc = dx[i, ih, iw]
+            acc[:] = 0.0
+            for oh in range(oh_lo, oh_hi + 1):
+                for ow in range(ow_lo, ow_hi + 1):
+                    src = dout[i, oh, ow]
+                    for ch in range(c):
+                        acc[ch] += src[ch]
+            for ch in range(c):
+                acc[ch] *= inv
+
+
+@njit(parallel=True, cache=True)
+def global_avgpool(x, out):  # pragma: no cover - compiled
+    """out[i, ch] = the mean of x[i, :, :, ch]."""
+    n, h, w, c = x.shape
+    inv = out.dtype.type(1.0 / (h * w))
+    for i in prange(n):
+        acc = out[i]
+        acc[:] = 0.0
+        for ih in range(h):
+            for iw in range(w):
+                src = x[i, ih, iw]
+                for ch in range(c):
+                    acc[ch] += src[ch]
+        for ch in range(c):
+            acc[ch] *= inv
+
+
+@njit(parallel=True, cache=True)
+def global_avgpool_backward(dout, dx):  # pragma: no cover - compiled
+    """dx[i, ih, iw, ch] = dout[i, ch] / (h * w)."""
+    n, h, w, c = dx.shape
+    inv = dx.dtype.type(1.0 / (h * w))
+    for r in prange(n * h):
+        i = r // h
+        ih = r - i * h
+        src = dout[i]
+        for iw in range(w):
+            dst = dx[i, ih, iw]
+            for ch in range(c):
+                dst[ch] = src[ch] * inv
+
+
 def _serial_twin(parallel):
     """The same loop compiled without ``parallel`` (``prange`` runs as ``range``).
 
@@ -188,6 +275,10 @@ maxpool_serial = _serial_twin(maxpool)
 maxpool_backward_serial = _serial_twin(maxpool_backward)
 maxpool_backward_tiled_serial = _serial_twin(maxpool_backward_tiled)
 nchw_to_nhwc_serial = _serial_twin(nchw_to_nhwc)
+avgpool_serial = _serial_twin(avgpool)
+avgpool_backward_serial = _serial_twin(avgpool_backward)
+global_avgpool_serial = _serial_twin(global_avgpool)
+global_avgpool_backward_serial = _serial_twin(global_avgpool_backward)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,6 +325,20 @@ def relu(x):  # pragma: no cover - compiled
     for t in prange(CHUNKS):
         lo, hi = _chunk(x.size, t)
         relu_serial(x[lo:hi])
+
+
+@njit(cache=True)
+def add_serial(acc, b):  # pragma: no cover - compiled
+    """``acc += b``; in place."""
+    for i in range(acc.size):
+        acc[i] += b[i]
+
+
+@njit(parallel=True, cache=True)
+def add(acc, b):  # pragma: no cover - compiled
+    for t in prange(CHUNKS):
+        lo, hi = _chunk(acc.size, t)
+        add_serial(acc[lo:hi], b[lo:hi])
 
 
 @njit(cache=True)

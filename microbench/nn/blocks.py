@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from microbench.kernels import Kernels, conv_output_hw
-from microbench.kernels.shapes import window_range
 from microbench.nn.layers import Buffers, Op, _empty
 from microbench.workload import LayerInfo
 
@@ -269,24 +268,9 @@ class Dropout(Op):
         return buf["dx"]
 
 
-def _taps(
-    out_size: int, in_size: int, size: int, stride: int, padding: int
-) -> list[tuple[slice, slice]]:
-    """Per window tap along one axis that meets the input: (output slice, input slice)."""
-    taps = []
-    for d in range(size):
-        offset = d - padding
-        lo, hi = window_range(out_size, in_size, stride, offset)
-        if hi > lo:
-            first, last = lo * stride + offset, (hi - 1) * stride + offset
-            taps.append((slice(lo, hi), slice(first, last + 1, stride)))
-    return taps
-
-
 class AvgPool2d(Op):
     """Average over ``size`` x ``size`` windows (channels-last), zero padding counted in the
-    divisor (PyTorch's ``count_include_pad=True``). One whole-batch slice add per window tap,
-    each tap clipped to the outputs whose window it meets inside the input."""
+    divisor (PyTorch's ``count_include_pad=True``): one kernel call each way."""
 
     def __init__(self, info: LayerInfo, kernels: Kernels, in_shape: tuple[int, ...]) -> None:
         super().__init__(info, kernels, in_shape)
@@ -296,29 +280,19 @@ class AvgPool2d(Op):
         self.stride, self.padding = s.get("stride") or self.size, s.get("padding", 0)
         oh, ow = conv_output_hw(h, w, self.size, self.stride, self.padding)
         self.out_shape = (oh, ow, c)
-        rows = _taps(oh, h, self.size, self.stride, self.padding)
-        cols = _taps(ow, w, self.size, self.stride, self.padding)
-        self.taps = [(ro, ri, co, ci) for ro, ri in rows for co, ci in cols]
 
     def allocate(self, xp: Any, batch: int, training: bool) -> Buffers:
         return {"y": _empty(xp, (batch, *self.out_shape)), "dx": self._dx(xp, batch, training)}
 
     def forward(self, x: Any, buf: Buffers) -> Any:
-        y = buf["y"]
-        y.fill(0)
-        for ro, ri, co, ci in self.taps:
-            y[:, ro, co] += x[:, ri, ci]
-        self.xp.multiply(y, 1.0 / self.size**2, out=y)
-        return y
+        self.k.avgpool2d_forward(x, self.size, self.stride, self.padding, buf["y"])
+        return buf["y"]
 
     def backward(self, dy: Any, buf: Buffers) -> Any:
         dx = buf["dx"]
         if dx is None:
             return None
-        dx.fill(0)
-        for ro, ri, co, ci in self.taps:
-            dx[:, ri, ci] += dy[:, ro, co]
-        self.xp.multiply(dx, 1.0 / self.size**2, out=dx)
+        self.k.avgpool2d_backward(dy, self.size, self.stride, self.padding, dx)
         return dx
 
 
@@ -335,13 +309,12 @@ class GlobalAvgPool(Op):
         return {"y": _empty(xp, (batch, *self.out_shape)), "dx": self._dx(xp, batch, training)}
 
     def forward(self, x: Any, buf: Buffers) -> Any:
-        self.xp.mean(x, axis=(1, 2), out=buf["y"])
+        self.k.global_avgpool_forward(x, buf["y"])
         return buf["y"]
 
     def backward(self, dy: Any, buf: Buffers) -> Any:
         dx = buf["dx"]
         if dx is None:
             return None
-        h, w, _ = self.in_shape
-        self.xp.multiply(dy[:, None, None, :], 1.0 / (h * w), out=dx)
+        self.k.global_avgpool_backward(dy, dx)
         return dx

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from microbench.kernels import Kernels
-from microbench.kernels.fusion import fused_ops, group_sources
+from microbench.kernels.fusion import fused_ops, group_readers, group_sources
 from microbench.nn.blocks import AvgPool2d, BatchNorm2d, Dropout, Gelu, GlobalAvgPool, LayerNorm
 from microbench.nn.layers import Buffers, Conv2d, Dense, Flatten, MaxPool2d, Op, ReLU, _empty
 from microbench.nn.tokens import Attention, Embedding, TiedDense, TokenPool, ToTokens
@@ -42,16 +42,16 @@ class Add(Op):
 
     def forward(self, xs: Sequence[Any], buf: Buffers) -> Any:
         y = buf["y"]
-        self.xp.add(xs[0], xs[1], out=y)
+        self.k.add(xs[0], xs[1], y)
         for x in xs[2:]:
-            self.xp.add(y, x, out=y)
+            self.k.add(y, x, y)
         return y
 
     def backward(self, dy: Any, buf: Buffers) -> list[Any]:
         if not self.info.needs_input_grad:
             return [None] * self.arity
         for copy in buf["copies"]:
-            self.xp.copyto(copy, dy)
+            self.k.copy(dy, copy)
         return [dy, *buf["copies"]]
 
 
@@ -91,7 +91,7 @@ class Concat(Op):
         if not self.info.needs_input_grad:
             return [None] * len(self.spans)
         for dx, span in zip(buf["dxs"], self.spans, strict=True):
-            self.xp.copyto(dx, self._part(dy, span))
+            self.k.copy(self._part(dy, span), dx)
         return list(buf["dxs"])
 
 
@@ -147,12 +147,7 @@ def build_graph(
             op = _SIMPLE[info.kind](info, kernels, shape)
         ops.append(op)
         by_lead[info.index] = op
-    readers = [0] * len(ops)
-    for reads in sources:
-        for k in reads:
-            if k >= 0:
-                readers[k] += 1
-    return Graph(ops, sources, readers)
+    return Graph(ops, sources, group_readers(sources))
 
 
 def build_ops(

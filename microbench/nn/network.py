@@ -224,8 +224,9 @@ class Network:
         grads: list[Any] = [None] * len(self._ops)
         grads[-1] = dlogits
         for k in reversed(range(len(self._ops))):
-            if grads[k] is None:
-                continue
+            info = self._ops[k].info
+            if grads[k] is None or not (info.param_count or info.needs_input_grad):
+                continue  # no gradient reaches it, or none is wanted from it
             dxs = self._ops[k].backward(grads[k], space[k])
             reads = graph.sources[k]
             for j, dx in zip(reads, dxs if len(reads) > 1 else [dxs], strict=True):
@@ -235,9 +236,9 @@ class Network:
                     grads[j] = dx
                 elif grads[j] is None:
                     grads[j] = space[j]["dsum"]
-                    self.xp.copyto(grads[j], dx)
+                    self.kernels.copy(dx, grads[j])
                 else:
-                    self.xp.add(grads[j], dx, out=grads[j])
+                    self.kernels.add(grads[j], dx, grads[j])
 
     def logits(self, x: Any) -> Any:
         """Inference only (for evaluation): the logits of ``x``, a new (batch, classes) array

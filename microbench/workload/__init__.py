@@ -25,7 +25,10 @@ from .zoo import PRESETS, ZOO
 
 # The kinds the CPU kernel model prices and layer-wise (model) parallelism splits; the numpy
 # network trains every kind.
-CPU_MODEL_KINDS = ("dense", "conv2d", "relu", "maxpool2d", "flatten", "softmax_cross_entropy")
+CPU_MODEL_KINDS = (
+    "dense", "conv2d", "relu", "maxpool2d", "flatten", "add", "avgpool2d", "global_avgpool",
+    "softmax_cross_entropy",
+)  # fmt: skip
 
 __all__ = [
     "BYTES_PER_VALUE", "KIND_SETTINGS", "LAYER_KINDS", "LOSS_KINDS", "MAX_DIM", "NETWORK_INPUT",

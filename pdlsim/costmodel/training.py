@@ -116,19 +116,13 @@ class Training:
             )
         return peak
 
-    def check_cpu(self, update_timed: bool) -> None:
-        """UserError unless CPU ranks can compute this: float32, with an update the profile
-        prices (``update_timed``: its kernel tables time this optimizer's update, or it has
-        none and prices the update by its FLOPs and bytes)."""
+    def check_cpu(self) -> None:
+        """UserError unless CPU ranks can compute this: float32 (the update's kernel is
+        checked with the step's others, :func:`pdlsim.prediction.build.check_kernels_timed`)."""
         if self.precision != "fp32":
             raise UserError(
                 f"CPU ranks compute in fp32 (the kernel tables are float32); --precision "
                 f"{self.precision} needs GPU ranks (--gpus N)"
-            )
-        if not update_timed:
-            raise UserError(
-                f"the profile's kernel sweep did not time the {self.optimizer} update (a profile "
-                f"from before it did); recalibrate (pdlsim calibrate) or predict GPU ranks"
             )
 
     def source(self) -> str:

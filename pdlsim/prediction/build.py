@@ -97,6 +97,9 @@ def build(
         cluster = replace(cluster, speeds=speeds)
     bucket_bytes = max(1, int(cfg.bucket_mb * 2**20))
     training = checked_training(cfg, cluster.device, profile)
+    if cluster.device == "cpu":
+        check_kernels_timed(profile, workload, cfg.batch, cfg.threads, training.optimizer,
+                            not cfg.inference)  # fmt: skip
     scenario = Scenario(
         workload,
         cfg.batch,
@@ -130,22 +133,38 @@ def build(
     return cluster, scenario, cost, provenance, need
 
 
+def check_kernels_timed(
+    profile: Any, workload: Workload, batch: int, threads: int, optimizer: str, training: bool
+) -> None:
+    """UserError unless the profile's kernel sweep timed every loop a CPU step of
+    ``workload`` calls (the optimizer's update included): a profile from before a kernel
+    existed names what it lacks, rather than failing inside the simulation. A profile without
+    kernel tables prices ops by its per-op fits, and passes."""
+    if not profile.models.get("kernels"):
+        return
+    from microbench.kernels.calls import step_calls  # numba: not when parsing flags
+
+    timed = {variant.removesuffix("_serial") for variant, _ in profile.model("kernels").loops_}
+    calls = step_calls(workload, batch, threads, training, optimizer=optimizer)
+    missing = sorted({c.kernel for c in calls if not c.kernel.startswith("gemm_")} - timed)
+    if missing:
+        raise UserError(
+            f"the profile's kernel sweep did not time {', '.join(missing)}, which a step of "
+            f"{workload.name} calls (the profile predates them); recalibrate (pdlsim "
+            "calibrate) or predict GPU ranks (--gpus N)"
+        )
+
+
 def checked_training(cfg: PredictConfig, device: str, profile: Any) -> Training:
     """The job's precision and optimizer, refused where the ranks cannot be priced for them:
-    CPU ranks (float32 SGD, :meth:`Training.check_cpu`), a profile's measured GPU layers
+    CPU ranks (float32, :meth:`Training.check_cpu`), a profile's measured GPU layers
     (float32), the layer-wise modes (their memory and messages are float32 SGD), fp16
     compression of gradients already 16-bit."""
     training = Training(cfg.precision, cfg.optimizer)
     if training.is_default:
         return training
     if device == "cpu":
-        from microbench.kernels.calls import update_kernel  # numba: not when parsing flags
-
-        timed = True
-        if profile.models.get("kernels"):
-            loops = {v.removesuffix("_serial") for v, _ in profile.model("kernels").loops_}
-            timed = update_kernel(training.optimizer) in loops
-        training.check_cpu(timed)
+        training.check_cpu()
     elif "gpu" in profile.model("compute").devices and training.precision != "fp32":
         raise UserError(
             "the profile's GPU layers were timed in fp32; --precision "

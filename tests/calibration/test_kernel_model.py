@@ -14,9 +14,10 @@ import pytest
 
 from calibration.kernels import KernelModel
 from calibration.step_terms import StepTerms, fit_step_terms
-from microbench.kernelbench import FRESH_DATA, KernelPlan, _fresh_views, run_kernels
+from microbench.kernelbench import KernelPlan, run_kernels
 from microbench.kernels.calls import KernelCall, op_calls, step_calls
 from microbench.kernels.steps import glue_workloads
+from microbench.loopcalls import FRESH_DATA, fresh_views
 from microbench.machine import machine_metadata
 from microbench.randomnets import random_workloads
 from microbench.records import RecordWriter, load_dataframe
@@ -63,10 +64,10 @@ def test_any_workloads_calls_are_priced(sweep, name):
 def test_data_dependent_loops_read_fresh_data_each_call():
     """A max-pool's branches follow its data: each call reads another sequence of values, so
     the branch predictor cannot learn them; a call too large for shifts reads one."""
-    views = _fresh_views(np.arange(100.0), (4, 5))
+    views = fresh_views(np.arange(100.0), (4, 5))
     assert len(views) == FRESH_DATA and all(v.shape == (4, 5) for v in views)
     assert len({v[0, 0] for v in views}) == FRESH_DATA
-    assert len({id(v) for v in _fresh_views(np.arange(20.0), (4, 5))}) == 1
+    assert len({id(v) for v in fresh_views(np.arange(20.0), (4, 5))}) == 1
 
 
 def test_a_thread_count_not_swept_takes_the_nearest_below(sweep):

@@ -65,6 +65,42 @@ MLP_INPUT_RELU = Workload.from_dict(
     }
 )
 
+# A skip with three readers (its gradients: a copy into dsum, then two adds), a three-way add,
+# a relu in place on it, overlapping average-pool windows, a global average pool.
+THREE_READERS = Workload.from_dict(
+    {
+        "name": "three-readers",
+        "input_shape": [3, 12, 12],
+        "layers": [
+            {"kind": "conv2d", "name": "c0", "filters": 4, "kernel": 3, "padding": 1},
+            {"kind": "relu", "name": "r0"},
+            {"kind": "conv2d", "name": "a", "filters": 4, "kernel": 3, "padding": 1},
+            {"kind": "conv2d", "name": "b", "filters": 4, "kernel": 1, "inputs": ["r0"]},
+            {"kind": "add", "name": "s", "inputs": ["r0", "a", "b"]},
+            {"kind": "relu", "name": "s.relu"},
+            {"kind": "avgpool2d", "name": "p", "size": 3, "stride": 2},
+            {"kind": "global_avgpool", "name": "g"},
+            {"kind": "dense", "name": "fc", "units": 5},
+            {"kind": "softmax_cross_entropy", "name": "loss"},
+        ],
+    }
+)
+# A skip from the network's input, which gets no gradient.
+INPUT_SKIP = Workload.from_dict(
+    {
+        "name": "input-skip",
+        "input_shape": [3, 8, 8],
+        "layers": [
+            {"kind": "conv2d", "name": "c", "filters": 3, "kernel": 3, "padding": 1},
+            {"kind": "add", "name": "s", "inputs": ["input", "c"]},
+            {"kind": "relu", "name": "r"},
+            {"kind": "global_avgpool", "name": "g"},
+            {"kind": "dense", "name": "fc", "units": 4},
+            {"kind": "softmax_cross_entropy", "name": "loss"},
+        ],
+    }
+)
+
 
 def _trace(
     monkeypatch, workload: Workload, batch: int, threads: int, momentum: float = 0.0,
@@ -144,6 +180,9 @@ WORKLOADS = [
     ODD,
     OVERLAP,
     MLP_INPUT_RELU,
+    load_workload("rescnn"),
+    THREE_READERS,
+    INPUT_SKIP,
     *random_workloads(3, 4),
 ]
 
