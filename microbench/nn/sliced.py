@@ -65,9 +65,17 @@ def split_columns(units: int, parts: int) -> list[tuple[int, int]]:
 
 
 def check_splittable(workload: Workload, procs: int) -> None:
-    """UserError unless the workload is a chain of the kinds layer-wise parallelism splits and
-    every dense layer has at least one output neuron per rank."""
+    """UserError unless the workload is a chain of the kinds layer-wise parallelism splits
+    (no skips: the split network runs its layers in a row) and every dense layer has at least
+    one output neuron per rank."""
     workload.require(CPU_MODEL_KINDS, "--parallel model", "; train it data-parallel")
+    if not workload.is_chain:
+        info = next(info for info in workload.layers if info.inputs != (info.index - 1,))
+        names = [workload.layers[j].name if j >= 0 else "input" for j in info.inputs]
+        raise UserError(
+            f"--parallel model splits a chain of layers, and workload '{workload.name}' is a "
+            f"graph (layer {info.name} reads {' and '.join(names)}); train it data-parallel"
+        )
     for info in workload.layers:
         units = info.output_shape[0]
         if info.kind == "dense" and units < procs:

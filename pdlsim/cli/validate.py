@@ -95,11 +95,17 @@ def run_validate_command(args: argparse.Namespace) -> int:
     parse_corrections(args.corrections)  # a typo fails before the calibration, not after
     from microbench.workload import CPU_MODEL_KINDS, load_workload
 
-    for model in (m for m in args.models.split(",") if m):  # each is trained for real
-        load_workload(model).require(CPU_MODEL_KINDS, "pdlsim validate")
     parallel = tuple(m for m in args.parallel.split(",") if m)
     if not parallel or set(parallel) - {"data", "model"}:
         raise UserError(f"--parallel: expected data, model or data,model, got '{args.parallel}'")
+    for model in (m for m in args.models.split(",") if m):  # each is trained for real
+        workload = load_workload(model)
+        workload.require(CPU_MODEL_KINDS, "pdlsim validate")
+        if "model" in parallel and not workload.is_chain:
+            raise UserError(
+                f"--models {model}: a graph is not split layer-wise (--parallel model takes "
+                "chains); add --parallel data"
+            )
     if args.modes and "data" not in parallel:  # model rows run their own P = 2
         raise UserError(
             "--modes lists data-parallel modes, and --parallel model runs none: add data to "

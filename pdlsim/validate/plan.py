@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -205,9 +205,32 @@ def heldout_matrix(cfg: ValidateConfig, cores: int) -> tuple[list[RunSpec], list
     return specs, refused
 
 
+def mark_unseen(profile: str, specs: list[RunSpec]) -> list[RunSpec]:
+    """``specs`` with ``heldout`` set where the profile holds no measurement of the workload
+    nor of the batch (a workload named by ``--models`` that the calibration never ran, at a
+    batch it never ran, is held out as a drawn one is)."""
+    text, batches = _measured(profile)
+    return [
+        replace(s, heldout=s.heldout or (f'"{s.name}"' not in text and s.batch not in batches))
+        for s in specs
+    ]
+
+
 def check_unseen(profile: str, specs: list[RunSpec]) -> None:
     """UserError unless the profile holds no measurement of a held-out workload (its name
     anywhere in the document) or batch (a ``batch`` or ``batches`` field)."""
+    text, batches = _measured(profile)
+    for spec in specs:
+        if f'"{spec.name}"' in text or spec.batch in batches:
+            raise UserError(
+                f"held-out configuration {spec.label} is not held out: the profile "
+                f"{profile} measured its workload or its batch; draw another --seed"
+            )
+
+
+def _measured(profile: str) -> tuple[str, set[int]]:
+    """The profile as JSON text (where a measured workload's name appears) and the batches
+    its models measured (``batch`` and ``batches`` fields)."""
     import numpy as np
 
     from calibration.profile import load_profile
@@ -228,12 +251,7 @@ def check_unseen(profile: str, specs: list[RunSpec]) -> None:
                 walk(value)
 
     walk(doc.get("models", {}))
-    for spec in specs:
-        if f'"{spec.name}"' in text or spec.batch in batches:
-            raise UserError(
-                f"held-out configuration {spec.label} is not held out: the profile "
-                f"{profile} measured its workload or its batch; draw another --seed"
-            )
+    return text, batches
 
 
 def ablation_sets(chosen: str) -> dict[str, str]:

@@ -60,6 +60,7 @@ from pdlsim.validate.plan import (
     ablation_sets,
     check_unseen,
     heldout_matrix,
+    mark_unseen,
     plan_matrix,
     steps_for,
 )
@@ -169,11 +170,11 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         log(f"pdlsim: warning: {provenance['machine_warning']}")
     cores = available_cores()
     heldout, refused = heldout_matrix(cfg, cores)
-    specs = heldout + [
+    specs = heldout + mark_unseen(cfg.profile, [
         spec
         for spec in plan_matrix(cfg, gpu=gpu_configurations(cfg.gpu, cfg.profile, log))
         if not spec.oversubscribed(cores)  # refused in the open, with the held-out ones
-    ]
+    ])  # fmt: skip
     check_unseen(cfg.profile, [s for s in specs if s.heldout])
     for line in refused:
         log(f"pdlsim: not run: {line}")
@@ -225,8 +226,8 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         "parallel: serial step / step at the same global batch (inference: serial forward)",
         "heldout": {
             "seed": cfg.seed,
-            "workloads": sorted({s.model for s in heldout}),
-            "batches": sorted({s.batch for s in heldout}),
+            "workloads": sorted({s.model for s in specs if s.heldout}),
+            "batches": sorted({s.batch for s in specs if s.heldout}),
             "refused": refused,
         },
         "machine_speed": machine_speed(probes),  # the machine's state, beside the results

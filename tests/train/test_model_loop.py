@@ -157,8 +157,11 @@ def test_one_rank_model_parallel_is_the_serial_run_also_on_the_gpu_code_path(tmp
         (["--scale-lr"], "--scale-lr is for data parallelism"),
         (["--checkpoint-every", "5"], "drop them with --parallel model"),
         (["--batch", "600", "--samples", "512"], "--batch 600 (the batch every rank shares"),
+        (["--model", "rescnn", "--procs", "2"],
+         "workload 'rescnn' is a graph (layer stage1.block.add reads stage1.relu and"),
+        (["--model", "transformer", "--procs", "2"], "--parallel model does not handle embedding"),
     ],
-)
+)  # fmt: skip
 def test_bad_model_parallel_input_is_one_line_and_exit_status_2(tmp_path, args, message):
     result = run_pdlsim("train", "--parallel", "model", *args, "--out", str(tmp_path / "r"))
     assert result.returncode == 2

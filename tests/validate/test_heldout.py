@@ -19,7 +19,9 @@ from pdlsim.validate.run import (
     ablation_sets,
     check_unseen,
     heldout_matrix,
+    mark_unseen,
 )
+from tests.conftest import run_pdlsim
 from tests.profiles import STEP_TABLES
 
 PROFILE = str(STEP_TABLES)
@@ -74,6 +76,20 @@ def test_a_profile_that_measured_a_heldout_batch_or_workload_is_refused(tmp_path
         check_unseen(PROFILE, [RunSpec("x.json", 1, 1, sorted(measured)[0], heldout=True)])
     with pytest.raises(UserError, match="not held out"):
         check_unseen(PROFILE, [RunSpec("mlp", 1, 1, unseen, heldout=True)])  # its name
+
+
+def test_a_named_workload_the_calibration_never_ran_is_held_out_at_an_unseen_batch():
+    """--models rescnn: held out at a batch the profile never measured, in-sample at one it
+    did; a calibrated workload is in-sample at any batch."""
+    specs = [RunSpec("rescnn", 1, 1, 24), RunSpec("rescnn", 1, 1, 16), RunSpec("mlp", 1, 1, 24)]
+    assert [s.heldout for s in mark_unseen(PROFILE, specs)] == [True, False, False]
+    check_unseen(PROFILE, [s for s in mark_unseen(PROFILE, specs) if s.heldout])
+
+
+def test_validate_refuses_to_split_a_graph_layer_wise(tmp_path):
+    done = run_pdlsim("validate", "--models", "rescnn", "--out", str(tmp_path / "v"))
+    assert done.returncode == 2 and "a graph is not split layer-wise" in done.stderr
+    assert "--parallel data" in done.stderr and not (tmp_path / "v").exists()
 
 
 def test_corrections_parse_and_ablations_take_each_out():
