@@ -1,4 +1,4 @@
-"""Random networks of the supported layer kinds, drawn from a seed.
+"""Random networks of the kinds the CPU model prices, drawn from a seed.
 
 Two users, drawing from streams that never meet: ``pdlsim validate`` draws its held-out
 workloads from the seed it is given (``numpy.random.default_rng(seed)``), and the kernel
@@ -12,6 +12,10 @@ calibration never times a held-out network:
   convolution (4..64 filters, kernel 1, 3, 5 or 7, stride 1 or 2, "same" or no padding), a relu
   (now and then missing) and, while the image is large enough, a max-pool (2 or 3 wide,
   stride 2); then a flatten, 0 to 2 dense layers with relus, and the classifier.
+* :func:`random_rescnn`: a graph: 1 or 2 stages, each a convolution (4..48 filters) and a relu,
+  then 1 or 2 residual blocks (two 3x3 convolutions, the block's input added back, a relu),
+  then a max- or average pool (2 or 3 wide, stride 2) while the image is 8 pixels or more; a
+  global average pool (or now and then a flatten) and the classifier.
 
 Networks are kept to a size a small machine trains in milliseconds per step (FLOPs per sample
 under :data:`MAX_FORWARD_FLOPS_PER_SAMPLE`), redrawn otherwise. Every draw is a plain workload
@@ -28,9 +32,12 @@ import numpy as np
 
 from microbench.workload import Workload, WorkloadError
 
-__all__ = ["MAX_FORWARD_FLOPS_PER_SAMPLE", "random_cnn", "random_mlp", "random_workloads"]
+__all__ = [
+    "MAX_FORWARD_FLOPS_PER_SAMPLE", "random_cnn", "random_mlp", "random_rescnn",
+    "random_workloads",
+]  # fmt: skip
 
-MAX_FORWARD_FLOPS_PER_SAMPLE = {"mlp": 6e6, "cnn": 3e7}
+MAX_FORWARD_FLOPS_PER_SAMPLE = {"mlp": 6e6, "cnn": 3e7, "res": 3e7}
 
 
 def _log_uniform_int(rng: np.random.Generator, low: int, high: int) -> int:
@@ -77,6 +84,50 @@ def random_cnn(rng: np.random.Generator, name: str) -> dict[str, Any]:
     return {"name": name, "input_shape": [channels, input_side, input_side], "layers": layers}
 
 
+def random_rescnn(rng: np.random.Generator, name: str) -> dict[str, Any]:
+    """A residual CNN (module docstring): stages of a stem convolution and one or two
+    residual blocks, pooled between, then a global average pool or a flatten."""
+    channels, side = int(rng.choice([1, 3])), int(rng.choice([12, 16, 24, 32]))
+    input_shape = [channels, side, side]
+    layers: list[dict[str, Any]] = []
+    x = "input"
+    for stage in range(int(rng.integers(1, 3))):
+        width = _log_uniform_int(rng, 4, 48)
+        kernel = int(rng.choice([3, 3, 5])) if stage == 0 else 3
+        pad = kernel // 2
+        layers += [
+            {"kind": "conv2d", "name": f"s{stage}.stem", "inputs": [x], "filters": width,
+             "kernel": kernel, "padding": pad},
+            {"kind": "relu", "name": f"s{stage}.stem.relu"},
+        ]  # fmt: skip
+        x = f"s{stage}.stem.relu"
+        for block in range(int(rng.integers(1, 3))):
+            b = f"s{stage}.b{block}"
+            layers += [
+                {"kind": "conv2d", "name": f"{b}.conv1", "inputs": [x], "filters": width,
+                 "kernel": 3, "padding": 1},
+                {"kind": "relu", "name": f"{b}.relu1"},
+                {"kind": "conv2d", "name": f"{b}.conv2", "filters": width, "kernel": 3,
+                 "padding": 1},
+                {"kind": "add", "name": f"{b}.add", "inputs": [x, f"{b}.conv2"]},
+                {"kind": "relu", "name": f"{b}.out"},
+            ]  # fmt: skip
+            x = f"{b}.out"
+        if side >= 8:
+            pool = "maxpool2d" if rng.random() < 0.5 else "avgpool2d"
+            size = int(rng.choice([2, 2, 3]))
+            layers.append({"kind": pool, "name": f"s{stage}.pool", "size": size, "stride": 2})
+            x, side = f"s{stage}.pool", (side - size) // 2 + 1
+    if rng.random() < 0.7:
+        layers.append({"kind": "global_avgpool", "name": "gap"})
+    else:
+        layers.append({"kind": "flatten", "name": "flatten"})
+    classes = int(rng.choice([10, 10, 100]))
+    layers += [{"kind": "dense", "name": "fc", "units": classes},
+               {"kind": "softmax_cross_entropy", "name": "loss"}]  # fmt: skip
+    return {"name": name, "input_shape": input_shape, "layers": layers}
+
+
 def random_workloads(
     seed: int | np.random.Generator,
     count: int,
@@ -87,7 +138,7 @@ def random_workloads(
     (``<prefix>-<kind>-<i>`` when ``seed`` is a generator: give ``prefix`` then)."""
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     out: list[Workload] = []
-    makers = {"mlp": random_mlp, "cnn": random_cnn}
+    makers = {"mlp": random_mlp, "cnn": random_cnn, "res": random_rescnn}
     while len(out) < count:
         kind = kinds[len(out) % len(kinds)]
         name = f"{prefix}-{kind}-{len(out)}" if prefix else f"{kind}-s{seed}-{len(out)}"

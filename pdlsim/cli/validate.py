@@ -125,7 +125,7 @@ def run_validate_command(args: argparse.Namespace) -> int:
         parallel=parallel,
         gpu=args.gpu,
         seed=args.seed,
-        heldout_workloads=4 if args.quick else 8,
+        heldout_workloads=4 if args.quick else 9,
         heldout_batches=1 if args.quick else 2,
         corrections=args.corrections,
         **extra,

@@ -184,6 +184,7 @@ WORKLOADS = [
     THREE_READERS,
     INPUT_SKIP,
     *random_workloads(3, 4),
+    *random_workloads(4, 3, kinds=("res",)),
 ]
 
 

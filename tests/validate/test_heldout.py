@@ -41,10 +41,21 @@ def test_random_workloads_are_valid_bounded_and_drawn_from_the_seed():
     assert len(cnn_kernels) >= 3  # the layer kinds' settings vary, not just the widths
 
 
+def test_random_residual_cnns_are_graphs_with_skips_bounded_and_drawn_from_the_seed():
+    drawn = random_workloads(7, 12, kinds=("res",))
+    assert [w.to_dict() for w in drawn] == [w.to_dict() for w in random_workloads(7, 12, ("res",))]
+    for w in drawn:
+        assert not w.is_chain and any(i.kind == "add" for i in w.layers)
+        assert w.forward_flops_per_sample <= MAX_FORWARD_FLOPS_PER_SAMPLE["res"]
+    kinds = {i.kind for w in drawn for i in w.layers}
+    assert {"maxpool2d", "avgpool2d", "global_avgpool", "flatten"} <= kinds
+
+
 def test_the_heldout_matrix_never_uses_a_calibrated_batch(tmp_path: Path):
     cfg = ValidateConfig(out=tmp_path, heldout_workloads=4, heldout_batches=2, seed=3)
     specs, refused = heldout_matrix(cfg, cores=2)
     assert specs and all(s.heldout for s in specs)
+    assert any(Path(s.model).stem.startswith("res-") for s in specs)  # graphs among them
     assert not {s.batch for s in specs} & set(cfg.batches)
     assert max(s.batch for s in specs) <= 4 * max(cfg.batches)
     assert all(s.procs * s.threads <= 2 for s in specs)
