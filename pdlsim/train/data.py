@@ -15,14 +15,14 @@ import gzip
 import math
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from microbench.errors import UserError
 from microbench.reference import available_memory_bytes
 from microbench.workload import Workload
+from pdlsim.train.dataset import DataError, Dataset, check_counts
+from pdlsim.train.token_data import synthetic_next_tokens, synthetic_tokens
 
 DEFAULT_SYNTHETIC_SAMPLES = 10_000
 
@@ -49,54 +49,7 @@ _SHIFT_STD = 0.2  # per-sample brightness shift
 _SIGNAL_VARIANCE = 0.5  # per-value variance of the smooth part; white noise brings it to ~1
 _MAX_FREQUENCY = 3  # cycles per image side of the spatial sinusoids
 _CHUNK_ROWS = 2048  # rows of white noise drawn at a time, to bound temporary memory
-# Synthetic tokens: the share of a sample's tokens drawn from its class's topic, and the size
-# of a topic (or an eighth of the vocabulary, if larger).
-_TOPIC_SHARE = 0.25
 _DATA_MEMORY_SHARE = 0.5  # of the available memory, at most, for one synthetic set
-_TOPIC_TOKENS = 32
-
-
-class DataError(UserError):
-    """Data that is missing, malformed, or does not fit the workload."""
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """Samples ``x`` (n, *shape) float32 and labels ``y`` (n,) int64 in [0, num_classes)."""
-
-    x: np.ndarray
-    y: np.ndarray
-    name: str
-    num_classes: int
-
-    def __post_init__(self) -> None:
-        if self.x.dtype != np.float32 or not self.x.flags.c_contiguous or self.x.ndim < 2:
-            raise ValueError("Dataset.x must be a C-contiguous float32 array (n, *shape)")
-        if self.y.dtype != np.int64 or self.y.shape != (self.x.shape[0],):
-            raise ValueError(f"Dataset.y must be int64 of shape ({self.x.shape[0]},)")
-
-    def __len__(self) -> int:
-        return int(self.x.shape[0])
-
-    @property
-    def sample_shape(self) -> tuple[int, ...]:
-        return tuple(self.x.shape[1:])
-
-    def split(self, n_test: int) -> tuple[Dataset, Dataset]:
-        """(train, test): the last ``n_test`` samples are the test set (views, no copies).
-
-        Deterministic by construction; the synthetic set is already shuffled and the MNIST
-        and CIFAR-10 files are in no class order, so the tail is a fair sample.
-        """
-        if not 1 <= n_test < len(self):
-            raise DataError(
-                f"cannot hold out {n_test} test samples from {self.name} with {len(self)} "
-                f"samples; choose between 1 and {len(self) - 1}"
-            )
-        cut = len(self) - n_test
-        head = Dataset(self.x[:cut], self.y[:cut], self.name, self.num_classes)
-        tail = Dataset(self.x[cut:], self.y[cut:], self.name, self.num_classes)
-        return head, tail
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,7 +76,7 @@ def synthetic(
     shape = tuple(int(s) for s in input_shape)
     if not shape or any(s < 1 for s in shape):
         raise DataError(f"synthetic data needs a positive input shape, got {list(shape)}")
-    _check_counts(num_classes, n_samples)
+    check_counts(num_classes, n_samples)
     proto_seed, train_seed, test_seed = np.random.SeedSequence(seed).spawn(3)
     prng = np.random.default_rng(proto_seed)
     size = math.prod(shape)
@@ -154,47 +107,6 @@ def synthetic(
         noise += shift[rows]
         x[rows] += noise
     return Dataset(x.reshape((n_samples, *shape)), y, "synthetic", num_classes)
-
-
-def synthetic_tokens(
-    tokens: int,
-    vocabulary: int,
-    num_classes: int,
-    n_samples: int,
-    seed: int = 0,
-    *,
-    train: bool = True,
-) -> Dataset:
-    """A learnable sequence-classification set of token ids (float32 values, exact integers):
-    each class has a topic, a few dozen tokens with random weights; a token of a sample comes
-    from its class's topic with probability :data:`_TOPIC_SHARE`, else uniformly from the
-    vocabulary. Topics overlap, so a sequence must be read as a whole (one token rarely
-    decides the class). ``seed`` and ``train`` as for :func:`synthetic`."""
-    if tokens < 1 or vocabulary < 2:
-        raise DataError(
-            "synthetic tokens need tokens >= 1 and a vocabulary >= 2, got "
-            f"{tokens} and {vocabulary}"
-        )
-    _check_counts(num_classes, n_samples)
-    topic_seed, train_seed, test_seed = np.random.SeedSequence(seed).spawn(3)
-    prng = np.random.default_rng(topic_seed)
-    size = min(vocabulary, max(2, vocabulary // 8, _TOPIC_TOKENS))
-    topics = np.stack([prng.choice(vocabulary, size, replace=False) for _ in range(num_classes)])
-    weights = prng.dirichlet(np.ones(size), size=num_classes)
-    rng = np.random.default_rng(train_seed if train else test_seed)
-    y = rng.permutation(np.arange(n_samples, dtype=np.int64) % num_classes)
-    pick = (weights[y].cumsum(axis=1)[:, None, :] < rng.random((n_samples, tokens, 1))).sum(-1)
-    topical = np.take_along_axis(topics[y], np.minimum(pick, size - 1), axis=1)
-    background = rng.integers(0, vocabulary, (n_samples, tokens))
-    x = np.where(rng.random((n_samples, tokens)) < _TOPIC_SHARE, topical, background)
-    return Dataset(x.astype(np.float32), y, "synthetic tokens", num_classes)
-
-
-def _check_counts(num_classes: int, n_samples: int) -> None:
-    if num_classes < 2:
-        raise DataError(f"synthetic data needs at least 2 classes, got {num_classes}")
-    if n_samples < 1:
-        raise DataError(f"synthetic data needs at least 1 sample, got {n_samples}")
 
 
 def _smooth_basis(rng: np.random.Generator, shape: tuple[int, ...], d: int) -> np.ndarray:
@@ -395,16 +307,20 @@ def load_dataset(
         raise DataError(f"the number of samples must be at least 1, got {n_samples}")
     kind, sep, where = spec.partition(":")
     kind = kind.strip().lower()
-    if workload.layers[-1].kind != "softmax_cross_entropy":
-        raise DataError(
-            f"workload '{workload.name}' ends in {workload.layers[-1].kind}; the data sets label "
-            "each sample with one class, so the loss must be softmax_cross_entropy (pool the "
-            "tokens with token_pool and add a dense layer before it)"
-        )
     vocabulary = workload.vocabulary
+    per_token = workload.layers[-1].kind == "token_cross_entropy"
+    if per_token and (vocabulary is None or workload.num_classes != vocabulary):
+        raise DataError(
+            f"workload '{workload.name}' scores every token against {workload.num_classes} "
+            "classes; the synthetic next-token data needs an embedding input and logits over "
+            "its vocabulary"
+        )
     if kind == "synthetic" and not sep:
         count = DEFAULT_SYNTHETIC_SAMPLES if n_samples is None else n_samples
         _check_fits_memory(workload, count)
+        if per_token:
+            (tokens,) = workload.input_shape
+            return synthetic_next_tokens(tokens, vocabulary, count, seed, train=train)
         if vocabulary is not None:
             (tokens,) = workload.input_shape
             return synthetic_tokens(tokens, vocabulary, workload.num_classes, count, seed,

@@ -37,7 +37,7 @@ class BatchFeed:
         if prefetch and not (device.kind == "gpu" and pinned):
             raise ValueError("prefetch copies from page-locked memory to a GPU: needs both")
         self.data, self.device, self.batch, self.prefetch = data, device, batch, prefetch
-        x_shape, y_shape = (batch, *data.x.shape[1:]), (batch,)
+        x_shape, y_shape = (batch, *data.x.shape[1:]), (batch, *data.y.shape[1:])
         gpu = device.kind == "gpu"
         if prefetch:  # two slots: page-locked host buffers and their device copies
             xp = device.xp

@@ -145,6 +145,7 @@ def train(
     workload = load_workload(config.model)
     train_set, test_set = prepare_data(config, workload)
     steps = steps_per_epoch(config, len(train_set))
+    labels = train_set.labels_per_sample  # accuracy counts tokens where each has a label
     rank, size, batch = comm.rank, comm.size, config.batch_per_rank
 
     net = Network(workload, seed=config.seed, init=config.init, xp=device.xp,
@@ -252,7 +253,7 @@ def train(
                 epoch=epoch,
                 steps=steps,
                 loss=totals[0] / (steps * size),
-                train_accuracy=totals[1] / (steps * config.global_batch),
+                train_accuracy=totals[1] / (steps * config.global_batch * labels),
                 test_accuracy=totals[n] / max(totals[n + 1], 1.0),
                 time_s=epoch_time,
                 samples_per_s=steps * config.global_batch / epoch_time,
@@ -356,6 +357,6 @@ def _evaluate(net: Network, test_set: Dataset, rank: int, size: int, device: Dev
     for begin in range(0, len(y_all), EVAL_CHUNK):
         x = device.to_device(np.ascontiguousarray(x_all[begin : begin + EVAL_CHUNK]))
         logits = net.logits(x)
-        predicted = device.xp.argmax(logits, axis=1)
+        predicted = device.xp.argmax(logits, axis=-1)  # per sample, or per token
         correct += int((predicted == device.to_device(y_all[begin : begin + EVAL_CHUNK])).sum())
-    return float(correct), float(len(y_all))
+    return float(correct), float(y_all.size)

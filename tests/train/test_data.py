@@ -340,3 +340,43 @@ def test_error_data_does_not_fit_the_workload(tmp_path: Path) -> None:
         load_dataset(f"mnist:{tmp_path}", five)
     with pytest.raises(UserError, match="asked for 7 samples but .* has only 6"):
         load_dataset(f"mnist:{tmp_path}", MLP, n_samples=7)
+
+
+LANGUAGE_MODEL = {
+    "name": "tiny-lm",
+    "input_shape": [12],
+    "layers": [
+        {"kind": "embedding", "name": "wte", "vocab": 40, "dim": 16, "positions": 12},
+        {"kind": "attention", "name": "attn", "heads": 2, "causal": True},
+        {"kind": "layernorm", "name": "ln"},
+        {"kind": "dense", "name": "head", "units": 40, "bias": False, "tied_to": "wte"},
+        {"kind": "token_cross_entropy", "name": "loss"},
+    ],
+}
+
+
+def test_synthetic_tokens_classify_sequences_and_next_tokens_label_each_position() -> None:
+    classifier = load_dataset("synthetic", load_workload("transformer"), n_samples=64)
+    assert classifier.x.shape == (64, 32) and classifier.y.shape == (64,)
+    assert classifier.x.dtype == np.float32 and np.all(classifier.x == np.round(classifier.x))
+    assert classifier.x.min() >= 0 and classifier.x.max() < 512
+    lm = load_dataset("synthetic", Workload.from_dict(LANGUAGE_MODEL), n_samples=200, seed=3)
+    assert lm.x.shape == (200, 12) and lm.y.shape == (200, 12) and lm.labels_per_sample == 12
+    np.testing.assert_array_equal(lm.y[:, :-1], lm.x[:, 1:])  # the label is the next token
+    again = load_dataset("synthetic", Workload.from_dict(LANGUAGE_MODEL), n_samples=200, seed=3)
+    np.testing.assert_array_equal(lm.x, again.x)
+    # learnable: a token's most frequent successor follows it far more often than chance
+    pairs = np.stack([lm.x[:, :-1].ravel(), lm.y[:, :-1].ravel()], 1).astype(int)
+    counts = np.zeros((40, 40))
+    np.add.at(counts, (pairs[:, 0], pairs[:, 1]), 1)
+    assert (counts.max(1).sum() / counts.sum()) > 5 / 40
+
+
+def test_token_data_refuses_what_it_cannot_label() -> None:
+    head = [{"kind": "dense", "name": "head", "units": 7},
+            {"kind": "token_cross_entropy", "name": "loss"}]  # fmt: skip
+    scored = dict(LANGUAGE_MODEL, layers=[*LANGUAGE_MODEL["layers"][:3], *head])
+    with pytest.raises(UserError, match="logits over its vocabulary"):
+        load_dataset("synthetic", Workload.from_dict(scored), n_samples=8)
+    with pytest.raises(UserError, match="reads token ids"):
+        load_dataset("mnist:/nowhere", load_workload("transformer"), n_samples=8)

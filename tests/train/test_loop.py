@@ -29,6 +29,21 @@ SMALL = {
     "cnn": ["--samples", "128", "--test-samples", "32", "--max-steps", "3"],
     "rescnn": ["--samples", "128", "--test-samples", "32", "--max-steps", "3"],
     "transformer": ["--samples", "256", "--test-samples", "32", "--max-steps", "4"],
+    "lm": ["--samples", "256", "--test-samples", "32", "--max-steps", "4"],
+}
+# A causal language model with tied output weights, a label per token (a workload file).
+LANGUAGE_MODEL = {
+    "name": "lm",
+    "input_shape": [12],
+    "layers": [
+        {"kind": "embedding", "name": "wte", "vocab": 48, "dim": 16, "positions": 12},
+        {"kind": "layernorm", "name": "ln1"},
+        {"kind": "attention", "name": "attn", "heads": 2, "causal": True},
+        {"kind": "add", "name": "res", "inputs": ["wte", "attn"]},
+        {"kind": "layernorm", "name": "lnf"},
+        {"kind": "dense", "name": "head", "units": 48, "bias": False, "tied_to": "wte"},
+        {"kind": "token_cross_entropy", "name": "loss"},
+    ],
 }
 
 
@@ -43,10 +58,14 @@ def _train(
     optimizer: tuple[str, ...] = ("--momentum", "0.9"),
 ) -> Path:  # fmt: skip
     out = tmp_path / name
+    spec = model
+    if model == "lm":
+        spec = str(tmp_path / "lm.json")
+        Path(spec).write_text(json.dumps(LANGUAGE_MODEL))
     result = run_pdlsim(
         "train",
         "--model",
-        model,
+        spec,
         "--procs",
         str(procs),
         "--threads",
@@ -70,8 +89,8 @@ ADAMW = ("--optimizer", "adamw", "--lr", "0.002", "--weight-decay", "0.01")
 @pytest.mark.parametrize(
     ("model", "optimizer"),
     [("mlp", ("--momentum", "0.9")), ("cnn", ("--momentum", "0.9")),
-     ("rescnn", ("--momentum", "0.9")), ("transformer", ADAMW)],
-    ids=["mlp-momentum", "cnn-momentum", "rescnn-momentum", "transformer-adamw"],
+     ("rescnn", ("--momentum", "0.9")), ("transformer", ADAMW), ("lm", ADAMW)],
+    ids=["mlp-momentum", "cnn-momentum", "rescnn-momentum", "transformer-adamw", "lm-adamw"],
 )  # fmt: skip
 def test_serial_threads_mpi_and_hybrid_give_the_same_loss_curve(tmp_path, model, optimizer):
     """Synchronous data parallelism is the same computation: global batch 16 every time (Adam
