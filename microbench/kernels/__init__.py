@@ -38,6 +38,15 @@ The methods, per layer kind (outputs are written into arrays the caller allocate
   ``global_avgpool_backward(dout, dx)``
 * residual add: ``add(a, b, out)`` (``out = a + b``; also sums a skip's gradients,
   ``add(acc, g, acc)``); ``copy(src, dst)`` (a gradient handed to a second reader)
+* layernorm, over the last axis (``rows...`` are the other axes, ``f`` the last;
+  ``gamma``, ``beta``, ``dgamma``, ``dbeta`` are ``(f,)``, ``inv_std`` is ``(rows..., 1)``):
+  ``layernorm_forward(x, gamma, beta, y, xhat, inv_std)`` (``inv_std = 1 / sqrt(var + 1e-5)``,
+  the biased variance; ``xhat = (x - mean) inv_std``, ``y = xhat gamma + beta``),
+  ``layernorm_backward(dy, xhat, inv_std, gamma, dgamma, dbeta, dx)`` (``dgamma``, ``dbeta``
+  written, not added to; with ``g = dy gamma``,
+  ``dx = (g - mean(g) - xhat mean(g xhat)) inv_std``)
+* gelu, the tanh form: ``gelu_forward(x, y, t)`` (``t = tanh(sqrt(2 / pi) (x + 0.044715 x^3))``
+  kept for the backward, or ``t=None``; ``y = 0.5 x (1 + t)``), ``gelu_backward(dy, x, t, dx)``
 * loss: ``softmax_cross_entropy(logits, labels, dlogits) -> (mean loss, correct)``, with
   ``dlogits = (softmax - onehot) / batch``
 * helpers the network fuses with: ``bias_activation(x, b, relu, out)`` (bias, then relu),
@@ -47,9 +56,10 @@ The methods, per layer kind (outputs are written into arrays the caller allocate
   :mod:`microbench.nn.optim`)
 
 Elementwise outputs (relu, bias_activation, relu_backward, add) may alias their input: in
-place is their fast path. :mod:`microbench.nn` runs a dense or conv2d layer and the relu and
-max-pool right after it as one group (bias and relu after the pool, on the smaller tensor); a
-per-layer timing of these kernels should time such a group the same way.
+place is their fast path. The outputs of layernorm and gelu are arrays of their own, except
+that a backward's ``dx`` may be its ``dy``. :mod:`microbench.nn` runs a dense or conv2d layer
+and the relu and max-pool right after it as one group (bias and relu after the pool, on the
+smaller tensor); a per-layer timing of these kernels should time such a group the same way.
 """
 
 from __future__ import annotations

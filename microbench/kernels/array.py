@@ -10,12 +10,17 @@ Same signatures, layouts and results (to rounding) as :class:`microbench.kernels
 
 from __future__ import annotations
 
+import math
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from microbench.kernels.shapes import conv_output_hw, pool_output_hw, window_range
+
+LAYERNORM_EPS = 1e-5  # as microbench.nn.blocks.EPS
+GELU_C = math.sqrt(2.0 / math.pi)
+GELU_A = 0.044715
 
 
 def _tap_slices(
@@ -130,6 +135,69 @@ class ArrayKernels:
 
     def relu_backward(self, dout: Any, y: Any, dx: Any) -> None:
         self.xp.multiply(dout, y > 0, out=dx)
+
+    # layernorm and gelu (as microbench.nn.blocks' LayerNorm and Gelu compute them) ----------
+
+    def layernorm_forward(
+        self, x: Any, gamma: Any, beta: Any, y: Any, xhat: Any, inv_std: Any
+    ) -> None:
+        xp = self.xp
+        mean = xp.mean(x, axis=-1, keepdims=True)
+        xp.subtract(x, mean, out=xhat)
+        xp.multiply(xhat, xhat, out=y)  # y as scratch for the squares
+        xp.mean(y, axis=-1, keepdims=True, out=inv_std)
+        xp.add(inv_std, LAYERNORM_EPS, out=inv_std)
+        xp.sqrt(inv_std, out=inv_std)
+        xp.reciprocal(inv_std, out=inv_std)
+        xp.multiply(xhat, inv_std, out=xhat)
+        xp.multiply(xhat, gamma, out=y)
+        xp.add(y, beta, out=y)
+
+    def layernorm_backward(
+        self, dy: Any, xhat: Any, inv_std: Any, gamma: Any, dgamma: Any, dbeta: Any, dx: Any
+    ) -> None:
+        xp, f = self.xp, dy.shape[-1]
+        xp.sum(dy.reshape(-1, f), axis=0, out=dbeta)
+        work = xp.multiply(dy, xhat)
+        xp.sum(work.reshape(-1, f), axis=0, out=dgamma)
+        if dx is None:
+            return
+        xp.multiply(dy, gamma, out=work)  # g
+        g_mean = xp.mean(work, axis=-1, keepdims=True)
+        xp.multiply(work, xhat, out=dx)
+        gx_mean = xp.mean(dx, axis=-1, keepdims=True)
+        xp.multiply(xhat, gx_mean, out=dx)
+        xp.subtract(work, dx, out=dx)
+        xp.subtract(dx, g_mean, out=dx)
+        xp.multiply(dx, inv_std, out=dx)
+
+    def gelu_forward(self, x: Any, y: Any, t: Any) -> None:
+        xp = self.xp
+        u = y if t is None else t  # the tanh's argument, then the tanh
+        xp.multiply(x, x, out=u)
+        xp.multiply(u, GELU_A, out=u)
+        xp.add(u, 1.0, out=u)
+        xp.multiply(u, x, out=u)
+        xp.multiply(u, GELU_C, out=u)
+        xp.tanh(u, out=u)
+        xp.add(u, 1.0, out=y)
+        xp.multiply(y, x, out=y)
+        xp.multiply(y, 0.5, out=y)
+
+    def gelu_backward(self, dy: Any, x: Any, t: Any, dx: Any) -> None:
+        xp = self.xp
+        p = xp.multiply(x, x)  # p = C x (1 + 3 A x^2)
+        xp.multiply(p, 3.0 * GELU_A, out=p)
+        xp.add(p, 1.0, out=p)
+        xp.multiply(p, x, out=p)
+        xp.multiply(p, GELU_C, out=p)
+        s = xp.multiply(t, t)
+        xp.subtract(1.0, s, out=s)
+        xp.multiply(s, p, out=s)
+        xp.add(s, 1.0, out=s)
+        xp.add(s, t, out=s)
+        xp.multiply(s, 0.5, out=s)
+        xp.multiply(s, dy, out=dx)
 
     # maxpool2d -----------------------------------------------------------------------------
 

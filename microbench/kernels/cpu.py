@@ -164,6 +164,39 @@ class NumbaKernels:
             np.copyto(out, a)
         _loop("add", out.size)(_flat(out), _flat(b))
 
+    # layernorm and gelu (loops: microbench.kernels.loops_norm) -----------------------------
+
+    @staticmethod
+    def layernorm_forward(x, gamma, beta, y, xhat, inv_std) -> None:
+        """Normalisation over the last axis: per row, ``inv_std = 1 / sqrt(var + 1e-5)``
+        (biased variance; ``inv_std`` is ``(rows..., 1)``), ``xhat = (x - mean) inv_std``,
+        ``y = xhat gamma + beta``."""
+        rows = x.size // x.shape[-1]
+        xhat2d, inv = _rows(xhat), _matrix(inv_std, rows, 1)
+        _loop("layernorm", x.size)(_rows(x), gamma, beta, _rows(y), xhat2d, inv)
+
+    @staticmethod
+    def layernorm_backward(dy, xhat, inv_std, gamma, dgamma, dbeta, dx) -> None:
+        """``dgamma``, ``dbeta`` = the sums over rows of ``dy xhat`` and ``dy`` (written); unless
+        ``dx`` is None, with ``g = dy gamma``: ``dx = (g - mean(g) - xhat mean(g xhat))
+        inv_std``, the means over the last axis."""
+        rows = dy.size // dy.shape[-1]
+        inv, dx2d = _matrix(inv_std, rows, 1), None if dx is None else _rows(dx)
+        _loop("layernorm_backward", dy.size)(
+            _rows(dy), _rows(xhat), inv, gamma, dgamma, dbeta, dx2d
+        )
+
+    @staticmethod
+    def gelu_forward(x, y, t) -> None:
+        """``t = tanh(sqrt(2 / pi) (x + 0.044715 x^3))`` (kept for the backward; None: not
+        kept), ``y = 0.5 x (1 + t)``."""
+        _loop("gelu", x.size)(_flat(x), _flat(y), None if t is None else _flat(t))
+
+    @staticmethod
+    def gelu_backward(dy, x, t, dx) -> None:
+        """``dx = dy (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2 / pi) (1 + 3 0.044715 x^2))``."""
+        _loop("gelu_backward", x.size)(_flat(dy), _flat(x), _flat(t), _flat(dx))
+
     # maxpool2d -----------------------------------------------------------------------------
 
     @staticmethod

@@ -8,7 +8,6 @@ step allocates no activation-sized array. Images are channels-last ``(batch, h, 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -132,94 +131,40 @@ class LayerNorm(Op):
 
     def allocate(self, xp: Any, batch: int, training: bool) -> Buffers:
         shape, stat = (batch, *self.in_shape), (batch, *self.in_shape[:-1], 1)
-        buf: Buffers = {"y": _empty(xp, shape), "xhat": _empty(xp, shape)}
-        buf.update(mean=_empty(xp, stat), inv_std=_empty(xp, stat))
-        if training:
-            buf.update(work=_empty(xp, shape), dx=self._dx(xp, batch, training))
-            buf.update(g_mean=_empty(xp, stat), gx_mean=_empty(xp, stat))
-        return buf
+        return {"y": _empty(xp, shape), "xhat": _empty(xp, shape),
+                "inv_std": _empty(xp, stat), "dx": self._dx(xp, batch, training)}  # fmt: skip
 
     def forward(self, x: Any, buf: Buffers) -> Any:
-        xp, y, xhat, mean, inv = self.xp, buf["y"], buf["xhat"], buf["mean"], buf["inv_std"]
-        xp.mean(x, axis=-1, keepdims=True, out=mean)
-        xp.subtract(x, mean, out=xhat)
-        xp.multiply(xhat, xhat, out=y)  # y as scratch for the squares
-        xp.mean(y, axis=-1, keepdims=True, out=inv)
-        _inv_std(xp, inv)
-        xp.multiply(xhat, inv, out=xhat)
-        xp.multiply(xhat, self.w, out=y)
-        xp.add(y, self.b, out=y)
-        return y
+        self.k.layernorm_forward(x, self.w, self.b, buf["y"], buf["xhat"], buf["inv_std"])
+        return buf["y"]
 
     def backward(self, dy: Any, buf: Buffers) -> Any:
         """With ``g = dy * gamma``: ``dx = (g - mean(g) - xhat * mean(g * xhat)) / std``."""
-        xp, f = self.xp, self.features
-        xhat, work, dx = buf["xhat"], buf["work"], buf["dx"]
-        xp.sum(dy.reshape(-1, f), axis=0, out=self.db)
-        xp.multiply(dy, xhat, out=work)
-        xp.sum(work.reshape(-1, f), axis=0, out=self.dw)
-        if dx is None:
-            return None
-        g_mean, gx_mean = buf["g_mean"], buf["gx_mean"]
-        xp.multiply(dy, self.w, out=work)
-        xp.mean(work, axis=-1, keepdims=True, out=g_mean)
-        xp.multiply(work, xhat, out=dx)
-        xp.mean(dx, axis=-1, keepdims=True, out=gx_mean)
-        xp.multiply(xhat, gx_mean, out=dx)
-        xp.subtract(work, dx, out=dx)
-        xp.subtract(dx, g_mean, out=dx)
-        xp.multiply(dx, buf["inv_std"], out=dx)
-        return dx
+        self.k.layernorm_backward(dy, buf["xhat"], buf["inv_std"], self.w, self.dw, self.db,
+                                  buf["dx"])  # fmt: skip
+        return buf["dx"]
 
 
 class Gelu(Op):
     """``0.5 x (1 + tanh(C (x + A x^3)))`` (the tanh form, GPT-2's and BERT's). Training keeps
     the tanh for backward, only where an input gradient is wanted (gelu has no parameters)."""
 
-    C = math.sqrt(2.0 / math.pi)
-    A = 0.044715
-
     def allocate(self, xp: Any, batch: int, training: bool) -> Buffers:
         shape = (batch, *self.in_shape)
         keep = training and self.info.needs_input_grad
-        buf: Buffers = {"y": _empty(xp, shape), "dx": self._dx(xp, batch, training)}
-        buf.update(t=_empty(xp, shape) if keep else None, work=_empty(xp, shape) if keep else None)
-        return buf
+        return {"y": _empty(xp, shape), "dx": self._dx(xp, batch, training),
+                "t": _empty(xp, shape) if keep else None}  # fmt: skip
 
     def forward(self, x: Any, buf: Buffers) -> Any:
-        xp, y = self.xp, buf["y"]
-        t = y if buf["t"] is None else buf["t"]
         buf["x"] = x
-        xp.multiply(x, x, out=t)
-        xp.multiply(t, self.A, out=t)
-        xp.add(t, 1.0, out=t)
-        xp.multiply(t, x, out=t)
-        xp.multiply(t, self.C, out=t)
-        xp.tanh(t, out=t)
-        xp.add(t, 1.0, out=y)
-        xp.multiply(y, x, out=y)
-        xp.multiply(y, 0.5, out=y)
-        return y
+        self.k.gelu_forward(x, buf["y"], buf["t"])
+        return buf["y"]
 
     def backward(self, dy: Any, buf: Buffers) -> Any:
-        """``dy * 0.5 (1 + t + p (1 - t^2))``, ``t`` the tanh, ``p = C x (1 + 3 A x^2)``."""
-        xp, dx = self.xp, buf["dx"]
-        if dx is None:
+        if buf["dx"] is None:
             return None
-        x, t, p = buf["x"], buf["t"], buf["work"]
-        xp.multiply(x, x, out=p)
-        xp.multiply(p, 3.0 * self.A, out=p)
-        xp.add(p, 1.0, out=p)
-        xp.multiply(p, x, out=p)
-        xp.multiply(p, self.C, out=p)
-        xp.multiply(t, t, out=dx)
-        xp.subtract(1.0, dx, out=dx)
-        xp.multiply(dx, p, out=dx)
-        xp.add(dx, 1.0, out=dx)
-        xp.add(dx, t, out=dx)
-        xp.multiply(dx, 0.5, out=dx)
-        xp.multiply(dx, dy, out=dx)
-        return dx
+        self.k.gelu_backward(dy, buf["x"], buf["t"], buf["dx"])
+        return buf["dx"]
 
 
 class Dropout(Op):

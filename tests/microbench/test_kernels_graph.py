@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 import pytest
 
-from microbench.kernels import ArrayKernels, NumbaKernels, conv_output_hw, cpu, loops, policy
-from microbench.threads import set_threads
+from microbench.kernels import ArrayKernels, NumbaKernels, conv_output_hw
 
 KERNELS = {"numba": NumbaKernels(), "array": ArrayKernels(np)}
 
@@ -31,33 +29,6 @@ AVG_CASES = [
     (3, 3, 4, 2, 2, 1, 1),
     (1, 6, 5, 2, 4, 2, 2),
 ]
-
-
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request, monkeypatch):
-    """Runs a test at 1 and 2 numba threads, every loop parallel at 2 (threshold 0); afterwards
-    checks that the numba wrappers took only serial drivers at 1 thread, only parallel at 2."""
-    count = request.param
-    if count > numba.config.NUMBA_NUM_THREADS:
-        pytest.skip(f"numba's pool holds {numba.config.NUMBA_NUM_THREADS} thread(s)")
-    monkeypatch.setattr(policy, "PARALLEL_MIN_ELEMENTS", 0)
-    picked = []
-    choose = cpu._loop
-
-    def spy(name, work):
-        fn = choose(name, work)
-        picked.append(name if fn is getattr(loops, name) else name + "_serial")
-        return fn
-
-    monkeypatch.setattr(cpu, "_loop", spy)
-    before = numba.get_num_threads()
-    set_threads(count)
-    try:
-        yield count
-    finally:
-        set_threads(before)
-    serial = {name.endswith("_serial") for name in picked}  # empty for the array kernels
-    assert serial <= {count == 1}, picked
 
 
 def _f32(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -207,16 +178,9 @@ def test_global_avgpool_matches_mean(shape, kind, threads):
     _adjoint(y, dy, x, dx)
 
 
-def test_numba_work_counts_window_taps(monkeypatch):
+def test_numba_work_counts_window_taps(loop_work):
     """The ``work`` each wrapper hands ``_loop``: what decides its driver."""
-    seen = {}
-    choose = cpu._loop
-
-    def spy(name, work):
-        seen[name] = work
-        return choose(name, work)
-
-    monkeypatch.setattr(cpu, "_loop", spy)
+    seen = loop_work
     n, h, w, c, size, stride, pad = 2, 7, 7, 3, 3, 2, 1
     x = np.zeros((n, h, w, c), np.float32)
     y = _avgpool(NumbaKernels, x, (n, h, w, c, size, stride, pad))
