@@ -236,31 +236,31 @@ class ArrayKernels:
 
     # avgpool2d and global average pool -----------------------------------------------------
 
-    def avgpool2d_forward(self, x: Any, size: int, stride: int, padding: int, out: Any) -> None:
-        h, wd = x.shape[1], x.shape[2]
-        out_h, out_w = conv_output_hw(h, wd, size, stride, padding)
-        out.fill(0)
+    @staticmethod
+    def _avgpool_taps(out_hw: tuple[int, int], in_hw: tuple[int, int], size: int, stride: int,
+                      padding: int):  # fmt: skip
+        """Per window tap that meets the input, (output slices, input slices): distinct
+        outputs of one tap read distinct inputs."""
         for di in range(size):
-            rows = _tap_slices(out_h, h, stride, di - padding)
+            rows = _tap_slices(out_hw[0], in_hw[0], stride, di - padding)
             for dj in range(size):
-                columns = _tap_slices(out_w, wd, stride, dj - padding)
-                if rows is None or columns is None:
-                    continue
-                out[:, rows[0], columns[0], :] += x[:, rows[1], columns[1], :]
+                columns = _tap_slices(out_hw[1], in_hw[1], stride, dj - padding)
+                if rows is not None and columns is not None:
+                    yield (rows[0], columns[0]), (rows[1], columns[1])
+
+    def avgpool2d_forward(self, x: Any, size: int, stride: int, padding: int, out: Any) -> None:
+        in_hw = (x.shape[1], x.shape[2])
+        out_hw = conv_output_hw(*in_hw, size, stride, padding)
+        out.fill(0)
+        for (orow, ocol), (irow, icol) in self._avgpool_taps(out_hw, in_hw, size, stride, padding):
+            out[:, orow, ocol, :] += x[:, irow, icol, :]
         out *= 1.0 / (size * size)
 
     def avgpool2d_backward(self, dout: Any, size: int, stride: int, padding: int, dx: Any) -> None:
-        h, wd = dx.shape[1], dx.shape[2]
-        out_h, out_w = dout.shape[1], dout.shape[2]
+        in_hw, out_hw = (dx.shape[1], dx.shape[2]), (dout.shape[1], dout.shape[2])
         dx.fill(0)
-        for di in range(size):
-            rows = _tap_slices(out_h, h, stride, di - padding)
-            for dj in range(size):
-                columns = _tap_slices(out_w, wd, stride, dj - padding)
-                if rows is None or columns is None:
-                    continue
-                # For one tap, distinct outputs land on distinct inputs: += is a plain add.
-                dx[:, rows[1], columns[1], :] += dout[:, rows[0], columns[0], :]
+        for (orow, ocol), (irow, icol) in self._avgpool_taps(out_hw, in_hw, size, stride, padding):
+            dx[:, irow, icol, :] += dout[:, orow, ocol, :]
         dx *= 1.0 / (size * size)
 
     def global_avgpool_forward(self, x: Any, out: Any) -> None:

@@ -8,8 +8,8 @@ which loops run in parallel, how col2im is chunked). A compute model that knows 
 costs at its shape then prices any workload of the supported layer kinds, including one it
 never saw; the tests hold this list to a trace of the real network's calls.
 
-Each :class:`KernelCall` names its kernel and the dimensions that kernel's cost depends on
-(:data:`KERNEL_DIMS`), the workload layer it is charged to (the lead layer of a fused group;
+Each :class:`~microbench.kernels.callspec.KernelCall` names its kernel and the dimensions that
+kernel's cost depends on, the workload layer it is charged to (the lead layer of a fused group;
 -1 for the step's own calls: the mini-batch gather) and the phase of the step it runs in.
 """
 
@@ -17,9 +17,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from microbench.kernels.callspec import (
+    GEMM_LAYOUTS,
+    KERNEL_DIMS,
+    LABEL_BYTES,
+    KernelCall,
+    call_features,
+)
 from microbench.kernels.fusion import (
     FusedOp,
     backward_ops,
@@ -29,7 +35,7 @@ from microbench.kernels.fusion import (
     group_sources,
 )
 from microbench.kernels.policy import col2im_chunk_samples, runs_parallel
-from microbench.kernels.shapes import conv_output_hw, pool_output_hw, window_range
+from microbench.kernels.shapes import conv_output_hw, pool_output_hw
 from microbench.workload import BYTES_PER_VALUE, CPU_MODEL_KINDS, LayerInfo, Workload
 
 __all__ = [
@@ -45,122 +51,6 @@ __all__ = [
     "step_calls",
     "update_kernel",
 ]
-
-LABEL_BYTES = 8  # int64 labels, as Network.forward converts them
-GEMM_LAYOUTS = ("nn", "tn", "nt")  # which operand BLAS reads transposed: none, A, B
-
-# The dimensions of each kernel's call, in order.
-KERNEL_DIMS: dict[str, tuple[str, ...]] = {
-    **{f"gemm_{layout}": ("m", "n", "k") for layout in GEMM_LAYOUTS},
-    "bias_act": ("rows", "cols"),
-    "column_sum": ("rows", "cols"),
-    "relu": ("elements",),
-    "relu_mask": ("elements",),
-    "copy": ("elements",),
-    "add": ("elements",),
-    "sgd": ("elements",),
-    "sgd_momentum": ("elements",),
-    "adam": ("elements",),
-    "softmax_xent": ("batch", "classes"),
-    "im2col": ("batch", "height", "width", "channels", "kernel", "stride", "padding"),
-    "col2im": ("batch", "height", "width", "channels", "kernel", "stride", "padding"),
-    "maxpool": ("batch", "height", "width", "channels", "size", "stride"),
-    "maxpool_backward": ("batch", "height", "width", "channels", "size", "stride"),
-    "maxpool_backward_tiled": ("batch", "height", "width", "channels", "size", "stride"),
-    "avgpool": ("batch", "height", "width", "channels", "size", "stride", "padding"),
-    "avgpool_backward": ("batch", "height", "width", "channels", "size", "stride", "padding"),
-    "global_avgpool": ("batch", "height", "width", "channels"),
-    "global_avgpool_backward": ("batch", "height", "width", "channels"),
-    "nchw_to_nhwc": ("batch", "channels", "height", "width"),
-    "gather": ("batch", "row_bytes"),
-}
-
-_SERIAL_ONLY = {"softmax_xent", "gather", "copy"} | {f"gemm_{x}" for x in GEMM_LAYOUTS}
-
-
-@dataclass(frozen=True)
-class KernelCall:
-    """One kernel call of a step: ``kernel`` at ``dims`` (:data:`KERNEL_DIMS`), charged to
-    workload layer ``layer`` in ``phase``; ``parallel``: a numba loop's parallel driver.
-    ``reads`` and ``writes`` name the network's buffers the call touches and their bytes
-    (buffers are named by role and lead layer, ``y3``, ``cols0``, ``W7``; an in-place op's
-    output keeps its input's name), so that a model can follow what stays in cache."""
-
-    kernel: str
-    dims: tuple[int, ...]
-    layer: int
-    phase: str
-    parallel: bool = False
-    reads: tuple[tuple[str, int], ...] = ()  # (buffer, bytes) the call reads
-    writes: tuple[tuple[str, int], ...] = ()  # (buffer, bytes) it writes
-
-    def __post_init__(self) -> None:
-        if self.kernel not in KERNEL_DIMS:
-            raise ValueError(f"unknown kernel {self.kernel!r}")
-        if len(self.dims) != len(KERNEL_DIMS[self.kernel]):
-            raise ValueError(f"{self.kernel} takes dims {KERNEL_DIMS[self.kernel]}")
-
-    @property
-    def variant(self) -> str:
-        """The code that runs: the kernel, or ``KERNEL_serial`` for a loop's serial driver
-        (GEMMs, the loss, gathers and copies have one variant)."""
-        if self.kernel in _SERIAL_ONLY or self.parallel:
-            return self.kernel
-        return self.kernel + "_serial"
-
-
-def call_features(kernel: str, dims: Sequence[int]) -> tuple[int, int]:
-    """``(elements, run)`` of a loop, gather or copy call: the elements it works through (a
-    max-pool: its window taps; a GEMM: its multiply-adds) and the mean length of its innermost
-    contiguous runs (the values one inner loop copies or reduces before it jumps; 1 where a
-    kernel has no such axis). A kernel's cost tables are laid out over these two
-    (:mod:`microbench.kernelbench`)."""
-    if kernel.startswith("gemm_"):
-        m, n, k = dims
-        return m * n * k, 1
-    if kernel in ("bias_act", "column_sum", "softmax_xent"):
-        return dims[0] * dims[1], dims[1]
-    if kernel == "gather":
-        return dims[0] * dims[1] // BYTES_PER_VALUE, dims[1] // BYTES_PER_VALUE
-    if kernel == "im2col":
-        n, h, w, c, k, s, p = dims
-        oh, ow = conv_output_hw(h, w, k, s, p)
-        return n * oh * ow * k * k * c, _im2col_run(w, c, k, s, p)
-    if kernel == "col2im":
-        n, h, w, c, k, s, p = dims
-        oh, ow = conv_output_hw(h, w, k, s, p)
-        return n * oh * ow * k * k * c, c
-    if kernel == "maxpool":  # every output reads its size x size window
-        n, h, w, c, size, stride = dims
-        oh, ow = pool_output_hw(h, w, size, stride)
-        return n * oh * ow * c * size * size, c
-    if kernel == "maxpool_backward":  # every input searches the windows that cover it
-        n, h, w, c, size, stride = dims
-        return n * h * w * c * math.ceil(size / stride) ** 2, c
-    if kernel == "avgpool":
-        n, h, w, c, size, stride, p = dims
-        oh, ow = conv_output_hw(h, w, size, stride, p)
-        return n * oh * ow * c * size * size, c
-    if kernel == "avgpool_backward":
-        n, h, w, c, size, stride, _ = dims
-        return n * h * w * c * math.ceil(size / stride) ** 2, c
-    if kernel.startswith("global_avgpool"):
-        return math.prod(dims), dims[3]
-    if kernel in ("maxpool_backward_tiled", "nchw_to_nhwc"):
-        return math.prod(dims[:4]), (dims[3] if kernel != "nchw_to_nhwc" else dims[1])
-    return dims[0], 1
-
-
-def _im2col_run(width: int, c: int, k: int, stride: int, padding: int) -> int:
-    """The mean contiguous run of an im2col row: a window inside the image copies each kernel
-    row's k x c values in one run, one that overhangs the padding copies (or zeroes) c at a
-    time (:func:`microbench.kernels.loops.im2col`)."""
-    ow = (width + 2 * padding - k) // stride + 1
-    inside = window_range(ow, width - k + 1, stride, -padding)
-    n_inside = inside[1] - inside[0]
-    runs = n_inside * k + (ow - n_inside) * k * k  # inner loops per output row
-    return max(1, round(ow * k * k * c / runs))
-
 
 _F = BYTES_PER_VALUE
 Operands = tuple[tuple[str, int], ...]

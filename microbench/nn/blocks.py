@@ -173,6 +173,8 @@ class Dropout(Op):
     input itself. The mask is drawn on the host from ``self.rng`` (:meth:`set_rng`) and copied
     to the device, so that numpy and cupy runs of one seed drop the same values."""
 
+    draws_random = True
+
     def __init__(self, info: LayerInfo, kernels: Kernels, in_shape: tuple[int, ...]) -> None:
         super().__init__(info, kernels, in_shape)
         self.rate = float(info.layer.get("rate"))

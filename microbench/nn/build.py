@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from microbench.kernels import Kernels
-from microbench.kernels.fusion import fused_ops, group_readers, group_sources
+from microbench.kernels.fusion import backward_ops, fused_ops, group_readers, group_sources
 from microbench.nn.blocks import AvgPool2d, BatchNorm2d, Dropout, Gelu, GlobalAvgPool, LayerNorm
 from microbench.nn.layers import Buffers, Conv2d, Dense, Flatten, MaxPool2d, Op, ReLU, _empty
 from microbench.nn.tokens import Attention, Embedding, TiedDense, TokenPool, ToTokens
@@ -106,11 +106,14 @@ _SIMPLE = {
 @dataclass(frozen=True)
 class Graph:
     """The ops in forward order; per op, the ops it reads (-1: the network's input) and how
-    many ops read its output (a residual's skip has two readers: its gradient is a sum)."""
+    many ops read its output (a residual's skip has two readers: its gradient is a sum); the
+    ops whose backward runs, in the order it runs
+    (:func:`microbench.kernels.fusion.backward_ops`, the rule the compute model prices by)."""
 
     ops: list[Op]
     sources: list[tuple[int, ...]]
     readers: list[int]
+    backward: list[int]
 
 
 def build_graph(
@@ -147,7 +150,7 @@ def build_graph(
             op = _SIMPLE[info.kind](info, kernels, shape)
         ops.append(op)
         by_lead[info.index] = op
-    return Graph(ops, sources, group_readers(sources))
+    return Graph(ops, sources, group_readers(sources), backward_ops(groups, sources))
 
 
 def build_ops(

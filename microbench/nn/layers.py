@@ -62,6 +62,7 @@ class Op(ABC):
 
     weight_shape: tuple[int, ...] | None = None
     state_count = 0
+    draws_random = False  # its forward draws from the generator :meth:`set_rng` gives it
 
     def __init__(self, info: LayerInfo, kernels: Kernels, in_shape: tuple[int, ...]) -> None:
         self.info = info

@@ -110,7 +110,7 @@ class Network:
         # each step (dropout's masks), so a run resumed at step N draws what it would have.
         self.steps = 0
         self._draw_key = (seed, stream)
-        self._drawing = [op for op in self._ops if op.info.kind == "dropout"]
+        self._drawing = [op for op in self._ops if op.draws_random]
         self._logits_shape = workload.layers[-1].input_shape
         self._token_loss = workload.layers[-1].kind == "token_cross_entropy"
         self._workspaces: OrderedDict[tuple[bool, int], list[Buffers]] = OrderedDict()
@@ -223,10 +223,7 @@ class Network:
         graph = self._graph
         grads: list[Any] = [None] * len(self._ops)
         grads[-1] = dlogits
-        for k in reversed(range(len(self._ops))):
-            info = self._ops[k].info
-            if grads[k] is None or not (info.param_count or info.needs_input_grad):
-                continue  # no gradient reaches it, or none is wanted from it
+        for k in graph.backward:  # the ops a gradient reaches that have a use for it
             dxs = self._ops[k].backward(grads[k], space[k])
             reads = graph.sources[k]
             for j, dx in zip(reads, dxs if len(reads) > 1 else [dxs], strict=True):

@@ -9,13 +9,8 @@ import pytest
 
 from microbench.kernels import cpu as kernels_cpu
 from microbench.kernels import loops
-from microbench.kernels.calls import (
-    KernelCall,
-    _im2col_run,
-    call_features,
-    op_calls,
-    step_calls,
-)
+from microbench.kernels.calls import KernelCall, call_features, op_calls, step_calls
+from microbench.kernels.callspec import _im2col_run
 from microbench.kernels.policy import PARALLEL_MIN_ELEMENTS
 from microbench.nn import Network, make_optimizer
 from microbench.randomnets import random_workloads
