@@ -65,6 +65,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from microbench.kernels.calls import GEMM_LAYOUTS, KERNEL_DIMS, call_features, op_calls
+from microbench.kernels.callspec import SERIAL_ONLY
 from microbench.kernels.steps import measure_step, step_workloads
 from microbench.loopcalls import MAX_ELEMENTS, im2col_dims, loop_dims, loop_fn
 from microbench.measurement import Measurement
@@ -149,9 +150,21 @@ QUICK_CHANNEL_RUNS = (1, 3, 7, 8, 9, 15, 16, 23, 24, 32, 63, 64, 512)
 CHANNEL_KERNELS = frozenset(
     {"bias_act", "column_sum", "col2im", "maxpool", "maxpool_backward",
      "maxpool_backward_tiled", "nchw_to_nhwc", "avgpool", "avgpool_backward",
-     "global_avgpool", "global_avgpool_backward"}
+     "global_avgpool", "global_avgpool_backward", "batchnorm", "batchnorm_eval",
+     "batchnorm_backward"}
 )  # fmt: skip
-_RUNS = {"softmax_xent": (2, 10, 100, 1000), "gather": (16, 256, 4096, 65536)}
+# Other kernels whose speed depends on a run, and the runs timed: classes, row bytes, widths
+# (layernorm, embedding), head widths (attention), channels (batchnorm: fewer than the
+# channel-like loops, whose runs set their vector remainders; batchnorm's channels are its
+# vector axis too, but it runs after few of the layers).
+_RUNS = {
+    "softmax_xent": (2, 10, 100, 1000), "gather": (16, 256, 4096, 65536),
+    **{k: (16, 64, 256, 768) for k in ("layernorm", "layernorm_backward", "embedding",
+                                      "embedding_backward")},
+    **{k: (8, 16, 32, 64) for k in ("attention", "attention_backward")},
+    **{k: (1, 3, 8, 16, 32, 64, 128, 512)
+       for k in ("batchnorm", "batchnorm_eval", "batchnorm_backward")},
+}  # fmt: skip
 # im2col's run depends on the kernel, the channels and how many windows overhang the padding
 # (microbench.kernels.calls.call_features): (kernel, padding, channels) settings spanning it.
 IM2COL_SHAPES = ((1, 0, 1), (1, 0, 8), (1, 0, 64), (3, 1, 1), (3, 1, 3), (3, 0, 3), (3, 1, 8),
@@ -172,10 +185,8 @@ def _within_cap(elements: int, channels: int) -> bool:
     return elements <= max(2**21, ELEMENTS_PER_RUN * channels)
 
 
-# Loops with a parallel driver (numba prange); the gather, copy and loss have one variant.
-_PARALLEL = (
-    set(KERNEL_DIMS) - {"softmax_xent", "gather", "copy"} - {f"gemm_{x}" for x in GEMM_LAYOUTS}
-)
+# Loops with a parallel driver (numba prange).
+_PARALLEL = set(KERNEL_DIMS) - SERIAL_ONLY
 
 
 @dataclass(frozen=True)
@@ -267,7 +278,7 @@ def _loop_points(plan: KernelPlan, threads: int) -> list[tuple[str, str, tuple[i
                     out.append((kernel, variant, im2col_dims(elements, shape)))
             continue
         channels = kernel in CHANNEL_KERNELS
-        runs = plan.channel_runs if channels else _RUNS.get(kernel, (1,))
+        runs = _RUNS.get(kernel) or (plan.channel_runs if channels else (1,))
         for window in POOL_WINDOWS.get(kernel, ((2, 2),)):
             for elements in plan.loop_elements:
                 for run in runs:

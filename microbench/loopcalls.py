@@ -15,11 +15,20 @@ from typing import Any
 
 import numpy as np
 
+from microbench.kernels.callspec import KERNEL_DIMS, ROW_KERNELS
 from microbench.kernels.shapes import conv_output_hw
 
 __all__ = ["FRESH_DATA", "MAX_ELEMENTS", "fresh_views", "im2col_dims", "loop_dims", "loop_fn"]
 
 MAX_ELEMENTS = 2**24  # per operand: 64 MiB of float32
+# Attention's sweep calls: this many heads, sequences up to this long (longer ones are more
+# samples of the same per-pair work).
+ATTENTION_HEADS = 2
+ATTENTION_MAX_TOKENS = 128
+# Embedding's sweep calls: sequences of this many tokens, ids drawn from a vocabulary of this
+# many rows (a table of some MiB: the rows a step gathers come from the caches or beyond).
+EMBEDDING_TOKENS = 16
+EMBEDDING_VOCAB = 4096
 
 
 def loop_dims(
@@ -28,10 +37,16 @@ def loop_dims(
     """A call of ``kernel`` with about ``elements`` elements and inner run ``run``
     (:func:`~microbench.kernels.calls.call_features`), in typical layer settings; a max-pool
     with ``window`` (size, stride)."""
-    if kernel in ("relu", "relu_mask", "copy", "add", "sgd", "sgd_momentum", "adam"):
+    if len(KERNEL_DIMS[kernel]) == 1:
         return (elements,)
-    if kernel in ("bias_act", "column_sum", "softmax_xent"):
+    if kernel in ROW_KERNELS:
         return (max(1, elements // run), run)
+    if kernel.startswith("attention"):  # run: the head width; two heads, square-ish blocks
+        d = ATTENTION_HEADS * run
+        t = min(ATTENTION_MAX_TOKENS, max(2, math.isqrt(max(1, elements // d))))
+        return (max(1, elements // (t * t * d)), t, d, ATTENTION_HEADS, 0)
+    if kernel.startswith("embedding"):  # run: the width
+        return (max(1, elements // (EMBEDDING_TOKENS * run)), EMBEDDING_TOKENS, run)
     if kernel == "gather":
         return (max(1, elements // run), run * 4)
     if kernel == "col2im":  # run: the channels
@@ -87,6 +102,8 @@ def loop_fn(pool: Any, kernel: str, variant: str, dims: tuple[int, ...]) -> Any:
     if kernel == "copy":
         src, dst = view(0, dims), view(1, dims)
         return lambda: np.copyto(dst, src)
+    if kernel in _NEW_KERNELS:
+        return _token_fn(kernel, loops, variant, dims, view)
     fn = getattr(loops, variant.replace("sgd_momentum", "sgd"))  # one loop, momentum on
     if kernel == "adam":  # state of its own: moments that stay finite over any repeats
         p, g = view(0, dims).copy(), view(1, dims)
@@ -156,6 +173,69 @@ def loop_fn(pool: Any, kernel: str, variant: str, dims: tuple[int, ...]) -> Any:
     if kernel == "maxpool_backward_tiled":
         return lambda: fn(small, argmaxes[next(turn) % FRESH_DATA], size, big)
     return lambda: fn(small, argmaxes[next(turn) % FRESH_DATA], size, stride, big)
+
+
+_NEW_KERNELS = {
+    "layernorm", "layernorm_backward", "batchnorm", "batchnorm_eval", "batchnorm_backward",
+    "gelu", "gelu_backward", "dropout", "dropout_backward", "zero", "uniform", "attention",
+    "attention_backward", "embedding", "embedding_backward",
+}  # fmt: skip
+
+
+def _token_fn(kernel: str, loops: Any, variant: str, dims: tuple[int, ...], view: Any) -> Any:
+    """A call of ``variant`` of a normalisation, activation, dropout, zeroing, attention or
+    embedding loop of module ``loops`` (:mod:`microbench.kernels.loops_norm`,
+    :mod:`~microbench.kernels.loops_tokens`) at ``dims``, as :mod:`microbench.kernels.cpu`
+    makes it."""
+    fn, rng = getattr(loops, variant), np.random.default_rng(1)
+    if kernel.startswith(("layernorm", "batchnorm")):
+        rows, cols = dims
+        x, y, xhat = view(0, dims), view(1, dims), view(2, dims)
+        ones, zeros = np.ones(cols, np.float32), np.zeros(cols, np.float32)
+        if kernel.startswith("layernorm"):
+            inv = np.ones((rows, 1), np.float32)
+            if kernel == "layernorm":
+                return lambda: fn(x, ones, zeros, y, xhat, inv)
+            return lambda: fn(x, xhat, inv, ones, ones.copy(), zeros.copy(), y)
+        running = np.concatenate([zeros, ones])
+        mean, inv = zeros.copy(), ones.copy()
+        if kernel == "batchnorm":
+            return lambda: fn(x, ones, zeros, running, 0.1, y, xhat, mean, inv)
+        if kernel == "batchnorm_eval":
+            return lambda: fn(x, ones, zeros, running, y)
+        return lambda: fn(x, xhat, ones, inv, ones.copy(), zeros.copy(), y)
+    if kernel.startswith("attention"):
+        n, t, d, heads, causal = dims
+        qkv = rng.standard_normal((3, n, t, d), np.float32)
+        p, o = np.empty((n, heads, t, t), np.float32), np.empty((n, t, d), np.float32)
+        scale = np.float32(1.0 / math.sqrt(d // heads))
+        loops.attention_serial(qkv, heads, scale, bool(causal), p, o)  # real probabilities
+        if kernel == "attention":
+            return lambda: fn(qkv, heads, scale, bool(causal), p, o)
+        do, dqkv = rng.standard_normal(o.shape, np.float32), np.empty_like(qkv)
+        return lambda: fn(qkv, p, o, do, heads, scale, bool(causal), dqkv)
+    if kernel.startswith("embedding"):
+        n, t, dim = dims
+        table = rng.standard_normal((EMBEDDING_VOCAB + t, dim), np.float32)
+        ids = rng.integers(0, EMBEDDING_VOCAB, (n, t))
+        y = view(0, (n, t, dim))
+        if kernel == "embedding":
+            x = ids.astype(np.float32)
+            return lambda: fn(x, table, EMBEDDING_VOCAB, t, 0, ids, y)
+        return lambda: fn(y, ids, EMBEDDING_VOCAB, t, 0, table)
+    x, y, z = view(0, dims), view(1, dims), view(2, dims)
+    if kernel == "gelu":
+        return lambda: fn(x, y, z)
+    if kernel == "gelu_backward":
+        t = np.tanh(view(2, dims))  # tanh values in [-1, 1]
+        return lambda: fn(x, y, t, z)
+    if kernel == "dropout":
+        return lambda: fn(x, y, np.float32(0.1), np.float32(1 / 0.9), z)  # y: the draws
+    if kernel == "dropout_backward":
+        return lambda: fn(x, y, z)
+    if kernel == "uniform":
+        return lambda: fn(rng, z)
+    return lambda: fn(z)  # zero
 
 
 FRESH_DATA = 4  # distinct inputs a data-dependent loop cycles through (fresh_views)

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from microbench.kernels.array_tokens import ArrayTokenKernels, normalise
 from microbench.kernels.shapes import conv_output_hw, pool_output_hw, window_range
 
-LAYERNORM_EPS = 1e-5  # as microbench.nn.blocks.EPS
 GELU_C = math.sqrt(2.0 / math.pi)
 GELU_A = 0.044715
 
@@ -34,7 +34,7 @@ def _tap_slices(
     return slice(lo, hi), slice(first, (hi - 1) * stride + offset + 1, stride)
 
 
-class ArrayKernels:
+class ArrayKernels(ArrayTokenKernels):
     """The kernel set for arrays of module ``xp`` (see :mod:`microbench.kernels` for layouts)."""
 
     name = "array"
@@ -146,12 +146,7 @@ class ArrayKernels:
         xp.subtract(x, mean, out=xhat)
         xp.multiply(xhat, xhat, out=y)  # y as scratch for the squares
         xp.mean(y, axis=-1, keepdims=True, out=inv_std)
-        xp.add(inv_std, LAYERNORM_EPS, out=inv_std)
-        xp.sqrt(inv_std, out=inv_std)
-        xp.reciprocal(inv_std, out=inv_std)
-        xp.multiply(xhat, inv_std, out=xhat)
-        xp.multiply(xhat, gamma, out=y)
-        xp.add(y, beta, out=y)
+        normalise(xp, inv_std, xhat, gamma, beta, y)
 
     def layernorm_backward(
         self, dy: Any, xhat: Any, inv_std: Any, gamma: Any, dgamma: Any, dbeta: Any, dx: Any
@@ -277,17 +272,20 @@ class ArrayKernels:
         out[...] = x.transpose(0, 2, 3, 1)
 
     def softmax_cross_entropy(self, logits: Any, labels: Any, dlogits: Any) -> tuple[float, int]:
+        """No ``(batch, classes)`` temporary (a language model's vocabulary makes it large):
+        the softmax is formed in ``dlogits`` itself; the loss summed in float64."""
         xp = self.xp
-        batch = logits.shape[0]
-        shifted = logits - logits.max(axis=1, keepdims=True)
-        e = xp.exp(shifted)
-        total = e.sum(axis=1, keepdims=True)
-        rows = xp.arange(batch)
-        loss = xp.log(total[:, 0].astype(xp.float64)) - shifted[rows, labels].astype(xp.float64)
+        n = logits.shape[0]
+        rows = xp.arange(n)
+        xp.subtract(logits, logits.max(axis=1, keepdims=True), out=dlogits)
+        picked = dlogits[rows, labels].astype(xp.float64)
         correct = (xp.argmax(logits, axis=1) == labels).sum()
-        xp.divide(e, total, out=dlogits)
+        xp.exp(dlogits, out=dlogits)
+        total = dlogits.sum(axis=1, keepdims=True)
+        loss = xp.log(total[:, 0].astype(xp.float64)) - picked
+        xp.divide(dlogits, total, out=dlogits)
         dlogits[rows, labels] -= 1
-        dlogits *= 1.0 / batch
+        xp.multiply(dlogits, 1.0 / n, out=dlogits)
         return float(loss.mean()), int(correct)
 
     def sgd_update(

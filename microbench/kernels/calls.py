@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from microbench.kernels import calls_blocks
 from microbench.kernels.callspec import (
     GEMM_LAYOUTS,
     KERNEL_DIMS,
@@ -79,6 +80,11 @@ def _gemm(
     )  # fmt: skip
 
 
+def _rows(batch: int, info: LayerInfo) -> int:
+    """The rows of a layer's 2-D view of its input: every axis but the last (tokens)."""
+    return batch * math.prod(info.input_shape[:-1])
+
+
 def _hwc(shape: tuple[int, ...]) -> tuple[int, int, int]:
     c, h, w = shape
     return h, w, c
@@ -87,8 +93,8 @@ def _hwc(shape: tuple[int, ...]) -> tuple[int, int, int]:
 class _Step:
     """Builds a step's calls, following which buffer holds each activation and gradient."""
 
-    def __init__(self, batch: int, threads: int) -> None:
-        self.batch, self.threads = batch, threads
+    def __init__(self, batch: int, threads: int, training: bool) -> None:
+        self.batch, self.threads, self.training = batch, threads, training
         self.calls: list[KernelCall] = []
         self.outputs: list[str] = []  # per group, the buffer its forward output lives in
 
@@ -105,6 +111,8 @@ class _Step:
         info, i, batch = g.lead, g.lead.index, self.batch
         x, x_bytes = xs[0], batch * info.input_bytes_per_sample
         y, out_bytes = f"y{i}", batch * math.prod(info.output_shape) * _F
+        if info.kind in calls_blocks.KINDS:
+            return calls_blocks.forward(self, info, x)
         if info.kind == "add":  # the first input copied into the output, the others added
             n = out_bytes // _F
             self.calls.append(KernelCall("copy", (n,), i, "forward", False, ((x, out_bytes),),
@@ -121,12 +129,10 @@ class _Step:
             self.loop("global_avgpool", (batch, *_hwc(info.input_shape)), i, "forward",
                       ((x, x_bytes),), ((y, out_bytes),))  # fmt: skip
             return y
-        if info.kind == "dense":
-            units = info.output_shape[0]
-            y, w, b = f"y{i}", f"W{i}", f"b{i}"
-            self.gemm("nn", batch, units, info.input_shape[0], i, "forward", x, w, y)
-            out = ((y, batch * units * _F),)
-            self.loop("bias_act", (batch, units), i, "forward", (*out, (b, units * _F)), out)
+        if info.kind == "dense":  # on tokens: on the (batch * tokens, features) rows
+            rows, units = _rows(batch, info), info.output_shape[-1]
+            self.gemm("nn", rows, units, info.input_shape[-1], i, "forward", x, f"W{i}", y)
+            self._bias_act(g, rows, units, y)
             return y
         if info.kind == "conv2d":
             h, w, c = _hwc(info.input_shape)
@@ -144,8 +150,7 @@ class _Step:
                 pooled = ((y, rows * f * _F), (f"argmax{i}", rows * f * 4))
                 zin = ((z, batch * oh * ow * f * _F),)
                 self.loop("maxpool", (batch, oh, ow, f, size, stride), i, "forward", zin, pooled)
-            out = ((y, rows * f * _F),)
-            self.loop("bias_act", (rows, f), i, "forward", (*out, (f"b{i}", f * _F)), out)
+            self._bias_act(g, rows, f, y)
             return y
         if info.kind == "relu":
             n = batch * math.prod(info.input_shape)
@@ -172,7 +177,20 @@ class _Step:
         out = ((dy, elements * _F),)
         self.loop("relu_mask", (elements,), i, "backward", (*out, (y, elements * _F)), out)
 
-    def _bias_grad(self, i: int, rows: int, units: int, dy: str) -> None:
+    def _bias_act(self, g: FusedOp, rows: int, units: int, y: str) -> None:
+        """The bias (and the fused relu) on a GEMM's output ``y``, in place: one pass with
+        the bias, a relu alone without it."""
+        out, i = ((y, rows * units * _F),), g.lead.index
+        if g.lead.bias_count:
+            self.loop("bias_act", (rows, units), i, "forward", (*out, (f"b{i}", units * _F)), out)
+        elif g.relu:
+            self.loop("relu", (rows * units,), i, "forward", out, out)
+
+    def _bias_grad(self, info: LayerInfo, rows: int, units: int, dy: str) -> None:
+        """The bias gradient, where the layer has a bias."""
+        if not info.bias_count:
+            return
+        i = info.index
         grad = ((dy, rows * units * _F),)
         self.loop("column_sum", (rows, units), i, "backward", grad, ((f"db{i}", units * _F),))
 
@@ -185,6 +203,8 @@ class _Step:
         output gradient in buffer ``dy``; the buffer of each input's gradient (None: none)."""
         info, i, batch = g.lead, g.lead.index, self.batch
         dx, x_bytes = f"dx{i}", batch * info.input_bytes_per_sample
+        if info.kind in calls_blocks.KINDS:
+            return [calls_blocks.backward(self, info, xs[0], y, dy)]
         if info.kind == "add":  # the first input takes dy itself, the others a copy each
             n = batch * math.prod(info.output_shape)
             copies = [f"dx{i}.{j}" for j in range(1, len(xs))]
@@ -207,14 +227,14 @@ class _Step:
         dx = f"dx{i}"
         x_bytes = batch * info.input_bytes_per_sample
         if info.kind == "dense":
-            units, inputs = info.output_shape[0], info.input_shape[0]
+            rows, units, inputs = _rows(batch, info), info.output_shape[-1], info.input_shape[-1]
             if g.relu:
-                self._relu_mask(i, batch * units, dy, y)
-            self.gemm("tn", inputs, units, batch, i, "backward", x, dy, f"dW{i}")
-            self._bias_grad(i, batch, units, dy)
+                self._relu_mask(i, rows * units, dy, y)
+            self.gemm("tn", inputs, units, rows, i, "backward", x, dy, f"dW{i}")
+            self._bias_grad(info, rows, units, dy)
             if not info.needs_input_grad:
                 return None
-            self.gemm("nt", batch, inputs, units, i, "backward", dy, f"W{i}", dx)
+            self.gemm("nt", rows, inputs, units, i, "backward", dy, f"W{i}", dx)
             return dx
         if info.kind == "conv2d":
             return self._conv_backward(g, x, y, dy)
@@ -246,7 +266,7 @@ class _Step:
             out = ((dy, pooled * f * _F),)
             if g.relu:
                 self._relu_mask(i, pooled * f, dy, y)
-            self._bias_grad(i, pooled, f, dy)
+            self._bias_grad(info, pooled, f, dy)
             kernel = "maxpool_backward_tiled" if stride == size else "maxpool_backward"
             dz = f"dz{i}"
             self.loop(kernel, (batch, oh, ow, f, size, stride), i, "backward",
@@ -257,7 +277,7 @@ class _Step:
             if g.relu:
                 self._relu_mask(i, out_rows * f, dy, y)
             self.gemm("tn", width, f, out_rows, i, "backward", cols, dz, f"dW{i}")
-            self._bias_grad(i, out_rows, f, dy)
+            self._bias_grad(info, out_rows, f, dy)
         if not info.needs_input_grad:
             return None
         step = col2im_chunk_samples(oh * ow, width, _F)
@@ -352,7 +372,7 @@ def step_calls(
     workload.require(CPU_MODEL_KINDS, "the CPU kernel model", "; predict it on GPUs (--gpus N)")
     layers = tuple(workload.layers if layers is None else layers)
     body, loss = layers[:-1], layers[-1]
-    step = _Step(batch, threads)
+    step = _Step(batch, threads, training)
     input_bytes = batch * math.prod(workload.input_shape) * _F
     if gather:
         row_bytes = math.prod(workload.input_shape) * _F
@@ -371,10 +391,10 @@ def step_calls(
     for g, reads in zip(groups, sources, strict=True):
         inputs.append([x if k < 0 else step.outputs[k] for k in reads])
         step.outputs.append(step.forward(g, inputs[-1]))
-    classes = loss.output_shape[0]
-    logits = ((step.outputs[-1], batch * classes * _F), ("labels", batch * LABEL_BYTES))
-    step.calls.append(KernelCall("softmax_xent", (batch, classes), loss.index, "loss", False,
-                                 logits, (("dlogits", batch * classes * _F),)))  # fmt: skip
+    rows, classes = _rows(batch, loss), loss.input_shape[-1]  # token-level: a row per token
+    logits = ((step.outputs[-1], rows * classes * _F), ("labels", rows * LABEL_BYTES))
+    step.calls.append(KernelCall("softmax_xent", (rows, classes), loss.index, "loss", False,
+                                 logits, (("dlogits", rows * classes * _F),)))  # fmt: skip
     if not training:
         return step.calls
     _backward(step, groups, sources, inputs, {info.index: info.output_shape for info in body})

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from microbench.kernels.shapes import conv_output_hw, pool_output_hw, window_range
 from microbench.workload import BYTES_PER_VALUE
 
-__all__ = ["GEMM_LAYOUTS", "KERNEL_DIMS", "LABEL_BYTES", "KernelCall", "call_features"]
+__all__ = [
+    "GEMM_LAYOUTS", "KERNEL_DIMS", "LABEL_BYTES", "ROW_KERNELS", "SERIAL_ONLY", "KernelCall",
+    "call_features",
+]  # fmt: skip
 
 LABEL_BYTES = 8  # int64 labels, as Network.forward converts them
 GEMM_LAYOUTS = ("nn", "tn", "nt")  # which operand BLAS reads transposed: none, A, B
@@ -42,9 +45,27 @@ KERNEL_DIMS: dict[str, tuple[str, ...]] = {
     "global_avgpool_backward": ("batch", "height", "width", "channels"),
     "nchw_to_nhwc": ("batch", "channels", "height", "width"),
     "gather": ("batch", "row_bytes"),
+    **{k: ("rows", "cols") for k in ("layernorm", "layernorm_backward")},
+    **{k: ("rows", "channels") for k in ("batchnorm", "batchnorm_eval", "batchnorm_backward")},
+    **{k: ("elements",) for k in ("gelu", "gelu_backward", "dropout", "dropout_backward")},
+    "zero": ("elements",),
+    "uniform": ("elements",),
+    "attention": ("batch", "tokens", "dim", "heads", "causal"),
+    "attention_backward": ("batch", "tokens", "dim", "heads", "causal"),
+    "embedding": ("batch", "tokens", "dim"),
+    "embedding_backward": ("batch", "tokens", "dim"),
 }
 
-_SERIAL_ONLY = {"softmax_xent", "gather", "copy"} | {f"gemm_{x}" for x in GEMM_LAYOUTS}
+# Kernels with one variant: BLAS's GEMMs, numpy's copy and draws, the loss, and the loops that
+# scatter (race) or gather rows serially.
+SERIAL_ONLY = {
+    "softmax_xent", "gather", "copy", "uniform", "embedding", "embedding_backward",
+    *(f"gemm_{x}" for x in GEMM_LAYOUTS),
+}  # fmt: skip
+ROW_KERNELS = frozenset(
+    {"bias_act", "column_sum", "softmax_xent", "layernorm", "layernorm_backward", "batchnorm",
+     "batchnorm_eval", "batchnorm_backward"}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -73,7 +94,7 @@ class KernelCall:
     def variant(self) -> str:
         """The code that runs: the kernel, or ``KERNEL_serial`` for a loop's serial driver
         (GEMMs, the loss, gathers and copies have one variant)."""
-        if self.kernel in _SERIAL_ONLY or self.parallel:
+        if self.kernel in SERIAL_ONLY or self.parallel:
             return self.kernel
         return self.kernel + "_serial"
 
@@ -82,13 +103,20 @@ def call_features(kernel: str, dims: Sequence[int]) -> tuple[int, int]:
     """``(elements, run)`` of a loop, gather or copy call: the elements it works through (a
     max-pool: its window taps; a GEMM: its multiply-adds) and the mean length of its innermost
     contiguous runs (the values one inner loop copies or reduces before it jumps; 1 where a
-    kernel has no such axis). A kernel's cost tables are laid out over these two
+    kernel has no such axis). Attention counts the (query, key) pairs each token sees times
+    the width, its run is the head width. A kernel's cost tables are laid out over these two
     (:mod:`microbench.kernelbench`)."""
     if kernel.startswith("gemm_"):
         m, n, k = dims
         return m * n * k, 1
-    if kernel in ("bias_act", "column_sum", "softmax_xent"):
+    if kernel in ROW_KERNELS:
         return dims[0] * dims[1], dims[1]
+    if kernel.startswith("attention"):  # every (query, key) pair a token sees, times d
+        n, t, d, heads, causal = dims
+        pairs = t * (t + 1) // 2 if causal else t * t
+        return n * pairs * d, d // heads
+    if kernel.startswith("embedding"):
+        return math.prod(dims), dims[2]
     if kernel == "gather":
         return dims[0] * dims[1] // BYTES_PER_VALUE, dims[1] // BYTES_PER_VALUE
     if kernel == "im2col":

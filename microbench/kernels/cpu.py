@@ -197,6 +197,110 @@ class NumbaKernels:
         """``dx = dy (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2 / pi) (1 + 3 0.044715 x^2))``."""
         _loop("gelu_backward", x.size)(_flat(dy), _flat(x), _flat(t), _flat(dx))
 
+    # batchnorm2d (loops: microbench.kernels.loops_norm) ------------------------------------
+
+    @staticmethod
+    def batchnorm_forward(x, gamma, beta, running, momentum: float, y, xhat, mean, inv_std):
+        """Training batch normalisation over every axis but the last: ``mean`` and
+        ``inv_std = 1 / sqrt(var + 1e-5)`` per channel (written; the biased variance),
+        ``xhat = (x - mean) inv_std``, ``y = xhat gamma + beta``; ``running`` (the running
+        mean, then the running variance) moves by ``momentum`` towards the batch's mean and
+        unbiased variance."""
+        _loop("batchnorm", x.size)(_rows(x), gamma, beta, running, momentum, _rows(y),
+                                   _rows(xhat), mean, inv_std)  # fmt: skip
+
+    @staticmethod
+    def batchnorm_eval(x, gamma, beta, running, y) -> None:
+        """``y = (x - running mean) / sqrt(running var + 1e-5) gamma + beta``."""
+        _loop("batchnorm_eval", x.size)(_rows(x), gamma, beta, running, _rows(y))
+
+    @staticmethod
+    def batchnorm_backward(dy, xhat, gamma, inv_std, dgamma, dbeta, dx) -> None:
+        """``dgamma``, ``dbeta`` = the sums of ``dy xhat`` and ``dy`` per channel (written);
+        unless ``dx`` is None, ``dx = gamma inv_std (dy - mean(dy) - xhat mean(dy xhat))``."""
+        _loop("batchnorm_backward", dy.size)(_rows(dy), _rows(xhat), gamma, inv_std, dgamma,
+                                             dbeta, None if dx is None else _rows(dx))  # fmt: skip
+
+    # attention (loops: microbench.kernels.loops_tokens) ------------------------------------
+
+    @staticmethod
+    def attention_forward(x, w, b, heads: int, causal: bool, qkv, p, o, y) -> None:
+        """Self-attention on the ``(batch * T, d)`` rows ``x``: ``qkv[i] = x w[i] + b_i`` (q, k,
+        v; ``qkv`` is ``(3, batch, T, d)``, ``b`` the flat ``4 d`` biases or None), per head
+        ``p = softmax(q k^T / sqrt(d / heads))`` (``(batch, heads, T, T)``; ``causal``: each
+        token sees itself and those before) and ``o = p v``, then ``y = o w[3] + b_3``."""
+        d, batch, t = x.shape[-1], qkv.shape[1], qkv.shape[2]
+        rows = batch * t
+        for i in range(3):
+            bias = None if b is None else b[i * d : (i + 1) * d]
+            NumbaKernels.dense_forward(x, w[i], bias, _matrix(qkv[i], rows, d))
+        scale = np.float32(1.0 / math.sqrt(d // heads))
+        pairs = t * (t + 1) // 2 if causal else t * t
+        _loop("attention", batch * pairs * d)(qkv, heads, scale, causal, p, o)
+        bias = None if b is None else b[3 * d :]
+        NumbaKernels.dense_forward(_matrix(o, rows, d), w[3], bias, _matrix(y, rows, d))
+
+    @staticmethod
+    def attention_backward(dy, x, w, heads: int, causal: bool, qkv, p, o, do, dqkv, dw, db, dx):
+        """The gradients of :meth:`attention_forward` from ``dy`` (``(batch * T, d)`` rows):
+        ``dw`` (``(4, d, d)``) and ``db`` (or None) written; unless ``dx`` is None, the input
+        gradient into it. ``do`` (``o``'s shape) and ``dqkv`` (``qkv``'s) are workspaces."""
+        d, batch, t = x.shape[-1], qkv.shape[1], qkv.shape[2]
+        rows = batch * t
+        do2 = _matrix(do, rows, d)
+
+        def bias(i: int):
+            return None if db is None else db[i * d : (i + 1) * d]
+
+        NumbaKernels.dense_backward(_matrix(o, rows, d), w[3], dy, dw[3], bias(3), do2)
+        scale = np.float32(1.0 / math.sqrt(d // heads))
+        pairs = t * (t + 1) // 2 if causal else t * t
+        _loop("attention_backward", batch * pairs * d)(qkv, p, o, do, heads, scale, causal, dqkv)
+        for i in range(3):  # dx = the sum over q, k, v of dqkv[i] w[i]^T; do is spent: scratch
+            into = None if dx is None else (dx if i == 0 else do2)
+            NumbaKernels.dense_backward(x, w[i], _matrix(dqkv[i], rows, d), dw[i], bias(i), into)
+            if i and dx is not None:
+                NumbaKernels.add(dx, do2, dx)
+
+    # embedding, dropout, zero (loops: microbench.kernels.loops_tokens) ---------------------
+
+    @staticmethod
+    def embedding_forward(x, table, vocab: int, positions: int, types: int, ids, y) -> int:
+        """``ids`` (int64) = the token ids ``x`` (float32 ``(batch, T)``), ``y = table[ids]``
+        plus the position rows (``positions``: their count, 0 for none) and the first type row
+        (``types``: their count); the flat index of the first id that is not an integer in
+        ``[0, vocab)``, or -1."""
+        return int(loops.embedding(x, table, vocab, positions, types, ids, y))
+
+    @staticmethod
+    def embedding_backward(dy, ids, vocab: int, positions: int, types: int, tied: bool, dw):
+        """``dw``'s token rows: each token's gradient summed into its row, onto zeros (or, if
+        ``tied``, onto the gradient a tied output layer wrote there); its position and type rows
+        written (:func:`~microbench.kernels.loops_tokens.embedding_backward`)."""
+        if not tied:
+            NumbaKernels.zero(dw[:vocab])
+        loops.embedding_backward(dy, ids, vocab, positions, types, dw)
+
+    @staticmethod
+    def dropout_forward(x, rng, rate: float, host, mask, y) -> None:
+        """Inverted dropout: ``mask`` = ``1 / (1 - rate)`` where a uniform draw from ``rng`` is
+        at least ``rate``, else 0 (drawn into ``host``, which on the CPU is ``mask``), and
+        ``y = x mask``."""
+        m = _flat(mask)
+        loops.uniform(rng, m)
+        scale = np.float32(1.0 / (1.0 - rate))
+        _loop("dropout", x.size)(_flat(x), m, np.float32(rate), scale, _flat(y))
+
+    @staticmethod
+    def dropout_backward(dy, mask, dx) -> None:
+        """``dx = dy mask``."""
+        _loop("dropout_backward", dy.size)(_flat(dy), _flat(mask), _flat(dx))
+
+    @staticmethod
+    def zero(a) -> None:
+        """``a = 0``."""
+        _loop("zero", a.size)(_flat(a))
+
     # maxpool2d -----------------------------------------------------------------------------
 
     @staticmethod

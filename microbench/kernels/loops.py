@@ -446,9 +446,15 @@ def softmax_xent(logits, labels, dlogits):  # pragma: no cover - compiled
     return loss * inv, correct
 
 
-# The layer normalisation and GELU loops live in their own module; here they are loops like the
-# others, where cpu.py (and record.py's kernels_replaced) look every loop up by name.
+# The normalisation, GELU and token loops live in modules of their own; here they are loops
+# like the others, where cpu.py (and record.py's kernels_replaced) look every loop up by name.
 from microbench.kernels.loops_norm import (  # noqa: E402, F401
+    batchnorm,
+    batchnorm_backward,
+    batchnorm_backward_serial,
+    batchnorm_eval,
+    batchnorm_eval_serial,
+    batchnorm_serial,
     gelu,
     gelu_backward,
     gelu_backward_serial,
@@ -457,4 +463,19 @@ from microbench.kernels.loops_norm import (  # noqa: E402, F401
     layernorm_backward,
     layernorm_backward_serial,
     layernorm_serial,
+)
+from microbench.kernels.loops_tokens import (  # noqa: E402, F401
+    attention,
+    attention_backward,
+    attention_backward_serial,
+    attention_serial,
+    dropout,
+    dropout_backward,
+    dropout_backward_serial,
+    dropout_serial,
+    embedding,
+    embedding_backward,
+    uniform,
+    zero,
+    zero_serial,
 )

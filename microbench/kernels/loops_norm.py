@@ -37,6 +37,12 @@ import numpy as np
 from numba import njit, prange
 
 __all__ = [
+    "batchnorm",
+    "batchnorm_backward",
+    "batchnorm_backward_serial",
+    "batchnorm_eval",
+    "batchnorm_eval_serial",
+    "batchnorm_serial",
     "gelu",
     "gelu_backward",
     "gelu_backward_serial",
@@ -50,7 +56,7 @@ __all__ = [
 # Chunks a parallel loop is split into, as in microbench.kernels.loops (which imports this
 # module, so this one cannot import from it).
 CHUNKS = 64
-EPS = 1e-5  # as microbench.nn.blocks.EPS (PyTorch's default)
+EPS = 1e-5  # both normalisations, as PyTorch's default
 GELU_C = math.sqrt(2.0 / math.pi)
 GELU_A = 0.044715
 
@@ -247,3 +253,157 @@ def gelu_backward(dy, x, t, dx):  # pragma: no cover - compiled
     for k in prange(CHUNKS):
         lo, hi = _chunk(x.size, k)
         gelu_backward_serial(dy[lo:hi], x[lo:hi], t[lo:hi], dx[lo:hi])
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch normalisation: per channel of 2-D ``(rows, channels)`` views (channels-last images).
+# Sums over rows in float64, per chunk of rows and then over the chunks (race-free), as the
+# layer normalisation's; the biased variance from the sums of ``x`` and ``x^2``.
+
+
+@njit(cache=True)
+def _column_moments(x, sums):  # pragma: no cover - compiled
+    """``sums[0] +=`` the column sums of 2-D ``x``, ``sums[1] +=`` those of ``x^2`` (float64)."""
+    rows, c = x.shape
+    for r in range(rows):
+        for j in range(c):
+            v = np.float64(x[r, j])
+            sums[0, j] += v
+            sums[1, j] += v * v
+
+
+@njit(cache=True)
+def _batch_stats(sums, count, running, momentum, mean, inv_std):  # pragma: no cover - compiled
+    """Mean and ``1 / sqrt(var + EPS)`` per channel from the column sums of ``count`` rows;
+    ``running`` (the running mean, then the running variance) moves by ``momentum`` towards
+    the mean and the unbiased variance (the biased one for a single row)."""
+    c = mean.size
+    keep = 1.0 - momentum
+    unbias = count / max(count - 1.0, 1.0)
+    for j in range(c):
+        m = sums[0, j] / count
+        var = max(sums[1, j] / count - m * m, 0.0)
+        mean[j] = m
+        inv_std[j] = 1.0 / math.sqrt(var + EPS)
+        running[j] = running[j] * keep + m * momentum
+        running[c + j] = running[c + j] * keep + var * unbias * momentum
+
+
+@njit(cache=True)
+def _normalise(x, gamma, beta, mean, inv_std, y, xhat):  # pragma: no cover - compiled
+    rows, c = x.shape
+    for r in range(rows):
+        for j in range(c):
+            h = (x[r, j] - mean[j]) * inv_std[j]
+            xhat[r, j] = h
+            y[r, j] = h * gamma[j] + beta[j]
+
+
+@njit(cache=True)
+def batchnorm_serial(x, gamma, beta, running, momentum, y, xhat, mean, inv_std):  # pragma: no cover
+    """Training batch normalisation of 2-D ``x`` over its rows: ``mean`` and ``inv_std`` per
+    channel (written, float32), ``xhat = (x - mean) inv_std``, ``y = xhat gamma + beta``; the
+    running statistics in ``running`` updated by ``momentum``."""
+    sums = np.zeros((2, x.shape[1]))
+    _column_moments(x, sums)
+    _batch_stats(sums, x.shape[0], running, momentum, mean, inv_std)
+    _normalise(x, gamma, beta, mean, inv_std, y, xhat)
+
+
+@njit(parallel=True, cache=True)
+def batchnorm(x, gamma, beta, running, momentum, y, xhat, mean, inv_std):  # pragma: no cover
+    rows, c = x.shape
+    partial = np.zeros((CHUNKS, 2, c))
+    for t in prange(CHUNKS):
+        lo, hi = _chunk(rows, t)
+        _column_moments(x[lo:hi], partial[t])
+    sums = np.zeros((2, c))
+    for t in range(CHUNKS):
+        sums += partial[t]
+    _batch_stats(sums, rows, running, momentum, mean, inv_std)
+    for t in prange(CHUNKS):
+        lo, hi = _chunk(rows, t)
+        _normalise(x[lo:hi], gamma, beta, mean, inv_std, y[lo:hi], xhat[lo:hi])
+
+
+@njit(cache=True)
+def batchnorm_eval_serial(x, gamma, beta, running, y):  # pragma: no cover - compiled
+    """Evaluation: ``y = (x - running mean) / sqrt(running var + EPS) gamma + beta``."""
+    rows, c = x.shape
+    scale = np.empty(c, np.float32)
+    shift = np.empty(c, np.float32)
+    for j in range(c):
+        scale[j] = gamma[j] / math.sqrt(running[c + j] + EPS)
+        shift[j] = beta[j] - running[j] * scale[j]
+    for r in range(rows):
+        for j in range(c):
+            y[r, j] = x[r, j] * scale[j] + shift[j]
+
+
+@njit(parallel=True, cache=True)
+def batchnorm_eval(x, gamma, beta, running, y):  # pragma: no cover - compiled
+    for t in prange(CHUNKS):
+        lo, hi = _chunk(x.shape[0], t)
+        batchnorm_eval_serial(x[lo:hi], gamma, beta, running, y[lo:hi])
+
+
+@njit(cache=True)
+def _dgamma_dbeta(dy, xhat, sums):  # pragma: no cover - compiled
+    """``sums[0] +=`` the column sums of ``dy xhat``, ``sums[1] +=`` those of ``dy`` (float64)."""
+    rows, c = dy.shape
+    for r in range(rows):
+        for j in range(c):
+            d = np.float64(dy[r, j])
+            sums[0, j] += d * xhat[r, j]
+            sums[1, j] += d
+
+
+@njit(cache=True)
+def _batchnorm_dx(dy, xhat, coef, dx):  # pragma: no cover - compiled
+    """``dx = coef[0] (dy - coef[2] - xhat coef[1])`` per channel."""
+    rows, c = dy.shape
+    for r in range(rows):
+        for j in range(c):
+            dx[r, j] = (dy[r, j] - coef[2, j] - xhat[r, j] * coef[1, j]) * coef[0, j]
+
+
+@njit(cache=True)
+def _dx_coefficients(sums, count, gamma, inv_std, dgamma, dbeta):  # pragma: no cover
+    c = gamma.size
+    coef = np.empty((3, c), np.float32)
+    for j in range(c):
+        dgamma[j] = sums[0, j]
+        dbeta[j] = sums[1, j]
+        coef[0, j] = gamma[j] * inv_std[j]
+        coef[1, j] = sums[0, j] / count
+        coef[2, j] = sums[1, j] / count
+    return coef
+
+
+@njit(cache=True)
+def batchnorm_backward_serial(dy, xhat, gamma, inv_std, dgamma, dbeta, dx):  # pragma: no cover
+    """``dgamma``, ``dbeta`` = the column sums of ``dy xhat`` and ``dy`` (written); unless
+    ``dx`` is None, ``dx = gamma inv_std (dy - mean(dy) - xhat mean(dy xhat))``, means over
+    the rows."""
+    sums = np.zeros((2, dy.shape[1]))
+    _dgamma_dbeta(dy, xhat, sums)
+    coef = _dx_coefficients(sums, dy.shape[0], gamma, inv_std, dgamma, dbeta)
+    if dx is not None:
+        _batchnorm_dx(dy, xhat, coef, dx)
+
+
+@njit(parallel=True, cache=True)
+def batchnorm_backward(dy, xhat, gamma, inv_std, dgamma, dbeta, dx):  # pragma: no cover
+    rows, c = dy.shape
+    partial = np.zeros((CHUNKS, 2, c))
+    for t in prange(CHUNKS):
+        lo, hi = _chunk(rows, t)
+        _dgamma_dbeta(dy[lo:hi], xhat[lo:hi], partial[t])
+    sums = np.zeros((2, c))
+    for t in range(CHUNKS):
+        sums += partial[t]
+    coef = _dx_coefficients(sums, rows, gamma, inv_std, dgamma, dbeta)
+    if dx is not None:
+        for t in prange(CHUNKS):
+            lo, hi = _chunk(rows, t)
+            _batchnorm_dx(dy[lo:hi], xhat[lo:hi], coef, dx[lo:hi])

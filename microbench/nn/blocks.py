@@ -18,15 +18,6 @@ from microbench.workload import LayerInfo
 
 __all__ = ["AvgPool2d", "BatchNorm2d", "Dropout", "Gelu", "GlobalAvgPool", "LayerNorm"]
 
-EPS = 1e-5  # both normalisations, as PyTorch's default
-
-
-def _inv_std(xp: Any, var: Any) -> None:
-    """``var`` becomes ``1 / sqrt(var + EPS)``, in place."""
-    xp.add(var, EPS, out=var)
-    xp.sqrt(var, out=var)
-    xp.reciprocal(var, out=var)
-
 
 class BatchNorm2d(Op):
     """Normalisation of each channel over (batch, height, width), then ``gamma x + beta``.
@@ -56,65 +47,25 @@ class BatchNorm2d(Op):
     def allocate(self, xp: Any, batch: int, training: bool) -> Buffers:
         shape, c = (batch, *self.in_shape), self.channels
         buf: Buffers = {"training": training, "y": _empty(xp, shape)}
-        buf.update({key: _empty(xp, (c,)) for key in ("mean", "inv_std", "tmp")})
         if training:
-            dx = self._dx(xp, batch, training)
-            # ``work`` holds dy * xhat for gamma's gradient: dx's buffer where there is one.
-            buf.update(xhat=_empty(xp, shape), dx=dx, work=_empty(xp, shape) if dx is None else dx)
+            buf.update(mean=_empty(xp, (c,)), inv_std=_empty(xp, (c,)), xhat=_empty(xp, shape),
+                       dx=self._dx(xp, batch, training))  # fmt: skip
         return buf
 
     def forward(self, x: Any, buf: Buffers) -> Any:
-        xp, c, y = self.xp, self.channels, buf["y"]
-        mean, inv = buf["mean"], buf["inv_std"]
-        if not buf["training"]:  # y = x * scale + shift, per channel
-            xp.copyto(inv, self.state[c:])
-            _inv_std(xp, inv)
-            xp.multiply(inv, self.w, out=inv)
-            xp.multiply(self.state[:c], inv, out=mean)
-            xp.subtract(self.b, mean, out=mean)
-            xp.multiply(x, inv, out=y)
-            xp.add(y, mean, out=y)
+        y = buf["y"]
+        if not buf["training"]:
+            self.k.batchnorm_eval(x, self.w, self.b, self.state, y)
             return y
-        xhat = buf["xhat"]
-        xp.mean(x.reshape(-1, c), axis=0, out=mean)
-        xp.subtract(x, mean, out=xhat)
-        xp.multiply(xhat, xhat, out=y)  # y as scratch for the squares
-        xp.mean(y.reshape(-1, c), axis=0, out=inv)  # the biased variance, for now
-        self._update_running(mean, inv, x.size // c, buf["tmp"])
-        _inv_std(xp, inv)
-        xp.multiply(xhat, inv, out=xhat)
-        xp.multiply(xhat, self.w, out=y)
-        xp.add(y, self.b, out=y)
+        self.k.batchnorm_forward(x, self.w, self.b, self.state, self.MOMENTUM, y, buf["xhat"],
+                                 buf["mean"], buf["inv_std"])  # fmt: skip
         return y
-
-    def _update_running(self, mean: Any, var: Any, count: int, tmp: Any) -> None:
-        xp, c, m = self.xp, self.channels, self.MOMENTUM
-        running_mean, running_var = self.state[:c], self.state[c:]
-        xp.multiply(running_mean, 1.0 - m, out=running_mean)
-        xp.multiply(mean, m, out=tmp)
-        xp.add(running_mean, tmp, out=running_mean)
-        xp.multiply(running_var, 1.0 - m, out=running_var)
-        xp.multiply(var, m * count / max(count - 1, 1), out=tmp)
-        xp.add(running_var, tmp, out=running_var)
 
     def backward(self, dy: Any, buf: Buffers) -> Any:
         """``dx = gamma / std * (dy - mean(dy) - xhat * mean(dy * xhat))``, per channel."""
-        xp, c = self.xp, self.channels
-        xhat, work, dx, tmp = buf["xhat"], buf["work"], buf["dx"], buf["tmp"]
-        count = dy.size // c
-        xp.sum(dy.reshape(-1, c), axis=0, out=self.db)
-        xp.multiply(dy, xhat, out=work)
-        xp.sum(work.reshape(-1, c), axis=0, out=self.dw)
-        if dx is None:
-            return None
-        xp.multiply(self.dw, 1.0 / count, out=tmp)
-        xp.multiply(xhat, tmp, out=dx)
-        xp.subtract(dy, dx, out=dx)
-        xp.multiply(self.db, 1.0 / count, out=tmp)
-        xp.subtract(dx, tmp, out=dx)
-        xp.multiply(self.w, buf["inv_std"], out=tmp)
-        xp.multiply(dx, tmp, out=dx)
-        return dx
+        self.k.batchnorm_backward(dy, buf["xhat"], self.w, buf["inv_std"], self.dw, self.db,
+                                  buf["dx"])  # fmt: skip
+        return buf["dx"]
 
 
 class LayerNorm(Op):
@@ -197,13 +148,7 @@ class Dropout(Op):
     def forward(self, x: Any, buf: Buffers) -> Any:
         if not buf["active"]:
             return x
-        host, mask = buf["host"], buf["mask"]
-        self.rng.random(dtype=np.float32, out=host)
-        np.greater_equal(host, self.rate, out=host)  # 1 kept, 0 dropped
-        np.multiply(host, 1.0 / (1.0 - self.rate), out=host)
-        if mask is not host:
-            mask.set(host)  # cupy: a host-to-device copy into the buffer
-        self.xp.multiply(x, mask, out=buf["y"])
+        self.k.dropout_forward(x, self.rng, self.rate, buf["host"], buf["mask"], buf["y"])
         return buf["y"]
 
     def backward(self, dy: Any, buf: Buffers) -> Any:
@@ -211,7 +156,7 @@ class Dropout(Op):
             return None
         if not buf["active"]:
             return dy
-        self.xp.multiply(dy, buf["mask"], out=buf["dx"])
+        self.k.dropout_backward(dy, buf["mask"], buf["dx"])
         return buf["dx"]
 
 

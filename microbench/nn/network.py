@@ -26,7 +26,6 @@ from microbench.kernels import kernels_for
 from microbench.kernels.fusion import channels_last
 from microbench.nn.build import Graph, build_graph
 from microbench.nn.layers import Buffers, Op, workspace_bytes
-from microbench.nn.tokens import token_cross_entropy
 from microbench.workload import LayerInfo, Workload
 
 INITS = ("he", "xavier", "glorot")
@@ -112,7 +111,6 @@ class Network:
         self._draw_key = (seed, stream)
         self._drawing = [op for op in self._ops if op.draws_random]
         self._logits_shape = workload.layers[-1].input_shape
-        self._token_loss = workload.layers[-1].kind == "token_cross_entropy"
         self._workspaces: OrderedDict[tuple[bool, int], list[Buffers]] = OrderedDict()
         self._pending: tuple[list[Buffers], Any] | None = None
 
@@ -202,10 +200,10 @@ class Network:
         self.steps += 1
         logits = self._run(x, space)
         dlogits = space[-1]["dlogits"]
-        if self._token_loss:
-            loss, correct = token_cross_entropy(self.xp, logits, labels, dlogits)
-        else:
-            loss, correct = self.kernels.softmax_cross_entropy(logits, labels, dlogits)
+        classes = logits.shape[-1]  # a token-level loss: every token a row
+        loss, correct = self.kernels.softmax_cross_entropy(
+            logits.reshape(-1, classes), labels.reshape(-1), dlogits.reshape(-1, classes)
+        )
         self._pending = (space, dlogits)
         return loss, correct
 

@@ -48,7 +48,7 @@ from microbench.kernels import kernels_for
 from microbench.nn.build import build_ops
 from microbench.nn.layers import Buffers, Dense, Op, workspace_bytes
 from microbench.nn.network import init_params, prepare_input, runs_channels_last
-from microbench.workload import CPU_MODEL_KINDS, Workload, sliced_dense
+from microbench.workload import SPLITTABLE_KINDS, Workload, sliced_dense
 
 __all__ = ["SlicedNetwork", "check_splittable", "split_columns"]
 
@@ -68,7 +68,7 @@ def check_splittable(workload: Workload, procs: int) -> None:
     """UserError unless the workload is a chain of the kinds layer-wise parallelism splits
     (no skips: the split network runs its layers in a row) and every dense layer has at least
     one output neuron per rank."""
-    workload.require(CPU_MODEL_KINDS, "--parallel model", "; train it data-parallel")
+    workload.require(SPLITTABLE_KINDS, "--parallel model", "; train it data-parallel")
     if not workload.is_chain:
         info = next(info for info in workload.layers if info.inputs != (info.index - 1,))
         names = [workload.layers[j].name if j >= 0 else "input" for j in info.inputs]

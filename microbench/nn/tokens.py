@@ -1,6 +1,7 @@
-"""The ops of token networks (BERT, GPT-2, ViT): embeddings, attention, token pooling, and the
-per-token loss. Token activations are ``(batch, tokens, features)``; image inputs run
-channels-last, ``(batch, height, width, channels)``.
+"""The ops of token networks (BERT, GPT-2, ViT): embeddings, attention and token pooling (the
+per-token loss is the kernels' softmax cross-entropy, a row per token). Token activations are
+``(batch, tokens, features)``; image inputs run channels-last, ``(batch, height, width,
+channels)``.
 
 The ops keep :class:`~microbench.nn.layers.Op`'s contract, with one exception that weight
 tying needs: an :class:`Embedding` whose table a :class:`TiedDense` also reads (``tied``)
@@ -9,7 +10,6 @@ tying needs: an :class:`Embedding` whose table a :class:`TiedDense` also reads (
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -42,41 +42,21 @@ class Embedding(Op):
             "y": _empty(xp, (batch, *self.out_shape)),
         }
 
-    def _check_ids(self, x: Any) -> None:
-        xp = self.xp
-        bad = (x < 0) | (x >= self.vocab) | (x != xp.floor(x))  # NaN fails the last test
-        if bool(bad.any()):
-            value = float(x[bad][0])
+    def forward(self, x: Any, buf: Buffers) -> Any:
+        y = buf["y"]
+        bad = self.k.embedding_forward(x, self.w, self.vocab, self.positions, self.types,
+                                       buf["ids"], y)  # fmt: skip
+        if bad >= 0:
+            value = float(x.reshape(-1)[bad])
             raise UserError(
                 f"layer {self.info.name}: token id {value:g} is not in the vocabulary; "
                 f"ids are integers in [0, {self.vocab})"
             )
-
-    def forward(self, x: Any, buf: Buffers) -> Any:
-        xp, ids, y = self.xp, buf["ids"], buf["y"]
-        self._check_ids(x)
-        ids[...] = x  # exact: ids are integers below 2**24
-        xp.take(self.w[: self.vocab], ids, axis=0, out=y)
-        tokens = self.in_shape[0]
-        if self.positions:
-            xp.add(y, self.w[self.vocab : self.vocab + tokens], out=y)
-        if self.types:
-            xp.add(y, self.w[self.vocab + self.positions], out=y)
         return y
 
     def backward(self, dy: Any, buf: Buffers) -> Any:
-        xp, v, p, dw = self.xp, self.vocab, self.positions, self.dw
-        rows = dy.reshape(-1, self.dim)
-        if not self.tied:
-            dw[:v] = 0
-        xp.add.at(dw[:v], buf["ids"].reshape(-1), rows)
-        if p:
-            tokens = self.in_shape[0]
-            xp.sum(dy, axis=0, out=dw[v : v + tokens])
-            dw[v + tokens : v + p] = 0
-        if self.types:
-            xp.sum(rows, axis=0, out=dw[v + p])
-            dw[v + p + 1 :] = 0
+        self.k.embedding_backward(dy, buf["ids"], self.vocab, self.positions, self.types,
+                                  self.tied, self.dw)  # fmt: skip
         return None
 
 
@@ -174,28 +154,19 @@ class ToTokens(Op):
 
 
 class Attention(Op):
-    """Multi-head self-attention on ``(batch, T, d)``: ``q, k, v = x W + b`` (one batched GEMM
-    of ``x`` against the three stored ``(d, d)`` matrices), per head ``softmax(q k^T /
-    sqrt(dh))`` (``causal``: each token sees itself and those before), ``o = p v``, then
-    ``y = o Wo + bo``. Weights ``(4, d, d)`` (q, k, v, o, each stored (in, out)), the bias
-    flat ``4 d`` in the same order. Backward keeps the (pre-scaled) queries, the keys, the
-    values, the merged output and the probabilities, what the workload counts."""
+    """Multi-head self-attention on ``(batch, T, d)``: ``q, k, v = x W + b``, per head
+    ``softmax(q k^T / sqrt(dh))`` (``causal``: each token sees itself and those before),
+    ``o = p v``, then ``y = o Wo + bo`` (the kernels' ``attention_forward``). Weights
+    ``(4, d, d)`` (q, k, v, o, each stored (in, out)), the bias flat ``4 d`` in the same order.
+    Backward keeps the queries, the keys, the values, the merged output and the
+    probabilities, what the workload counts."""
 
     def __init__(self, info: LayerInfo, kernels: Kernels, in_shape: tuple[int, ...]) -> None:
         super().__init__(info, kernels, in_shape)
         t, d = in_shape
         self.heads = info.layer.get("heads")
-        self.dh = d // self.heads
-        self.scale = 1.0 / math.sqrt(self.dh)
         self.weight_shape = (4, d, d)
-        self.mask = None
-        if info.layer.settings.get("causal"):
-            future = np.triu(np.ones((t, t), dtype=bool), 1)
-            self.mask = self.xp.asarray(np.where(future, -np.inf, 0.0).astype(np.float32))
-
-    def _heads(self, a: Any) -> Any:
-        """``(batch, T, d)`` as the ``(batch, heads, T, dh)`` view batched matmul runs on."""
-        return a.reshape(a.shape[0], a.shape[1], self.heads, self.dh).transpose(0, 2, 1, 3)
+        self.causal = bool(info.layer.settings.get("causal"))
 
     def allocate(self, xp: Any, batch: int, training: bool) -> Buffers:
         t, d = self.in_shape
@@ -203,84 +174,30 @@ class Attention(Op):
         buf = {
             "qkv": _empty(xp, (3, batch, t, d)),
             "p": _empty(xp, (batch, h, t, t)),
-            "stat": _empty(xp, (batch, h, t, 1)),
             "o": _empty(xp, (batch, t, d)),
             "y": _empty(xp, (batch, t, d)),
         }
         if training:
             buf["dqkv"] = _empty(xp, (3, batch, t, d))
             buf["do"] = _empty(xp, (batch, t, d))
-            buf["dp"] = _empty(xp, (batch, h, t, t))
-            buf["rowdot"] = _empty(xp, (batch, t, h))
             buf["dx"] = self._dx(xp, batch, training)
         return buf
 
     def forward(self, x: Any, buf: Buffers) -> Any:
-        xp, d = self.xp, self.in_shape[1]
-        qkv, p, stat, o, y = buf["qkv"], buf["p"], buf["stat"], buf["o"], buf["y"]
-        batch = x.shape[0]
+        d = self.in_shape[1]
         buf["x"] = x2 = x.reshape(-1, d)
-        flat = qkv.reshape(3, -1, d)
-        xp.matmul(x2[None], self.w[:3], out=flat)
-        if self.info.bias_count:
-            xp.add(flat, self.b[: 3 * d].reshape(3, 1, d), out=flat)
-        xp.multiply(qkv[0], self.scale, out=qkv[0])  # T d values scaled, not h T^2 scores
-        q, k, v = (self._heads(a) for a in qkv)
-        xp.matmul(q, k.transpose(0, 1, 3, 2), out=p)
-        if self.mask is not None:
-            xp.add(p, self.mask, out=p)
-        xp.max(p, axis=-1, keepdims=True, out=stat)
-        xp.subtract(p, stat, out=p)
-        xp.exp(p, out=p)
-        xp.sum(p, axis=-1, keepdims=True, out=stat)
-        xp.divide(p, stat, out=p)
-        xp.matmul(p, v, out=self._heads(o))
-        y2 = y.reshape(batch * self.in_shape[0], d)
-        xp.matmul(o.reshape(y2.shape), self.w[3], out=y2)
-        if self.info.bias_count:
-            xp.add(y2, self.b[3 * d :], out=y2)
+        y = buf["y"]
+        self.k.attention_forward(x2, self.w, self.b, self.heads, self.causal, buf["qkv"],
+                                 buf["p"], buf["o"], y.reshape(-1, d))  # fmt: skip
         return y
 
     def backward(self, dy: Any, buf: Buffers) -> Any:
-        xp, d = self.xp, self.in_shape[1]
-        p, o, do, dp, dqkv = buf["p"], buf["o"], buf["do"], buf["dp"], buf["dqkv"]
-        q, k, v = (self._heads(a) for a in buf["qkv"])
-        dq, dk, dv = (self._heads(a) for a in dqkv)
-        x2, dy2, o2 = buf["x"], dy.reshape(-1, d), o.reshape(-1, d)
-        bias = self.info.bias_count
-        # output projection
-        xp.matmul(o2.T, dy2, out=self.dw[3])
-        if bias:
-            xp.sum(dy2, axis=0, out=self.db[3 * d :])
-        do2 = do.reshape(-1, d)
-        xp.matmul(dy2, self.w[3].T, out=do2)
-        doh = self._heads(do)
-        # through o = p v and the softmax: ds = p * (dp - rowsum(dp * p)), where
-        # rowsum(dp * p) = rowsum(do * o) per head, T d values instead of h T^2
-        xp.matmul(p.transpose(0, 1, 3, 2), doh, out=dv)
-        xp.matmul(doh, v.transpose(0, 1, 3, 2), out=dp)
-        scratch = dqkv[0]  # dq is written after the scratch is spent
-        xp.multiply(do, o, out=scratch)
-        rowdot = buf["rowdot"]
-        xp.sum(scratch.reshape(*rowdot.shape, self.dh), axis=-1, out=rowdot)
-        xp.subtract(dp, rowdot.transpose(0, 2, 1)[..., None], out=dp)
-        xp.multiply(dp, p, out=dp)
-        # through the scores (q pre-scaled)
-        xp.matmul(dp, k, out=dq)
-        xp.multiply(dqkv[0], self.scale, out=dqkv[0])
-        xp.matmul(dp.transpose(0, 1, 3, 2), q, out=dk)
-        # input projections
-        flat = dqkv.reshape(3, -1, d)
-        xp.matmul(x2.T[None], flat, out=self.dw[:3])
-        if bias:
-            xp.sum(flat, axis=1, out=self.db[: 3 * d].reshape(3, d))
-        dx = buf["dx"]
-        if dx is not None:
-            dx2 = dx.reshape(-1, d)
-            xp.matmul(flat[0], self.w[0].T, out=dx2)
-            for i in (1, 2):
-                xp.matmul(flat[i], self.w[i].T, out=do2)  # do2 is spent: scratch
-                xp.add(dx2, do2, out=dx2)
+        d, dx = self.in_shape[1], buf["dx"]
+        self.k.attention_backward(
+            dy.reshape(-1, d), buf["x"], self.w, self.heads, self.causal, buf["qkv"], buf["p"],
+            buf["o"], buf["do"], buf["dqkv"], self.dw, self.db,
+            None if dx is None else dx.reshape(-1, d),
+        )  # fmt: skip
         return dx
 
 
@@ -298,9 +215,9 @@ class TokenPool(Op):
     def forward(self, x: Any, buf: Buffers) -> Any:
         y = buf["y"]
         if self.mean:
-            self.xp.mean(x, axis=1, out=y)
+            self.k.global_avgpool_forward(self._image(x), y)
         else:
-            y[...] = x[:, 0]
+            self.k.copy(x[:, 0], y)
         return y
 
     def backward(self, dy: Any, buf: Buffers) -> Any:
@@ -308,33 +225,14 @@ class TokenPool(Op):
         if dx is None:
             return None
         if self.mean:
-            self.xp.multiply(dy[:, None, :], 1.0 / self.in_shape[0], out=dx)
+            self.k.global_avgpool_backward(dy, self._image(dx))
         else:
-            dx[:, 1:] = 0
-            dx[:, 0] = dy
+            self.k.zero(dx)
+            self.k.copy(dy, dx[:, 0])
         return dx
 
-
-def token_cross_entropy(xp: Any, logits: Any, labels: Any, dlogits: Any) -> tuple[float, int]:
-    """The mean softmax cross-entropy over every token of ``logits`` ``(batch, T, vocab)``
-    against integer ``labels`` ``(batch, T)``, and how many tokens' argmax is the label;
-    ``dlogits`` gets ``(softmax - onehot) / (batch T)``. No ``(batch T, vocab)`` temporary:
-    the softmax is formed in ``dlogits`` itself, the loss summed in float64."""
-    vocab = logits.shape[-1]
-    z, g = logits.reshape(-1, vocab), dlogits.reshape(-1, vocab)
-    y = labels.reshape(-1)
-    if y.dtype.kind not in "iu":
-        y = y.astype(_IDS)
-    n = z.shape[0]
-    rows = xp.arange(n)
-    top = z.max(axis=1, keepdims=True)
-    xp.subtract(z, top, out=g)
-    picked = g[rows, y].astype(xp.float64)
-    xp.exp(g, out=g)
-    total = g.sum(axis=1, keepdims=True)
-    loss = xp.log(total[:, 0].astype(xp.float64)) - picked
-    correct = (xp.argmax(z, axis=1) == y).sum()
-    xp.divide(g, total, out=g)
-    g[rows, y] -= 1
-    xp.multiply(g, 1.0 / n, out=g)
-    return float(loss.mean()), int(correct)
+    @staticmethod
+    def _image(a: Any) -> Any:
+        """``(batch, T, d)`` as the ``(batch, T, 1, d)`` image whose global average pool is
+        the mean over the tokens."""
+        return a.reshape(a.shape[0], a.shape[1], 1, a.shape[2])

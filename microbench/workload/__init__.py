@@ -23,15 +23,27 @@ from .layers import (
 )
 from .zoo import PRESETS, ZOO
 
-# The kinds the CPU kernel model prices and layer-wise (model) parallelism splits; the numpy
-# network trains every kind.
-CPU_MODEL_KINDS = (
+# The kinds that layer-wise (model) parallelism splits, and those the CPU kernel model prices;
+# the numpy network trains every kind.
+SPLITTABLE_KINDS = (
     "dense", "conv2d", "relu", "maxpool2d", "flatten", "add", "avgpool2d", "global_avgpool",
     "softmax_cross_entropy",
 )  # fmt: skip
+# The CPU kernel model's kinds, each with the settings beyond the first workload language's
+# (microbench.workload.graph.Workload.require) that it prices.
+CPU_MODEL_KINDS: dict[str, tuple[str, ...]] = {
+    **{kind: () for kind in SPLITTABLE_KINDS},
+    "dense": ("bias",),
+    "conv2d": ("bias",),
+    "avgpool2d": ("padding",),
+    **dict.fromkeys(("batchnorm2d", "layernorm", "gelu", "dropout", "token_pool"), ()),
+    "embedding": ("positions", "token_types"),
+    "attention": ("bias", "causal"),
+    "token_cross_entropy": (),
+}
 
 __all__ = [
     "BYTES_PER_VALUE", "KIND_SETTINGS", "LAYER_KINDS", "LOSS_KINDS", "MAX_DIM", "NETWORK_INPUT",
-    "CPU_MODEL_KINDS", "PRESETS", "ZOO", "Layer", "LayerInfo", "Workload", "WorkloadError",
-    "load_workload", "preset_names", "sliced_dense",
+    "CPU_MODEL_KINDS", "PRESETS", "SPLITTABLE_KINDS", "ZOO", "Layer", "LayerInfo", "Workload",
+    "WorkloadError", "load_workload", "preset_names", "sliced_dense",
 ]  # fmt: skip

@@ -89,20 +89,23 @@ class Workload:
         """Every layer reads the one before it (and only it)."""
         return all(info.inputs == (info.index - 1,) for info in self.layers)
 
-    def require(self, kinds: Sequence[str], who: str, hint: str = "") -> None:
+    def require(self, kinds: Sequence[str] | Mapping[str, Sequence[str]], who: str,
+                hint: str = "") -> None:  # fmt: skip
         """A one-line :class:`WorkloadError` unless this workload is made of ``kinds`` with
         their settings as the first workload language had them (biases on, no pool padding,
-        no tied weights): ``who`` (say, "the numpy network") names the part of pdlsim that
-        handles only those, ``hint`` what to do instead. (Without a layer that joins two
-        inputs, a graph is a chain.)"""
+        no tied weights), but for the settings ``kinds`` names per kind where it is a mapping:
+        ``who`` (say, "the numpy network") names the part of pdlsim that handles only those,
+        ``hint`` what to do instead. (Without a layer that joins two inputs, a graph is a
+        chain.)"""
         other = [info for info in self.layers if info.kind not in kinds]
         if other:
             found = ", ".join(dict.fromkeys(info.kind for info in other))
             self._refuse(who, f"{found} yet (layer {other[0].name})", kinds, hint)
         for info in self.layers:
             spec = KIND_SETTINGS[info.kind]
+            handled = kinds[info.kind] if isinstance(kinds, Mapping) else ()
             for key, value in info.layer.settings.items():
-                if spec[key].quiet and value != spec[key].default:
+                if spec[key].quiet and value != spec[key].default and key not in handled:
                     found = f"{info.kind} with {key} {json.dumps(value)}"
                     self._refuse(who, f"{found} yet (layer {info.name})", kinds, hint)
 

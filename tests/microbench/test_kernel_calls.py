@@ -95,6 +95,66 @@ INPUT_SKIP = Workload.from_dict(
         ],
     }
 )
+# Every token kind: types and positions, dropout, causal attention without biases, a dense
+# without bias whose relu runs alone, a skip, the first token pooled.
+TOKENS = Workload.from_dict(
+    {
+        "name": "tokens",
+        "input_shape": [6],
+        "layers": [
+            {"kind": "embedding", "name": "e", "vocab": 13, "dim": 8, "positions": 7,
+             "token_types": 2},
+            {"kind": "dropout", "name": "d", "rate": 0.25},
+            {"kind": "layernorm", "name": "ln"},
+            {"kind": "attention", "name": "a", "heads": 2, "causal": True, "bias": False},
+            {"kind": "gelu", "name": "g"},
+            {"kind": "dense", "name": "fc", "units": 8, "bias": False},
+            {"kind": "relu", "name": "r"},
+            {"kind": "add", "name": "s", "inputs": ["d", "r"]},
+            {"kind": "token_pool", "name": "p", "mode": "first"},
+            {"kind": "dense", "name": "head", "units": 5},
+            {"kind": "softmax_cross_entropy", "name": "loss"},
+        ],
+    }
+)  # fmt: skip
+# A language model: a label per token.
+LANGUAGE = Workload.from_dict(
+    {
+        "name": "language",
+        "input_shape": [5],
+        "layers": [
+            {"kind": "embedding", "vocab": 11, "dim": 8},
+            {"kind": "attention", "heads": 4, "causal": True},
+            {"kind": "layernorm"},
+            {"kind": "dense", "units": 11},
+            {"kind": "token_cross_entropy"},
+        ],
+    }
+)
+# Batchnorm after convolutions without bias, in a residual block; a padded average pool; dropout
+# on features.
+NORMED = Workload.from_dict(
+    {
+        "name": "normed",
+        "input_shape": [3, 8, 8],
+        "layers": [
+            {"kind": "conv2d", "name": "c0", "filters": 4, "kernel": 3, "padding": 1,
+             "bias": False},
+            {"kind": "batchnorm2d", "name": "bn0"},
+            {"kind": "relu", "name": "r0"},
+            {"kind": "conv2d", "name": "c1", "filters": 4, "kernel": 3, "padding": 1,
+             "bias": False},
+            {"kind": "batchnorm2d", "name": "bn1"},
+            {"kind": "add", "name": "s", "inputs": ["r0", "bn1"]},
+            {"kind": "relu", "name": "r1"},
+            {"kind": "avgpool2d", "name": "p", "size": 3, "stride": 2, "padding": 1},
+            {"kind": "global_avgpool", "name": "g"},
+            {"kind": "dropout", "name": "d", "rate": 0.5},
+            {"kind": "dense", "name": "fc", "units": 5},
+            {"kind": "softmax_cross_entropy", "name": "loss"},
+        ],
+    }
+)  # fmt: skip
 
 
 def _trace(
@@ -139,7 +199,11 @@ def _trace(
     try:
         net, opt = Network(workload), make_optimizer(optimizer, 0.01, momentum)
         x = np.random.default_rng(0).standard_normal((batch, *workload.input_shape), np.float32)
-        y = np.random.default_rng(1).integers(0, workload.num_classes, batch)
+        if workload.layers[0].kind == "embedding":  # token ids
+            vocab = workload.layers[0].layer.get("vocab")
+            x = np.random.default_rng(0).integers(0, vocab, x.shape).astype(np.float32)
+        labels = (batch, *workload.layers[-1].input_shape[:-1])
+        y = np.random.default_rng(1).integers(0, workload.num_classes, labels)
         net.forward(x, y)
         net.backward()
         opt.step(net.params, net.grads)
@@ -176,6 +240,10 @@ WORKLOADS = [
     OVERLAP,
     MLP_INPUT_RELU,
     load_workload("rescnn"),
+    load_workload("transformer"),
+    TOKENS,
+    LANGUAGE,
+    NORMED,
     THREE_READERS,
     INPUT_SKIP,
     *random_workloads(3, 4),

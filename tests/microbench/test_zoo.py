@@ -170,9 +170,13 @@ def test_token_layers_check_their_shapes_and_settings(layers, input_shape, messa
 
 def test_what_the_cpu_model_does_not_price_is_refused_by_name_and_the_network_builds_it():
     resnet = load_workload("resnet18")
-    refused = r"does not handle batchnorm2d yet \(layer stem.bn\)"
+    refused = r"does not handle maxpool2d with padding 1 yet \(layer stem.pool\)"
     with pytest.raises(WorkloadError, match=refused):
         step_calls(resnet, 2, 1)
+    for name, layer in (("gpt2", 'dense with tied_to "wte" yet'), ("vit-b16", "to_tokens")):
+        with pytest.raises(WorkloadError, match=layer):
+            step_calls(load_workload(name), 2, 1)
+    assert {c.kernel for c in step_calls(load_workload("vgg16"), 2, 1)} >= {"im2col", "gemm_nn"}
     net = Network(resnet)  # the numpy network runs every kind
     assert net.params.size == PUBLISHED_PARAMS["resnet18"] and np.isfinite(net.params).all()
     assert net.state.size == 2 * sum(i.output_shape[0] for i in resnet.layers
