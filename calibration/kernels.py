@@ -126,9 +126,13 @@ class KernelModel:
         loops = rows[rows["name"] == "loop"]
         self.loops_: dict[tuple[str, int], LoopTable] = {}
         for (variant, threads), part in loops.groupby(["params.variant", "params.threads"]):
-            points = zip(part["params.elements"], part["params.run"], _medians(part), strict=True)
+            # features from the dimensions, as the model prices a call (not as recorded: a
+            # record keeps what the sweep counted when it ran)
+            calls = zip(part["params.kernel"], part["params.dims"], strict=True)
+            features = [call_features(kernel, dims) for kernel, dims in calls]
+            points = zip(features, _medians(part), strict=True)
             self.loops_[(str(variant), int(threads))] = LoopTable.from_points(
-                (int(e), int(r), t) for e, r, t in points
+                (int(e), int(r), t) for (e, r), t in points
             )
         if not self.gemm_ or not self.loops_:
             raise UserError("the kernel sweep records hold no GEMM or no loop points")

@@ -170,6 +170,8 @@ def refreshed(example: Example, output: list[str]) -> list[str]:
     if not elided(example):
         return output
     shape = [line.strip() == "..." for line in example.shown]
+    if all(shape):  # nothing shown but the elision: nothing to refresh
+        return list(example.shown)
     runs = runs_of_lines(example.shown)
     if len(runs) > 2 or (len(runs) == 2 and shape[-1]) or shape[0]:
         raise ValueError(f"{example.id}: only a head, '...' and a tail can be refreshed")

@@ -326,8 +326,7 @@ class NumbaKernels:
 
     @staticmethod
     def avgpool2d_backward(dout, size: int, stride: int, padding: int, dx) -> None:
-        taps = dx.size * math.ceil(size / stride) ** 2  # windows covering each input
-        _loop("avgpool_backward", taps)(dout, size, stride, padding, dx)
+        _loop("avgpool_backward", dx.size)(dout, size, stride, padding, dx)
 
     @staticmethod
     def global_avgpool_forward(x, out) -> None:
