@@ -10,9 +10,13 @@ namespace (where :mod:`~microbench.kernels.cpu` looks every loop up by name and
 Attention's core is one loop per (sample, head), which owns that head's slice of every array
 it writes, so any parallel split is race-free. Per query row it forms the scores against the
 keys it sees (all, or those up to itself when ``causal``), their softmax in place, and the
-row's output ``sum_j p_ij v_j``. The backward uses ``sum_j p_ij dp_ij = do_i . o_i`` (since
-``o = p v``): one dot product per row instead of a pass over the probabilities. The scores
-are scaled by ``scale`` (``1 / sqrt(head dim)``); the queries stay as projected.
+row's output ``sum_j p_ij v_j``. Every innermost loop runs along contiguous memory without a
+reduction, so that it vectorizes with ``fastmath`` off: the scores and ``do v^T`` are built as
+rank-1 updates over the head's keys and values transposed into ``(head width, T)`` scratch,
+and the products with ``p`` run along the head's width. The backward uses
+``sum_j p_ij dp_ij = do_i . o_i`` (since ``o = p v``): one dot product per row instead of a pass
+over the probabilities. The scores are scaled by ``scale`` (``1 / sqrt(head dim)``); the
+queries stay as projected.
 
 :func:`uniform` is the one entry that is not compiled: the host generator's fill of a mask,
 which runs through numpy's ``Generator`` so that every execution mode and kernel set draws the
@@ -20,6 +24,8 @@ same values from one seed. It sits with the loops so that it is recorded and tim
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import njit, prange
@@ -31,6 +37,12 @@ __all__ = [
 ]  # fmt: skip
 
 CHUNKS = 64  # as microbench.kernels.loops.CHUNKS (which imports this module)
+# _exp: e^u = (e^(u / 2^10))^(2^10), e^(u / 2^10) its Taylor polynomial to degree 7 (|u / 2^10|
+# <= 0.102: a remainder below 3e-13, which ten squarings make 3e-10); below -104 float32's
+# e^u is 0.
+_EXP_SQUARINGS = 10
+_EXP_FLOOR = -104.0
+_E0, _E1, _E2, _E3, _E4, _E5, _E6, _E7 = (1.0 / math.factorial(k) for k in range(8))
 
 
 @njit(cache=True)
@@ -42,42 +54,79 @@ def _chunk(n, t):  # pragma: no cover - compiled
 # Attention: qkv (3, batch, T, d) as projected; p (batch, heads, T, T); o, do (batch, T, d)
 
 
+@njit(cache=True, fastmath={"contract"}, error_model="numpy")
+def _exp(u):  # pragma: no cover - compiled
+    """e^u of a float64 ``u <= 0`` (a softmax's shifted score) to 3e-10 relative; multiplies
+    and adds only, so that a loop of it vectorizes (numba's ``np.exp`` is a scalar libm call,
+    4x slower over a softmax's rows), and rounded to float32 as exact as libm's."""
+    y = max(u, _EXP_FLOOR) * (1.0 / 2**_EXP_SQUARINGS)
+    p = _E6 + y * _E7
+    p = _E5 + y * p
+    p = _E4 + y * p
+    p = _E3 + y * p
+    p = _E2 + y * p
+    p = _E1 + y * p
+    p = _E0 + y * p
+    for _ in range(_EXP_SQUARINGS):
+        p = p * p
+    return p
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _sum(a):  # pragma: no cover - compiled
+    """The float64 sum of a 1-D float32 array, in any order (so that it vectorizes)."""
+    s = 0.0
+    for j in range(a.size):
+        s += a[j]
+    return s
+
+
+@njit(cache=True)
+def _columns(a, c0, dh):  # pragma: no cover - compiled
+    """The ``(dh, T)`` transpose of columns ``c0 .. c0 + dh`` of the ``(T, d)`` rows ``a``: a
+    head's keys or values laid out so that a loop over tokens runs along contiguous memory."""
+    t = a.shape[0]
+    out = np.empty((dh, t), a.dtype)
+    for j in range(t):
+        for c in range(dh):
+            out[c, j] = a[j, c0 + c]
+    return out
+
+
 @njit(cache=True)
 def _attention_head(qkv, b, h, heads, scale, causal, p, o):  # pragma: no cover - compiled
     t, d = qkv.shape[2], qkv.shape[3]
     dh = d // heads
     c0 = h * dh
-    q, k, v = qkv[0, b], qkv[1, b], qkv[2, b]
+    q, v = qkv[0, b], qkv[2, b]
+    kt = _columns(qkv[1, b], c0, dh)
     out = o[b]
     zero = np.float32(0.0)
     for i in range(t):
         seen = i + 1 if causal else t
         row = p[b, h, i]
+        for j in range(t):
+            row[j] = zero
+        for c in range(dh):  # the scores as rank-1 updates: every inner loop runs over keys
+            qc, kc = q[i, c0 + c], kt[c]
+            for j in range(seen):
+                row[j] += qc * kc[j]
         top = -np.inf
         for j in range(seen):
-            s = zero
-            for c in range(c0, c0 + dh):
-                s += q[i, c] * k[j, c]
-            s *= scale
-            row[j] = s
-            if s > top:
-                top = s
-        total = zero
+            row[j] *= scale
+            top = max(top, row[j])
         for j in range(seen):
-            e = np.exp(row[j] - top)
-            row[j] = e
-            total += e
-        inv = np.float32(1.0) / total
+            row[j] = np.float32(_exp(np.float64(row[j] - top)))
+        inv = np.float32(1.0 / _sum(row[:seen]))
         for j in range(seen):
             row[j] *= inv
-        for j in range(seen, t):
-            row[j] = zero
-        for c in range(c0, c0 + dh):
-            out[i, c] = zero
+        oi = out[i, c0 : c0 + dh]
+        for c in range(dh):
+            oi[c] = zero
         for j in range(seen):
-            pij = row[j]
-            for c in range(c0, c0 + dh):
-                out[i, c] += pij * v[j, c]
+            pij, vj = row[j], v[j, c0 : c0 + dh]
+            for c in range(dh):
+                oi[c] += pij * vj[c]
 
 
 @njit(cache=True)
@@ -99,9 +148,11 @@ def _attention_head_backward(qkv, p, o, do, b, h, heads, scale, causal, dqkv):  
     t, d = qkv.shape[2], qkv.shape[3]
     dh = d // heads
     c0 = h * dh
-    q, k, v = qkv[0, b], qkv[1, b], qkv[2, b]
+    q, k = qkv[0, b], qkv[1, b]
+    vt = _columns(qkv[2, b], c0, dh)
     dq, dk, dv = dqkv[0, b], dqkv[1, b], dqkv[2, b]
     ob, dob = o[b], do[b]
+    ds = np.empty(t, np.float32)
     zero = np.float32(0.0)
     for j in range(t):
         for c in range(c0, c0 + dh):
@@ -110,20 +161,27 @@ def _attention_head_backward(qkv, p, o, do, b, h, heads, scale, causal, dqkv):  
     for i in range(t):
         seen = i + 1 if causal else t
         row = p[b, h, i]
+        doi, qi, dqi = dob[i, c0 : c0 + dh], q[i, c0 : c0 + dh], dq[i, c0 : c0 + dh]
         rowdot = zero
-        for c in range(c0, c0 + dh):
-            rowdot += dob[i, c] * ob[i, c]
-            dq[i, c] = zero
+        for c in range(dh):
+            rowdot += doi[c] * ob[i, c0 + c]
         for j in range(seen):
-            pij = row[j]
-            dp = zero
-            for c in range(c0, c0 + dh):
-                dp += dob[i, c] * v[j, c]
-            ds = pij * (dp - rowdot) * scale
-            for c in range(c0, c0 + dh):
-                dq[i, c] += ds * k[j, c]
-                dk[j, c] += ds * q[i, c]
-                dv[j, c] += pij * dob[i, c]
+            ds[j] = zero
+        for c in range(dh):  # dp = do v^T as rank-1 updates, along the keys
+            g, vc = doi[c], vt[c]
+            for j in range(seen):
+                ds[j] += g * vc[j]
+        for j in range(seen):
+            ds[j] = row[j] * (ds[j] - rowdot) * scale
+        for c in range(dh):
+            dqi[c] = zero
+        for j in range(seen):
+            sj, pj = ds[j], row[j]
+            kj, dkj, dvj = k[j, c0 : c0 + dh], dk[j, c0 : c0 + dh], dv[j, c0 : c0 + dh]
+            for c in range(dh):
+                dqi[c] += sj * kj[c]
+                dkj[c] += sj * qi[c]
+                dvj[c] += pj * doi[c]
 
 
 @njit(cache=True)

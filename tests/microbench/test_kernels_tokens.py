@@ -10,6 +10,7 @@ import pytest
 
 from microbench.kernels import ArrayKernels, NumbaKernels
 from microbench.kernels.callspec import call_features
+from microbench.kernels.loops_tokens import _exp
 from microbench.kernels.record import kernels_replaced
 
 ARRAY = ArrayKernels(np)
@@ -183,3 +184,15 @@ def test_the_call_recorder_catches_the_new_loops():
     for name in NEW_LOOPS:
         assert {name, name + "_serial"} <= set(replaced)
     assert {"embedding", "embedding_backward", "uniform"} <= set(replaced)
+
+
+def test_the_softmax_exp_is_float32_exact():
+    """The vectorizable exp of attention's softmax, rounded to float32, is within one float32
+    rounding of e^u over every shifted score a softmax meets, and 0 where float32's e^u is."""
+    u = np.concatenate([-np.geomspace(1e-9, 104, 20000), [0.0, -1e-30, -103.9, -104.0, -500.0]])
+    ours = np.array([np.float32(_exp(v)) for v in u], np.float32)
+    exact = np.exp(u)
+    normal = exact > np.finfo(np.float32).tiny
+    rel = np.abs(ours[normal] - exact[normal]) / exact[normal]
+    assert rel.max() <= 2.0**-24 * 1.01  # one float32 rounding
+    assert ours[-1] == 0.0 and ours[u == 0.0] == 1.0
