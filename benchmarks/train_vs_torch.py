@@ -6,7 +6,7 @@ same model (a workload preset), data, batch and thread count (``microbench.threa
 for ours, ``torch.set_num_threads`` for torch), interleaved A, B, A, B ... for several rounds so
 that machine noise hits both alike; warm-up steps are discarded and medians reported.
 
-    python benchmarks/train_vs_torch.py [--batch 64] [--threads 1 2] [--models mlp cnn]
+    python benchmarks/train_vs_torch.py [--batch 64] [--threads 1 2] [--models mlp cnn ...]
 
 Each side runs in its own process, started by this one and driven turn by turn: torch and
 numba both load the GNU OpenMP runtime (``libgomp.so.1``), and one process holds only one, set
@@ -54,40 +54,105 @@ class Row:
 
 
 def torch_model(workload: Any) -> Any:
-    """The same layers in torch (channels-first, as torch prefers)."""
+    """The same graph of layers in torch (images channels-first, as torch prefers): each layer
+    a module, run in order on the outputs its ``inputs`` name. Attention is torch's
+    ``MultiheadAttention`` (its fused kernels), GELU the tanh form as ours."""
     import torch
 
-    modules: list[torch.nn.Module] = []
-    for info in workload.layers[:-1]:
-        s = info.layer.settings
-        if info.kind == "dense":
-            modules.append(torch.nn.Linear(info.input_shape[0], s["units"]))
-        elif info.kind == "conv2d":
-            modules.append(
-                torch.nn.Conv2d(
-                    info.input_shape[0], s["filters"], s["kernel"], s["stride"], s["padding"]
-                )
-            )
-        elif info.kind == "relu":
-            modules.append(torch.nn.ReLU())
-        elif info.kind == "maxpool2d":
-            modules.append(torch.nn.MaxPool2d(s["size"], s["stride"]))
-        elif info.kind == "flatten":
-            modules.append(torch.nn.Flatten())
-    return torch.nn.Sequential(*modules)
+    def module(info: Any) -> Any:
+        s, shape = info.layer.settings, info.input_shape
+        kind = info.kind
+        if kind == "dense":
+            return torch.nn.Linear(shape[-1], s["units"], bias=s.get("bias", True))
+        if kind == "conv2d":
+            return torch.nn.Conv2d(shape[0], s["filters"], s["kernel"], s["stride"],
+                                   s["padding"], bias=s.get("bias", True))  # fmt: skip
+        if kind in ("maxpool2d", "avgpool2d"):
+            pool = torch.nn.MaxPool2d if kind == "maxpool2d" else torch.nn.AvgPool2d
+            return pool(s["size"], s.get("stride") or s["size"], s.get("padding", 0))
+        if kind == "embedding":
+            return Embedding(s["vocab"], s["dim"], s.get("positions", 0))
+        if kind == "attention":
+            return Attention(shape[-1], s["heads"], s.get("causal", False), s.get("bias", True))
+        simple = {
+            "relu": torch.nn.ReLU, "flatten": torch.nn.Flatten, "gelu": GeluTanh,
+            "global_avgpool": GlobalAvgPool, "add": Sum,
+            "layernorm": lambda: torch.nn.LayerNorm(shape[-1]),
+            "batchnorm2d": lambda: torch.nn.BatchNorm2d(shape[0]),
+            "dropout": lambda: torch.nn.Dropout(s["rate"]),
+            "token_pool": lambda: TokenPool(s.get("mode", "first")),
+        }  # fmt: skip
+        if kind not in simple:
+            raise SystemExit(f"no torch module for layer kind {kind!r}")
+        return simple[kind]()
+
+    class GeluTanh(torch.nn.GELU):
+        def __init__(self) -> None:
+            super().__init__(approximate="tanh")
+
+    class GlobalAvgPool(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return x.mean(dim=(2, 3))
+
+    class Sum(torch.nn.Module):
+        def forward(self, *xs: Any) -> Any:
+            return sum(xs[1:], xs[0])
+
+    class TokenPool(torch.nn.Module):
+        def __init__(self, mode: str) -> None:
+            super().__init__()
+            self.mean = mode == "mean"
+
+        def forward(self, x: Any) -> Any:
+            return x.mean(dim=1) if self.mean else x[:, 0]
+
+    class Embedding(torch.nn.Module):
+        def __init__(self, vocab: int, dim: int, positions: int) -> None:
+            super().__init__()
+            self.table = torch.nn.Embedding(vocab, dim)
+            self.positions = torch.nn.Parameter(torch.zeros(positions, dim)) if positions else None
+
+        def forward(self, x: Any) -> Any:
+            y = self.table(x.long())
+            return y if self.positions is None else y + self.positions[: x.shape[1]]
+
+    class Attention(torch.nn.Module):
+        def __init__(self, d: int, heads: int, causal: bool, bias: bool) -> None:
+            super().__init__()
+            self.mha = torch.nn.MultiheadAttention(d, heads, bias=bias, batch_first=True)
+            self.causal = causal
+
+        def forward(self, x: Any) -> Any:
+            mask = None
+            if self.causal:
+                mask = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+            return self.mha(x, x, x, attn_mask=mask, need_weights=False, is_causal=self.causal)[0]
+
+    class Graph(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = list(workload.layers[:-1])
+            self.layers = torch.nn.ModuleList(module(info) for info in self.body)
+
+        def forward(self, x: Any) -> Any:
+            outs: dict[int, Any] = {-1: x}
+            for info, layer in zip(self.body, self.layers, strict=True):
+                outs[info.index] = layer(*(outs[j] for j in info.inputs))
+            return outs[self.body[-1].index]
+
+    return Graph()
 
 
 def make_step(side: str, model: str, threads: int, args: argparse.Namespace) -> Step:
     """One training step of ``side`` on the same data for both sides (seeded)."""
     import numpy as np
 
+    from microbench.nn import random_batch
     from microbench.threads import set_threads
     from microbench.workload import load_workload
 
     workload = load_workload(model)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((args.batch, *workload.input_shape), dtype=np.float32)
-    y = rng.integers(0, workload.num_classes, args.batch, dtype=np.int64)
+    x, y = random_batch(workload, args.batch, np.random.default_rng(0))
     if side == "ours":
         from microbench.nn import SGD, Network
 
@@ -113,10 +178,11 @@ def make_step(side: str, model: str, threads: int, args: argparse.Namespace) -> 
     def torch_train_step() -> None:
         torch_opt.zero_grad()
         logits = module(tx)
-        loss = loss_fn(logits, ty)
+        flat = logits.reshape(-1, logits.shape[-1])  # a row per token, if so
+        loss = loss_fn(flat, ty.reshape(-1))
         loss.backward()
         torch_opt.step()
-        loss.item(), int((logits.argmax(1) == ty).sum())
+        loss.item(), int((flat.argmax(1) == ty.reshape(-1)).sum())
 
     return torch_train_step
 
@@ -187,7 +253,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=64, help="samples per step (default 64)")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts")
-    p.add_argument("--models", nargs="+", default=["mlp", "cnn"], help="workload presets")
+    p.add_argument(
+        "--models", nargs="+", default=["mlp", "cnn", "rescnn", "transformer"],
+        help="workload presets or files",
+    )  # fmt: skip
     p.add_argument("--rounds", type=int, default=5, help="A/B rounds (default 5)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per side per round")
     p.add_argument("--warmup", type=int, default=5, help="discarded steps per side at the start")
@@ -211,12 +280,12 @@ def main() -> None:
         f"{args.rounds} rounds x {args.steps} steps per side, medians"
     )
     print(
-        f"{'model':<6} {'threads':>7} {'batch':>5} {'ours ms':>8} {'torch ms':>8} "
+        f"{'model':<11} {'threads':>7} {'batch':>5} {'ours ms':>8} {'torch ms':>8} "
         f"{'ours samples/s':>14} {'torch samples/s':>15} {'ours/torch':>10}"
     )
     for r, _ in results:
         print(
-            f"{r.model:<6} {r.threads:>7} {r.batch:>5} {1e3 * r.ours_step_s:>8.3f} "
+            f"{r.model:<11} {r.threads:>7} {r.batch:>5} {1e3 * r.ours_step_s:>8.3f} "
             f"{1e3 * r.torch_step_s:>8.3f} {r.batch / r.ours_step_s:>14,.0f} "
             f"{r.batch / r.torch_step_s:>15,.0f} {r.ratio:>10.2f}"
         )

@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from microbench.nn import SGD, Network
+from microbench.nn import SGD, Network, random_batch
 from microbench.sampling import Point
 from microbench.workload import BYTES_PER_VALUE, LayerInfo, Workload
 
@@ -150,8 +150,7 @@ def network_points(
     """
     workload, xp = net.workload, net.xp
     rng = np.random.default_rng(seed)
-    x = xp.asarray(rng.standard_normal((batch, *workload.input_shape), dtype=np.float32))
-    y = xp.asarray(rng.integers(0, workload.num_classes, batch))
+    x, y = (xp.asarray(a) for a in random_batch(workload, batch, rng))
     labels = y.astype(xp.int64, copy=False)
     saved = net.params.copy()
 
@@ -192,22 +191,8 @@ def network_points(
         }
         return Point("op", params, fn, cleanup)
 
-    # Forward: each op's input as the step hands it over.
-    inputs, h = [], None
-    for i, (op, buf) in enumerate(zip(ops, space, strict=False)):
-        h = net.first_op_input(x, space) if i == 0 else h
-        inputs.append(h)
-        h = op.forward(h, buf)
-    logits, dlogits = h, space[-1]["dlogits"]
-    net.kernels.softmax_cross_entropy(logits, labels, dlogits)
-    # Backward: each op's incoming gradient, down to the op that needs no input gradient.
-    grads_in: list[Any] = []
-    g = dlogits
-    for op, buf in zip(reversed(ops), reversed(space[:-1]), strict=True):
-        grads_in.append(g)
-        g = op.backward(g, buf)
-        if g is None:
-            break
+    # Each op's input and incoming gradient as the step hands them over (graph-aware).
+    inputs, logits, dlogits, handed = net.step_arguments(x, y)
     synchronize()
 
     points = []
@@ -220,19 +205,20 @@ def network_points(
             nbytes += 2 * x.size * BYTES_PER_VALUE if transposes else 0
         points.append(point(group.name, names, group.kind, "forward", (flops, nbytes), fn))
 
-    classes = workload.num_classes
+    rows = batch * int(np.prod(loss_info.input_shape[:-1]))  # a row per token, if so
     loss_cost = (
         (loss_info.forward_flops_per_sample + loss_info.backward_flops_per_sample) * batch,
-        2 * batch * classes * BYTES_PER_VALUE + batch * LABEL_BYTES,
+        2 * rows * workload.num_classes * BYTES_PER_VALUE + rows * LABEL_BYTES,
     )
-    loss_fn = partial(net.kernels.softmax_cross_entropy, logits, labels, dlogits)
+    classes = logits.shape[-1]  # a token-level loss: a row per token
+    loss_fn = partial(net.kernels.softmax_cross_entropy, logits.reshape(-1, classes),
+                      labels.reshape(-1), dlogits.reshape(-1, classes))  # fmt: skip
     points.append(
         point(loss_info.name, [loss_info.name], loss_info.kind, "loss", loss_cost, loss_fn)
     )
 
     backward_flops = backward_bytes = 0
-    for j, dy in enumerate(grads_in):
-        i = len(ops) - 1 - j
+    for i, dy in handed:
         op, buf, group = ops[i], space[i], groups[i]
         cost = group.cost("backward", batch)
         backward_flops, backward_bytes = backward_flops + cost[0], backward_bytes + cost[1]

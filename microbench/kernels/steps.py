@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from microbench.kernels.record import record_calls, time_alone
-from microbench.nn import SGD, Network
+from microbench.nn import SGD, Network, random_batch
 from microbench.randomnets import random_workloads
 from microbench.workload import Workload
 
@@ -84,9 +84,7 @@ def step_fn(workload: Workload, batch: int) -> Callable[[], object]:
     """One training step (forward, loss, backward, SGD update) of ``workload`` at ``batch``
     on synthetic data, as ``pdlsim train`` runs it."""
     net, opt = Network(workload), SGD(1e-9)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, *workload.input_shape), dtype=np.float32)
-    y = rng.integers(0, workload.num_classes, batch)
+    x, y = random_batch(workload, batch, np.random.default_rng(0))
 
     def step() -> None:
         net.forward(x, y)

@@ -9,7 +9,16 @@ of the same layout), runs forward and backward with the kernels of :mod:`microbe
 (:func:`make_optimizer`) updates in place.
 """
 
-from microbench.nn.network import INITS, Network, init_params
+from microbench.nn.network import INITS, Network, init_params, random_batch
 from microbench.nn.optim import OPTIMIZERS, SGD, Adam, make_optimizer
 
-__all__ = ["INITS", "OPTIMIZERS", "SGD", "Adam", "Network", "init_params", "make_optimizer"]
+__all__ = [
+    "INITS",
+    "OPTIMIZERS",
+    "SGD",
+    "Adam",
+    "Network",
+    "init_params",
+    "make_optimizer",
+    "random_batch",
+]

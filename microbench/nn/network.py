@@ -176,14 +176,24 @@ class Network:
             self._workspaces.move_to_end(key)
         return space
 
-    def _run(self, x: Any, space: list[Buffers]) -> Any:
-        """The logits of ``x`` (batch first), keeping in ``space`` what backward needs."""
+    def _run(self, x: Any, space: list[Buffers], inputs: list[Any] | None = None) -> Any:
+        """The logits of ``x`` (batch first), keeping in ``space`` what backward needs (and in
+        ``inputs`` what each op was handed)."""
         x = self.first_op_input(x, space)
         outs: list[Any] = []
         for op, buf, reads in zip(self._ops, space, self._graph.sources, strict=False):
             xs = [x if k < 0 else outs[k] for k in reads]
-            outs.append(op.forward(xs[0] if len(xs) == 1 else xs, buf))
+            arg = xs[0] if len(xs) == 1 else xs
+            if inputs is not None:
+                inputs.append(arg)
+            outs.append(op.forward(arg, buf))
         return outs[-1]
+
+    def _loss(self, logits: Any, labels: Any, dlogits: Any) -> tuple[float, int]:
+        classes = logits.shape[-1]  # a token-level loss: every token a row
+        return self.kernels.softmax_cross_entropy(
+            logits.reshape(-1, classes), labels.reshape(-1), dlogits.reshape(-1, classes)
+        )
 
     def forward(self, x: Any, y: Any) -> tuple[float, int]:
         """Mean cross-entropy over the batch (over every token, for a token-level loss) and
@@ -200,10 +210,7 @@ class Network:
         self.steps += 1
         logits = self._run(x, space)
         dlogits = space[-1]["dlogits"]
-        classes = logits.shape[-1]  # a token-level loss: every token a row
-        loss, correct = self.kernels.softmax_cross_entropy(
-            logits.reshape(-1, classes), labels.reshape(-1), dlogits.reshape(-1, classes)
-        )
+        loss, correct = self._loss(logits, labels, dlogits)
         self._pending = (space, dlogits)
         return loss, correct
 
@@ -218,10 +225,19 @@ class Network:
             raise RuntimeError("backward() needs a forward() first")
         space, dlogits = self._pending
         self._pending = None
+        self._backward(space, dlogits)
+
+    def _backward(
+        self, space: list[Buffers], dlogits: Any, handed: list[tuple[int, Any]] | None = None
+    ) -> None:
+        """:meth:`backward` from ``dlogits``; ``handed`` gets (op index, its incoming
+        gradient) of each op in the order they run."""
         graph = self._graph
         grads: list[Any] = [None] * len(self._ops)
         grads[-1] = dlogits
         for k in graph.backward:  # the ops a gradient reaches that have a use for it
+            if handed is not None:
+                handed.append((k, grads[k]))
             dxs = self._ops[k].backward(grads[k], space[k])
             reads = graph.sources[k]
             for j, dx in zip(reads, dxs if len(reads) > 1 else [dxs], strict=True):
@@ -255,6 +271,22 @@ class Network:
         max-pool after it; the loss is not an op)."""
         return tuple(self._ops)
 
+    def step_arguments(self, x: Any, y: Any) -> tuple[list[Any], Any, Any, list[tuple[int, Any]]]:
+        """One training step's forward, loss and backward on ``x``, ``y`` (the update left
+        out), keeping what each op was handed, so that each can be timed again on the same
+        arrays: each op's forward input (an array; a list for an op of several inputs) in op
+        order, the logits, the loss gradient, and (op index, incoming gradient) in the order
+        backward runs the ops."""
+        space = self._workspace(True, x.shape[0])
+        inputs: list[Any] = []
+        logits = self._run(x, space, inputs)
+        labels = self.xp.asarray(y).astype(self.xp.int64, copy=False)
+        dlogits = space[-1]["dlogits"]
+        self._loss(logits, labels, dlogits)
+        handed: list[tuple[int, Any]] = []
+        self._backward(space, dlogits, handed)
+        return inputs, logits, dlogits, handed
+
     def workspace(self, batch: int) -> list[Buffers]:
         """The training buffers that :meth:`forward` and :meth:`backward` use at ``batch``:
         one dict per op, in op order, then the loss's (``dlogits``, and ``input``)."""
@@ -273,6 +305,22 @@ class Network:
     def layer_params(self) -> list[tuple[str, Any, Any]]:
         """(layer name, weight view, bias view) of each parametric layer, in layer order."""
         return [(op.info.name, op.w, op.b) for op in self._ops if op.info.param_count]
+
+
+def random_batch(
+    workload: Workload, batch: int, rng: numpy.random.Generator
+) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """Synthetic inputs and labels that a step of ``workload`` takes, for timing it:
+    standard-normal values (token ids, where an embedding reads the input) and a label per
+    sample (per token, for a token-level loss)."""
+    shape = (batch, *workload.input_shape)
+    ids = [i for i in workload.layers if i.kind == "embedding" and -1 in i.inputs]
+    if ids:
+        x = rng.integers(0, ids[0].layer.get("vocab"), shape).astype(numpy.float32)
+    else:
+        x = rng.standard_normal(shape, dtype=numpy.float32)
+    labels = (batch, *workload.layers[-1].input_shape[:-1])
+    return x, rng.integers(0, workload.num_classes, labels)
 
 
 def runs_channels_last(workload: Workload) -> bool:

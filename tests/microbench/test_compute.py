@@ -9,13 +9,14 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from microbench.compute import QUICK_POLICY, ComputePlan, format_summary, run_compute
 from microbench.gpu import find_gpu
 from microbench.measurement import Measurement
-from microbench.network_ops import layer_bytes, op_groups, update_cost
-from microbench.nn import Network
+from microbench.network_ops import layer_bytes, network_points, op_groups, update_cost
+from microbench.nn import SGD, Network, random_batch
 from microbench.records import RecordWriter, read_records
 from microbench.reference import last_level_cache_bytes, triad_elements
 from microbench.sampling import STOP_REASONS
@@ -274,3 +275,22 @@ def test_gpu_path_on_a_stand_in_for_cupy(monkeypatch, tmp_path):
 def test_no_cupy_means_no_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
     assert find_gpu() == (None, "CuPy is not installed")
+
+
+@pytest.mark.parametrize("model", ["rescnn", "transformer"])
+def test_graph_networks_time_every_op_on_what_the_step_hands_it(model):
+    """A network with skips: each op's forward gets its sources' outputs (a list for an add)
+    and each backward the gradient the step hands it (summed where a skip has two readers),
+    in the step's own backward order; every point runs."""
+    workload = load_workload(model)
+    net, opt = Network(workload, seed=0), SGD(0.01, 0.9)
+    points = network_points(net, opt, 4, {"model": model}, lambda: None)
+    backward = [p.params["op"] for p in points if p.params["phase"] == "backward"]
+    groups = op_groups(workload, net.ops)
+    _, _, _, handed = net.step_arguments(*random_batch(workload, 4, np.random.default_rng(0)))
+    assert backward == [groups[k].name for k, _ in handed]
+    assert len(backward) == len(net.ops)  # every op has parameters or feeds one that has
+    for point in points:
+        point.fn()
+        if point.cleanup is not None:
+            point.cleanup()

@@ -12,7 +12,7 @@ from microbench.kernels import loops
 from microbench.kernels.calls import KernelCall, call_features, op_calls, step_calls
 from microbench.kernels.callspec import _im2col_run
 from microbench.kernels.policy import PARALLEL_MIN_ELEMENTS
-from microbench.nn import Network, make_optimizer
+from microbench.nn import Network, make_optimizer, random_batch
 from microbench.randomnets import random_workloads
 from microbench.threads import available_cores, set_threads
 from microbench.workload import Workload, load_workload
@@ -198,12 +198,7 @@ def _trace(
     set_threads(threads)
     try:
         net, opt = Network(workload), make_optimizer(optimizer, 0.01, momentum)
-        x = np.random.default_rng(0).standard_normal((batch, *workload.input_shape), np.float32)
-        if workload.layers[0].kind == "embedding":  # token ids
-            vocab = workload.layers[0].layer.get("vocab")
-            x = np.random.default_rng(0).integers(0, vocab, x.shape).astype(np.float32)
-        labels = (batch, *workload.layers[-1].input_shape[:-1])
-        y = np.random.default_rng(1).integers(0, workload.num_classes, labels)
+        x, y = random_batch(workload, batch, np.random.default_rng(0))
         net.forward(x, y)
         net.backward()
         opt.step(net.params, net.grads)
