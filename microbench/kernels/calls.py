@@ -162,13 +162,18 @@ class _Step:
                 )
             self.loop("relu", (n,), i, "forward", ((y, n * _F),), ((y, n * _F),))
             return y
-        if info.kind == "maxpool2d":
-            h, w, c = _hwc(info.input_shape)
+        if info.kind == "maxpool2d":  # padded: the input copied inside a -inf border first
+            h, w, c, p = *_hwc(info.input_shape), info.layer.settings.get("padding", 0)
             size, stride = info.layer.get("size"), info.layer.get("stride")
             out_bytes = batch * info.activation_bytes_per_sample
             y = f"y{i}"
-            self.loop("maxpool", (batch, h, w, c, size, stride), i, "forward", ((x, x_bytes),),
-                      ((y, out_bytes), (f"argmax{i}", out_bytes)))  # fmt: skip
+            if p:
+                n, pad = x_bytes // _F, f"xpad{i}"
+                self.calls.append(KernelCall("copy", (n,), i, "forward", False, ((x, x_bytes),),
+                                             ((pad, x_bytes),)))  # fmt: skip
+                x, x_bytes = pad, batch * (h + 2 * p) * (w + 2 * p) * c * _F
+            self.loop("maxpool", (batch, h + 2 * p, w + 2 * p, c, size, stride), i, "forward",
+                      ((x, x_bytes),), ((y, out_bytes), (f"argmax{i}", out_bytes)))  # fmt: skip
             return y
         return x  # flatten: a view
 
@@ -241,13 +246,19 @@ class _Step:
         if info.kind == "relu":
             self._relu_mask(i, batch * math.prod(info.input_shape), dy, y)
             return dy
-        if info.kind == "maxpool2d":
-            h, w, c = _hwc(info.input_shape)
+        if info.kind == "maxpool2d":  # padded: into a padded gradient, then its inside out
+            h, w, c, p = *_hwc(info.input_shape), info.layer.settings.get("padding", 0)
             size, stride = info.layer.get("size"), info.layer.get("stride")
             kernel = "maxpool_backward_tiled" if stride == size else "maxpool_backward"
             out_bytes = batch * info.activation_bytes_per_sample
-            self.loop(kernel, (batch, h, w, c, size, stride), i, "backward",
-                      ((dy, out_bytes), (f"argmax{i}", out_bytes)), ((dx, x_bytes),))  # fmt: skip
+            into, into_bytes = (f"dxpad{i}", batch * (h + 2 * p) * (w + 2 * p) * c * _F) if p \
+                else (dx, x_bytes)  # fmt: skip
+            reads = ((dy, out_bytes), (f"argmax{i}", out_bytes))
+            self.loop(kernel, (batch, h + 2 * p, w + 2 * p, c, size, stride), i, "backward",
+                      reads, ((into, into_bytes),))  # fmt: skip
+            if p:
+                self.calls.append(KernelCall("copy", (x_bytes // _F,), i, "backward", False,
+                                             ((into, into_bytes),), ((dx, x_bytes),)))  # fmt: skip
             return dx
         return dy  # flatten: a view
 

@@ -277,7 +277,7 @@ class MaxPool2d(Op):
 
     def forward(self, x: Any, buf: Buffers) -> Any:
         if self.padding:
-            self._inside(buf["xpad"])[...] = x
+            self.k.copy(x, self._inside(buf["xpad"]))
             x = buf["xpad"]
         self.k.maxpool2d_forward(x, self.size, self.stride, buf["y"], buf["argmax"])
         return buf["y"]
@@ -289,7 +289,7 @@ class MaxPool2d(Op):
             self.k.maxpool2d_backward(dy, buf["argmax"], self.size, self.stride, buf["dx"])
             return buf["dx"]
         self.k.maxpool2d_backward(dy, buf["argmax"], self.size, self.stride, buf["dxpad"])
-        self.xp.copyto(buf["dx"], self._inside(buf["dxpad"]))
+        self.k.copy(self._inside(buf["dxpad"]), buf["dx"])
         return buf["dx"]
 
 

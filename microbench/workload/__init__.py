@@ -36,6 +36,7 @@ CPU_MODEL_KINDS: dict[str, tuple[str, ...]] = {
     "dense": ("bias",),
     "conv2d": ("bias",),
     "avgpool2d": ("padding",),
+    "maxpool2d": ("padding",),
     **dict.fromkeys(("batchnorm2d", "layernorm", "gelu", "dropout", "token_pool"), ()),
     "embedding": ("positions", "token_types"),
     "attention": ("bias", "causal"),

@@ -131,8 +131,8 @@ LANGUAGE = Workload.from_dict(
         ],
     }
 )
-# Batchnorm after convolutions without bias, in a residual block; a padded average pool; dropout
-# on features.
+# Batchnorm after convolutions without bias, a padded max-pool (ResNet's stem), a residual
+# block, a padded average pool, dropout on features.
 NORMED = Workload.from_dict(
     {
         "name": "normed",
@@ -142,10 +142,11 @@ NORMED = Workload.from_dict(
              "bias": False},
             {"kind": "batchnorm2d", "name": "bn0"},
             {"kind": "relu", "name": "r0"},
+            {"kind": "maxpool2d", "name": "mp", "size": 3, "stride": 2, "padding": 1},
             {"kind": "conv2d", "name": "c1", "filters": 4, "kernel": 3, "padding": 1,
              "bias": False},
             {"kind": "batchnorm2d", "name": "bn1"},
-            {"kind": "add", "name": "s", "inputs": ["r0", "bn1"]},
+            {"kind": "add", "name": "s", "inputs": ["mp", "bn1"]},
             {"kind": "relu", "name": "r1"},
             {"kind": "avgpool2d", "name": "p", "size": 3, "stride": 2, "padding": 1},
             {"kind": "global_avgpool", "name": "g"},

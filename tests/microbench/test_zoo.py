@@ -169,13 +169,14 @@ def test_token_layers_check_their_shapes_and_settings(layers, input_shape, messa
 
 
 def test_what_the_cpu_model_does_not_price_is_refused_by_name_and_the_network_builds_it():
-    resnet = load_workload("resnet18")
-    refused = r"does not handle maxpool2d with padding 1 yet \(layer stem.pool\)"
+    refused = r"does not handle dense with tied_to \"wte\" yet \(layer lm_head\)"
     with pytest.raises(WorkloadError, match=refused):
-        step_calls(resnet, 2, 1)
-    for name, layer in (("gpt2", 'dense with tied_to "wte" yet'), ("vit-b16", "to_tokens")):
-        with pytest.raises(WorkloadError, match=layer):
-            step_calls(load_workload(name), 2, 1)
+        step_calls(load_workload("gpt2"), 2, 1)
+    with pytest.raises(WorkloadError, match="to_tokens"):
+        step_calls(load_workload("vit-b16"), 2, 1)
+    resnet = load_workload("resnet18")  # batchnorm, convolutions without bias, a padded pool
+    kernels = {c.kernel for c in step_calls(resnet, 2, 1)}
+    assert kernels >= {"batchnorm", "batchnorm_backward", "maxpool", "im2col", "copy"}
     assert {c.kernel for c in step_calls(load_workload("vgg16"), 2, 1)} >= {"im2col", "gemm_nn"}
     net = Network(resnet)  # the numpy network runs every kind
     assert net.params.size == PUBLISHED_PARAMS["resnet18"] and np.isfinite(net.params).all()
@@ -208,7 +209,7 @@ def test_what_cannot_train_is_refused_before_any_work_and_predicts_on_gpus(tmp_p
         ("train", "--model", "resnet18", "--parallel", "model", "--out", str(tmp_path / "t")),
         ("bench", "--quick", "--model", "mlp,gpt2", "--out", str(tmp_path / "b")),
         ("validate", "--quick", "--models", "vit-b16", "--out", str(tmp_path / "v")),
-        ("predict", "--nodes", "1", "--model", "resnet18", "--batch", "2"),
+        ("predict", "--nodes", "1", "--model", "bert-base", "--batch", "2"),
     ):
         done = run_pdlsim(*argv)
         assert done.returncode == 2, (argv, done.stderr)
