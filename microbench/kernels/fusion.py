@@ -1,12 +1,12 @@
 """Which layers the network runs as one op, and which activations an op may overwrite.
 
-A dense layer absorbs a relu right after it; a conv2d the relu and max-pool after it, in either
-order (:mod:`microbench.nn.layers` says how the fused op computes them). In a graph a layer is
-absorbed only where it alone reads the layer before it: a convolution whose output a residual
-skip also reads keeps its own op. A standalone relu works in place where nothing else reads
-what it overwrites. The network (:mod:`microbench.nn.build`) and the kernel-call enumeration
-(:mod:`microbench.kernels.calls`) both follow these rules, so the compute model prices the
-calls the network makes.
+A dense layer absorbs a relu right after it (unless it is tied to an embedding's table); a
+conv2d the relu and max-pool after it, in either order (:mod:`microbench.nn.layers` says how
+the fused op computes them). In a graph a layer is absorbed only where it alone reads the
+layer before it: a convolution whose output a residual skip also reads keeps its own op. A
+standalone relu works in place where nothing else reads what it overwrites. The network
+(:mod:`microbench.nn.build`) and the kernel-call enumeration (:mod:`microbench.kernels.calls`)
+both follow these rules, so the compute model prices the calls the network makes.
 """
 
 from __future__ import annotations
@@ -104,7 +104,9 @@ def fused_ops(layers: Sequence[LayerInfo], input_owned: bool) -> list[FusedOp]:
                     break
                 tail = nxt
             groups.append(FusedOp(info, relu, pool, last=tail.index))
-        elif info.kind == "dense" and (nxt := sole_next(info, ("relu",))) is not None:
+        elif (
+            info.kind == "dense" and info.tied_to is None and (nxt := sole_next(info, ("relu",)))
+        ):  # a dense layer tied to an embedding's table runs alone
             groups.append(FusedOp(info, True, last=nxt.index))
         elif info.kind == "relu":
             groups.append(FusedOp(info, in_place=owned(info.inputs[0]), last=info.index))

@@ -12,6 +12,7 @@ import pytest
 
 from microbench.errors import UserError
 from microbench.kernels import ArrayKernels, NumbaKernels
+from microbench.nn import Network
 from microbench.nn.layers import Buffers, Op
 from microbench.nn.tokens import (
     Attention,
@@ -369,3 +370,17 @@ def test_token_cross_entropy(kernels):
         down = _token_loss(kernels, logits - eps * v, labels, scratch)[0]
         numeric = (up - down) / (2 * eps)
         assert float(np.vdot(dlogits, v)) == pytest.approx(numeric, rel=1e-2, abs=1e-5)
+
+
+def test_a_relu_after_a_tied_output_layer_is_not_fused_away():
+    """A dense layer tied to an embedding runs alone: the relu after it is an op of its own,
+    so the logits are clipped (fused into the tied layer, it was silently dropped)."""
+    workload = Workload.from_dict({"input_shape": [4], "layers": [
+        {"kind": "embedding", "name": "e", "vocab": 11, "dim": 8},
+        {"kind": "dense", "name": "head", "units": 11, "tied_to": "e"},
+        {"kind": "relu", "name": "r"},
+        {"kind": "token_cross_entropy"},
+    ]})  # fmt: skip
+    net = Network(workload)
+    logits = net.logits(np.array([[1, 2, 3, 4]], np.float32))
+    assert logits.min() == 0.0 and logits.max() > 0.0
