@@ -57,6 +57,16 @@ class ArrayKernels(ArrayTokenKernels):
         if dx is not None:
             xp.matmul(dout, w.T, out=dx)
 
+    def tied_dense_backward(
+        self, x: Any, table: Any, dout: Any, dtable: Any, db: Any, dx: Any
+    ) -> None:
+        xp = self.xp
+        xp.matmul(dout.T, x, out=dtable)
+        if db is not None:
+            xp.sum(dout, axis=0, out=db)
+        if dx is not None:
+            xp.matmul(dout, table, out=dx)
+
     # conv2d --------------------------------------------------------------------------------
 
     def conv2d_forward(

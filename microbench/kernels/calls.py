@@ -95,6 +95,7 @@ class _Step:
 
     def __init__(self, batch: int, threads: int, training: bool) -> None:
         self.batch, self.threads, self.training = batch, threads, training
+        self.table_rows: dict[int, int] = {}  # rows of each tied embedding's table, by index
         self.calls: list[KernelCall] = []
         self.outputs: list[str] = []  # per group, the buffer its forward output lives in
 
@@ -131,7 +132,11 @@ class _Step:
             return y
         if info.kind == "dense":  # on tokens: on the (batch * tokens, features) rows
             rows, units = _rows(batch, info), info.output_shape[-1]
-            self.gemm("nn", rows, units, info.input_shape[-1], i, "forward", x, f"W{i}", y)
+            if info.tied_to is not None:  # y = x @ E.T: the embedding's table, transposed
+                self.gemm("nt", rows, units, info.input_shape[-1], i, "forward", x,
+                          f"W{info.tied_to}", y)  # fmt: skip
+            else:
+                self.gemm("nn", rows, units, info.input_shape[-1], i, "forward", x, f"W{i}", y)
             self._bias_act(g, rows, units, y)
             return y
         if info.kind == "conv2d":
@@ -231,6 +236,8 @@ class _Step:
         info, i, batch = g.lead, g.lead.index, self.batch
         dx = f"dx{i}"
         x_bytes = batch * info.input_bytes_per_sample
+        if info.kind == "dense" and info.tied_to is not None:
+            return self._tied_backward(info, x, dy)
         if info.kind == "dense":
             rows, units, inputs = _rows(batch, info), info.output_shape[-1], info.input_shape[-1]
             if g.relu:
@@ -261,6 +268,23 @@ class _Step:
                                              ((into, into_bytes),), ((dx, x_bytes),)))  # fmt: skip
             return dx
         return dy  # flatten: a view
+
+    def _tied_backward(self, info: LayerInfo, x: str, dy: str) -> str | None:
+        """An output layer sharing embedding ``E``'s table: ``dE[:vocab] = dy.T @ x``, the bias
+        gradient, ``dx = dy @ E[:vocab]``, then the table's other rows zeroed."""
+        i, e = info.index, info.tied_to
+        rows, units, inputs = _rows(self.batch, info), info.output_shape[-1], info.input_shape[-1]
+        self.gemm("tn", units, inputs, rows, i, "backward", dy, x, f"dW{e}")
+        self._bias_grad(info, rows, units, dy)
+        dx = None
+        if info.needs_input_grad:
+            dx = f"dx{i}"
+            self.gemm("nn", rows, inputs, units, i, "backward", dy, f"W{e}", dx)
+        extra = self.table_rows[e] - units
+        if extra:
+            self.loop("zero", (extra * inputs,), i, "backward", (),
+                      ((f"dW{e}", extra * inputs * _F),))  # fmt: skip
+        return dx
 
     def _conv_backward(self, g: FusedOp, x: str, y: str, dy: str) -> str | None:
         info, i, batch = g.lead, g.lead.index, self.batch
@@ -384,6 +408,8 @@ def step_calls(
     layers = tuple(workload.layers if layers is None else layers)
     body, loss = layers[:-1], layers[-1]
     step = _Step(batch, threads, training)
+    tied = {info.tied_to for info in layers if info.tied_to is not None}
+    step.table_rows = {j: layers[j].weight_count // layers[j].output_shape[-1] for j in tied}
     input_bytes = batch * math.prod(workload.input_shape) * _F
     if gather:
         row_bytes = math.prod(workload.input_shape) * _F

@@ -31,6 +31,7 @@ class Step(Protocol):
     batch: int
     training: bool
     calls: list[KernelCall]
+    table_rows: dict[int, int]  # the tied embeddings' table rows, by layer index
 
     def loop(self, kernel: str, dims: tuple[int, ...], layer: int, phase: str,
              reads: Operands = (), writes: Operands = ()) -> None: ...  # fmt: skip
@@ -125,7 +126,8 @@ def backward(step: Step, info: LayerInfo, x: str, y: str, dy: str) -> str | None
         t, dim = info.input_shape[0], info.output_shape[-1]
         vocab = info.layer.get("vocab")
         table = ((f"dW{i}", info.weight_count * _F),)
-        step.loop("zero", (vocab * dim,), i, "backward", (), ((f"dW{i}", vocab * dim * _F),))
+        if i not in step.table_rows:  # tied: onto the output layer's gradient instead
+            step.loop("zero", (vocab * dim,), i, "backward", (), ((f"dW{i}", vocab * dim * _F),))
         step.calls.append(KernelCall("embedding_backward", (batch, t, dim), i, "backward", False,
                                      (*grad, (f"ids{i}", batch * t * 8)), table))  # fmt: skip
         return None

@@ -94,6 +94,17 @@ class NumbaKernels:
         if dx is not None:
             np.matmul(dout, w.T, out=dx)
 
+    @staticmethod
+    def tied_dense_backward(x, table, dout, dtable, db, dx) -> None:
+        """The backward of ``out = x @ table.T + b`` (an output layer sharing an embedding's
+        ``(vocab, d)`` table): ``dtable = dout.T @ x`` and ``db`` written; ``dx = dout @
+        table`` unless None."""
+        np.matmul(dout.T, x, out=dtable)
+        if db is not None:
+            NumbaKernels.channel_sum(dout, db)
+        if dx is not None:
+            np.matmul(dout, table, out=dx)
+
     # conv2d --------------------------------------------------------------------------------
 
     @staticmethod

@@ -84,24 +84,18 @@ class TiedDense(Op):
         return {"y": _empty(xp, (batch, *self.out_shape)), "dx": self._dx(xp, batch, training)}
 
     def forward(self, x: Any, buf: Buffers) -> Any:
-        xp, y = self.xp, buf["y"]
+        y = buf["y"]
         buf["x"] = x2 = x.reshape(-1, self.in_shape[-1])
-        y2 = y.reshape(-1, self.vocab)
-        xp.matmul(x2, self.table_op.w[: self.vocab].T, out=y2)
-        if self.info.bias_count:
-            xp.add(y2, self.b, out=y2)
+        self.k.dense_forward(x2, self.table_op.w[: self.vocab].T, self.b, y.reshape(-1, self.vocab))
         return y
 
     def backward(self, dy: Any, buf: Buffers) -> Any:
-        xp, dw = self.xp, self.table_op.dw
-        dy2 = dy.reshape(-1, self.vocab)
-        xp.matmul(dy2.T, buf["x"], out=dw[: self.vocab])
-        dw[self.vocab :] = 0
-        if self.info.bias_count:
-            xp.sum(dy2, axis=0, out=self.db)
-        dx = buf["dx"]
-        if dx is not None:
-            xp.matmul(dy2, self.table_op.w[: self.vocab], out=dx.reshape(-1, self.in_shape[-1]))
+        dw, dx, v = self.table_op.dw, buf["dx"], self.vocab
+        dx2 = None if dx is None else dx.reshape(-1, self.in_shape[-1])
+        self.k.tied_dense_backward(buf["x"], self.table_op.w[:v], dy.reshape(-1, v), dw[:v],
+                                   self.db, dx2)  # fmt: skip
+        if dw.shape[0] > v:  # the position and type rows: the embedding's backward writes them
+            self.k.zero(dw[v:])
         return dx
 
 

@@ -33,7 +33,7 @@ SPLITTABLE_KINDS = (
 # (microbench.workload.graph.Workload.require) that it prices.
 CPU_MODEL_KINDS: dict[str, tuple[str, ...]] = {
     **{kind: () for kind in SPLITTABLE_KINDS},
-    "dense": ("bias",),
+    "dense": ("bias", "tied_to"),
     "conv2d": ("bias",),
     "avgpool2d": ("padding",),
     "maxpool2d": ("padding",),

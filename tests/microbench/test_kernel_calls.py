@@ -131,6 +131,21 @@ LANGUAGE = Workload.from_dict(
         ],
     }
 )
+# GPT-2's shape: positions, a causal block, the output layer tied to the token table.
+TIED = Workload.from_dict(
+    {
+        "name": "tied",
+        "input_shape": [6],
+        "layers": [
+            {"kind": "embedding", "name": "wte", "vocab": 13, "dim": 8, "positions": 9},
+            {"kind": "layernorm", "name": "ln"},
+            {"kind": "attention", "name": "a", "heads": 2, "causal": True},
+            {"kind": "add", "name": "s", "inputs": ["wte", "a"]},
+            {"kind": "dense", "name": "head", "units": 13, "tied_to": "wte", "bias": False},
+            {"kind": "token_cross_entropy", "name": "loss"},
+        ],
+    }
+)
 # Batchnorm after convolutions without bias, a padded max-pool (ResNet's stem), a residual
 # block, a padded average pool, dropout on features.
 NORMED = Workload.from_dict(
@@ -239,6 +254,7 @@ WORKLOADS = [
     load_workload("transformer"),
     TOKENS,
     LANGUAGE,
+    TIED,
     NORMED,
     THREE_READERS,
     INPUT_SKIP,

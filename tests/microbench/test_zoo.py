@@ -169,11 +169,10 @@ def test_token_layers_check_their_shapes_and_settings(layers, input_shape, messa
 
 
 def test_what_the_cpu_model_does_not_price_is_refused_by_name_and_the_network_builds_it():
-    refused = r"does not handle dense with tied_to \"wte\" yet \(layer lm_head\)"
-    with pytest.raises(WorkloadError, match=refused):
-        step_calls(load_workload("gpt2"), 2, 1)
-    with pytest.raises(WorkloadError, match="to_tokens"):
+    with pytest.raises(WorkloadError, match=r"does not handle to_tokens yet \(layer tokens\)"):
         step_calls(load_workload("vit-b16"), 2, 1)
+    gpt2 = {c.kernel for c in step_calls(load_workload("gpt2"), 1, 1)}  # a tied output layer
+    assert gpt2 >= {"embedding", "attention", "gemm_nt", "embedding_backward"}
     resnet = load_workload("resnet18")  # batchnorm, convolutions without bias, a padded pool
     kernels = {c.kernel for c in step_calls(resnet, 2, 1)}
     assert kernels >= {"batchnorm", "batchnorm_backward", "maxpool", "im2col", "copy"}
@@ -207,9 +206,9 @@ def test_a_zoo_network_written_out_by_show_is_a_workload_file(tmp_path):
 def test_what_cannot_train_is_refused_before_any_work_and_predicts_on_gpus(tmp_path):
     for argv in (
         ("train", "--model", "resnet18", "--parallel", "model", "--out", str(tmp_path / "t")),
-        ("bench", "--quick", "--model", "mlp,gpt2", "--out", str(tmp_path / "b")),
+        ("bench", "--quick", "--model", "mlp,vit-b16", "--out", str(tmp_path / "b")),
         ("validate", "--quick", "--models", "vit-b16", "--out", str(tmp_path / "v")),
-        ("predict", "--nodes", "1", "--model", "bert-base", "--batch", "2"),
+        ("predict", "--nodes", "1", "--model", "vit-b16", "--batch", "2"),
     ):
         done = run_pdlsim(*argv)
         assert done.returncode == 2, (argv, done.stderr)
