@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from microbench.kernels.callspec import KERNEL_DIMS, ROW_KERNELS
+from microbench.kernels.loops_tokens import attention_scale
 from microbench.kernels.shapes import conv_output_hw
 
 __all__ = ["FRESH_DATA", "MAX_ELEMENTS", "fresh_views", "im2col_dims", "loop_dims", "loop_fn"]
@@ -102,8 +103,8 @@ def loop_fn(pool: Any, kernel: str, variant: str, dims: tuple[int, ...]) -> Any:
     if kernel == "copy":
         src, dst = view(0, dims), view(1, dims)
         return lambda: np.copyto(dst, src)
-    if kernel in _NEW_KERNELS:
-        return _token_fn(kernel, loops, variant, dims, view)
+    if kernel in _BLOCK_KERNELS:
+        return _block_fn(kernel, loops, variant, dims, view)
     fn = getattr(loops, variant.replace("sgd_momentum", "sgd"))  # one loop, momentum on
     if kernel == "adam":  # state of its own: moments that stay finite over any repeats
         p, g = view(0, dims).copy(), view(1, dims)
@@ -175,14 +176,16 @@ def loop_fn(pool: Any, kernel: str, variant: str, dims: tuple[int, ...]) -> Any:
     return lambda: fn(small, argmaxes[next(turn) % FRESH_DATA], size, stride, big)
 
 
-_NEW_KERNELS = {
+# The loops of microbench.kernels.loops_norm and loops_tokens (and numpy's draw), which
+# _block_fn calls.
+_BLOCK_KERNELS = {
     "layernorm", "layernorm_backward", "batchnorm", "batchnorm_eval", "batchnorm_backward",
     "gelu", "gelu_backward", "dropout", "dropout_backward", "zero", "uniform", "attention",
     "attention_backward", "embedding", "embedding_backward",
 }  # fmt: skip
 
 
-def _token_fn(kernel: str, loops: Any, variant: str, dims: tuple[int, ...], view: Any) -> Any:
+def _block_fn(kernel: str, loops: Any, variant: str, dims: tuple[int, ...], view: Any) -> Any:
     """A call of ``variant`` of a normalisation, activation, dropout, zeroing, attention or
     embedding loop of module ``loops`` (:mod:`microbench.kernels.loops_norm`,
     :mod:`~microbench.kernels.loops_tokens`) at ``dims``, as :mod:`microbench.kernels.cpu`
@@ -208,7 +211,7 @@ def _token_fn(kernel: str, loops: Any, variant: str, dims: tuple[int, ...], view
         n, t, d, heads, causal = dims
         qkv = rng.standard_normal((3, n, t, d), np.float32)
         p, o = np.empty((n, heads, t, t), np.float32), np.empty((n, t, d), np.float32)
-        scale = np.float32(1.0 / math.sqrt(d // heads))
+        scale = attention_scale(d, heads)
         loops.attention_serial(qkv, heads, scale, bool(causal), p, o)  # real probabilities
         if kernel == "attention":
             return lambda: fn(qkv, heads, scale, bool(causal), p, o)

@@ -210,9 +210,7 @@ def network_points(
         (loss_info.forward_flops_per_sample + loss_info.backward_flops_per_sample) * batch,
         2 * rows * workload.num_classes * BYTES_PER_VALUE + rows * LABEL_BYTES,
     )
-    classes = logits.shape[-1]  # a token-level loss: a row per token
-    loss_fn = partial(net.kernels.softmax_cross_entropy, logits.reshape(-1, classes),
-                      labels.reshape(-1), dlogits.reshape(-1, classes))  # fmt: skip
+    loss_fn = partial(net.loss, logits, labels, dlogits)
     points.append(
         point(loss_info.name, [loss_info.name], loss_info.kind, "loss", loss_cost, loss_fn)
     )

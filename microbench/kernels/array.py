@@ -10,17 +10,14 @@ Same signatures, layouts and results (to rounding) as :class:`microbench.kernels
 
 from __future__ import annotations
 
-import math
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from microbench.kernels.array_tokens import ArrayTokenKernels, normalise
+from microbench.kernels.loops_norm import GELU_A, GELU_C
 from microbench.kernels.shapes import conv_output_hw, pool_output_hw, window_range
-
-GELU_C = math.sqrt(2.0 / math.pi)
-GELU_A = 0.044715
 
 
 def _tap_slices(

@@ -8,12 +8,12 @@ Same signatures and results (to rounding) as :class:`microbench.kernels.cpu.Numb
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
 from microbench.kernels.loops_norm import EPS
+from microbench.kernels.loops_tokens import attention_scale
 
 __all__ = ["ArrayTokenKernels", "normalise"]
 
@@ -89,7 +89,7 @@ class ArrayTokenKernels:
             xp.add(flat, b[: 3 * d].reshape(3, 1, d), out=flat)
         q, k, v = (self._heads(a, heads) for a in qkv)
         xp.matmul(q, k.transpose(0, 1, 3, 2), out=p)
-        xp.multiply(p, 1.0 / math.sqrt(d // heads), out=p)
+        xp.multiply(p, attention_scale(d, heads), out=p)
         if causal:
             future = np.triu(np.ones((t, t), dtype=bool), 1)
             xp.add(p, xp.asarray(np.where(future, -np.inf, 0.0).astype(np.float32)), out=p)
@@ -107,7 +107,7 @@ class ArrayTokenKernels:
         """Through ``o = p v`` and the softmax: ``ds = p (dp - rowsum(dp p))``, where
         ``rowsum(dp p) = rowsum(do o)`` per head."""
         xp, d = self.xp, x.shape[-1]
-        scale = 1.0 / math.sqrt(d // heads)
+        scale = attention_scale(d, heads)
         xp.matmul(o.reshape(-1, d).T, dy, out=dw[3])
         if db is not None:
             xp.sum(dy, axis=0, out=db[3 * d :])

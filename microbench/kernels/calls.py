@@ -36,7 +36,7 @@ from microbench.kernels.fusion import (
     group_sources,
 )
 from microbench.kernels.policy import col2im_chunk_samples, runs_parallel
-from microbench.kernels.shapes import conv_output_hw, pool_output_hw
+from microbench.kernels.shapes import conv_output_hw, matrix_rows, pool_output_hw
 from microbench.workload import BYTES_PER_VALUE, CPU_MODEL_KINDS, LayerInfo, Workload
 
 __all__ = [
@@ -81,8 +81,8 @@ def _gemm(
 
 
 def _rows(batch: int, info: LayerInfo) -> int:
-    """The rows of a layer's 2-D view of its input: every axis but the last (tokens)."""
-    return batch * math.prod(info.input_shape[:-1])
+    """The rows of a layer's 2-D view of its input."""
+    return matrix_rows(batch, info.input_shape)
 
 
 def _hwc(shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -93,9 +93,12 @@ def _hwc(shape: tuple[int, ...]) -> tuple[int, int, int]:
 class _Step:
     """Builds a step's calls, following which buffer holds each activation and gradient."""
 
-    def __init__(self, batch: int, threads: int, training: bool) -> None:
+    def __init__(
+        self, batch: int, threads: int, training: bool, layers: Sequence[LayerInfo]
+    ) -> None:
         self.batch, self.threads, self.training = batch, threads, training
-        self.table_rows: dict[int, int] = {}  # rows of each tied embedding's table, by index
+        # the embeddings an output layer shares its table with, by layer index
+        self.tied = {i.tied_to: layers[i.tied_to] for i in layers if i.tied_to is not None}
         self.calls: list[KernelCall] = []
         self.outputs: list[str] = []  # per group, the buffer its forward output lives in
 
@@ -280,10 +283,9 @@ class _Step:
         if info.needs_input_grad:
             dx = f"dx{i}"
             self.gemm("nn", rows, inputs, units, i, "backward", dy, f"W{e}", dx)
-        extra = self.table_rows[e] - units
+        extra = self.tied[e].weight_count - units * inputs  # the position and type rows
         if extra:
-            self.loop("zero", (extra * inputs,), i, "backward", (),
-                      ((f"dW{e}", extra * inputs * _F),))  # fmt: skip
+            self.loop("zero", (extra,), i, "backward", (), ((f"dW{e}", extra * _F),))
         return dx
 
     def _conv_backward(self, g: FusedOp, x: str, y: str, dy: str) -> str | None:
@@ -407,9 +409,7 @@ def step_calls(
     workload.require(CPU_MODEL_KINDS, "the CPU kernel model", "; predict it on GPUs (--gpus N)")
     layers = tuple(workload.layers if layers is None else layers)
     body, loss = layers[:-1], layers[-1]
-    step = _Step(batch, threads, training)
-    tied = {info.tied_to for info in layers if info.tied_to is not None}
-    step.table_rows = {j: layers[j].weight_count // layers[j].output_shape[-1] for j in tied}
+    step = _Step(batch, threads, training, layers)
     input_bytes = batch * math.prod(workload.input_shape) * _F
     if gather:
         row_bytes = math.prod(workload.input_shape) * _F

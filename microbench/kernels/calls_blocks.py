@@ -15,6 +15,7 @@ import math
 from typing import Protocol
 
 from microbench.kernels.callspec import KernelCall
+from microbench.kernels.shapes import matrix_rows
 from microbench.workload import BYTES_PER_VALUE, LayerInfo
 
 __all__ = ["KINDS", "NOT_HANDLED", "Step", "backward", "forward"]
@@ -31,7 +32,7 @@ class Step(Protocol):
     batch: int
     training: bool
     calls: list[KernelCall]
-    table_rows: dict[int, int]  # the tied embeddings' table rows, by layer index
+    tied: dict[int, LayerInfo]  # the embeddings an output layer shares its table with
 
     def loop(self, kernel: str, dims: tuple[int, ...], layer: int, phase: str,
              reads: Operands = (), writes: Operands = ()) -> None: ...  # fmt: skip
@@ -42,8 +43,14 @@ class Step(Protocol):
 
 def _rows_cols(step: Step, info: LayerInfo) -> tuple[int, int]:
     """The (rows, last axis) an op's 2-D view of its input has."""
-    shape = info.input_shape
-    return step.batch * math.prod(shape[:-1]), shape[-1]
+    return matrix_rows(step.batch, info.input_shape), info.input_shape[-1]
+
+
+def _attention_dims(step: Step, info: LayerInfo) -> tuple[int, ...]:
+    """The dims of the attention core's call (:data:`~microbench.kernels.callspec.KERNEL_DIMS`)."""
+    t, d = info.input_shape
+    causal = int(bool(info.layer.get("causal")))
+    return step.batch, t, d, info.layer.get("heads"), causal
 
 
 def _dropout_active(step: Step, info: LayerInfo) -> bool:
@@ -98,10 +105,8 @@ def backward(step: Step, info: LayerInfo, x: str, y: str, dy: str) -> str | None
     gradient ``dy``; the buffer of its input gradient (None: none)."""
     i, kind, batch = info.index, info.kind, step.batch
     dx, n_in = f"dx{i}", batch * math.prod(info.input_shape)
-    grad, n_out = (
-        ((dy, batch * math.prod(info.output_shape) * _F),),
-        batch * math.prod(info.output_shape),
-    )
+    n_out = batch * math.prod(info.output_shape)
+    grad = ((dy, n_out * _F),)
     into = ((dx, n_in * _F),) if info.needs_input_grad else ()
     if kind in ("batchnorm2d", "layernorm"):
         rows, cols = _rows_cols(step, info)
@@ -126,7 +131,7 @@ def backward(step: Step, info: LayerInfo, x: str, y: str, dy: str) -> str | None
         t, dim = info.input_shape[0], info.output_shape[-1]
         vocab = info.layer.get("vocab")
         table = ((f"dW{i}", info.weight_count * _F),)
-        if i not in step.table_rows:  # tied: onto the output layer's gradient instead
+        if i not in step.tied:  # tied: onto the output layer's gradient instead
             step.loop("zero", (vocab * dim,), i, "backward", (), ((f"dW{i}", vocab * dim * _F),))
         step.calls.append(KernelCall("embedding_backward", (batch, t, dim), i, "backward", False,
                                      (*grad, (f"ids{i}", batch * t * 8)), table))  # fmt: skip
@@ -148,13 +153,12 @@ def backward(step: Step, info: LayerInfo, x: str, y: str, dy: str) -> str | None
 
 def _attention_forward(step: Step, info: LayerInfo, x: str) -> str:
     """Three projections, the core loop, the output projection (``attention_forward``)."""
-    i, (t, d) = info.index, info.input_shape
-    rows, heads = step.batch * t, info.layer.get("heads")
-    causal = int(bool(info.layer.get("causal")))
-    bias = info.bias_count > 0
+    i, dims = info.index, _attention_dims(step, info)
+    _, t, d, heads, _ = dims
+    rows, bias = step.batch * t, info.bias_count > 0
     for role in ("q", "k", "v", "o"):
         if role == "o":
-            step.loop("attention", (step.batch, t, d, heads, causal), i, "forward",
+            step.loop("attention", dims, i, "forward",
                       tuple((f"{r}{i}", rows * d * _F) for r in "qkv"),
                       ((f"p{i}", step.batch * heads * t * t * _F),
                        (f"o{i}", rows * d * _F)))  # fmt: skip
@@ -170,8 +174,7 @@ def _attention_backward(step: Step, info: LayerInfo, x: str, dy: str) -> str | N
     """The output projection's gradients, the core's, then each input projection's, their
     input gradients summed (``attention_backward``)."""
     i, (t, d) = info.index, info.input_shape
-    rows, heads = step.batch * t, info.layer.get("heads")
-    causal = int(bool(info.layer.get("causal")))
+    rows = step.batch * t
     bias, size = info.bias_count > 0, rows * d * _F
     dx = f"dx{i}" if info.needs_input_grad else None
 
@@ -184,7 +187,7 @@ def _attention_backward(step: Step, info: LayerInfo, x: str, dy: str) -> str | N
             step.gemm("nt", rows, d, d, i, "backward", grad, f"W{i}.{role}", into)
 
     projection("o", f"o{i}", dy, f"do{i}")
-    step.loop("attention_backward", (step.batch, t, d, heads, causal), i, "backward",
+    step.loop("attention_backward", _attention_dims(step, info), i, "backward",
               tuple((f"{r}{i}", size) for r in ("q", "k", "v", "o", "do")),
               tuple((f"d{r}{i}", size) for r in "qkv"))  # fmt: skip
     for role in "qkv":

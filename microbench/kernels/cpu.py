@@ -25,6 +25,8 @@ import numba
 import numpy as np
 
 from microbench.kernels import loops
+from microbench.kernels.callspec import call_features
+from microbench.kernels.loops_tokens import attention_scale
 from microbench.kernels.policy import col2im_chunk_samples, runs_parallel
 from microbench.kernels.shapes import conv_output_hw, pool_output_hw
 
@@ -54,6 +56,13 @@ def _loop(name: str, work: int):
     :func:`microbench.kernels.calls.call_features` counts it)."""
     parallel = runs_parallel(work, numba.get_num_threads())
     return getattr(loops, name if parallel else name + "_serial")
+
+
+def _attention_work(qkv: np.ndarray, heads: int, causal: bool) -> int:
+    """The attention core's work, as :func:`~microbench.kernels.callspec.call_features`
+    counts it for the call's dims."""
+    _, batch, t, d = qkv.shape
+    return call_features("attention", (batch, t, d, heads, int(causal)))[0]
 
 
 def _matrix(a: np.ndarray, rows: int, cols: int) -> np.ndarray:
@@ -245,9 +254,8 @@ class NumbaKernels:
         for i in range(3):
             bias = None if b is None else b[i * d : (i + 1) * d]
             NumbaKernels.dense_forward(x, w[i], bias, _matrix(qkv[i], rows, d))
-        scale = np.float32(1.0 / math.sqrt(d // heads))
-        pairs = t * (t + 1) // 2 if causal else t * t
-        _loop("attention", batch * pairs * d)(qkv, heads, scale, causal, p, o)
+        work = _attention_work(qkv, heads, causal)
+        _loop("attention", work)(qkv, heads, attention_scale(d, heads), causal, p, o)
         bias = None if b is None else b[3 * d :]
         NumbaKernels.dense_forward(_matrix(o, rows, d), w[3], bias, _matrix(y, rows, d))
 
@@ -264,9 +272,9 @@ class NumbaKernels:
             return None if db is None else db[i * d : (i + 1) * d]
 
         NumbaKernels.dense_backward(_matrix(o, rows, d), w[3], dy, dw[3], bias(3), do2)
-        scale = np.float32(1.0 / math.sqrt(d // heads))
-        pairs = t * (t + 1) // 2 if causal else t * t
-        _loop("attention_backward", batch * pairs * d)(qkv, p, o, do, heads, scale, causal, dqkv)
+        scale = attention_scale(d, heads)
+        work = _attention_work(qkv, heads, causal)
+        _loop("attention_backward", work)(qkv, p, o, do, heads, scale, causal, dqkv)
         for i in range(3):  # dx = the sum over q, k, v of dqkv[i] w[i]^T; do is spent: scratch
             into = None if dx is None else (dx if i == 0 else do2)
             NumbaKernels.dense_backward(x, w[i], _matrix(dqkv[i], rows, d), dw[i], bias(i), into)

@@ -31,7 +31,8 @@ import numpy as np
 from numba import njit, prange
 
 __all__ = [
-    "attention", "attention_backward", "attention_backward_serial", "attention_serial",
+    "attention", "attention_backward", "attention_backward_serial", "attention_scale",
+    "attention_serial",
     "dropout", "dropout_backward", "dropout_backward_serial", "dropout_serial", "embedding",
     "embedding_backward", "uniform", "zero", "zero_serial",
 ]  # fmt: skip
@@ -52,6 +53,11 @@ def _chunk(n, t):  # pragma: no cover - compiled
 
 # ---------------------------------------------------------------------------------------------
 # Attention: qkv (3, batch, T, d) as projected; p (batch, heads, T, T); o, do (batch, T, d)
+
+
+def attention_scale(width: int, heads: int) -> np.float32:
+    """The factor on attention's scores: ``1 / sqrt(head width)``, as float32."""
+    return np.float32(1.0 / math.sqrt(width // heads))
 
 
 @njit(cache=True, fastmath={"contract"}, error_model="numpy")

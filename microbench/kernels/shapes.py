@@ -1,6 +1,16 @@
-"""Output sizes of the windowed layers, shared by both kernel implementations."""
+"""Output sizes of the windowed layers, shared by both kernel implementations, and the rows
+of a layer's 2-D view."""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def matrix_rows(batch: int, sample_shape: Sequence[int]) -> int:
+    """The rows of the ``(rows, last axis)`` view of ``batch`` samples of ``sample_shape``:
+    every axis but the last (a dense layer on tokens, a normalisation over channels)."""
+    return batch * math.prod(sample_shape[:-1])
 
 
 def conv_output_hw(

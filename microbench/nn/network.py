@@ -189,28 +189,36 @@ class Network:
             outs.append(op.forward(arg, buf))
         return outs[-1]
 
-    def _loss(self, logits: Any, labels: Any, dlogits: Any) -> tuple[float, int]:
-        classes = logits.shape[-1]  # a token-level loss: every token a row
+    def loss(self, logits: Any, labels: Any, dlogits: Any) -> tuple[float, int]:
+        """The kernels' softmax cross-entropy of ``logits`` against int64 ``labels`` (mean loss,
+        correct argmax count), its gradient into ``dlogits``: a row per sample, or per token
+        for a token-level loss."""
+        classes = logits.shape[-1]
         return self.kernels.softmax_cross_entropy(
             logits.reshape(-1, classes), labels.reshape(-1), dlogits.reshape(-1, classes)
         )
+
+    def _labels(self, y: Any, batch: int) -> Any:
+        """``y`` as int64 on the network's device, checked against the logits' shape."""
+        labels = self.xp.asarray(y).astype(self.xp.int64, copy=False)
+        wanted = (batch, *self._logits_shape[:-1])
+        if labels.shape != wanted:
+            raise ValueError(f"{batch} samples need labels of shape {wanted}, got {labels.shape}")
+        return labels
 
     def forward(self, x: Any, y: Any) -> tuple[float, int]:
         """Mean cross-entropy over the batch (over every token, for a token-level loss) and
         the number of correct argmax predictions; keeps what :meth:`backward` needs
         (including a reference to ``x``)."""
         batch = x.shape[0]
-        labels = self.xp.asarray(y).astype(self.xp.int64, copy=False)
-        wanted = (batch, *self._logits_shape[:-1])
-        if labels.shape != wanted:
-            raise ValueError(f"{batch} samples need labels of shape {wanted}, got {labels.shape}")
+        labels = self._labels(y, batch)
         space = self._workspace(True, batch)
         for op in self._drawing:
             op.set_rng(numpy.random.default_rng([*self._draw_key, op.info.index, self.steps]))
         self.steps += 1
         logits = self._run(x, space)
         dlogits = space[-1]["dlogits"]
-        loss, correct = self._loss(logits, labels, dlogits)
+        loss, correct = self.loss(logits, labels, dlogits)
         self._pending = (space, dlogits)
         return loss, correct
 
@@ -280,9 +288,8 @@ class Network:
         space = self._workspace(True, x.shape[0])
         inputs: list[Any] = []
         logits = self._run(x, space, inputs)
-        labels = self.xp.asarray(y).astype(self.xp.int64, copy=False)
         dlogits = space[-1]["dlogits"]
-        self._loss(logits, labels, dlogits)
+        self.loss(logits, self._labels(y, x.shape[0]), dlogits)
         handed: list[tuple[int, Any]] = []
         self._backward(space, dlogits, handed)
         return inputs, logits, dlogits, handed

@@ -157,7 +157,7 @@ class Attention(Op):
 
     def __init__(self, info: LayerInfo, kernels: Kernels, in_shape: tuple[int, ...]) -> None:
         super().__init__(info, kernels, in_shape)
-        t, d = in_shape
+        d = in_shape[-1]
         self.heads = info.layer.get("heads")
         self.weight_shape = (4, d, d)
         self.causal = bool(info.layer.settings.get("causal"))

@@ -32,7 +32,7 @@ SPLITTABLE_KINDS = (
 # The CPU kernel model's kinds, each with the settings beyond the first workload language's
 # (microbench.workload.graph.Workload.require) that it prices.
 CPU_MODEL_KINDS: dict[str, tuple[str, ...]] = {
-    **{kind: () for kind in SPLITTABLE_KINDS},
+    **dict.fromkeys(SPLITTABLE_KINDS, ()),
     "dense": ("bias", "tied_to"),
     "conv2d": ("bias",),
     "avgpool2d": ("padding",),

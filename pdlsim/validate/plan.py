@@ -214,10 +214,7 @@ def mark_unseen(profile: str, specs: list[RunSpec]) -> list[RunSpec]:
     nor of the batch (a workload named by ``--models`` that the calibration never ran, at a
     batch it never ran, is held out as a drawn one is)."""
     text, batches = _measured(profile)
-    return [
-        replace(s, heldout=s.heldout or (f'"{s.name}"' not in text and s.batch not in batches))
-        for s in specs
-    ]
+    return [replace(s, heldout=s.heldout or _unseen(s, text, batches)) for s in specs]
 
 
 def check_unseen(profile: str, specs: list[RunSpec]) -> None:
@@ -225,11 +222,17 @@ def check_unseen(profile: str, specs: list[RunSpec]) -> None:
     anywhere in the document) or batch (a ``batch`` or ``batches`` field)."""
     text, batches = _measured(profile)
     for spec in specs:
-        if f'"{spec.name}"' in text or spec.batch in batches:
+        if not _unseen(spec, text, batches):
             raise UserError(
                 f"held-out configuration {spec.label} is not held out: the profile "
                 f"{profile} measured its workload or its batch; draw another --seed"
             )
+
+
+def _unseen(spec: RunSpec, text: str, batches: set[int]) -> bool:
+    """Neither the spec's workload (its name anywhere in the profile's ``text``) nor its batch
+    was measured."""
+    return f'"{spec.name}"' not in text and spec.batch not in batches
 
 
 def _measured(profile: str) -> tuple[str, set[int]]:

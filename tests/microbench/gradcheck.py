@@ -51,6 +51,22 @@ def build(op_class: type[Op], info: LayerInfo, in_shape: tuple[int, ...], **kw: 
     return op_class(info, kernels_for(np, "array"), in_shape, **kw)
 
 
+def numeric_grad(f: Callable[[], float], x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """Central differences of the scalar ``f()`` with respect to every entry of ``x`` (for
+    float64 references and small arrays; ``x`` restored)."""
+    grad = np.zeros_like(x)
+    flat, gflat = x.reshape(-1), grad.reshape(-1)
+    for i in range(flat.size):
+        old = flat[i]
+        flat[i] = old + eps
+        up = f()
+        flat[i] = old - eps
+        down = f()
+        flat[i] = old
+        gflat[i] = (up - down) / (2 * eps)
+    return grad
+
+
 def directional(
     loss: Callable[[], float], target: np.ndarray, grad: np.ndarray, rng: np.random.Generator,
     eps: float, rtol: float, what: str,

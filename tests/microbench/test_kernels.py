@@ -18,6 +18,7 @@ from microbench.kernels import (
     pool_output_hw,
 )
 from microbench.kernels.shapes import window_range
+from tests.microbench.gradcheck import numeric_grad
 
 A = ArrayKernels(np)
 N = NumbaKernels()
@@ -37,21 +38,6 @@ POOL_CASES = [(2, 4, 4, 3, 2, 2), (2, 7, 7, 2, 3, 2), (1, 5, 6, 2, 2, 1), (2, 6,
 
 def _rng(seed: int = 0) -> np.random.Generator:
     return np.random.default_rng(seed)
-
-
-def _numeric_grad(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """Central differences of the scalar ``f()`` with respect to every entry of ``x``."""
-    grad = np.zeros_like(x)
-    flat, gflat = x.reshape(-1), grad.reshape(-1)
-    for i in range(flat.size):
-        old = flat[i]
-        flat[i] = old + eps
-        up = f()
-        flat[i] = old - eps
-        down = f()
-        flat[i] = old
-        gflat[i] = (up - down) / (2 * eps)
-    return grad
 
 
 def _close(a: np.ndarray, b: np.ndarray, rtol: float = 1e-6, atol: float = 1e-8) -> None:
@@ -135,7 +121,7 @@ def test_dense_gradients():
     dw, db, dx = np.empty_like(w), np.empty_like(b), np.empty_like(x)
     A.dense_backward(x, w, r, dw, db, dx)
     for analytic, wrt in ((dx, x), (dw, w), (db, b)):
-        _close(analytic, _numeric_grad(loss, wrt))
+        _close(analytic, numeric_grad(loss, wrt))
 
 
 @pytest.mark.parametrize("case", CONV_CASES)
@@ -155,7 +141,7 @@ def test_conv_gradients(case):
     dw, db, dx = np.empty_like(w), np.empty_like(b), np.empty_like(x)
     A.conv2d_backward(r, cols, w, s, p, dw, db, np.empty_like(cols), dx)
     for analytic, wrt in ((dx, x), (dw, w), (db, b)):
-        _close(analytic, _numeric_grad(loss, wrt), rtol=1e-6, atol=1e-7)
+        _close(analytic, numeric_grad(loss, wrt), rtol=1e-6, atol=1e-7)
 
 
 def test_relu_and_bias_activation_gradients():
@@ -172,7 +158,7 @@ def test_relu_and_bias_activation_gradients():
     loss()
     dx = np.empty_like(x)
     A.relu_backward(r, out, dx)
-    _close(dx, _numeric_grad(loss, x))
+    _close(dx, numeric_grad(loss, x))
 
     def loss_bias():
         A.bias_activation(x, b, True, out)
@@ -182,7 +168,7 @@ def test_relu_and_bias_activation_gradients():
     masked = r * (out > 0)
     db = np.empty_like(b)
     A.channel_sum(masked, db)
-    _close(db, _numeric_grad(loss_bias, b))
+    _close(db, numeric_grad(loss_bias, b))
 
 
 @pytest.mark.parametrize("case", POOL_CASES)
@@ -201,7 +187,7 @@ def test_maxpool_gradients(case):
     loss()
     dx = np.empty_like(x)
     A.maxpool2d_backward(r, argmax, size, stride, dx)
-    _close(dx, _numeric_grad(loss, x, eps=1e-4))
+    _close(dx, numeric_grad(loss, x, eps=1e-4))
 
 
 def test_softmax_cross_entropy_loss_and_gradient():
@@ -218,7 +204,7 @@ def test_softmax_cross_entropy_loss_and_gradient():
     assert value == pytest.approx(-log_p[np.arange(5), labels].mean(), rel=1e-12)
     assert correct == int((logits.argmax(axis=1) == labels).sum())
     analytic = d.copy()
-    _close(analytic, _numeric_grad(loss, logits))
+    _close(analytic, numeric_grad(loss, logits))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import pytest
 from microbench.kernels import ArrayKernels, NumbaKernels, policy
 from microbench.kernels.record import CallRecorder, kernels_replaced, time_alone
 from microbench.threads import set_threads
+from tests.microbench.gradcheck import numeric_grad
 
 KERNELS = {"numba": NumbaKernels(), "array": ArrayKernels(np)}
 EPS = 1e-5
@@ -203,7 +204,7 @@ def test_layernorm_backward_overwrites_and_may_write_dx_into_dy(kind, threads):
 
 
 @pytest.mark.parametrize("shape", [(3, 7), (2, 2, 5), (2, 1)], ids=str)
-def test_layernorm_reference_gradients_match_central_differences(shape):
+def test_layernorm_reference_gradients_matchnumeric_grad(shape):
     """The float64 reference backward is the derivative of the reference forward."""
     rng = np.random.default_rng(13)
     f = shape[-1]
@@ -216,10 +217,10 @@ def test_layernorm_reference_gradients_match_central_differences(shape):
         return (_ref_layernorm(x, gamma, beta)[0] * dy).sum()
 
     for param, grad in [(x, dx), (gamma, dgamma), (beta, dbeta)]:
-        np.testing.assert_allclose(_central_differences(loss, param), grad, atol=1e-7)
+        np.testing.assert_allclose(numeric_grad(loss, param), grad, atol=1e-7)
 
 
-def test_gelu_reference_gradient_matches_central_differences():
+def test_gelu_reference_gradient_matchesnumeric_grad():
     rng = np.random.default_rng(14)
     x = np.concatenate([rng.standard_normal(20) * 2, [0.0, -0.5, 3.0, -3.0, 6.0]])
     dy = rng.standard_normal(x.shape)
@@ -229,21 +230,7 @@ def test_gelu_reference_gradient_matches_central_differences():
     def loss():
         return (_ref_gelu(x)[0] * dy).sum()
 
-    np.testing.assert_allclose(_central_differences(loss, x), dx, atol=1e-7)
-
-
-def _central_differences(f, x: np.ndarray, h: float = 1e-6) -> np.ndarray:
-    grad = np.zeros_like(x)
-    flat, gflat = x.reshape(-1), grad.reshape(-1)
-    for i in range(flat.size):
-        old = flat[i]
-        flat[i] = old + h
-        up = f()
-        flat[i] = old - h
-        down = f()
-        flat[i] = old
-        gflat[i] = (up - down) / (2 * h)
-    return grad
+    np.testing.assert_allclose(numeric_grad(loss, x), dx, atol=1e-7)
 
 
 def _directional(loss, x: np.ndarray, v: np.ndarray, h: float) -> float:
