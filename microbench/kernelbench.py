@@ -109,7 +109,7 @@ __all__ = [
 # 256); past 65536 its tall operand leaves the last-level cache and the rate drops by a fifth.
 GEMM_DIMS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096,
              16384, 65536, 262144)  # fmt: skip
-QUICK_GEMM_DIMS = (1, 2, 3, 4, 5, 7, 8, 12, 16, 32, 64, 256, 1024, 4096, 16384, 65536)
+QUICK_GEMM_DIMS = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096, 65536)
 # Ragged m or n: 14 needs the edge tiles of 4 and 2 columns, 15 and 63 all three (12, on the
 # grid, the tile of 4); the other two dimensions span the grid's range.
 GEMM_RAGGED_DIMS = (14, 15, 63)
