@@ -148,7 +148,7 @@ QUICK_POLICY = SamplingPolicy(warmup=1, min_samples=3, max_samples=15, time_cap_
 CHANNEL_RUNS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 32, 48, 63, 64, 128, 512)
 QUICK_CHANNEL_RUNS = (1, 3, 7, 8, 9, 15, 16, 23, 24, 32, 63, 64, 512)
 CHANNEL_KERNELS = frozenset(
-    {"bias_act", "column_sum", "col2im", "maxpool", "maxpool_backward",
+    {"bias_act", "column_sum", "copy_runs", "col2im", "maxpool", "maxpool_backward",
      "maxpool_backward_tiled", "nchw_to_nhwc", "avgpool", "avgpool_backward",
      "global_avgpool", "global_avgpool_backward", "batchnorm", "batchnorm_eval",
      "batchnorm_backward"}

@@ -1,5 +1,5 @@
 """The loop calls the kernel sweep times: a call of each numba loop (and the gather and the
-copy) at a chosen size, on views into the sweep's buffers.
+copies) at a chosen size, on views into the sweep's buffers.
 
 :func:`loop_dims` picks a kernel's dimensions for about ``elements`` of work and an inner run
 (:func:`microbench.kernels.calls.call_features`), in typical layer settings; :func:`loop_fn`
@@ -102,6 +102,10 @@ def loop_fn(pool: Any, kernel: str, variant: str, dims: tuple[int, ...]) -> Any:
         return gather
     if kernel == "copy":
         src, dst = view(0, dims), view(1, dims)
+        return lambda: np.copyto(dst, src)
+    if kernel == "copy_runs":  # into one of two equal slices of each row (a concat's half)
+        rows, run = dims
+        src, dst = view(0, dims), view(1, (rows, 2 * run))[:, :run]
         return lambda: np.copyto(dst, src)
     if kernel in _BLOCK_KERNELS:
         return _block_fn(kernel, loops, variant, dims, view)

@@ -94,9 +94,9 @@ class _Step:
     """Builds a step's calls, following which buffer holds each activation and gradient."""
 
     def __init__(
-        self, batch: int, threads: int, training: bool, layers: Sequence[LayerInfo]
+        self, batch: int, threads: int, training: bool, layers: Sequence[LayerInfo], nhwc: bool
     ) -> None:
-        self.batch, self.threads, self.training = batch, threads, training
+        self.batch, self.threads, self.training, self.nhwc = batch, threads, training, nhwc
         # the embeddings an output layer shares its table with, by layer index
         self.tied = {i.tied_to: layers[i.tied_to] for i in layers if i.tied_to is not None}
         self.calls: list[KernelCall] = []
@@ -124,6 +124,11 @@ class _Step:
             for other in xs[1:]:
                 self.loop("add", (n,), i, "forward", ((y, out_bytes), (other, out_bytes)),
                           ((y, out_bytes),))  # fmt: skip
+            return y
+        if info.kind == "concat":  # each input copied into its slice of the output
+            for other, (rows, run) in zip(xs, self._concat_parts(info), strict=True):
+                self.calls.append(KernelCall("copy_runs", (rows, run), i, "forward", False,
+                                             ((other, rows * run * _F),), ((y, out_bytes),)))
             return y
         if info.kind == "avgpool2d":
             self.loop("avgpool", self._avgpool_dims(info), i, "forward", ((x, x_bytes),),
@@ -207,6 +212,20 @@ class _Step:
         grad = ((dy, rows * units * _F),)
         self.loop("column_sum", (rows, units), i, "backward", grad, ((f"db{i}", units * _F),))
 
+    def _concat_parts(self, info: LayerInfo) -> list[tuple[int, int]]:
+        """Per input of a concat, the (rows, run) of its slice of the output: images join
+        their channels (the last axis channels-last, the first of a sample channels-first),
+        other shapes their last axis (``Concat``)."""
+        parts = []
+        for shape in info.input_shapes or (info.input_shape,):
+            if len(shape) == 3 and not self.nhwc:
+                rows, run = self.batch, math.prod(shape)
+            else:
+                channels = shape[0] if len(shape) == 3 else shape[-1]
+                rows, run = self.batch * math.prod(shape) // channels, channels
+            parts.append((rows, run))
+        return parts
+
     def _avgpool_dims(self, info: LayerInfo) -> tuple[int, ...]:
         s = info.layer.settings
         return (self.batch, *_hwc(info.input_shape), s["size"], s["stride"], s["padding"])
@@ -225,6 +244,15 @@ class _Step:
                 self.calls.append(KernelCall("copy", (n,), i, "backward", False,
                                              ((dy, n * _F),), ((copy, n * _F),)))  # fmt: skip
             return [dy, *copies]
+        if info.kind == "concat":  # each input's slice of the gradient copied out
+            if not info.needs_input_grad:
+                return [None] * len(xs)
+            out_bytes = batch * math.prod(info.output_shape) * _F
+            dxs = [f"dx{i}.{j}" for j in range(len(xs))]
+            for dx_j, (rows, run) in zip(dxs, self._concat_parts(info), strict=True):
+                self.calls.append(KernelCall("copy_runs", (rows, run), i, "backward", False,
+                                             ((dy, out_bytes),), ((dx_j, rows * run * _F),)))
+            return dxs
         if info.kind in ("avgpool2d", "global_avgpool"):
             out_bytes = batch * math.prod(info.output_shape) * _F
             if info.kind == "global_avgpool":
@@ -409,13 +437,13 @@ def step_calls(
     workload.require(CPU_MODEL_KINDS, "the CPU kernel model", "; predict it on GPUs (--gpus N)")
     layers = tuple(workload.layers if layers is None else layers)
     body, loss = layers[:-1], layers[-1]
-    step = _Step(batch, threads, training, layers)
+    nhwc = channels_last(workload.input_shape, body)
+    step = _Step(batch, threads, training, layers, nhwc)
     input_bytes = batch * math.prod(workload.input_shape) * _F
     if gather:
         row_bytes = math.prod(workload.input_shape) * _F
         writes = (("input", input_bytes), ("labels", batch * LABEL_BYTES))
         step.calls.append(KernelCall("gather", (batch, row_bytes), -1, "data", writes=writes))
-    nhwc = channels_last(workload.input_shape, body)
     groups = fused_ops(body, nhwc)
     sources = group_sources(groups)
     x = "input"

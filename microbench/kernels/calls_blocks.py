@@ -1,7 +1,7 @@
 """The kernel calls of the normalisation, activation, regularisation and token ops
 (:mod:`microbench.nn.blocks`, :mod:`microbench.nn.tokens`), for
 :func:`microbench.kernels.calls.step_calls`: batchnorm2d, layernorm, gelu, dropout, embedding,
-attention and token_pool, each as the kernels of :mod:`microbench.kernels.cpu` run it.
+attention, token_pool and to_tokens, each as the kernels of :mod:`microbench.kernels.cpu` run it.
 
 :func:`forward` and :func:`backward` append an op's calls to a step under construction (any
 object with the :class:`Step` interface) and return the buffer of its output, or of its input
@@ -23,7 +23,8 @@ __all__ = ["KINDS", "NOT_HANDLED", "Step", "backward", "forward"]
 _F = BYTES_PER_VALUE
 Operands = tuple[tuple[str, int], ...]
 NOT_HANDLED = "-"  # no buffer has this name
-KINDS = ("batchnorm2d", "layernorm", "gelu", "dropout", "embedding", "attention", "token_pool")
+KINDS = ("batchnorm2d", "layernorm", "gelu", "dropout", "embedding", "attention", "token_pool",
+         "to_tokens")
 
 
 class Step(Protocol):
@@ -97,6 +98,8 @@ def forward(step: Step, info: LayerInfo, x: str) -> str:
         else:
             step.calls.append(KernelCall("copy", (n,), i, "forward", False, inp, out))
         return y
+    if kind == "to_tokens":
+        return _to_tokens_forward(step, info, inp, out)
     return NOT_HANDLED
 
 
@@ -148,7 +151,55 @@ def backward(step: Step, info: LayerInfo, x: str, y: str, dy: str) -> str | None
             step.loop("zero", (n_in,), i, "backward", (), into)
             step.calls.append(KernelCall("copy", (n_out,), i, "backward", False, grad, into))
         return dx
+    if kind == "to_tokens":
+        return _to_tokens_backward(step, info, grad, into)
     return NOT_HANDLED
+
+
+def _cls_positions(info: LayerInfo) -> tuple[int, bool]:
+    return int(bool(info.layer.get("cls_token"))), bool(info.layer.get("positions"))
+
+
+def _to_tokens_forward(step: Step, info: LayerInfo, inp: Operands, out: Operands) -> str:
+    """The patches copied in (past the class token: a slice of each sample), the class token
+    copied into each sample's first row, the position table added as a bias over each
+    sample's values (``ToTokens.forward``)."""
+    i, batch, (c, h, w) = info.index, step.batch, info.input_shape
+    cls, positions = _cls_positions(info)
+    if cls:
+        step.calls.append(KernelCall("copy_runs", (batch, h * w * c), i, "forward", False, inp,
+                                     out))  # fmt: skip
+        step.calls.append(KernelCall("copy_runs", (batch, c), i, "forward", False,
+                                     ((f"W{i}", c * _F),), out))  # fmt: skip
+    else:
+        step.calls.append(KernelCall("copy", (batch * h * w * c,), i, "forward", False, inp, out))
+    if positions:
+        table = ((f"W{i}", info.weight_count * _F),)
+        step.loop("bias_act", (batch, math.prod(info.output_shape)), i, "forward", out + table,
+                  out)  # fmt: skip
+    return out[0][0]
+
+
+def _to_tokens_backward(step: Step, info: LayerInfo, grad: Operands, into: Operands) -> str | None:
+    """The class token's gradient (its rows copied out, then summed), the positions' (summed
+    over the batch), the patches' copied out past the class token (``ToTokens.backward``)."""
+    i, batch, c = info.index, step.batch, info.input_shape[0]
+    cls, positions = _cls_positions(info)
+    table = ((f"dW{i}", info.weight_count * _F),)
+    if cls:
+        rows = ((f"dcls{i}", batch * c * _F),)
+        step.calls.append(KernelCall("copy_runs", (batch, c), i, "backward", False, grad, rows))
+        step.loop("column_sum", (batch, c), i, "backward", rows, table)
+    if positions:
+        step.loop("column_sum", (batch, math.prod(info.output_shape)), i, "backward", grad, table)
+    if not into:
+        return None
+    if not cls:
+        return grad[0][0]  # a view of the output's gradient
+    n_in = batch * math.prod(info.input_shape)
+    step.calls.append(KernelCall("copy_runs", (batch, n_in // batch), i, "backward", False,
+                                 grad, into))  # fmt: skip
+    return into[0][0]
 
 
 def _attention_forward(step: Step, info: LayerInfo, x: str) -> str:

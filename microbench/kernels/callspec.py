@@ -29,6 +29,7 @@ KERNEL_DIMS: dict[str, tuple[str, ...]] = {
     "relu": ("elements",),
     "relu_mask": ("elements",),
     "copy": ("elements",),
+    "copy_runs": ("rows", "run"),  # into or out of a slice: rows of ``run`` contiguous values
     "add": ("elements",),
     "sgd": ("elements",),
     "sgd_momentum": ("elements",),
@@ -56,14 +57,14 @@ KERNEL_DIMS: dict[str, tuple[str, ...]] = {
     "embedding_backward": ("batch", "tokens", "dim"),
 }
 
-# Kernels with one variant: BLAS's GEMMs, numpy's copy and draws, the loss, and the loops that
-# scatter (race) or gather rows serially.
+# Kernels with one variant: BLAS's GEMMs, numpy's copies and draws, the loss, and the loops
+# that scatter (race) or gather rows serially.
 SERIAL_ONLY = {
-    "softmax_xent", "gather", "copy", "uniform", "embedding", "embedding_backward",
+    "softmax_xent", "gather", "copy", "copy_runs", "uniform", "embedding", "embedding_backward",
     *(f"gemm_{x}" for x in GEMM_LAYOUTS),
 }  # fmt: skip
 ROW_KERNELS = frozenset(
-    {"bias_act", "column_sum", "softmax_xent", "layernorm", "layernorm_backward", "batchnorm",
+    {"bias_act", "column_sum", "copy_runs", "softmax_xent", "layernorm", "layernorm_backward", "batchnorm",
      "batchnorm_eval", "batchnorm_backward"}
 )  # fmt: skip
 

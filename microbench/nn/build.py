@@ -84,7 +84,7 @@ class Concat(Op):
     def forward(self, xs: Sequence[Any], buf: Buffers) -> Any:
         y = buf["y"]
         for x, span in zip(xs, self.spans, strict=True):
-            self._part(y, span)[...] = x
+            self.k.copy(x, self._part(y, span))
         return y
 
     def backward(self, dy: Any, buf: Buffers) -> list[Any]:

@@ -102,7 +102,12 @@ class TiedDense(Op):
 class ToTokens(Op):
     """A channels-last ``(h, w, c)`` map as ``h w`` tokens of ``c`` features in (row, column)
     order (ViT's patches), a learned class token in front if ``cls_token`` and a learned
-    position table added if ``positions``. The flat weights: the class token, then positions."""
+    position table added if ``positions``. The flat weights: the class token, then positions.
+
+    Every step is a kernel call: the patches and the class token copied in, the positions
+    added as a bias over each sample's ``tokens * c`` values; backward sums the positions'
+    gradient over the batch as a bias gradient, the class token's over the class rows copied
+    out contiguous, and copies the patches' gradient out past the class token."""
 
     def __init__(self, info: LayerInfo, kernels: Kernels, in_shape: tuple[int, ...]) -> None:
         super().__init__(info, kernels, in_shape)
@@ -114,36 +119,37 @@ class ToTokens(Op):
         self.weight_shape = (info.weight_count,) if info.weight_count else None
 
     def allocate(self, xp: Any, batch: int, training: bool) -> Buffers:
-        need = training and self.info.needs_input_grad and self.cls
+        c, grad = self.in_shape[2], training and self.cls
         return {
             "y": _empty(xp, (batch, *self.out_shape)),
-            "dx": _empty(xp, (batch, *self.in_shape)) if need else None,
-        }
-
-    def _pos(self, table: Any) -> Any:
-        return table[self.cls * self.in_shape[2] :].reshape(self.out_shape)
+            "dx": _empty(xp, (batch, *self.in_shape)) if grad and self.info.needs_input_grad
+            else None,
+            "dcls": _empty(xp, (batch, c)) if grad else None,
+        }  # fmt: skip
 
     def forward(self, x: Any, buf: Buffers) -> Any:
-        xp, y, c = self.xp, buf["y"], self.in_shape[2]
-        y[:, self.cls :] = x.reshape(x.shape[0], -1, c)
+        y, c = buf["y"], self.in_shape[2]
+        self.k.copy(x.reshape(x.shape[0], -1, c), y[:, self.cls :])
         if self.cls:
-            y[:, 0] = self.w[:c]
+            self.k.copy(self.w[:c], y[:, 0])
         if self.positions:
-            xp.add(y, self._pos(self.w), out=y)
+            rows = y.reshape(y.shape[0], -1)
+            self.k.bias_activation(rows, self.w[self.cls * c :], False, rows)
         return y
 
     def backward(self, dy: Any, buf: Buffers) -> Any:
-        xp, c = self.xp, self.in_shape[2]
+        c = self.in_shape[2]
         if self.cls:
-            xp.sum(dy[:, 0], axis=0, out=self.dw[:c])
+            self.k.copy(dy[:, 0], buf["dcls"])
+            self.k.channel_sum(buf["dcls"], self.dw[:c])
         if self.positions:
-            xp.sum(dy, axis=0, out=self._pos(self.dw))
+            self.k.channel_sum(dy.reshape(dy.shape[0], -1), self.dw[self.cls * c :])
         if not self.info.needs_input_grad:
             return None
         pixels = dy[:, self.cls :].reshape(dy.shape[0], *self.in_shape)
         if buf["dx"] is None:
             return pixels  # a view of dy, which no one else reads
-        buf["dx"][...] = pixels
+        self.k.copy(pixels, buf["dx"])
         return buf["dx"]
 
 

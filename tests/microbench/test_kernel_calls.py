@@ -172,6 +172,72 @@ NORMED = Workload.from_dict(
     }
 )  # fmt: skip
 
+# ViT's shape: patches by a strided convolution, a class token and positions, a block, the
+# class token pooled; then tokens with positions only, mean-pooled.
+PATCHES = Workload.from_dict(
+    {
+        "name": "patches",
+        "input_shape": [3, 8, 8],
+        "layers": [
+            {"kind": "conv2d", "name": "patch", "filters": 8, "kernel": 4, "stride": 4},
+            {"kind": "to_tokens", "name": "t", "cls_token": True, "positions": True},
+            {"kind": "layernorm", "name": "ln"},
+            {"kind": "attention", "name": "a", "heads": 2},
+            {"kind": "add", "name": "s", "inputs": ["t", "a"]},
+            {"kind": "token_pool", "name": "p", "mode": "first"},
+            {"kind": "dense", "name": "head", "units": 5},
+            {"kind": "softmax_cross_entropy", "name": "loss"},
+        ],
+    }
+)  # fmt: skip
+PLAIN_PATCHES = Workload.from_dict(
+    {
+        "name": "plain-patches",
+        "input_shape": [3, 8, 8],
+        "layers": [
+            {"kind": "conv2d", "name": "patch", "filters": 6, "kernel": 2, "stride": 2},
+            {"kind": "to_tokens", "name": "t", "positions": True},
+            {"kind": "token_pool", "name": "p", "mode": "mean"},
+            {"kind": "dense", "name": "head", "units": 5},
+            {"kind": "softmax_cross_entropy", "name": "loss"},
+        ],
+    }
+)  # fmt: skip
+# Concatenations: of channels-last images (one branch from the input, which gets no
+# gradient), of features, and of channels-first maps (no image layer: the network keeps them
+# as they come; nothing before it learns, so it passes no gradient back).
+CONCATS = Workload.from_dict(
+    {
+        "name": "concats",
+        "input_shape": [3, 8, 8],
+        "layers": [
+            {"kind": "conv2d", "name": "a", "filters": 5, "kernel": 3, "padding": 1},
+            {"kind": "conv2d", "name": "b", "filters": 3, "kernel": 1, "inputs": ["input"]},
+            {"kind": "concat", "name": "j", "inputs": ["a", "b", "input"]},
+            {"kind": "relu", "name": "r"},
+            {"kind": "global_avgpool", "name": "g"},
+            {"kind": "dense", "name": "fa", "units": 6},
+            {"kind": "dense", "name": "fb", "units": 3, "inputs": ["g"]},
+            {"kind": "concat", "name": "k", "inputs": ["fa", "fb"]},
+            {"kind": "dense", "name": "head", "units": 4},
+            {"kind": "softmax_cross_entropy", "name": "loss"},
+        ],
+    }
+)  # fmt: skip
+CHANNELS_FIRST = Workload.from_dict(
+    {
+        "name": "channels-first",
+        "input_shape": [2, 3, 4],
+        "layers": [
+            {"kind": "relu", "name": "r"},
+            {"kind": "concat", "name": "j", "inputs": ["r", "input"]},
+            {"kind": "flatten", "name": "f"},
+            {"kind": "dense", "name": "head", "units": 3},
+            {"kind": "softmax_cross_entropy", "name": "loss"},
+        ],
+    }
+)  # fmt: skip
+
 
 def _trace(
     monkeypatch, workload: Workload, batch: int, threads: int, momentum: float = 0.0,
@@ -239,6 +305,8 @@ def _expected(calls: list[KernelCall]) -> list[tuple[str, object]]:
     for c in calls:
         if c.kernel.startswith("gemm_") or c.kernel == "copy":
             out.append((c.kernel, c.dims))
+        elif c.kernel == "copy_runs":  # a copy into or out of slices: numpy's copyto too
+            out.append(("copy", (c.dims[0] * c.dims[1],)))
         else:
             out.append((c.variant.replace("sgd_momentum", "sgd"), None))
     return out
@@ -256,6 +324,10 @@ WORKLOADS = [
     LANGUAGE,
     TIED,
     NORMED,
+    PATCHES,
+    PLAIN_PATCHES,
+    CONCATS,
+    CHANNELS_FIRST,
     THREE_READERS,
     INPUT_SKIP,
     *random_workloads(3, 4),

@@ -168,9 +168,9 @@ def test_token_layers_check_their_shapes_and_settings(layers, input_shape, messa
         Workload.from_dict(_doc(layers, input_shape))
 
 
-def test_what_the_cpu_model_does_not_price_is_refused_by_name_and_the_network_builds_it():
-    with pytest.raises(WorkloadError, match=r"does not handle to_tokens yet \(layer tokens\)"):
-        step_calls(load_workload("vit-b16"), 2, 1)
+def test_the_cpu_model_prices_every_zoo_network_and_the_network_builds_it():
+    vit = {c.kernel for c in step_calls(load_workload("vit-b16"), 2, 1)}  # patches as tokens
+    assert vit >= {"copy_runs", "bias_act", "column_sum", "attention", "im2col"}
     gpt2 = {c.kernel for c in step_calls(load_workload("gpt2"), 1, 1)}  # a tied output layer
     assert gpt2 >= {"embedding", "attention", "gemm_nt", "embedding_backward"}
     resnet = load_workload("resnet18")  # batchnorm, convolutions without bias, a padded pool
@@ -204,15 +204,11 @@ def test_a_zoo_network_written_out_by_show_is_a_workload_file(tmp_path):
 
 
 def test_what_cannot_train_is_refused_before_any_work_and_predicts_on_gpus(tmp_path):
-    for argv in (
-        ("train", "--model", "resnet18", "--parallel", "model", "--out", str(tmp_path / "t")),
-        ("bench", "--quick", "--model", "mlp,vit-b16", "--out", str(tmp_path / "b")),
-        ("validate", "--quick", "--models", "vit-b16", "--out", str(tmp_path / "v")),
-        ("predict", "--nodes", "1", "--model", "vit-b16", "--batch", "2"),
-    ):
-        done = run_pdlsim(*argv)
-        assert done.returncode == 2, (argv, done.stderr)
-        assert "does not handle" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    argv = ("train", "--model", "resnet18", "--parallel", "model", "--out", str(tmp_path / "t"))
+    done = run_pdlsim(*argv)
+    assert done.returncode == 2, done.stderr
+    assert "does not handle batchnorm2d" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())  # refused before its first folder
     done = run_pdlsim("predict", "--nodes", "2", "--gpus", "8", "--model", "gpt2", "--batch",
                       "4", "--json")  # fmt: skip
