@@ -103,9 +103,9 @@ def loop_fn(pool: Any, kernel: str, variant: str, dims: tuple[int, ...]) -> Any:
     if kernel == "copy":
         src, dst = view(0, dims), view(1, dims)
         return lambda: np.copyto(dst, src)
-    if kernel == "copy_runs":  # into one of two equal slices of each row (a concat's half)
-        rows, run = dims
-        src, dst = view(0, dims), view(1, (rows, 2 * run))[:, :run]
+    if kernel == "copy_runs":  # into one of two equal slices of each row (a concat's half):
+        rows, run = dims  # a destination of its own, twice the largest view
+        src, dst = view(0, dims), np.empty((rows, 2 * run), np.float32)[:, :run]
         return lambda: np.copyto(dst, src)
     if kernel in _BLOCK_KERNELS:
         return _block_fn(kernel, loops, variant, dims, view)
