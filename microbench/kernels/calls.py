@@ -127,8 +127,9 @@ class _Step:
             return y
         if info.kind == "concat":  # each input copied into its slice of the output
             for other, (rows, run) in zip(xs, self._concat_parts(info), strict=True):
-                self.calls.append(KernelCall("copy_runs", (rows, run), i, "forward", False,
-                                             ((other, rows * run * _F),), ((y, out_bytes),)))
+                part = ((other, rows * run * _F),)
+                self.calls.append(KernelCall("copy_runs", (rows, run), i, "forward", False, part,
+                                             ((y, out_bytes),)))  # fmt: skip
             return y
         if info.kind == "avgpool2d":
             self.loop("avgpool", self._avgpool_dims(info), i, "forward", ((x, x_bytes),),
@@ -250,8 +251,9 @@ class _Step:
             out_bytes = batch * math.prod(info.output_shape) * _F
             dxs = [f"dx{i}.{j}" for j in range(len(xs))]
             for dx_j, (rows, run) in zip(dxs, self._concat_parts(info), strict=True):
+                part = ((dx_j, rows * run * _F),)
                 self.calls.append(KernelCall("copy_runs", (rows, run), i, "backward", False,
-                                             ((dy, out_bytes),), ((dx_j, rows * run * _F),)))
+                                             ((dy, out_bytes),), part))  # fmt: skip
             return dxs
         if info.kind in ("avgpool2d", "global_avgpool"):
             out_bytes = batch * math.prod(info.output_shape) * _F

@@ -24,7 +24,7 @@ _F = BYTES_PER_VALUE
 Operands = tuple[tuple[str, int], ...]
 NOT_HANDLED = "-"  # no buffer has this name
 KINDS = ("batchnorm2d", "layernorm", "gelu", "dropout", "embedding", "attention", "token_pool",
-         "to_tokens")
+         "to_tokens")  # fmt: skip
 
 
 class Step(Protocol):

@@ -64,8 +64,8 @@ SERIAL_ONLY = {
     *(f"gemm_{x}" for x in GEMM_LAYOUTS),
 }  # fmt: skip
 ROW_KERNELS = frozenset(
-    {"bias_act", "column_sum", "copy_runs", "softmax_xent", "layernorm", "layernorm_backward", "batchnorm",
-     "batchnorm_eval", "batchnorm_backward"}
+    {"bias_act", "column_sum", "copy_runs", "softmax_xent", "layernorm", "layernorm_backward",
+     "batchnorm", "batchnorm_eval", "batchnorm_backward"}
 )  # fmt: skip
 
 
