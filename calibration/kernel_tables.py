@@ -23,20 +23,22 @@
   :class:`~calibration.gemm_alias.AliasLaw` where the table has one: it is taken off every
   measured point before interpolating (the grid's widths are such strides) and added to the
   shape priced. Shapes the small-matrix kernel computes, which packs nothing, have none.
-* :class:`LoopTable`: a loop's seconds over (elements, inner run), one curve of log seconds in
-  log elements per measured run length, linear between runs in log run (held outside them).
-  Beyond the largest measured size **time grows in proportion to the elements** (a streaming
-  loop's rate is reached); below the smallest it stays that size's.
+* :class:`~calibration.loop_table.LoopTable`: a loop's seconds over (elements, inner run).
 
 Each table reports its own interpolation error: every interior point predicted from its
-neighbours alone (:meth:`GemmTable.neighbour_residuals`, :meth:`LoopTable.neighbour_residuals`),
-which is what a shape between grid points is exposed to; a GEMM table adds its ragged points'
-errors under the edge law.
+neighbours alone (``neighbour_residuals``), which is what a shape between grid points is
+exposed to; a GEMM table adds its ragged points' errors under the edge law. It also reports
+**how wrong its law beyond the grid is**: the largest measured size along each axis left out,
+the table rebuilt without it and those points priced by the law from the rest
+(``beyond_residuals``: pairs of log error and log distance beyond the reduced grid), and how far
+beyond its grid a call lies (``beyond_log``, in natural-log units summed over the axes), so that
+a prediction's band can widen with the distance from what was measured
+(:class:`pdlsim.costmodel.kernels.KernelCompute`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -49,7 +51,7 @@ from scipy.spatial import cKDTree
 from .gemm_alias import AliasLaw
 from .gemm_regimes import SmallGemm
 
-__all__ = ["VECTOR_FLOATS", "GemmTable", "LoopTable", "edge_tiles"]
+__all__ = ["VECTOR_FLOATS", "GemmTable", "edge_tiles", "five_digits"]
 
 # float32 values in one SIMD register of the loops' target (AVX2: 256 bits). The sweep's
 # channel-like runs are laid out around it (microbench.kernelbench.CHANNEL_RUNS).
@@ -65,17 +67,10 @@ def edge_tiles(dim: float) -> np.ndarray:
     return np.array([(rest >> b) & 1 for b in (2, 1, 0)], dtype=float)
 
 
-def _sig(seconds: float) -> float:
+def five_digits(seconds: float) -> float:
     """Five significant digits: far below the noise of any timing, and a profile a fifth the
     size."""
     return float(f"{seconds:.5g}")
-
-
-def _median_by(keys: Iterable[Any], values: Iterable[float]) -> dict[Any, float]:
-    groups: dict[Any, list[float]] = {}
-    for key, value in zip(keys, values, strict=True):
-        groups.setdefault(key, []).append(float(value))
-    return {key: float(np.median(v)) for key, v in groups.items()}
 
 
 @dataclass(frozen=True)
@@ -288,11 +283,43 @@ class GemmTable:
                 out.append(np.log(self._smooth_s(key)) - float(np.median(guesses)))
         return np.array(out)
 
+    def beyond_log(self, m: float, n: float, k: float) -> float:
+        """How far (m, n, k) lies beyond the grid its kernel is priced from: the natural-log
+        excess over the largest size, summed over the axes (0 inside)."""
+        built = self._build()
+        grid = built.grids[self._takes_small((m, n, k))]
+        m_eff = m + float(built.edge[0] @ edge_tiles(m))
+        n_eff = n + float(built.edge[1] @ edge_tiles(n))
+        q = np.log(np.maximum([m_eff, n_eff, k], 1.0))
+        return float(np.sum(np.maximum(q - grid.bounds[1], 0.0)))
+
+    def beyond_residuals(self) -> np.ndarray:
+        """Rows of (log measured / priced, log distance): per axis with at least three whole
+        sizes, the measured points at its largest size priced by a table without them, at their
+        distance beyond that table's grid (module docstring). Empty where no axis qualifies."""
+        dims = self.dims
+        out = []
+        for axis in range(3):
+            if len(dims[axis]) < 3:
+                continue
+            top = dims[axis][-1]
+            kept = {key: t for key, t in self.points.items() if key[axis] < top}
+            held = {key: t for key, t in self.points.items() if key[axis] == top}
+            if not held or not kept:
+                continue
+            edge = (tuple(self.edge_width[0]), tuple(self.edge_width[1]))
+            reduced = GemmTable.from_points(kept, edge, self.small, self.alias)
+            for key, t in held.items():
+                distance = reduced.beyond_log(*key)
+                if distance > 0:
+                    out.append((np.log(t) - np.log(reduced.time_s(*key)), distance))
+        return np.array(out).reshape(-1, 2)
+
     def to_dict(self) -> dict[str, Any]:
         rows = sorted(self.points.items())
         edge = [[round(float(w), 3) for w in axis] for axis in self.edge_width]
         return {
-            "points_m_n_k_s": [[m, n, k, _sig(t)] for (m, n, k), t in rows],
+            "points_m_n_k_s": [[m, n, k, five_digits(t)] for (m, n, k), t in rows],
             "edge_columns_m_n": edge,  # per axis, the columns edge tiles of 4, 2, 1 cost
             **({"small_kernel": self.small.to_dict()} if self.small else {}),
             **({"alias_s_per_element": self.alias.to_dict()} if self.alias else {}),
@@ -358,104 +385,3 @@ def _filled(measured: np.ndarray, logs: Sequence[np.ndarray]) -> np.ndarray:
         _, near = cKDTree(coords[known]).query(coords[gaps], p=1)
         filled[gaps] = measured[known][near] + (coords[gaps] - coords[known][near]).sum(axis=1)
     return filled
-
-
-@dataclass(frozen=True)
-class LoopTable:
-    """Seconds of one loop variant at one thread count over (elements, inner run)."""
-
-    curves: Mapping[int, tuple[tuple[float, ...], tuple[float, ...]]]  # run -> (elements, s)
-
-    @classmethod
-    def from_points(cls, points: Iterable[tuple[int, int, float]]) -> LoopTable:
-        """From (elements, run, median seconds); repeated (elements, run) take their median."""
-        points = list(points)
-        if not points:
-            raise ValueError("a loop table needs at least one point")
-        medians = _median_by(((e, r) for e, r, _ in points), (t for _, _, t in points))
-        curves: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {}
-        for run in sorted({r for _, r in medians}):
-            rows = sorted((e, t) for (e, r), t in medians.items() if r == run)
-            curves[run] = (tuple(float(e) for e, _ in rows), tuple(t for _, t in rows))
-        if any(t <= 0 or not np.isfinite(t) for _, ts in curves.values() for t in ts):
-            raise ValueError("loop times must be positive and finite")
-        return cls(curves)
-
-    @staticmethod
-    def _curve_log_s(curve: tuple[tuple[float, ...], tuple[float, ...]], elements: float) -> float:
-        xs, ys = np.log(curve[0]), np.log(curve[1])
-        x = np.log(max(elements, 1.0))
-        if x > xs[-1]:
-            return float(ys[-1] + x - xs[-1])
-        return float(np.interp(x, xs, ys))
-
-    def _between(self, runs: list[int], elements: float, run: float) -> float:
-        """Log seconds at ``run``, linear in log run between the measured ``runs`` around it
-        (held beyond them)."""
-        if len(runs) == 1 or run <= runs[0]:
-            return self._curve_log_s(self.curves[runs[0]], elements)
-        if run >= runs[-1]:
-            return self._curve_log_s(self.curves[runs[-1]], elements)
-        j = int(np.searchsorted(runs, run))
-        lo, hi = runs[j - 1], runs[j]
-        w = (np.log(run) - np.log(lo)) / (np.log(hi) - np.log(lo))
-        a = self._curve_log_s(self.curves[lo], elements)
-        b = self._curve_log_s(self.curves[hi], elements)
-        return float((1 - w) * a + w * b)
-
-    def time_s(self, elements: float, run: float = 1.0) -> float:
-        """Seconds of a call over ``elements`` with inner runs of ``run``.
-
-        A run longer than one vector (:data:`VECTOR_FLOATS`) is a vector body and a scalar
-        remainder of ``run % VECTOR_FLOATS`` values, which cost differently. Where the table
-        measured whole-vector runs and runs with a remainder of ``VECTOR_FLOATS - 1``, a run
-        is priced as whole vectors (interpolated among the whole-vector runs) plus its rows'
-        remainders: the extra a row of the nearest ragged run pays over whole vectors, as many
-        rows as this call has, in proportion to the remainder. Otherwise (or for a measured
-        run) the time is interpolated plainly in log run."""
-        runs = sorted(self.curves)
-        run = float(run)
-        width = VECTOR_FLOATS
-        whole = [r for r in runs if r % width == 0]
-        ragged = [r for r in runs if r % width == width - 1 and r > width]
-        rest = run % width
-        if run in self.curves or run < width or len(whole) < 2 or not ragged:
-            pool = runs if rest or run < width or len(whole) < 2 else whole
-            return float(np.exp(self._between(pool, elements, run)))
-        base = float(np.exp(self._between(whole, elements, run)))
-        if not rest:
-            return base
-        near = min(ragged, key=lambda r: abs(np.log(r / run)))
-        same_rows = elements * near / run
-        extra = np.exp(self._curve_log_s(self.curves[near], same_rows)) - np.exp(
-            self._between(whole, same_rows, near)
-        )
-        return base + max(float(extra), 0.0) * rest / (width - 1)
-
-    def neighbour_residuals(self) -> np.ndarray:
-        """log(measured / interpolated between its two neighbours) of each interior point of
-        each run's curve."""
-        out = []
-        for xs_raw, ts in self.curves.values():
-            xs, ys = np.log(xs_raw), np.log(ts)
-            for i in range(1, len(xs) - 1):
-                w = (xs[i] - xs[i - 1]) / (xs[i + 1] - xs[i - 1])
-                out.append(ys[i] - ((1 - w) * ys[i - 1] + w * ys[i + 1]))
-        return np.array(out)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "curves": [
-                {"run": run, "elements": list(xs), "time_s": [_sig(t) for t in ts]}
-                for run, (xs, ts) in sorted(self.curves.items())
-            ]
-        }
-
-    @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> LoopTable:
-        points = [
-            (e, int(c["run"]), t)
-            for c in doc["curves"]
-            for e, t in zip(c["elements"], c["time_s"], strict=True)
-        ]
-        return cls.from_points(points)

@@ -16,6 +16,12 @@ holds measured terms, each with a physical meaning and its own benchmark:
   the spread of those networks' steps predicted with each left out of the fit and its kernels
   priced from the tables: the model's error on a network it never saw, which the prediction
   band draws.
+* **The law beyond the grid** (:attr:`KernelModel.beyond_sigma_`): per family (GEMMs, loops),
+  the log error of a table's law beyond its largest measured size per natural-log unit of
+  distance, from each table's largest sizes left out and priced from the rest
+  (``beyond_residuals``): the root mean square of error over distance. A call priced
+  ``d`` log units beyond its table carries ``beyond_sigma * d`` of log error
+  (:meth:`KernelModel.beyond_sigma`), which the band adds to the step's.
 
 **Its own generalisation** (:attr:`KernelModel.quality_`, the profile's fit quality): the
 tables' neighbour errors pooled per family (each grid point predicted from its neighbours,
@@ -31,13 +37,16 @@ are the same by construction.
     {"modeler": "kernel_tables",
      "gemm": {"<layout>": {"<threads>": GemmTable.to_dict()}},
      "loops": {"<variant>": {"<threads>": LoopTable.to_dict()}},
-     "step_terms": {"<threads>": StepTerms.to_dict()}}
+     "step_terms": {"<threads>": StepTerms.to_dict()},
+     "beyond_sigma_per_log": {"gemm": float, "loops": float}}
 
 ``quality_dict()`` (the profile's ``fit_quality.kernels``)::
 
     {"gemm" | "loops": FitQuality, "step_terms": {"<threads>": FitQuality},
      "steps": {"workload": {...}, "batch": {...}, "threads": {...}}: FitQuality each,
-     "tables": {"<table>": {"points", "median_abs_log_error", "p90_abs_log_error"}}}
+     "tables": {"<table>": {"points", "median_abs_log_error", "p90_abs_log_error"}},
+     "beyond": {"gemm" | "loops": {"points", "sigma_per_log", "median_abs_log_error",
+                                   "median_distance_log"}}}
 """
 
 from __future__ import annotations
@@ -55,7 +64,8 @@ from microbench.workload import Workload, load_workload
 
 from .gemm_alias import AliasLaw
 from .gemm_regimes import SmallGemm, small_gemm_rules
-from .kernel_tables import GemmTable, LoopTable
+from .kernel_tables import GemmTable
+from .loop_table import LoopTable
 from .stats import fit_quality
 from .step_terms import StepTerms, fit_step_terms
 
@@ -139,6 +149,7 @@ class KernelModel:
         self.quality_: dict[str, Any] = {}
         self.legacy_spread_: dict[str, float] | None = None
         self._score_tables()
+        self._fit_beyond()
         steps = rows[rows["name"].isin(["step", "step_alone"])]
         self.steps_, step_quality = fit_step_terms(steps, self._priced)
         if step_quality:
@@ -171,6 +182,41 @@ class KernelModel:
                 ratio = np.exp(np.concatenate(parts))
                 q = fit_quality(ratio, np.ones_like(ratio), np.ones_like(ratio)).to_dict()
                 self.quality_[family] = {**q, "r2": None}
+
+    def _fit_beyond(self) -> None:
+        """:attr:`beyond_sigma_` from every table's left-out largest sizes (module docstring)."""
+        self.beyond_sigma_: dict[str, float] = {}
+        self.quality_["beyond"] = {}
+        for family, tables in (("gemm", self.gemm_), ("loops", self.loops_)):
+            rows = [t.beyond_residuals() for t in tables.values()]
+            pairs = np.concatenate(rows) if rows else np.empty((0, 2))
+            if not len(pairs):
+                continue
+            per_log = pairs[:, 0] / pairs[:, 1]
+            sigma = float(np.sqrt(np.mean(per_log**2)))
+            self.beyond_sigma_[family] = sigma
+            self.quality_["beyond"][family] = {
+                "points": len(pairs),
+                "sigma_per_log": sigma,
+                "median_abs_log_error": float(np.median(np.abs(pairs[:, 0]))),
+                "median_distance_log": float(np.median(pairs[:, 1])),
+            }
+
+    def beyond_sigma(self, call: KernelCall, threads: int) -> float:
+        """The log error ``call`` carries for being priced beyond its table's grid: its
+        family's :attr:`beyond_sigma_` times its distance (0 inside the grid, or for a profile
+        without the figure)."""
+        if call.kernel.startswith("gemm_"):
+            sigma = self.beyond_sigma_.get("gemm", 0.0)
+            table = self._table(self.gemm_, call.kernel[5:], threads)
+            return sigma * table.beyond_log(*call.dims) if sigma else 0.0
+        sigma = self.beyond_sigma_.get("loops", 0.0)
+        if not sigma:
+            return 0.0
+        used = threads if call.parallel else 1
+        return sigma * self._table(self.loops_, call.variant, used).beyond_log(
+            *call_features(call.kernel, call.dims)
+        )
 
     def step_terms(self, threads: int) -> StepTerms:
         """The step terms at ``threads`` (those of the nearest measured count below; none
@@ -254,6 +300,7 @@ class KernelModel:
             "gemm": gemm,
             "loops": loops,
             "step_terms": {str(t): terms.to_dict() for t, terms in sorted(self.steps_.items())},
+            "beyond_sigma_per_log": dict(self.beyond_sigma_),
         }
 
     @classmethod
@@ -272,6 +319,7 @@ class KernelModel:
         model.steps_ = {
             int(t): StepTerms.from_dict(terms) for t, terms in doc.get("step_terms", {}).items()
         }
+        model.beyond_sigma_ = {k: float(v) for k, v in doc.get("beyond_sigma_per_log", {}).items()}
         glue = doc.get("glue")
         model.legacy_spread_ = None
         if glue and not model.steps_:  # a profile from before the step benchmark: its glue,

@@ -16,7 +16,11 @@ asks about (``compute_time(layer, phase, ...)``):
 Both come from the step benchmark (:mod:`calibration.step_terms`). The prediction band draws
 the model's own error (:meth:`KernelCompute.drawn`): the whole step moves by one normal draw of
 the step terms' ``sigma``, the spread of the benchmark's networks each predicted as a workload
-never seen is (tables priced, step terms fitted without it), at the thread count.
+never seen is (tables priced, step terms fitted without it), at the thread count, widened by
+the error of the tables' law beyond their grids for the calls priced there
+(:meth:`calibration.kernels.KernelModel.beyond_sigma`, weighted by each call's share of the
+step's table time: one law, so the calls' errors add up rather than average out). A step
+inside every table's grid keeps the step terms' sigma; one far beyond gets a band that says so.
 
 The interplay and the glue are :data:`TERMS`, switchable; nothing here is fitted to any step
 of any workload, so a workload, batch or thread count never measured is priced like one that
@@ -65,8 +69,9 @@ class KernelCompute:
     z: float = 0.0  # the band's draw of the model's error, in sigmas
     optimizer: str = "sgd"  # the update's kernel: sgd, momentum (a velocity), adam or adamw
     _cache: dict[tuple, dict[tuple[int, str], float]] = field(default_factory=dict, repr=False)
-    # each step's calls and their table seconds, shared by every draw (they move none of them)
-    _prices: dict[tuple, tuple[list, list[float]]] = field(default_factory=dict, repr=False)
+    # each step's calls, their table seconds and its log sigma beyond the tables' grids,
+    # shared by every draw (they move none of them)
+    _prices: dict[tuple, tuple[list, list[float], float]] = field(default_factory=dict, repr=False)
 
     def drawn(self, rng: Any, stratum: tuple[int, int] | None = None) -> KernelCompute:
         """This model with one draw of its error (module docstring).
@@ -119,10 +124,14 @@ class KernelCompute:
             calls = step_calls(
                 workload, batch, threads, training, layers=layers, optimizer=self.optimizer
             )
-            self._prices[step] = (calls, [self.model.call_s(c, threads) for c in calls])
-        calls, alone = self._prices[step]
+            seconds = [self.model.call_s(c, threads) for c in calls]
+            beyond = [self.model.beyond_sigma(c, threads) for c in calls]
+            share = float(np.dot(seconds, beyond) / sum(seconds)) if sum(seconds) else 0.0
+            self._prices[step] = (calls, seconds, share)
+        calls, alone, beyond_sigma = self._prices[step]
         terms = self.model.step_terms(threads)
-        error = float(np.exp(self.z * self._sigma(calls, alone, terms.sigma)))
+        sigma = math.hypot(self._sigma(calls, alone, terms.sigma), beyond_sigma)
+        error = float(np.exp(self.z * sigma))
         inside = error * (terms.factor if "interplay" in self.terms else 1.0)
         seconds = [t * inside for t in alone]
         first = min(info.index for info in layers if info.kind != "flatten")

@@ -5,6 +5,7 @@ left out; it travels through a profile to predict."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -167,7 +168,7 @@ def test_step_terms_are_scored_with_each_network_left_out(sweep):
 def test_a_profile_from_before_the_step_terms_reads_its_glue(sweep):
     _, model = sweep
     doc = model.to_dict()
-    del doc["step_terms"]
+    del doc["step_terms"], doc["beyond_sigma_per_log"]  # both came later
     doc["glue"] = {"per_op_s": 2e-6, "per_step_s": 1e-6, "intervals": {}, "points": []}
     doc["spread"] = {"gemm": 0.05, "loops": 0.25}
     old = KernelModel.from_dict(doc)
@@ -235,6 +236,29 @@ def test_compute_table_charges_every_call_once(sweep):
     assert min(draws) < full.step_s(cnn, 9, 1) < max(draws)  # the band moves the step
     with pytest.raises(ValueError, match="unknown kernel-model terms"):
         KernelCompute(model, frozenset({"magic"}))
+
+
+def test_the_band_widens_with_the_distance_beyond_the_tables(sweep):
+    """The tiny sweep's GEMM grid ends at 256: the MLP's 784-wide layers lie beyond it at any
+    batch, and further beyond at a large one. The step's log sigma is the step terms' and the
+    law's error times each call's distance, weighted by its share of the step's table time."""
+    _, model = sweep
+    mlp = load_workload("mlp")
+    assert model.beyond_sigma_["gemm"] > 0
+
+    def log_sigma(m: KernelModel, batch: int) -> float:
+        return math.log(KernelCompute(m, frozenset(), 1.0).step_s(mlp, batch, 1)
+                        / KernelCompute(m, frozenset(), 0.0).step_s(mlp, batch, 1))  # fmt: skip
+
+    base = model.step_terms(1).sigma
+    calls = step_calls(mlp, 4096, 1)
+    seconds = np.array([model.call_s(c, 1) for c in calls])
+    beyond = np.array([model.beyond_sigma(c, 1) for c in calls])
+    widened = math.hypot(base, seconds @ beyond / seconds.sum())
+    assert log_sigma(model, 4096) == pytest.approx(widened)
+    assert log_sigma(model, 4096) > log_sigma(model, 2) > base
+    older = KernelModel.from_dict({**model.to_dict(), "beyond_sigma_per_log": {}})
+    assert log_sigma(older, 4096) == pytest.approx(base)  # a profile without the figure
 
 
 def test_a_bands_draws_cover_the_models_error_evenly(sweep):

@@ -8,7 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
-from calibration.kernel_tables import VECTOR_FLOATS, GemmTable, LoopTable, edge_tiles
+from calibration.kernel_tables import VECTOR_FLOATS, GemmTable, edge_tiles
+from calibration.loop_table import LoopTable
 
 DIMS = (1, 2, 4, 8, 16, 64, 256, 1024)
 PEAK = 1e11
@@ -164,3 +165,33 @@ def test_loops_hold_below_the_smallest_size_and_grow_in_proportion_beyond_the_la
     again = LoopTable.from_dict(table.to_dict())
     assert again.time_s(12345, 23) == pytest.approx(table.time_s(12345, 23), rel=1e-4)
     assert np.median(np.abs(table.neighbour_residuals())) < 0.3
+
+
+@pytest.mark.parametrize("excess", [0.0, 0.15])
+def test_the_laws_error_beyond_the_grid_is_recovered_per_log_unit_of_distance(excess):
+    """On a machine whose time grows as size^(1 + excess) past the fixed cost, a table's
+    largest sizes priced from the rest are off by ``excess`` per natural-log unit beyond."""
+    points = {
+        (m, n, k): (2 * m * n * k / PEAK) ** (1 + excess)
+        for m, n, k in itertools.product(DIMS[3:], repeat=3)
+    }
+    table = GemmTable.from_points(points)
+    rows = table.beyond_residuals()
+    assert len(rows) == 3 * len(DIMS[3:]) ** 2  # each axis's largest size, left out in turn
+    assert rows[:, 1] == pytest.approx(np.log(1024 / 256))
+    assert rows[:, 0] / rows[:, 1] == pytest.approx(excess, abs=1e-9)
+    loops = LoopTable.from_points(
+        (e, r, (e * 1e-9) ** (1 + excess)) for e in (64, 4096, 2**18) for r in (1, 8)
+    )
+    rows = loops.beyond_residuals()
+    assert len(rows) == 2 and rows[:, 1] == pytest.approx(np.log(64))
+    assert rows[:, 0] / rows[:, 1] == pytest.approx(excess, abs=1e-9)
+
+
+def test_a_calls_distance_beyond_the_grid_is_summed_over_axes_and_zero_inside():
+    table = gemm_table()
+    assert table.beyond_log(500, 3, 1024) == 0.0
+    assert table.beyond_log(4096, 1024, 2048) == pytest.approx(np.log(4) + np.log(2))
+    loops = LoopTable.from_points((e, r, e * 1e-9) for e in (64, 4096) for r in (1, 64))
+    assert loops.beyond_log(4096, 1) == 0.0 and loops.beyond_log(10, 1) == 0.0
+    assert loops.beyond_log(4096 * 8, 40) == pytest.approx(np.log(8))  # nearest run: 64
