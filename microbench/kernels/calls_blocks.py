@@ -43,7 +43,11 @@ class Step(Protocol):
 
 
 def _rows_cols(step: Step, info: LayerInfo) -> tuple[int, int]:
-    """The (rows, last axis) an op's 2-D view of its input has."""
+    """The (rows, last axis) an op's 2-D view of its input has, as the network lays it out:
+    an image (a workload's ``[c, h, w]``) runs channels-last, ``(batch h w, c)``."""
+    if info.kind == "batchnorm2d":
+        c, h, w = info.input_shape
+        return step.batch * h * w, c
     return matrix_rows(step.batch, info.input_shape), info.input_shape[-1]
 
 

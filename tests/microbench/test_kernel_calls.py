@@ -10,7 +10,7 @@ import pytest
 from microbench.kernels import cpu as kernels_cpu
 from microbench.kernels import loops
 from microbench.kernels.calls import KernelCall, call_features, op_calls, step_calls
-from microbench.kernels.callspec import _im2col_run
+from microbench.kernels.callspec import ROW_KERNELS, _im2col_run
 from microbench.kernels.policy import PARALLEL_MIN_ELEMENTS
 from microbench.nn import Network, make_optimizer, random_batch
 from microbench.randomnets import random_workloads
@@ -268,9 +268,10 @@ def _trace(
     class Loops:
         def __getattr__(self, name):
             fn = getattr(loops, name)
+            rows = name.removesuffix("_serial") in ROW_KERNELS
 
-            def call(*args):
-                log.append((name, None))
+            def call(*args):  # a row loop's first argument is its (rows, cols) matrix
+                log.append((name, args[0].shape if rows else None))
                 return fn(*args)
 
             return call
@@ -308,7 +309,8 @@ def _expected(calls: list[KernelCall]) -> list[tuple[str, object]]:
         elif c.kernel == "copy_runs":  # a copy into or out of slices: numpy's copyto too
             out.append(("copy", (c.dims[0] * c.dims[1],)))
         else:
-            out.append((c.variant.replace("sgd_momentum", "sgd"), None))
+            dims = c.dims if c.kernel in ROW_KERNELS else None
+            out.append((c.variant.replace("sgd_momentum", "sgd"), dims))
     return out
 
 
