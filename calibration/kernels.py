@@ -19,7 +19,9 @@ holds measured terms, each with a physical meaning and its own benchmark:
 * **The law beyond the grid** (:attr:`KernelModel.beyond_sigma_`): per family (GEMMs, loops),
   the log error of a table's law beyond its largest measured size per natural-log unit of
   distance, from each table's largest sizes left out and priced from the rest
-  (``beyond_residuals``): the root mean square of error over distance. A call priced
+  (``beyond_residuals``, at least a factor 2 beyond): a robust root mean square of error over
+  distance (:func:`~calibration.stats.robust_rms`: the rare shape that crosses a cache or a
+  BLAS kernel's boundary past the grid does not set the width of every band). A call priced
   ``d`` log units beyond its table carries ``beyond_sigma * d`` of log error
   (:meth:`KernelModel.beyond_sigma`), which the band adds to the step's.
 
@@ -66,13 +68,16 @@ from .gemm_alias import AliasLaw
 from .gemm_regimes import SmallGemm, small_gemm_rules
 from .kernel_tables import GemmTable
 from .loop_table import LoopTable
-from .stats import fit_quality
+from .stats import fit_quality, robust_rms
 from .step_terms import StepTerms, fit_step_terms
 
 __all__ = ["KernelModel"]
 
 
 _BLAS_KEYS = ("name", "architecture")  # what picks the BLAS's small-GEMM rules
+# A left-out size at least this far beyond the rest (a factor of 2) scores the law beyond the
+# grid; closer ones (a loop's last two sizes capped near each other) are interpolation.
+_MIN_BEYOND_LOG = float(np.log(2))
 
 
 def _first(rows: pd.DataFrame, column: str) -> str | None:
@@ -190,10 +195,10 @@ class KernelModel:
         for family, tables in (("gemm", self.gemm_), ("loops", self.loops_)):
             rows = [t.beyond_residuals() for t in tables.values()]
             pairs = np.concatenate(rows) if rows else np.empty((0, 2))
+            pairs = pairs[pairs[:, 1] >= _MIN_BEYOND_LOG] if len(pairs) else pairs
             if not len(pairs):
                 continue
-            per_log = pairs[:, 0] / pairs[:, 1]
-            sigma = float(np.sqrt(np.mean(per_log**2)))
+            sigma = robust_rms(pairs[:, 0] / pairs[:, 1])
             self.beyond_sigma_[family] = sigma
             self.quality_["beyond"][family] = {
                 "points": len(pairs),

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from scipy import stats
 from scipy.optimize import nnls
 
 from microbench.errors import UserError
@@ -36,6 +37,7 @@ __all__ = [
     "nonneg_relative_fit",
     "percentile_intervals",
     "relative_errors",
+    "robust_rms",
     "robust_sigma",
 ]
 
@@ -146,6 +148,16 @@ def robust_sigma(residuals: Any) -> float:
     if x.size == 0:
         return 0.0
     return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+
+def robust_rms(errors: Any) -> float:
+    """The root mean square of ``errors`` (bias included) that a few wild points don't move:
+    ``sqrt(median(e^2) / median of chi-square(1))``, which is sigma for errors drawn from
+    N(0, sigma^2); 0 for no errors."""
+    x = np.asarray(errors, dtype=float).ravel()
+    if x.size == 0:
+        return 0.0
+    return float(np.sqrt(np.median(x**2) / stats.chi2.median(1)))
 
 
 def median_relative_se(samples_per_point: Sequence[Any]) -> np.ndarray:

@@ -19,6 +19,7 @@ from calibration.stats import (
     median_relative_se,
     nonneg_relative_fit,
     percentile_intervals,
+    robust_rms,
 )
 from microbench.errors import UserError
 
@@ -139,3 +140,13 @@ def test_nonneg_relative_fit_recovers_and_bounds():
     # A known offset is taken off before fitting.
     x, _ = nonneg_relative_fit(np.column_stack([m]), 5e-6 + 1e-9 * m, offset=np.full(15, 5e-6))
     assert x == pytest.approx([1e-9], rel=1e-6)
+
+
+def test_robust_rms_recovers_sigma_past_wild_points_and_keeps_a_bias():
+    rng = np.random.default_rng(5)
+    errors = rng.normal(0.0, 0.2, 4000)
+    errors[:100] = 30.0  # 2.5% wild: the plain root mean square is 4.7
+    assert robust_rms(errors) == pytest.approx(0.2, rel=0.05)
+    assert np.sqrt(np.mean(errors**2)) > 4
+    assert robust_rms(np.full(50, -0.1)) > 0.1  # a bias counts (scaled as a sigma would be)
+    assert robust_rms([]) == 0.0
