@@ -134,7 +134,7 @@ LOOP_ELEMENTS = tuple(8**e for e in range(2, 9))  # 64 .. 16.8 M
 QUICK_LOOP_ELEMENTS = (64, 2**12, 2**15, 2**18, 2**21, 2**24)
 # The step benchmark (microbench.kernels.steps): random networks per thread count, and the
 # (step, calls alone) samples of each.
-STEP_NETWORKS = 12
+STEP_NETWORKS = 15
 QUICK_STEP_NETWORKS = 6
 STEP_ROUNDS = 7
 QUICK_STEP_ROUNDS = 4

@@ -7,8 +7,9 @@ the kernels' slowdown inside a sequence of other kernels make the difference
 step then its calls alone (:mod:`microbench.kernels.record`) in each round, so that a slow
 spell of a shared machine lands on both. The networks (:func:`step_workloads`) are tiny ones
 whose kernels do next to no work (:func:`glue_workloads`) and random ones of the supported
-layer kinds (:mod:`microbench.randomnets`) at batches log-uniform in :data:`STEP_BATCHES`,
-from :data:`STEP_STREAM`, a stream no seed a user gives reaches.
+layer kinds, MLPs, CNNs and residual CNNs in turn (:mod:`microbench.randomnets`), at batches
+log-uniform in :data:`STEP_BATCHES`, from :data:`STEP_STREAM`, a stream no seed a user gives
+reaches.
 """
 
 from __future__ import annotations
@@ -24,11 +25,15 @@ from microbench.nn import SGD, Network, random_batch
 from microbench.randomnets import random_workloads
 from microbench.workload import Workload
 
-__all__ = ["STEP_BATCHES", "STEP_STREAM", "glue_workloads", "measure_step", "step_fn",
+__all__ = ["STEP_BATCHES", "STEP_KINDS", "STEP_STREAM", "glue_workloads", "measure_step", "step_fn",
            "step_workloads"]  # fmt: skip
 
 STEP_BATCHES = (4, 256)
 STEP_STREAM = 0x57E9
+# The kinds of random networks, in turn: a factor measured on chains alone priced residual
+# networks 10-15% fast at one thread (their steps ran 1.4-1.7x their tables' price, chains'
+# 1.2-1.35x, side by side).
+STEP_KINDS = ("mlp", "cnn", "res")
 
 
 def glue_workloads() -> list[Workload]:
@@ -75,7 +80,7 @@ def step_workloads(threads: int, count: int) -> list[tuple[Workload, int]]:
     in :data:`STEP_BATCHES`, drawn from the benchmark's own stream."""
     rng = np.random.default_rng([STEP_STREAM, threads])
     low, high = (math.log(b) for b in STEP_BATCHES)
-    drawn = random_workloads(rng, count, prefix=f"step-t{threads}")
+    drawn = random_workloads(rng, count, prefix=f"step-t{threads}", kinds=STEP_KINDS)
     batches = [int(round(math.exp(rng.uniform(low, high)))) for _ in drawn]
     return [(w, 1) for w in glue_workloads()] + list(zip(drawn, batches, strict=True))
 

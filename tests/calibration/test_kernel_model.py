@@ -333,3 +333,15 @@ def test_every_update_the_trainer_runs_is_swept_and_priced(sweep):
     assert steps["adam"] == steps["adamw"] > steps["sgd"]
     update = [c for c in step_calls(mlp, 8, 1, optimizer="adam") if c.phase == "update"]
     assert [c.kernel for c in update] == ["adam"] and update[0].dims == (mlp.param_count,)
+
+
+def test_the_step_benchmark_measures_every_random_kind_in_turn():
+    """The interplay is measured on residual networks as well as chains, at each thread count
+    from a stream of its own."""
+    from microbench.kernels.steps import STEP_KINDS, step_workloads
+
+    for threads in (1, 2):
+        drawn = [w for w, _ in step_workloads(threads, 6) if w.name.startswith("step-")]
+        kinds = [w.name.split("-")[2] for w in drawn]
+        assert kinds == list(STEP_KINDS) * 2, kinds
+        assert any(info.kind == "add" for w in drawn for info in w.layers)
