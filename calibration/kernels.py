@@ -132,7 +132,10 @@ class KernelModel:
         for (layout, threads), part in gemm.groupby(["params.layout", "params.threads"]):
             keys = zip(part["params.m"], part["params.n"], part["params.k"], strict=True)
             medians = _medians(part)
-            points = {tuple(int(v) for v in key): t for key, t in zip(keys, medians, strict=True)}
+            repeats: dict[tuple[int, ...], list[float]] = {}  # pooled sweeps time a shape twice
+            for key, t in zip(keys, medians, strict=True):
+                repeats.setdefault(tuple(int(v) for v in key), []).append(t)
+            points = {key: float(np.median(ts)) for key, ts in repeats.items()}
             rule = small.get(str(layout))
             mine = (triples["params.layout"] == layout) & (triples["params.threads"] == threads)
             alias = _alias_law(triples[mine], rule)
@@ -211,17 +214,15 @@ class KernelModel:
         """The log error ``call`` carries for being priced beyond its table's grid: its
         family's :attr:`beyond_sigma_` times its distance (0 inside the grid, or for a profile
         without the figure)."""
-        if call.kernel.startswith("gemm_"):
-            sigma = self.beyond_sigma_.get("gemm", 0.0)
-            table = self._table(self.gemm_, call.kernel[5:], threads)
-            return sigma * table.beyond_log(*call.dims) if sigma else 0.0
-        sigma = self.beyond_sigma_.get("loops", 0.0)
+        gemm = call.kernel.startswith("gemm_")
+        sigma = self.beyond_sigma_.get("gemm" if gemm else "loops", 0.0)
         if not sigma:
             return 0.0
+        if gemm:
+            return sigma * self._table(self.gemm_, call.kernel[5:], threads).beyond_log(*call.dims)
         used = threads if call.parallel else 1
-        return sigma * self._table(self.loops_, call.variant, used).beyond_log(
-            *call_features(call.kernel, call.dims)
-        )
+        table = self._table(self.loops_, call.variant, used)
+        return sigma * table.beyond_log(*call_features(call.kernel, call.dims))
 
     def step_terms(self, threads: int) -> StepTerms:
         """The step terms at ``threads`` (those of the nearest measured count below; none

@@ -8,7 +8,7 @@ that was run but cannot be fitted is an error naming the benchmark.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +56,54 @@ def load_measurements(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     return frame
 
 
+# What must match for two runs' kernel sweeps to describe one machine.
+_SAME_MACHINE = ("machine.hostname", "machine.cpu_model", "machine.logical_cores")
+
+
+def with_kernel_sweeps(
+    frame: pd.DataFrame, run_dirs: Sequence[str | os.PathLike[str]]
+) -> pd.DataFrame:
+    """``frame`` with the kernel sweep records of each of ``run_dirs`` added: sweeps of the same
+    machine taken at other moments, so that the kernel model's step terms and band see the
+    machine's state move between them (:mod:`calibration.kernels`). A one-line UserError for a
+    run without a kernel sweep or one from another machine."""
+    parts = [frame]
+    mine = {key: _identity(frame, key) for key in _SAME_MACHINE}
+    for run_dir in run_dirs:
+        other = load_measurements(run_dir)
+        sweep = other[other["benchmark"] == "kernels"]
+        if sweep.empty:
+            raise UserError(f"--kernels-from {run_dir}: no kernel sweep records there")
+        for key, value in mine.items():
+            theirs = _identity(sweep, key)
+            if theirs != value:
+                raise UserError(
+                    f"--kernels-from {run_dir}: measured on another machine ({key[8:]} "
+                    f"{theirs} against {value}); pool sweeps of one machine only"
+                )
+        parts.append(sweep.assign(source=[f"{run_dir}/{s}" for s in sweep["source"]]))
+    return pd.concat(parts, ignore_index=True, sort=False) if len(parts) > 1 else frame
+
+
+def _identity(frame: pd.DataFrame, key: str) -> str:
+    values = frame[key].dropna().astype(str).unique() if key in frame else ()
+    return ",".join(sorted(values)) or "unknown"
+
+
+def kernel_sweep_files(run_dirs: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """The records files of ``run_dirs`` that hold their kernel sweeps."""
+    return [f for d in run_dirs for f in sorted(Path(d).rglob("kernels*.jsonl"))]
+
+
 def fit_profile(
-    run_dir: str | os.PathLike[str], n_boot: int = 200, seed: int = 0
+    run_dir: str | os.PathLike[str],
+    n_boot: int = 200,
+    seed: int = 0,
+    kernel_runs: Sequence[str | os.PathLike[str]] = (),
 ) -> tuple[Profile, dict[str, Any]]:
-    """The profile fitted to the records under ``run_dir``, and the fitted model objects."""
-    frame = load_measurements(run_dir)
+    """The profile fitted to the records under ``run_dir`` (and the kernel sweeps of
+    ``kernel_runs``: :func:`with_kernel_sweeps`), and the fitted model objects."""
+    frame = with_kernel_sweeps(load_measurements(run_dir), kernel_runs)
     models: dict[str, Any] = {}
     for section, (benchmark, make, required) in _SECTIONS.items():
         names = benchmark.split("+")
@@ -77,5 +120,5 @@ def fit_profile(
             models[section] = make(n_boot, seed).fit(rows)
         except UserError as exc:
             raise UserError(f"fitting the {section} model: {exc}") from None
-    machine, sources = read_sources([run_dir])
+    machine, sources = read_sources([run_dir, *kernel_sweep_files(kernel_runs)])
     return Profile.from_models(models, machine, sources), models

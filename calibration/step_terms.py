@@ -146,6 +146,8 @@ def fit_step_terms(
     keys = ["params.threads", "params.workload_json", "params.batch", "params.op_calls"]
     if rows.empty or not set(keys) <= set(rows.columns):
         return {}, {}
+    if "source" in rows:  # a step pairs with its calls alone from the same sweep, not another's
+        keys.append("source")
     medians = rows[keys + ["name"]].assign(median=[float(np.median(s)) for s in rows["samples"]])
     steps = medians[medians["name"] == "step"].drop(columns="name")
     alone = medians[medians["name"] == "step_alone"].drop(columns="name")

@@ -43,6 +43,14 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
         help="fit existing records",
     )
     p.add_argument(
+        "--kernels-from",
+        type=_run_dirs,
+        default=(),
+        metavar="RUN_DIR,...",
+        help="also fit the kernel sweeps of these earlier runs on this machine: the step terms "
+        "and band then see the machine's state move between sweeps",
+    )
+    p.add_argument(
         "--out",
         type=path_argument,
         metavar="PROFILE",
@@ -59,10 +67,18 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_calibrate_command)
 
 
+def _run_dirs(text: str) -> tuple[Path, ...]:
+    """argparse type: comma-separated run directories."""
+    return tuple(path_argument(part.strip()) for part in text.split(","))
+
+
 def run_calibrate_command(args: argparse.Namespace) -> int:
     if args.out is not None:  # before the benchmarks, so that their fits are not lost at the end
         check_writable(args.out, "file", "--out")
         check_writable(args.out.parent / "extrap.jsonl", "file", "--out", "(written beside it)")
+    for extra in args.kernels_from:  # before the benchmarks, like --out
+        if not extra.is_dir():
+            raise UserError(f"--kernels-from {extra}: no such directory of records")
     if args.from_dir is not None:
         run_dir = args.from_dir
         if not run_dir.is_dir():
@@ -85,11 +101,14 @@ def _fit_and_write(run_dir: Path, profile_path: Path, args: argparse.Namespace) 
     from calibration.report import format_report
 
     n_boot = args.bootstrap or (50 if args.quick else 200)
-    print(f"fitting the records in {run_dir} ({n_boot} bootstrap rounds) ...", flush=True)
+    pooled = "".join(f", the kernel sweep of {d}" for d in args.kernels_from)
+    print(f"fitting the records in {run_dir}{pooled} ({n_boot} bootstrap rounds) ...", flush=True)
     extrap = profile_path.parent / "extrap.jsonl"
     with warnings.catch_warnings(record=True) as caught:  # shown as notes, not tracebacks
         warnings.simplefilter("always")
-        profile, models = fit_profile(run_dir, n_boot=n_boot, seed=args.seed)
+        profile, models = fit_profile(
+            run_dir, n_boot=n_boot, seed=args.seed, kernel_runs=args.kernels_from
+        )
         profile.save(profile_path)
         frame = load_measurements(run_dir)
         lines = export_extrap(frame[frame["benchmark"] == "collectives"], extrap)

@@ -345,3 +345,17 @@ def test_the_step_benchmark_measures_every_random_kind_in_turn():
         kinds = [w.name.split("-")[2] for w in drawn]
         assert kinds == list(STEP_KINDS) * 2, kinds
         assert any(info.kind == "add" for w in drawn for info in w.layers)
+
+
+def test_a_shape_timed_in_two_pooled_sweeps_takes_the_median_of_both(sweep):
+    """Sweeps pooled from two moments time every GEMM twice: the table holds the median of
+    the two, whichever sweep came first."""
+    out, model = sweep
+    frame = load_dataframe(out, type="measurement")
+    gemm = frame[frame["name"] == "gemm"]
+    slower = gemm.assign(samples=[[3 * s for s in samples] for samples in gemm["samples"]])
+    for pooled in (pd.concat([frame, slower]), pd.concat([slower, frame])):
+        again = KernelModel().fit(pooled.reset_index(drop=True))
+        for key, table in model.gemm_.items():
+            for shape, t in table.points.items():
+                assert again.gemm_[key].points[shape] == pytest.approx(2 * t, rel=1e-9)

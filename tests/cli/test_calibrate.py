@@ -90,3 +90,45 @@ def test_calibrating_the_same_run_twice_reads_only_records(quick_bench_run, tmp_
         assert result.returncode == 0, result.stderr
     assert (run_dir / "profile.json").exists() and (run_dir / "extrap.jsonl").exists()
     assert "extrap.jsonl: not a pdlsim.records file, skipped" in result.stdout
+
+
+def test_kernel_sweeps_of_earlier_runs_pool_into_the_kernel_model_alone(quick_bench_run, tmp_path):
+    run_dir, _ = quick_bench_run
+    earlier = tmp_path / "earlier"
+    shutil.copytree(run_dir / "ranks1", earlier / "ranks1")  # a second moment's sweep
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    for out, extra in ((one, ()), (two, ("--kernels-from", str(earlier)))):
+        done = run_pdlsim("calibrate", "--from", str(run_dir), *extra, "--out", str(out),
+                          "--bootstrap", "5", timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    a, b = (json.loads(p.read_text()) for p in (one, two))
+    for threads, terms in a["models"]["kernels"]["step_terms"].items():
+        pooled = b["models"]["kernels"]["step_terms"][threads]["points"]
+        assert len(pooled) == 2 * len(terms["points"])
+    assert any(s["path"].startswith(str(earlier)) for s in b["sources"])
+    assert a["models"]["collectives"] == b["models"]["collectives"]  # nothing else pooled
+
+
+def test_kernel_sweeps_from_elsewhere_are_one_line_errors_before_any_profile(
+    quick_bench_run, tmp_path
+):
+    run_dir, _ = quick_bench_run
+    foreign = tmp_path / "foreign" / "ranks1"
+    foreign.mkdir(parents=True)
+    header, rest = (run_dir / "ranks1" / "kernels.jsonl").read_text().split("\n", 1)
+    doc = json.loads(header)
+    doc["machine"]["hostname"] = "elsewhere"
+    (foreign / "kernels.jsonl").write_text(json.dumps(doc) + "\n" + rest)
+    no_sweep = tmp_path / "no-sweep"
+    shutil.copytree(run_dir / "ranks2", no_sweep / "ranks2")
+    out = tmp_path / "profile.json"
+    for extra, message in (
+        (tmp_path / "missing", "no such directory of records"),
+        (foreign.parent, "measured on another machine (hostname elsewhere against"),
+        (no_sweep, "no kernel sweep records there"),
+    ):
+        done = run_pdlsim("calibrate", "--from", str(run_dir), "--kernels-from", str(extra),
+                          "--out", str(out), "--bootstrap", "5", timeout=300)  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+        assert not out.exists()

@@ -342,7 +342,7 @@ def test_calibrate_on_a_full_disk_keeps_the_old_profile(tmp_path, monkeypatch, c
 
     profile = load_profile(PROFILE)
 
-    def fitted(run_dir, n_boot, seed):
+    def fitted(run_dir, n_boot, seed, kernel_runs=()):
         return profile, {}
 
     monkeypatch.setattr(pipeline, "fit_profile", fitted)
