@@ -75,6 +75,7 @@ __all__ = ["KernelModel"]
 
 
 _BLAS_KEYS = ("name", "architecture")  # what picks the BLAS's small-GEMM rules
+_GEMM_DIMS = ["params.m", "params.n", "params.k"]
 # A left-out size at least this far beyond the rest (a factor of 2) scores the law beyond the
 # grid; closer ones (a loop's last two sizes capped near each other) are interpolation.
 _MIN_BEYOND_LOG = float(np.log(2))
@@ -130,12 +131,9 @@ class KernelModel:
         self.gemm_: dict[tuple[str, int], GemmTable] = {}
         triples = rows[rows["name"] == "gemm_alias"]
         for (layout, threads), part in gemm.groupby(["params.layout", "params.threads"]):
-            keys = zip(part["params.m"], part["params.n"], part["params.k"], strict=True)
-            medians = _medians(part)
-            repeats: dict[tuple[int, ...], list[float]] = {}  # pooled sweeps time a shape twice
-            for key, t in zip(keys, medians, strict=True):
-                repeats.setdefault(tuple(int(v) for v in key), []).append(t)
-            points = {key: float(np.median(ts)) for key, ts in repeats.items()}
+            # a shape timed in several pooled sweeps takes the median of their medians
+            shapes = part.assign(median=_medians(part)).groupby(_GEMM_DIMS)["median"].median()
+            points = {tuple(int(v) for v in key): float(t) for key, t in shapes.items()}
             rule = small.get(str(layout))
             mine = (triples["params.layout"] == layout) & (triples["params.threads"] == threads)
             alias = _alias_law(triples[mine], rule)
@@ -196,9 +194,8 @@ class KernelModel:
         self.beyond_sigma_: dict[str, float] = {}
         self.quality_["beyond"] = {}
         for family, tables in (("gemm", self.gemm_), ("loops", self.loops_)):
-            rows = [t.beyond_residuals() for t in tables.values()]
-            pairs = np.concatenate(rows) if rows else np.empty((0, 2))
-            pairs = pairs[pairs[:, 1] >= _MIN_BEYOND_LOG] if len(pairs) else pairs
+            pairs = np.concatenate([t.beyond_residuals() for t in tables.values()])
+            pairs = pairs[pairs[:, 1] >= _MIN_BEYOND_LOG]
             if not len(pairs):
                 continue
             sigma = robust_rms(pairs[:, 0] / pairs[:, 1])

@@ -168,15 +168,15 @@ def _to_tokens_forward(step: Step, info: LayerInfo, inp: Operands, out: Operands
     """The patches copied in (past the class token: a slice of each sample), the class token
     copied into each sample's first row, the position table added as a bias over each
     sample's values (``ToTokens.forward``)."""
-    i, batch, (c, h, w) = info.index, step.batch, info.input_shape
+    i, batch, c, patches = info.index, step.batch, info.input_shape[0], math.prod(info.input_shape)
     cls, positions = _cls_positions(info)
     if cls:
-        step.calls.append(KernelCall("copy_runs", (batch, h * w * c), i, "forward", False, inp,
+        step.calls.append(KernelCall("copy_runs", (batch, patches), i, "forward", False, inp,
                                      out))  # fmt: skip
         step.calls.append(KernelCall("copy_runs", (batch, c), i, "forward", False,
                                      ((f"W{i}", c * _F),), out))  # fmt: skip
     else:
-        step.calls.append(KernelCall("copy", (batch * h * w * c,), i, "forward", False, inp, out))
+        step.calls.append(KernelCall("copy", (batch * patches,), i, "forward", False, inp, out))
     if positions:
         table = ((f"W{i}", info.weight_count * _F),)
         step.loop("bias_act", (batch, math.prod(info.output_shape)), i, "forward", out + table,
@@ -200,9 +200,8 @@ def _to_tokens_backward(step: Step, info: LayerInfo, grad: Operands, into: Opera
         return None
     if not cls:
         return grad[0][0]  # a view of the output's gradient
-    n_in = batch * math.prod(info.input_shape)
-    step.calls.append(KernelCall("copy_runs", (batch, n_in // batch), i, "backward", False,
-                                 grad, into))  # fmt: skip
+    step.calls.append(KernelCall("copy_runs", (batch, math.prod(info.input_shape)), i,
+                                 "backward", False, grad, into))  # fmt: skip
     return into[0][0]
 
 
