@@ -1,14 +1,15 @@
 """The documentation's examples are what the code does: README.md and every docs/*.md.
 
-``pdlsim predict``, ``sweep`` and ``workload`` are deterministic for a given profile and seed,
-so every such example a newcomer reads is run again here against the packaged profile: a change
-to the model or a refreshed profile that leaves the docs behind fails this test instead of
-misleading readers. Every ``python`` block runs too, each in a fresh namespace in a scratch
-directory; a block whose first line is a comment starting ``# needs`` (a run directory from
-``pdlsim train``, say) is only compiled. Every relative link must point to a file that exists
-(and a ``#heading`` in it), and the README stays short enough to read. Measurements (``bench``,
-``train``, ``validate``) are not rerun: they are this machine's moments. A line ``...`` in an
-example elides output; the shown runs of lines must appear in that order, each run contiguous.
+``pdlsim predict``, ``sweep``, ``workload``, ``collective`` and ``hardware`` are deterministic
+for a given profile and seed, so every such example a newcomer reads is run again here against
+the packaged profile: a change to the model or a refreshed profile that leaves the docs behind
+fails this test instead of misleading readers. Every ``python`` block runs too, each in a fresh
+namespace in a scratch directory; a block whose first line is a comment starting ``# needs`` (a
+run directory from ``pdlsim train``, say) is only compiled. Every relative link must point to a
+file that exists (and a ``#heading`` in it), and the README stays short enough to read.
+Measurements (``bench``, ``train``, ``validate``) are not rerun: they are this machine's
+moments. A line ``...`` in an example elides output; the shown runs of lines must appear in
+that order, each run contiguous.
 
 After a change that moves these outputs on purpose, ``python -m tests.test_readme --update``
 rewrites the examples of the README and docs/*.md from what the code prints now (an elided
@@ -35,7 +36,7 @@ from pdlsim.cli.main import main
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = (README, *sorted((ROOT / "docs").glob("*.md")))
-RERUN = ("predict", "sweep", "workload")  # deterministic subcommands
+RERUN = ("predict", "sweep", "workload", "collective", "hardware")  # deterministic subcommands
 README_MAX_LINES = 220
 
 

@@ -24,6 +24,8 @@ from microbench.threads import quiet_idle_blas_threads
 from pdlsim import __version__
 from pdlsim.cli.bench import add_bench_parser
 from pdlsim.cli.calibrate import add_calibrate_parser
+from pdlsim.cli.collective import add_collective_parser
+from pdlsim.cli.hardware import add_hardware_parser
 from pdlsim.cli.options import register_once_actions
 from pdlsim.cli.predict import add_predict_parser
 from pdlsim.cli.sweep import add_sweep_parser
@@ -83,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(commands)
     add_calibrate_parser(commands)
+    add_collective_parser(commands)
+    add_hardware_parser(commands, _Parser)
     add_predict_parser(commands)
     add_sweep_parser(commands)
     add_train_parser(commands)

@@ -22,7 +22,6 @@ from pdlsim.cli.predict_options import (
     add_power_options,
     add_whatif_options,
 )
-from pdlsim.costmodel.presets import DEFAULT_GPU_PRESET
 from pdlsim.prediction.config import PredictConfig, resolve_profile
 from pdlsim.prediction.core import run_prediction
 from pdlsim.prediction.energy import format_energy
@@ -67,7 +66,7 @@ def check_flags(args: argparse.Namespace, gpus: bool) -> list[str]:
                     "(or --gpus for CPU ranks)"
                 )
     else:
-        for dest in ("gpu_preset", "pinned", "prefetch"):
+        for dest in ("gpu_preset", "node", "pinned", "prefetch"):
             flag = given(args, dest)
             if flag:
                 raise UserError(
@@ -159,12 +158,17 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
                    help="sgd (default), momentum, adam, adamw: its update and state")  # fmt: skip
     p.add_argument("--profile", default=None, metavar="NAME|PATH", help="default: packaged")
-    p.add_argument("--network", default=None, metavar="NAME", help="ib-hdr (default), ib-ndr, "
-                   "roce-100g, eth-25g, eth-10g: data-sheet presets")  # fmt: skip
+    p.add_argument("--network", default=None, metavar="NAME|FILE",
+                   help="the network between nodes (pdlsim hardware list); default: the "
+                   "node's for GPU ranks, the profile's fit or ib-hdr for CPU ranks")  # fmt: skip
     p.add_argument("--inter-bw", default=None, metavar="RATE", help="e.g. 25GB/s, 100Gb/s")
     p.add_argument("--inter-lat", default=None, metavar="TIME", help="e.g. 2us")
-    p.add_argument("--gpu-preset", default=DEFAULT_GPU_PRESET, metavar="NAME",
-                   help="h100-sxm (default), a100-sxm, v100, none")  # fmt: skip
+    p.add_argument("--node", default=None, metavar="NAME|FILE",
+                   help="GPU ranks' node: its GPUs, fabric and NICs (default dgx-h100; "
+                   "pdlsim hardware list)")  # fmt: skip
+    p.add_argument("--gpu-preset", default=None, metavar="NAME|FILE",
+                   help="GPU ranks' GPU (default: the node's); none: the profile's measured "
+                   "GPU alone")  # fmt: skip
     p.add_argument("--hardware", default=None, metavar="FILE",
                    help="a JSON file shaped as pdlsim/costmodel/hardware.json: your GPUs, networks "
                    "or assumed figures, over the packaged ones")  # fmt: skip

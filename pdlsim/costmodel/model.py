@@ -16,11 +16,12 @@
   each timed on its level's :class:`~pdlsim.sim.LinkCost`, so the schedule sums to
   ``collective_time`` by construction. CPU ranks inside a node: the profile's allreduce alpha and
   beta of the size regime the message falls in (the fitted beta absorbs the reduction, so no
-  gamma). GPU ranks inside a node: NVLink, half the preset's bidirectional figure per direction,
-  ``nvlink_latency_s`` assumed. Across nodes: the network (a preset or given numbers), or the
-  profile's fitted inter-node parameters when it has them and no network is given; the receiver
-  reduces at a third of its memory bandwidth (two reads, one write per byte): the profile's
-  triad bandwidth for CPU ranks, the preset's HBM for GPU ranks.
+  gamma). Across nodes: the network (a preset or given numbers), or the profile's fitted
+  inter-node parameters when it has them and no network is given; the receiver reduces at a
+  third of its memory bandwidth (two reads, one write per byte). GPU ranks on a described node
+  (``node``): NCCL's algorithms on its fabric and NICs (:mod:`pdlsim.sim.nccl`), one timed step
+  per collective; without one, NVLink at half the preset's bidirectional figure per direction
+  and ``nvlink_latency_s`` assumed, reducing at a third of the preset's HBM bandwidth.
 * **Whole-step correction.** Ops timed one at a time do not add up to the same ops run back to
   back as one training step (caches, allocator state, per-call overheads). Where the profile's
   compute table holds whole-step rows (phase ``step``, per model, batch and threads, measured
@@ -45,10 +46,12 @@
 * **Copies.** The profile's transfer model, else the preset's PCIe per-direction rate times
   ``pinned_efficiency`` or ``pageable_efficiency`` plus ``copy_latency_s`` (assumed).
 * **Jitter.** The profile's :class:`calibration.jitter.JitterModel` behind the simulator's
-  ``Jitter`` protocol (:class:`ProfileJitter`).
+  ``Jitter`` protocol (:class:`ProfileJitter`), for CPU ranks; GPU ranks draw none (it is the
+  host's, and no GPU jitter is measured).
 * **Overlap efficiency.** The profile's measured hidden fraction of an allreduce of the bucket
   size behind computation, thread method (a communication thread, as in the hybrid trainer;
-  ``nbc`` if only that was measured). It was measured on the host; GPU ranks use it as well.
+  ``nbc`` if only that was measured). GPU ranks on a described node: the assumption
+  ``nccl_overlap_efficiency`` (NCCL's own stream beside backward), drawn in its range.
 
 :meth:`ProfileCostModel.perturbed` draws every fitted parameter from a normal distribution
 centred on the fitted value whose 95% interval has the width of the fitted interval
@@ -62,7 +65,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -79,13 +82,22 @@ from microbench.errors import UserError
 from microbench.workload import Workload, load_workload
 from pdlsim.costmodel.compute import ComputeCost
 from pdlsim.costmodel.corrections import CORRECTIONS
+from pdlsim.costmodel.gpu_fabric import efficiencies, fabric_of
 from pdlsim.costmodel.kernels import TERMS, KernelCompute
 from pdlsim.costmodel.oppins import OpPins
-from pdlsim.costmodel.presets import ASSUMPTIONS, Assumption, GpuPreset, NetworkPreset
+from pdlsim.costmodel.presets import (
+    ASSUMPTIONS,
+    Assumption,
+    GpuPreset,
+    NetworkPreset,
+    NodePreset,
+)
 from pdlsim.costmodel.stepscale import StepRow, StepScale
 from pdlsim.costmodel.training import Training
 from pdlsim.costmodel.uncertainty import ProfileJitter, perturbed_cost
-from pdlsim.sim import ConfigError, LinkCost, Placement, TimedStep, collectives
+from pdlsim.sim import ConfigError, LinkCost, Placement, Step, TimedStep, collectives
+from pdlsim.sim.nccl import ALGORITHMS as NCCL_ALGORITHMS
+from pdlsim.sim.nccl import NCCL_OPS, Estimate, estimate
 
 __all__ = [
     "ProfileCostModel",
@@ -159,6 +171,8 @@ class ProfileCostModel(ComputeCost):
     description: Workload | None = None  # the workload itself, where given
     assumptions: Mapping[str, Assumption] = field(default_factory=lambda: dict(ASSUMPTIONS))
     training: Training = field(default_factory=Training)  # precision and optimizer
+    node: NodePreset | None = None  # GPU ranks: the node their collectives run in (NCCL)
+    network: NetworkPreset | None = None  # the NICs' network (its figures: ``inter``)
 
     @classmethod
     def from_profile(
@@ -175,6 +189,7 @@ class ProfileCostModel(ComputeCost):
         description: Workload | None = None,
         assumptions: Mapping[str, Assumption] | None = None,
         training: Training | None = None,
+        node: NodePreset | None = None,
     ) -> ProfileCostModel:
         """The cost model of ``workload`` from ``profile``; ``corrections``: the named corrections
         (:data:`pdlsim.costmodel.corrections.CORRECTIONS`) switched on; ``description``: the
@@ -213,7 +228,13 @@ class ProfileCostModel(ComputeCost):
                     "GPU ranks need a GPU model: the profile has none and no GPU preset is given"
                 )
             prov["compute"] = "profile (gpu)" if has_gpu_compute else f"{gpu.name} data sheet"
-            if gpu is not None:
+            if node is not None:
+                prov["intra-node links"] = f"{node.name} {node.fabric} data sheet"
+                prov["collectives"] = (
+                    "NCCL's algorithms and protocols (pdlsim/sim/nccl.json) on the data sheets, "
+                    "efficiencies assumed"
+                )
+            elif gpu is not None:
                 prov["intra-node links"] = f"{gpu.name} NVLink data sheet"
         transfer = profile.model("transfer")
         if device == "gpu":
@@ -222,10 +243,18 @@ class ProfileCostModel(ComputeCost):
         method = "thread" if "thread" in overlap.methods else "nbc"
         hidden = overlap.hidden_fraction(bucket_bytes, method)
         efficiency = float(np.clip(1.0 if hidden is None else hidden, 0.0, 1.0))
+        overlap_ci = _overlap_interval(overlap, bucket_bytes, method)
         prov["overlap"] = f"profile ({method} method, {bucket_bytes} B)"
+        assumed = dict(ASSUMPTIONS if assumptions is None else assumptions)
+        if device == "gpu" and node is not None:  # NCCL on its own stream, not the host's MPI
+            nccl = assumed["nccl_overlap_efficiency"]
+            efficiency, overlap_ci = nccl.value, Interval(nccl.low, nccl.high)
+            prov["overlap"] = f"assumed: NCCL's stream beside backward hides {nccl.value:g}"
         jitter_model = profile.model("jitter") if profile.models.get("jitter") else None
         jitter = None
-        if jitter_model is not None:
+        if device == "gpu":
+            prov["jitter"] = "none: GPU ranks (the profile's jitter is its host's)"
+        elif jitter_model is not None:
             prov["jitter"] = "profile (every measured workload's steps pooled)"
             jitter = ProfileJitter(jitter_model)
         scale = StepScale.from_table(getattr(compute, "table_", []))
@@ -286,13 +315,14 @@ class ProfileCostModel(ComputeCost):
             prov["compute"] += "; " + scale.source(compute_device, workload, inference)
         return cls(
             compute, regimes, inter, source, transfer, gpu, device, mem_bw, jitter, efficiency,
-            _overlap_interval(overlap, bucket_bytes, method), prov, workload, ranks_per_node,
+            overlap_ci, prov, workload, ranks_per_node,
             scale, colocation, compression=profile.model("compression"), drift_sigma=drift_sigma,
             drift_log_deviations=deviations, drift_level=level,
             pins=OpPins.from_table(getattr(compute, "table_", [])), inference=inference,
             kernels=kernels, corrections=frozenset(corrections), description=description,
-            assumptions=dict(ASSUMPTIONS if assumptions is None else assumptions),
-            training=training or Training(),
+            assumptions=assumed,
+            training=training or Training(), node=node if device == "gpu" else None,
+            network=network,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------ collectives
@@ -318,11 +348,48 @@ class ProfileCostModel(ComputeCost):
             out["inter"] = self.inter
         return out
 
+    def _nccl(self, op: str, nbytes: int, placement: Placement) -> Estimate | None:
+        """GPU ranks in a described node: the collective as NCCL runs it
+        (:mod:`pdlsim.sim.nccl`); None where it does not apply (CPU ranks, an op or a forced
+        algorithm NCCL does not have)."""
+        if self.node is None or op not in NCCL_OPS:
+            return None
+        if placement.algorithm is not None and placement.algorithm not in NCCL_ALGORITHMS:
+            return None
+        if placement.nodes > 1 and self.inter is None:
+            raise ConfigError("GPU ranks on several nodes need a network (--network NAME)")
+        network = self.network or NetworkPreset("none", 0.0, 1.0, "one node")
+        if self.inter is not None:  # the figures a what-if or --inter-bw may have changed
+            network = replace(
+                network,
+                latency_s=self.inter.latency_s,
+                bandwidth_bytes_per_s=self.inter.bandwidth_bytes_per_s,
+            )
+        fabric = fabric_of(self.node, network, placement.nodes, placement.ranks_per_node)
+        try:
+            return estimate(op, nbytes, fabric, efficiencies(self.assumptions),
+                            placement.algorithm)  # fmt: skip
+        except ValueError as exc:
+            raise ConfigError(f"--algorithm: {exc}") from None
+
+    def collective_name(self, op: str, nbytes: int, placement: Placement) -> str:
+        found = self._nccl(op, nbytes, placement)
+        if found is None:
+            return super().collective_name(op, nbytes, placement)
+        return f"nccl {found.algorithm}/{found.protocol}"
+
     def collective_schedule(
         self, op: str, nbytes: int, ranks: int, placement: Placement
     ) -> tuple[TimedStep, ...]:
         if ranks != placement.ranks:
             raise ValueError(f"ranks {ranks} != placement's {placement.ranks}")
+        found = self._nccl(op, nbytes, placement)
+        if found is not None:
+            if found.time_s == 0.0:
+                return ()
+            level = "inter" if placement.nodes > 1 else "intra"
+            phase = f"nccl {found.algorithm}/{found.protocol}"
+            return (TimedStep(Step(float(nbytes), level, phase=phase), found.time_s),)
         _, steps = collectives.schedule(
             op, float(nbytes), placement.nodes, placement.ranks_per_node, placement.algorithm
         )

@@ -1,4 +1,4 @@
-"""Hardware presets from public data sheets: network links between nodes, and GPUs.
+"""Hardware presets from public data sheets: GPUs, nodes of GPUs, and the networks between nodes.
 
 These are **data-sheet figures, not measurements**: peak rates as vendors publish them. A
 profile measured on one node says nothing about the network between nodes or about a GPU it
@@ -13,13 +13,22 @@ prediction with a preset is optimistic by the few percent those cost.
 GPU presets give dense (no sparsity) FP32 peaks, HBM bandwidth, the host link (PCIe, per
 direction, theoretical) and NVLink (total bidirectional bandwidth per GPU, as the data sheets
 state it), and memory capacity.
+
+Node presets say which GPU a node holds and how many, the fabric between them (``nvlink``:
+NVLink, through NVSwitches or a mesh; ``xgmi``: AMD Infinity Fabric; ``pcie``) with each GPU's
+line rate into it per direction, whether the switches reduce in the network (NVLink SHARP,
+``nvls``), and the NICs of the node's compute fabric with their network. They are what the
+GPU collectives (:mod:`pdlsim.sim.nccl`) run on.
+
+Each kind may also come from a file holding one entry (:meth:`Hardware.resolve`), so a user
+describes a machine not packaged here by copying one (``pdlsim hardware show NAME``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import MISSING, asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +41,15 @@ __all__ = [
     "Assumption",
     "DEFAULT_GPU_PRESET",
     "DEFAULT_NETWORK_PRESET",
+    "DEFAULT_NODE_PRESET",
+    "FABRICS",
     "GPU_PRESETS",
     "NETWORK_PRESETS",
+    "NODE_PRESETS",
     "GpuPreset",
     "Hardware",
     "NetworkPreset",
+    "NodePreset",
     "gpu_preset",
     "load_hardware",
     "network_preset",
@@ -52,12 +65,19 @@ class NetworkPreset:
     bandwidth_bytes_per_s: float
     source: str
     kind: str = "data sheet"  # or "given" (from --inter-bw/--inter-lat)
+    oversubscription: float = 1.0  # a leaf switch's downlink : uplink bandwidth (fat tree)
+    leaf_nodes: int = 0  # nodes under one leaf switch; 0: all nodes on one switch
 
     def __post_init__(self) -> None:
         if not (self.latency_s >= 0 and self.bandwidth_bytes_per_s > 0):
             raise UserError(
                 f"network '{self.name}': latency must be >= 0 and bandwidth > 0, "
                 f"got {self.latency_s} s and {self.bandwidth_bytes_per_s} B/s"
+            )
+        if not (self.oversubscription >= 1 and self.leaf_nodes >= 0):
+            raise UserError(
+                f"network '{self.name}': need oversubscription >= 1 and leaf_nodes >= 0, "
+                f"got {self.oversubscription} and {self.leaf_nodes}"
             )
 
 
@@ -76,6 +96,40 @@ class GpuPreset:
     kind: str = "data sheet"
     bf16_tensor_flops_per_s: float = 0.0  # dense BF16 tensor core (0: none)
     fp16_tensor_flops_per_s: float = 0.0  # dense FP16 tensor core (0: none)
+
+
+FABRICS = ("nvlink", "xgmi", "pcie")
+
+
+@dataclass(frozen=True)
+class NodePreset:
+    """One node of GPUs: which GPU and how many, the fabric between them and its line rate per
+    GPU and direction, NVLink SHARP or not, and the NICs of its compute fabric."""
+
+    name: str
+    gpu: str  # a GPU preset's name
+    gpus_per_node: int
+    fabric: str  # nvlink, xgmi or pcie
+    gpu_link_bytes_per_s: float  # one GPU into the fabric, per direction, line rate
+    nvls: bool  # the switches reduce (NVLink SHARP)
+    nics: int  # NICs of the compute fabric per node
+    network: str  # a network preset's name: the NICs' kind
+    source: str
+    kind: str = "data sheet"
+
+    def __post_init__(self) -> None:
+        if self.fabric not in FABRICS:
+            raise UserError(
+                f"node '{self.name}': unknown fabric '{self.fabric}'; known: {', '.join(FABRICS)}"
+            )
+        if not (self.gpus_per_node >= 1 and self.nics >= 1 and self.gpu_link_bytes_per_s > 0):
+            raise UserError(
+                f"node '{self.name}': need gpus_per_node >= 1, nics >= 1 and "
+                f"gpu_link_bytes_per_s > 0, got {self.gpus_per_node}, {self.nics} and "
+                f"{self.gpu_link_bytes_per_s}"
+            )
+        if self.nvls and self.fabric != "nvlink":
+            raise UserError(f"node '{self.name}': nvls (NVLink SHARP) needs the nvlink fabric")
 
 
 @dataclass(frozen=True)
@@ -108,6 +162,7 @@ class Hardware:
     gpus: Mapping[str, GpuPreset]
     assumptions: Mapping[str, Assumption]
     source: str
+    nodes: Mapping[str, NodePreset] = field(default_factory=dict)
 
     def network(self, name: str) -> NetworkPreset:
         if name not in self.networks:
@@ -119,20 +174,59 @@ class Hardware:
             raise UserError(f"unknown GPU preset '{name}'; known: {', '.join(self.gpus)}, none")
         return self.gpus[name]
 
+    def node(self, name: str) -> NodePreset:
+        if name not in self.nodes:
+            raise UserError(f"unknown node preset '{name}'; known: {', '.join(self.nodes)}")
+        return self.nodes[name]
+
+    def resolve(self, kind: str, text: str) -> Any:
+        """The ``kind`` (``gpu``, ``node`` or ``network``) preset named ``text``, or read from
+        the file at ``text`` (a path, or a name ending in ``.json``): one entry's fields, as
+        ``pdlsim hardware show NAME`` prints them; ``name`` optional (default: the file's
+        stem). A node's GPU and network must be presets of this catalogue."""
+        if not (text.endswith(".json") or "/" in text or Path(text).is_file()):
+            return {"gpu": self.gpu, "node": self.node, "network": self.network}[kind](text)
+        values = read_json(text, f"--{_FLAGS[kind]} {text}")
+        if not isinstance(values, Mapping):
+            raise UserError(f"--{_FLAGS[kind]} {text}: expected a JSON object of one {kind}")
+        entry = _made(_KINDS[kind], {"name": Path(text).stem, **values}, text)
+        if kind == "node":  # its GPU and network must be known here
+            self.gpu(entry.gpu)
+            self.network(entry.network)
+        return replace(entry, kind=f"file {text}")
+
+    def entry(self, name: str) -> tuple[str, dict[str, Any]]:
+        """The kind of the preset ``name`` and its fields, as a file of one entry holds them."""
+        for kind, section in (("gpu", self.gpus), ("node", self.nodes), ("network", self.networks)):
+            if name in section:
+                fields_ = asdict(section[name])
+                fields_.pop("kind")
+                return kind, fields_
+        known = ", ".join([*self.gpus, *self.nodes, *self.networks])
+        raise UserError(f"unknown preset '{name}'; known: {known}")
+
     def overlaid(self, doc: Any, source: str) -> Hardware:
         """This catalogue with ``doc``'s presets added or replaced and its assumptions
         replaced, field by field (an assumption may give only a new ``value``); an empty
         catalogue takes ``doc``'s assumptions whole."""
         if not isinstance(doc, Mapping):
             raise UserError(f"{source}: expected a JSON object with networks, gpus, assumptions")
-        unknown = set(doc) - {"about", "networks", "gpus", "assumptions"}
+        unknown = set(doc) - {"about", "networks", "gpus", "nodes", "assumptions"}
         if unknown:
             raise UserError(
                 f"{source}: unknown key(s) {', '.join(sorted(unknown))}; "
-                "allowed: about, networks, gpus, assumptions"
+                "allowed: about, networks, gpus, nodes, assumptions"
             )
         networks = {**self.networks, **_section(doc, "networks", source, NetworkPreset)}
         gpus = {**self.gpus, **_section(doc, "gpus", source, GpuPreset)}
+        nodes = {**self.nodes, **_section(doc, "nodes", source, NodePreset)}
+        for node in nodes.values():
+            if node.gpu not in gpus or node.network not in networks:
+                raise UserError(
+                    f"{source}: nodes.{node.name} names GPU '{node.gpu}' and network "
+                    f"'{node.network}'; both must be presets ({', '.join(gpus)}; "
+                    f"{', '.join(networks)})"
+                )
         assumptions = dict(self.assumptions)
         for name, given in _entries(doc, "assumptions", source):
             if name not in assumptions and self.assumptions:
@@ -142,7 +236,7 @@ class Hardware:
                 )
             old = asdict(assumptions[name]) if name in assumptions else {"name": name}
             assumptions[name] = _made(Assumption, {**old, **given}, f"{source}: assumptions.{name}")
-        return Hardware(networks, gpus, assumptions, f"{self.source} + {source}")
+        return Hardware(networks, gpus, assumptions, f"{self.source} + {source}", nodes)
 
 
 def _entries(doc: Mapping[str, Any], key: str, source: str) -> list[tuple[str, dict[str, Any]]]:
@@ -179,6 +273,8 @@ def _made(kind: type, values: dict[str, Any], where: str) -> Any:
             continue
         value = values[f.name]
         numeric = f.type in ("float", "int")
+        if f.type == "bool" and not isinstance(value, bool):
+            raise UserError(f"{where}.{f.name}: expected true or false, got {value!r}")
         if numeric and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise UserError(f"{where}.{f.name}: expected a number, got {value!r}")
         if numeric and not math.isfinite(value):
@@ -195,6 +291,8 @@ def _made(kind: type, values: dict[str, Any], where: str) -> Any:
         raise UserError(f"{where}: {exc}") from None
 
 
+_KINDS = {"gpu": GpuPreset, "node": NodePreset, "network": NetworkPreset}
+_FLAGS = {"gpu": "gpu-preset", "node": "node", "network": "network"}
 PACKAGED = Path(__file__).with_name("hardware.json")
 _EMPTY = Hardware({}, {}, {}, str(PACKAGED))
 
@@ -211,10 +309,12 @@ def load_hardware(path: str | Path | None = None) -> Hardware:
 HARDWARE = load_hardware()
 NETWORK_PRESETS = HARDWARE.networks
 GPU_PRESETS = HARDWARE.gpus
+NODE_PRESETS = HARDWARE.nodes
 ASSUMPTIONS = HARDWARE.assumptions
 
 DEFAULT_NETWORK_PRESET = "ib-hdr"
 DEFAULT_GPU_PRESET = "h100-sxm"
+DEFAULT_NODE_PRESET = "dgx-h100"
 
 
 def network_preset(name: str) -> NetworkPreset:

@@ -11,9 +11,12 @@ from microbench.errors import UserError
 from pdlsim.costmodel.corrections import parse_corrections
 from pdlsim.costmodel.presets import (
     DEFAULT_NETWORK_PRESET,
+    DEFAULT_NODE_PRESET,
     HARDWARE,
+    GpuPreset,
     Hardware,
     NetworkPreset,
+    NodePreset,
     load_hardware,
 )
 from pdlsim.costmodel.training import Training
@@ -32,31 +35,55 @@ if TYPE_CHECKING:
 
     MemoryOf = Callable[[Cluster, Scenario, ProfileCostModel], dict[str, int]]
 
-__all__ = ["build", "check_config", "resolve_network"]
+__all__ = ["build", "check_config", "resolve_gpus", "resolve_network"]
 
 
 def resolve_network(
-    cfg: PredictConfig, fitted: Any | None, hardware: Hardware = HARDWARE
+    cfg: PredictConfig,
+    fitted: Any | None,
+    hardware: Hardware = HARDWARE,
+    default: str = DEFAULT_NETWORK_PRESET,
 ) -> NetworkPreset | None:
     """The inter-node link a prediction takes: None for the profile's own ``fitted`` one (a
     regime's inter-node fit, with ``a_s`` and ``b_s_per_byte``) when no flag names another;
-    else ``--network``'s preset, or the default preset where the profile has none, with
-    ``--inter-bw``/``--inter-lat`` replacing its figures. Given one of the two alone, the other
-    comes from ``--network``'s preset if named, else from the profile's fit where it has one."""
+    else ``--network``'s preset (a name or a file), or the ``default`` preset where the profile
+    has none, with ``--inter-bw``/``--inter-lat`` replacing its figures. Given one of the two
+    alone, the other comes from ``--network``'s preset if named, else from the profile's fit
+    where it has one. GPU ranks pass ``fitted=None``: a host's fit is not their NICs."""
     if cfg.network is None and cfg.inter_bw is None and cfg.inter_lat is None:
-        return None if fitted is not None else hardware.network(DEFAULT_NETWORK_PRESET)
+        return None if fitted is not None else hardware.network(default)
     if cfg.network is None and fitted is not None:
         base = NetworkPreset(
             "profile", fitted.a_s, 1.0 / max(fitted.b_s_per_byte, 1e-15), "the profile's fit",
             kind="given",
         )  # fmt: skip
     else:
-        base = hardware.network(cfg.network or DEFAULT_NETWORK_PRESET)
+        base = hardware.resolve("network", cfg.network or default)
     if cfg.inter_bw is None and cfg.inter_lat is None:
         return base
     bw = parse_rate(cfg.inter_bw) if cfg.inter_bw else base.bandwidth_bytes_per_s
     lat = parse_time(cfg.inter_lat) if cfg.inter_lat else base.latency_s
-    return NetworkPreset("given", lat, bw, "--inter-bw/--inter-lat", kind="given")
+    return replace(base, name="given", latency_s=lat, bandwidth_bytes_per_s=bw,
+                   source="--inter-bw/--inter-lat", kind="given")  # fmt: skip
+
+
+def resolve_gpus(
+    cfg: PredictConfig, hardware: Hardware
+) -> tuple[NodePreset | None, GpuPreset | None]:
+    """GPU ranks' node (``--node``, default :data:`DEFAULT_NODE_PRESET`) and GPU (``--gpu-preset``,
+    default the node's; ``none``: the profile's measured GPU alone). Looked up for CPU ranks
+    too, which use neither: a typo fails either way."""
+    node = hardware.resolve("node", cfg.node or DEFAULT_NODE_PRESET)
+    if cfg.gpu_preset == "none":
+        gpu = None
+    else:
+        gpu = hardware.resolve("gpu", cfg.gpu_preset or node.gpu)
+    if cfg.gpus > node.gpus_per_node:
+        raise UserError(
+            f"--gpus {cfg.gpus}: node '{node.name}' holds {node.gpus_per_node} GPUs; give "
+            f"--node with a larger node (pdlsim hardware list), or more --nodes"
+        )
+    return node, gpu
 
 
 def check_config(cfg: PredictConfig) -> Workload:
@@ -84,9 +111,11 @@ def build(
     workload = check_config(cfg)
     profile, profile_name = resolve_profile(cfg.profile)
     hardware = load_hardware(cfg.hardware)
-    network = resolve_network(cfg, fitted_inter(profile), hardware)
-    # looked up even for CPU ranks, which use none: a typo fails either way
-    preset = None if cfg.gpu_preset == "none" else hardware.gpu(cfg.gpu_preset)
+    node, preset = resolve_gpus(cfg, hardware)
+    if cfg.gpus > 0:
+        network = resolve_network(cfg, None, hardware, default=node.network)
+    else:
+        network = resolve_network(cfg, fitted_inter(profile), hardware)
     gpu = preset if cfg.gpus > 0 else None
     if cfg.gpus > 0:
         cluster = Cluster.gpus(cfg.nodes, cfg.gpus)
@@ -117,12 +146,14 @@ def build(
         profile, network, gpu, cluster.device, bucket_bytes, workload.name,
         cluster.ranks_per_node, inference=cfg.inference,
         corrections=parse_corrections(cfg.corrections), description=workload,
-        assumptions=hardware.assumptions, training=training,
+        assumptions=hardware.assumptions, training=training, node=node,
     )  # fmt: skip
     cost = apply_to_cost(cfg, cost)
     provenance = {"profile": profile_name, "measured": profile.measured_on, **cost.provenance}
     if gpu is not None:
-        provenance["gpu_preset"] = f"{gpu.name} (data sheet: {gpu.source})"
+        provenance["gpu_preset"] = f"{gpu.name} ({gpu.kind}: {gpu.source})"
+    if cluster.device == "gpu":
+        provenance["node"] = f"{node.name} ({node.kind}: {node.source})"
     if cfg.hardware is not None:
         provenance["hardware"] = hardware.source
     if not training.is_default:

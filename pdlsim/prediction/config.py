@@ -10,7 +10,6 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
-from pdlsim.costmodel.presets import DEFAULT_GPU_PRESET
 
 if TYPE_CHECKING:
     from calibration.profile import Profile
@@ -58,7 +57,8 @@ class PredictConfig:
     network: str | None = None
     inter_bw: str | None = None
     inter_lat: str | None = None
-    gpu_preset: str = DEFAULT_GPU_PRESET
+    gpu_preset: str | None = None  # a GPU preset or file; None: the node's; "none": profile's
+    node: str | None = None  # GPU ranks' node preset or file; None: DEFAULT_NODE_PRESET
     iterations: int = 100
     bucket_mb: float = 25.0
     overlap: bool = True

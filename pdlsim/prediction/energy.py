@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from microbench.errors import UserError
+from pdlsim.costmodel.presets import DEFAULT_NODE_PRESET, load_hardware
 
 __all__ = [
     "POWER_PRESETS",
@@ -299,9 +300,13 @@ def estimate_energy(
 def energy_for_prediction(cfg: Any, out: Mapping[str, Any]) -> dict[str, Any]:
     """:func:`estimate_energy` of a ``pdlsim predict`` result ``out`` of config ``cfg``."""
     gpus = getattr(cfg, "gpus", 0)
+    gpu_name = getattr(cfg, "gpu_preset", None)
+    if gpus and gpu_name is None:  # the node's GPU
+        hardware = load_hardware(getattr(cfg, "hardware", None))
+        gpu_name = hardware.resolve("node", getattr(cfg, "node", None) or DEFAULT_NODE_PRESET).gpu
     model = power_model_for(
         gpus,
-        getattr(cfg, "gpu_preset", None),
+        gpu_name,
         getattr(cfg, "power_preset", None),
         getattr(cfg, "cpu_watts", None),
         getattr(cfg, "gpu_watts", None),

@@ -111,7 +111,7 @@ def wire(
         name, schedule = _allgather(cost, PAIR_BYTES * k, nodes, ranks_per_node)
         return _with_compute(cost, compression, nbytes, ranks, name, PAIR_BYTES * k, schedule)
     sent = nbytes // 2 if parsed is not None else nbytes
-    name, _ = collectives.schedule("allreduce", float(sent), nodes, ranks_per_node, algorithm)
+    name = cost.collective_name("allreduce", sent, placement)
     schedule = cost.collective_schedule("allreduce", sent, ranks, placement)
     if parsed is None:
         return Wire(name, sent, schedule, collectives.total_time_s(schedule))

@@ -104,6 +104,14 @@ class CostHooks(Protocol):
             f"{type(self).__name__} does not"
         )
 
+    def collective_name(self, op: str, nbytes: int, placement: Placement) -> str:
+        """The algorithm :meth:`CostModel.collective_schedule` runs, for the reports. Default:
+        MPICH's choice (:func:`pdlsim.sim.collectives.schedule`), or the placement's."""
+        name, _ = collectives.schedule(
+            op, float(nbytes), placement.nodes, placement.ranks_per_node, placement.algorithm
+        )
+        return name
+
     def sliced(self, ranks: int) -> CostHooks:
         """This model pricing each layer as one of ``ranks`` ranks' slices of a layer-wise
         step. Default: a slice costs what its layer's shapes say (the model itself)."""

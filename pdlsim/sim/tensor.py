@@ -54,7 +54,6 @@ import simpy
 from microbench.workload import LayerInfo, sliced_dense
 
 from .cluster import LABEL_BYTES_PER_SAMPLE, Cluster, ConfigError, Scenario
-from .collectives import schedule as collective_schedule
 from .cost import CostModel, Placement, max_of_draws
 from .messages import allgather_schedule
 from .result import StepBreakdown, account, mean_breakdown
@@ -187,10 +186,7 @@ def build_tensor_plan(
             if local[i] is not layers[i] and layers[i].needs_input_grad:
                 nbytes = float(batch * layers[i].input_shape[0] * FLOAT_BYTES)
                 seconds = cost.collective_time("allreduce", int(nbytes), p, placement)
-                name, _ = collective_schedule(
-                    "allreduce", nbytes, placement.nodes, placement.ranks_per_node,
-                    placement.algorithm,
-                )  # fmt: skip
+                name = cost.collective_name("allreduce", int(nbytes), placement)
                 ops.append(TensorOp("allreduce", layers[i].name, "backward", seconds, nbytes, name))
         ops += [compute(i, "update") for i in params]
     h2d_s = 0.0

@@ -107,3 +107,60 @@ def test_command_line_refuses_a_bad_hardware_file_with_status_2(tmp_path, capsys
     missing = str(tmp_path / "none.json")
     assert main(["predict", "--nodes", "2", "--hardware", missing, "--profile", profile_path]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_every_node_names_a_packaged_gpu_and_network():
+    hw = load_hardware()
+    assert {"dgx-v100", "dgx-a100", "dgx-h100", "hgx-h200", "dgx-b200", "mi300x-8"} <= set(hw.nodes)
+    assert any(n.fabric == "pcie" and n.nics == 1 for n in hw.nodes.values())
+    for node in hw.nodes.values():
+        assert hw.gpu(node.gpu) and hw.network(node.network) and node.source
+    for gpu in ("a100-sxm-40gb", "h100-pcie", "h200", "b200", "mi300x", "l40s"):
+        assert hw.gpu(gpu).fp32_flops_per_s > 0 and hw.gpu(gpu).memory_bytes > 0
+
+
+def test_a_preset_shown_as_a_file_reads_back_as_the_same_preset(tmp_path, capsys):
+    assert main(["hardware", "show", "dgx-a100"]) == 0
+    path = tmp_path / "mine.json"
+    path.write_text(capsys.readouterr().out)
+    hw = load_hardware()
+    mine = hw.resolve("node", str(path))
+    assert mine.kind == f"file {path}"
+    assert {**mine.__dict__, "kind": ""} == {**hw.node("dgx-a100").__dict__, "kind": ""}
+    assert hw.resolve("gpu", "v100") == GPU_PRESETS["v100"]
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"fabric": "warp"}, "unknown fabric 'warp'; known: nvlink, xgmi, pcie"),
+        ({"gpu": "tpu"}, "unknown GPU preset 'tpu'"),
+        ({"nvls": "yes"}, "nvls: expected true or false"),
+        ({"nics": 0}, "need gpus_per_node >= 1, nics >= 1"),
+        ({"fabric": "pcie", "nvls": True}, "nvls .NVLink SHARP. needs the nvlink fabric"),
+        ({"colour": "green"}, r"unknown field\(s\) colour"),
+    ],
+)
+def test_a_bad_node_file_is_one_line_naming_what_is_wrong(change, match, tmp_path):
+    _, fields = load_hardware().entry("dgx-h100")
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps({**fields, **change}))
+    with pytest.raises(UserError, match=match) as info:
+        load_hardware().resolve("node", str(path))
+    assert "\n" not in str(info.value)
+
+
+def test_gpu_ranks_run_their_collectives_as_nccl_on_the_node(profile_path):
+    out = api.predict("cnn", api.Cluster.gpus(2, 8), profile=profile_path, node="dgx-a100")
+    assert out["provenance"]["node"].startswith("dgx-a100")
+    assert all(b["algorithm"].startswith("nccl ") for b in out["buckets"])
+    cpu = api.predict("cnn", api.Cluster.cpus(2, 2), profile=profile_path)
+    assert not any(b["algorithm"].startswith("nccl") for b in cpu["buckets"])
+
+
+def test_more_gpus_than_the_node_holds_is_refused(profile_path, capsys):
+    assert main(["predict", "--nodes", "2", "--gpus", "9", "--profile", profile_path]) == 2
+    err = capsys.readouterr().err
+    assert "node 'dgx-h100' holds 8 GPUs" in err and err.count("\n") == 1
+    assert main(["predict", "--nodes", "2", "--node", "dgx-a100", "--profile", profile_path]) == 2
+    assert "--node describes GPU ranks" in capsys.readouterr().err
