@@ -66,7 +66,7 @@ def check_flags(args: argparse.Namespace, gpus: bool) -> list[str]:
                     "(or --gpus for CPU ranks)"
                 )
     else:
-        for dest in ("gpu_preset", "node", "pinned", "prefetch"):
+        for dest in ("gpu_preset", "node", "step_time", "mfu", "pinned", "prefetch"):
             flag = given(args, dest)
             if flag:
                 raise UserError(
@@ -169,6 +169,11 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-preset", default=None, metavar="NAME|FILE",
                    help="GPU ranks' GPU (default: the node's); none: the profile's measured "
                    "GPU alone")  # fmt: skip
+    p.add_argument("--step-time", default=None, metavar="TIME",
+                   help="one GPU's measured step at this batch and precision (e.g. 128ms): GPU "
+                   "compute is scaled to it")  # fmt: skip
+    p.add_argument("--mfu", type=float, default=None, metavar="F",
+                   help="or one GPU's model-FLOPs utilisation at this batch, e.g. 0.4")  # fmt: skip
     p.add_argument("--hardware", default=None, metavar="FILE",
                    help="a JSON file shaped as pdlsim/costmodel/hardware.json: your GPUs, networks "
                    "or assumed figures, over the packaged ones")  # fmt: skip

@@ -41,6 +41,7 @@ class ComputeCost(CostHooks):
     colocation_z: float
     drift_level: float
     drift_factor: float
+    gpu_compute_factor: float  # a given single-GPU step over the modelled one
     tensor_ranks: int  # the ranks this model's dense layers are split over (1: whole layers)
     kernels: Any  # pdlsim.costmodel.kernels.KernelCompute, where the profile has kernel tables
     description: Any  # the workload itself, where the caller gave it
@@ -133,9 +134,12 @@ class ComputeCost(CostHooks):
         raw = self._raw_compute(layer, phase, batch, threads, device)
         if device == "gpu":
             if "gpu" not in self.compute.devices:
-                return raw
+                return raw * self.gpu_compute_factor
             # the GPU steps' typical speed is in their rows; the band's draw of their drift
-            return raw * self.step_ratio(batch, 1, "gpu") * self.drift_level * self.drift_factor
+            return (
+                raw * self.step_ratio(batch, 1, "gpu") * self.drift_level * self.drift_factor
+                * self.gpu_compute_factor
+            )  # fmt: skip
         seconds = raw * self.step_ratio(batch, threads)
         if phase == "forward" and layer.index == 0:
             seconds += self._gather_s(layer, batch)

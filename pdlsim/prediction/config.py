@@ -59,6 +59,10 @@ class PredictConfig:
     inter_lat: str | None = None
     gpu_preset: str | None = None  # a GPU preset or file; None: the node's; "none": profile's
     node: str | None = None  # GPU ranks' node preset or file; None: DEFAULT_NODE_PRESET
+    step_time: str | None = (
+        None  # one GPU's measured step at the batch (pdlsim.prediction.gpu_step)
+    )
+    mfu: float | None = None  # or its model-FLOPs utilisation
     iterations: int = 100
     bucket_mb: float = 25.0
     overlap: bool = True

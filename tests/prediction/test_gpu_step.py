@@ -1,0 +1,75 @@
+"""GPU compute from the user's own single-GPU step (--step-time) or its MFU (--mfu): one GPU
+takes exactly that step; the layers keep their shares; the band no longer moves with the
+compute assumptions; bad combinations are one-line refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from microbench.workload import Workload
+from pdlsim import api
+from pdlsim.cli.main import main
+from pdlsim.costmodel.presets import GPU_PRESETS
+from tests.costmodel.test_model import write_synthetic_profile
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("gpu_step") / "profile.json"
+    write_synthetic_profile(path)
+    return str(path)
+
+
+def one_gpu(profile: str, **options) -> dict:
+    return api.predict("cnn", api.Cluster.gpus(1, 1), batch=64, profile=profile, samples=8,
+                       **options)  # fmt: skip
+
+
+def test_one_gpu_takes_the_given_step(profile):
+    out = one_gpu(profile, step_time="25ms")
+    assert out["step_time_s"] == pytest.approx(0.025, rel=1e-6)
+    assert out["provenance"]["compute"].startswith("given: one GPU's step 25 ms at batch 64")
+    band = out["band"]  # only the batch's copy, assumed, still moves
+    assert (band["p90_s"] - band["p10_s"]) / band["p50_s"] < 2e-3
+
+
+def test_mfu_is_the_workloads_flops_over_that_share_of_the_peak(profile):
+    cnn = Workload.load("cnn")
+    flops = 64 * (cnn.forward_flops_per_sample + cnn.backward_flops_per_sample)
+    peak = GPU_PRESETS["h100-sxm"].bf16_tensor_flops_per_s
+    out = one_gpu(profile, mfu=0.01, precision="bf16")
+    assert out["step_time_s"] == pytest.approx(flops / (0.01 * peak), rel=1e-6)
+
+
+def test_the_layers_keep_their_shares_and_scale_out_as_before(profile):
+    """The given step moves every layer by one factor: comm is untouched, so at 2 x 8 GPUs the
+    step grows by the compute it was given, not by more."""
+    cluster = api.Cluster.gpus(2, 8)
+    base = api.predict("cnn", cluster, batch=64, profile=profile, samples=4)
+    given = api.predict("cnn", cluster, batch=64, profile=profile, samples=4,
+                        step_time="10ms")  # fmt: skip
+    assert given["breakdown"]["comm_s"] == pytest.approx(base["breakdown"]["comm_s"], rel=1e-6)
+    assert given["breakdown"]["compute_s"] > 10 * base["breakdown"]["compute_s"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gpus", "2", "--step-time", "5ms", "--mfu", "0.3"], "give one of them"),
+        (["--procs-per-node", "2", "--step-time", "5ms"], "--step-time describes GPU ranks"),
+        (["--gpus", "2", "--mfu", "1.5"], "--mfu is a fraction of the GPU's peak in (0, 1]"),
+        (["--gpus", "2", "--step-time", "fast"], "expected a time like 2us"),
+        (["--gpus", "2", "--step-time", "1us"], "is not longer than copying its batch"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(profile, capsys, argv, message):
+    assert main(["predict", "--nodes", "2", "--profile", profile, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_mfu_without_a_gpu_data_sheet_is_refused(capsys):
+    argv = ["predict", "--nodes", "1", "--gpus", "1", "--profile", "h100-16core", "--gpu-preset",
+            "none", "--mfu", "0.4"]  # fmt: skip
+    assert main(argv) == 2
+    assert "--mfu needs the GPU's peak" in capsys.readouterr().err
