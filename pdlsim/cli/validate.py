@@ -63,6 +63,10 @@ def add_validate_parser(commands: argparse._SubParsersAction) -> None:
         "report also scores none, all and this set without each of its terms",
     )
     p.add_argument("--breakdown", action="store_true", help="print measured vs predicted phases")
+    p.add_argument("--published", action="store_true",
+                   help="score the GPU cluster model against the shipped table of published "
+                   "measurements instead (no training runs)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="with --published: print it as JSON")
     p.add_argument(
         "--out", type=path_argument, default=None, metavar="DIR", help="report directory"
     )
@@ -79,8 +83,32 @@ def _parse_modes(text: str) -> tuple[tuple[int, int], ...]:
     return modes  # type: ignore[return-value]
 
 
+def _run_published(args: argparse.Namespace) -> int:
+    import json
+
+    from pdlsim.cli.options import given
+    from pdlsim.validate.published import format_published, score_published
+
+    dests = ("quick", "profile", "repeats", "steps", "models", "batches", "modes", "gpu", "seed",
+             "parallel", "corrections", "breakdown", "out")  # fmt: skip
+    for dest in dests:
+        flag = given(args, dest)
+        if flag:
+            raise UserError(f"{flag} is for training runs; --published only predicts the "
+                            f"published table: drop {flag} or --published")  # fmt: skip
+    doc = score_published()
+    print(json.dumps(doc, indent=1) if args.json else format_published(doc))
+    return 0
+
+
 def run_validate_command(args: argparse.Namespace) -> int:
     from pdlsim.validate.report import format_breakdown, format_report
+
+    if args.published:
+        return _run_published(args)
+    if args.json:
+        raise UserError("--json is for --published; a training validation writes its report "
+                        "files to --out")  # fmt: skip
 
     extra: dict[str, Any] = {}
     if args.batches:

@@ -22,10 +22,11 @@ bottleneck each algorithm's traffic crosses:
   default to reach more (NVIDIA/nccl issue 1649), and NCCL's tuner rates it so.
 * **nvls** (allreduce, one node with NVLink SHARP): the switches reduce; each GPU sends and
   receives the message once, at ``nvls_efficiency`` of its line rate.
-* **nvls_tree** (allreduce, several such nodes): NVLS inside, a tree across nodes on each
-  GPU's shard through its own NIC, pipelined: the slower of the two. Across, a node moves
-  2(N-1)/N of the message through its NICs: the bandwidth-optimal volume, which a double
-  binary tree reaches at N = 2 and as N grows.
+* **nvls_tree** (allreduce, several such nodes): NVLS inside, a double binary tree across
+  nodes on each GPU's shard through its own NIC, pipelined: the slower of the two. Across, the
+  busiest node moves twice the message through its NICs: where it is interior it sends half up
+  and half to each of two children, where it is a leaf half up. Two nodes are the exception:
+  each is the other's only child in one tree and root in the other, and moves the message once.
 
 Bus bandwidth is nccl-tests' figure: algorithm bandwidth x 2(n-1)/n for an allreduce,
 x (n-1)/n for a reduce-scatter or allgather (whose size is the whole gathered buffer).
@@ -157,7 +158,7 @@ def _algbw(algorithm: str, op: str, fabric: Fabric, eff: Mapping[str, float]) ->
     """The algorithm bandwidth (message bytes per second) of ``algorithm`` at full protocol."""
     n, nodes = fabric.ranks, fabric.nodes
     link, nics = _bandwidths(fabric, eff)
-    across = nodes / (2.0 * (nodes - 1)) if nodes > 1 else math.inf  # message / node volume
+    across = (1.0 if nodes == 2 else 0.5) if nodes > 1 else math.inf  # message / node volume
     if algorithm == "ring":
         bus = min(link if fabric.gpus > 1 else math.inf, nics if nodes > 1 else math.inf)
         return bus / bus_factor(op, n)

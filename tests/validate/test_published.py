@@ -1,0 +1,69 @@
+"""``pdlsim validate --published``: every shipped row cited and predicted from the hardware
+descriptions alone; rows that set an assumption or were seen while building kept out of the
+held-out figures; bad tables and flag mixes refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from microbench.errors import UserError
+from pdlsim.cli.main import main
+from pdlsim.validate.published import PUBLISHED, score_published
+
+
+def test_every_row_cites_where_its_figure_is():
+    rows = json.loads(PUBLISHED.read_text())["rows"]
+    assert len({r["id"] for r in rows}) == len(rows)
+    for row in rows:
+        assert row["source"]["url"].startswith("https://")
+        assert row["source"]["cite"] and row["source"]["figure"]
+        assert row["published_GBps"] > 0
+
+
+def test_rows_are_scored_by_group_and_predicted_as_pdlsim_collective_answers(capsys):
+    doc = score_published()
+    groups = {r["id"]: r["group"] for r in doc["rows"]}
+    assert groups["h100x8-nvls"] == "set an assumption" and groups["h200x8"] == "held-out"
+    held = [r for r in doc["rows"] if r["group"] == "held-out"]
+    assert doc["summary"]["held-out"]["rows"] == len(held)
+    worst = max(abs(r["error_pct"]) for r in held)
+    assert doc["summary"]["held-out"]["worst_abs_error_pct"] == pytest.approx(worst)
+    row = next(r for r in doc["rows"] if r["id"] == "h200x8")
+    main(["collective", "allreduce", "--node", "hgx-h200", "--size", str(row["size_bytes"]),
+          "--json"])  # fmt: skip
+    answer = json.loads(capsys.readouterr().out)["rows"][0]
+    assert row["predicted_GBps"] == pytest.approx(answer["busbw_GBps"])
+
+
+def test_the_command_prints_the_table_and_the_verdict(capsys):
+    assert main(["validate", "--published"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out:" in out and "target (held-out)" in out and "h200x8" in out
+    assert main(["validate", "--published", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--published", "--quick"], "--quick is for training runs"),
+        (["--published", "--models", "mlp"], "--models is for training runs"),
+        (["--json"], "--json is for --published"),
+    ],
+)
+def test_flags_that_do_not_mix_are_refused(capsys, argv, message):
+    assert main(["validate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_a_bad_table_is_one_line(tmp_path):
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"rows": [{"id": "x", "kind": "alltoall"}]}))
+    with pytest.raises(UserError, match="unknown kind 'alltoall'"):
+        score_published(path)
+    path.write_text("[]")
+    with pytest.raises(UserError, match="expected an object with a 'rows' list"):
+        score_published(path)
