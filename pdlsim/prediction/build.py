@@ -108,12 +108,18 @@ def build(
     up front (:mod:`pdlsim.prediction.checks`) is refused here, before any simulation."""
     from pdlsim.costmodel.model import ProfileCostModel, fitted_inter
     from pdlsim.sim import Cluster, Scenario
+    from pdlsim.sim.nccl import ALGORITHMS as NCCL_ALGORITHMS
 
     workload = check_config(cfg)
     profile, profile_name = resolve_profile(cfg.profile)
     hardware = load_hardware(cfg.hardware)
     node, preset = resolve_gpus(cfg, hardware)
     if cfg.gpus > 0:
+        if cfg.algorithm is not None and cfg.algorithm not in NCCL_ALGORITHMS:
+            raise UserError(
+                f"--algorithm {cfg.algorithm} is one of MPICH's; GPU ranks run NCCL's: "
+                f"{', '.join(NCCL_ALGORITHMS)}"
+            )
         network = resolve_network(cfg, None, hardware, default=node.network)
     else:
         network = resolve_network(cfg, fitted_inter(profile), hardware)

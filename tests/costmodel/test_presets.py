@@ -164,3 +164,12 @@ def test_more_gpus_than_the_node_holds_is_refused(profile_path, capsys):
     assert "node 'dgx-h100' holds 8 GPUs" in err and err.count("\n") == 1
     assert main(["predict", "--nodes", "2", "--node", "dgx-a100", "--profile", profile_path]) == 2
     assert "--node describes GPU ranks" in capsys.readouterr().err
+
+
+def test_gpu_ranks_take_nccls_algorithms_only(profile_path, capsys):
+    base = ["predict", "--nodes", "4", "--gpus", "8", "--profile", profile_path]
+    assert main([*base, "--algorithm", "rabenseifner"]) == 2
+    assert "GPU ranks run NCCL's: ring, tree, nvls, nvls_tree" in capsys.readouterr().err
+    assert main([*base, "--algorithm", "tree", "--json"]) == 0
+    buckets = json.loads(capsys.readouterr().out)["buckets"]
+    assert {b["algorithm"].split("/")[0] for b in buckets} == {"nccl tree"}
