@@ -228,7 +228,11 @@ class ProfileCostModel(ComputeCost):
                 raise ConfigError(
                     "GPU ranks need a GPU model: the profile has none and no GPU preset is given"
                 )
-            prov["compute"] = "profile (gpu)" if has_gpu_compute else f"{gpu.name} data sheet"
+            prov["compute"] = (
+                "profile (gpu: pdlsim's own trainer; another framework's job: --step-time)"
+                if has_gpu_compute
+                else f"{gpu.name} data sheet"
+            )
             if node is not None:
                 prov["intra-node links"] = f"{node.name} {node.fabric} data sheet"
                 prov["collectives"] = (

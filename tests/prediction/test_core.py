@@ -75,7 +75,8 @@ def test_the_packaged_h100_profile_predicts_gpu_ranks_from_what_it_measured():
     _check(out)
     sources = out["provenance"]
     assert sources["compute"] == (
-        "profile (gpu); scaled to the measured cnn steps (batches 64,256,1024)"
+        "profile (gpu: pdlsim's own trainer; another framework's job: --step-time); scaled to "
+        "the measured cnn steps (batches 64,256,1024)"
     )
     assert sources["copies"] == "profile"
     assert "compute" not in out["data_sheet"] and "copies" not in out["data_sheet"]

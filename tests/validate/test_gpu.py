@@ -98,7 +98,7 @@ def test_prefetch_is_predicted_no_slower_than_copying_in_turn(gpu_profile: str, 
     in_turn, ahead = (
         predict_spec(RunSpec("cnn", 1, 1, 64, device="gpu", prefetch=p), cfg) for p in (False, True)
     )
-    assert in_turn["provenance"]["compute"].startswith("profile (gpu)")
+    assert in_turn["provenance"]["compute"].startswith("profile (gpu:")
     assert in_turn["provenance"]["copies"].endswith("PCIe data sheet")  # no transfer model
     # the copy (64 CIFAR images, 786 KB) hides behind the previous step's compute
     assert 0 < in_turn["step_time_s"] - ahead["step_time_s"] < 1e-3
