@@ -90,7 +90,8 @@ def memory_per_rank(cluster: Cluster, scenario: Scenario) -> dict[str, int]:
     optimizer keep them (:meth:`pdlsim.costmodel.training.Training.memory_bytes`; float32 SGD: 4, 4
     and none a parameter), the activations kept for backward at the batch, the convolutions'
     im2col workspace (the column matrix of each conv layer, and its gradient where the layer
-    passes one back: what an im2col + GEMM convolution allocates), both at the precision's
+    passes one back: what an im2col + GEMM convolution allocates; on GPU ranks the largest
+    layer's alone, a library workspace held for one call), both at the precision's
     bytes a value, on GPU ranks DDP bucket buffers (a flat copy of every gradient) when there
     is more than one rank (CPU ranks allreduce in place), and the mini-batch input (twice with
     prefetch)."""
@@ -101,7 +102,10 @@ def memory_per_rank(cluster: Cluster, scenario: Scenario) -> dict[str, int]:
     inputs = w.layers[0].input_bytes_per_sample * batch * (2 if scenario.prefetch else 1)
     state = training.memory_bytes(w.param_count)
     buckets = state["gradients"] if cluster.ranks > 1 and cluster.device == "gpu" else 0
-    workspace = batch * sum(im2col_bytes_per_sample(info) for info in w.layers)
+    columns = [im2col_bytes_per_sample(info) for info in w.layers]
+    # CPU ranks keep every conv layer's columns for its backward; a GPU library's convolution
+    # workspace is transient, one call at a time, so the allocator's peak is the largest one
+    workspace = batch * (max(columns, default=0) if cluster.device == "gpu" else sum(columns))
     parts = {
         **state,
         "activations": int(w.activation_bytes_per_sample * batch * per_value),

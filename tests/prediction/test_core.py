@@ -216,3 +216,5 @@ def test_memory_per_rank_counts_im2col_and_buckets_only_where_they_exist(profile
     assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
     gpu = run_prediction(PredictConfig(nodes=1, gpus=2, **base))["memory_breakdown_bytes"]
     assert gpu["buffers"] == memory["buffers"] + 4 * 1_070_794  # DDP buckets
+    # a GPU library's workspace is one call's: the larger layer's columns alone
+    assert gpu["workspace"] == 16 * max(32 * 32 * 27 * 4, 2 * (16 * 16 * 288 * 4))
