@@ -19,7 +19,7 @@ def test_every_row_cites_where_its_figure_is():
     for row in rows:
         assert row["source"]["url"].startswith("https://")
         assert row["source"]["cite"] and row["source"]["figure"]
-        assert row["published_GBps"] > 0
+        assert row["published"] > 0
 
 
 def test_rows_are_scored_by_group_and_predicted_as_pdlsim_collective_answers(capsys):
@@ -31,10 +31,10 @@ def test_rows_are_scored_by_group_and_predicted_as_pdlsim_collective_answers(cap
     worst = max(abs(r["error_pct"]) for r in held)
     assert doc["summary"]["held-out"]["worst_abs_error_pct"] == pytest.approx(worst)
     row = next(r for r in doc["rows"] if r["id"] == "h200x8")
-    main(["collective", "allreduce", "--node", "hgx-h200", "--size", str(row["size_bytes"]),
-          "--json"])  # fmt: skip
+    assert row["what"] == "allreduce 4294967296 B" and row["unit"] == "GB/s"
+    main(["collective", "allreduce", "--node", "hgx-h200", "--size", "4294967296", "--json"])
     answer = json.loads(capsys.readouterr().out)["rows"][0]
-    assert row["predicted_GBps"] == pytest.approx(answer["busbw_GBps"])
+    assert row["predicted"] == pytest.approx(answer["busbw_GBps"])
 
 
 def test_the_command_prints_the_table_and_the_verdict(capsys):
@@ -67,3 +67,19 @@ def test_a_bad_table_is_one_line(tmp_path):
     path.write_text("[]")
     with pytest.raises(UserError, match="expected an object with a 'rows' list"):
         score_published(path)
+
+
+def test_a_training_row_is_the_prediction_from_its_single_gpu_figure():
+    from pdlsim import api
+
+    doc = score_published()
+    rows = json.loads(PUBLISHED.read_text())["rows"]
+    spec = next(r for r in rows if r["kind"] == "training_throughput")
+    row = next(r for r in doc["rows"] if r["id"] == spec["id"])
+    step_ms = 1e3 * spec["batch"] / spec["single_gpu_samples_per_s"]
+    out = api.predict(spec["model"], api.Cluster.gpus(spec["nodes"], spec["gpus_per_node"]),
+                      batch=spec["batch"], node=spec["node"], precision=spec["precision"],
+                      optimizer=spec["optimizer"], step_time=f"{step_ms!r}ms", samples=20,
+                      allow_oversubscribed_memory=True)  # fmt: skip
+    assert row["predicted"] == pytest.approx(out["throughput_samples_per_s"])
+    assert row["unit"] == "samples/s" and row["group"] == "held-out"
