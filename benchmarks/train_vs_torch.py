@@ -19,7 +19,8 @@ reads it only when it loads): ``4`` lets OpenBLAS's idle threads sleep at once i
 spinning ~0.1 s after every GEMM, which starves numba's threads between GEMMs when threads equal
 cores; ``default`` leaves it unset. torch does not use OpenBLAS.
 
-torch (``pip install torch==2.13.0``) is needed here only; no package imports it.
+torch (``pip install torch==2.13.0``, or ``.[bench]``) is needed here; its twin of each workload is
+:mod:`microbench.torch_twin`, which imports nothing of torch itself.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
 
 Step = Callable[[], None]
 SIDES = ("ours", "torch")
@@ -51,96 +51,6 @@ class Row:
     def ratio(self) -> float:
         """Ours / torch in samples per second (above 1: ours is faster)."""
         return self.torch_step_s / self.ours_step_s
-
-
-def torch_model(workload: Any) -> Any:
-    """The same graph of layers in torch (images channels-first, as torch prefers): each layer
-    a module, run in order on the outputs its ``inputs`` name. Attention is torch's
-    ``MultiheadAttention`` (its fused kernels), GELU the tanh form as ours."""
-    import torch
-
-    def module(info: Any) -> Any:
-        s, shape = info.layer.settings, info.input_shape
-        kind = info.kind
-        if kind == "dense":
-            return torch.nn.Linear(shape[-1], s["units"], bias=s.get("bias", True))
-        if kind == "conv2d":
-            return torch.nn.Conv2d(shape[0], s["filters"], s["kernel"], s["stride"],
-                                   s["padding"], bias=s.get("bias", True))  # fmt: skip
-        if kind in ("maxpool2d", "avgpool2d"):
-            pool = torch.nn.MaxPool2d if kind == "maxpool2d" else torch.nn.AvgPool2d
-            return pool(s["size"], s.get("stride") or s["size"], s.get("padding", 0))
-        if kind == "embedding":
-            return Embedding(s["vocab"], s["dim"], s.get("positions", 0))
-        if kind == "attention":
-            return Attention(shape[-1], s["heads"], s.get("causal", False), s.get("bias", True))
-        simple = {
-            "relu": torch.nn.ReLU, "flatten": torch.nn.Flatten, "gelu": GeluTanh,
-            "global_avgpool": GlobalAvgPool, "add": Sum,
-            "layernorm": lambda: torch.nn.LayerNorm(shape[-1]),
-            "batchnorm2d": lambda: torch.nn.BatchNorm2d(shape[0]),
-            "dropout": lambda: torch.nn.Dropout(s["rate"]),
-            "token_pool": lambda: TokenPool(s.get("mode", "first")),
-        }  # fmt: skip
-        if kind not in simple:
-            raise SystemExit(f"no torch module for layer kind {kind!r}")
-        return simple[kind]()
-
-    class GeluTanh(torch.nn.GELU):
-        def __init__(self) -> None:
-            super().__init__(approximate="tanh")
-
-    class GlobalAvgPool(torch.nn.Module):
-        def forward(self, x: Any) -> Any:
-            return x.mean(dim=(2, 3))
-
-    class Sum(torch.nn.Module):
-        def forward(self, *xs: Any) -> Any:
-            return sum(xs[1:], xs[0])
-
-    class TokenPool(torch.nn.Module):
-        def __init__(self, mode: str) -> None:
-            super().__init__()
-            self.mean = mode == "mean"
-
-        def forward(self, x: Any) -> Any:
-            return x.mean(dim=1) if self.mean else x[:, 0]
-
-    class Embedding(torch.nn.Module):
-        def __init__(self, vocab: int, dim: int, positions: int) -> None:
-            super().__init__()
-            self.table = torch.nn.Embedding(vocab, dim)
-            self.positions = torch.nn.Parameter(torch.zeros(positions, dim)) if positions else None
-
-        def forward(self, x: Any) -> Any:
-            y = self.table(x.long())
-            return y if self.positions is None else y + self.positions[: x.shape[1]]
-
-    class Attention(torch.nn.Module):
-        def __init__(self, d: int, heads: int, causal: bool, bias: bool) -> None:
-            super().__init__()
-            self.mha = torch.nn.MultiheadAttention(d, heads, bias=bias, batch_first=True)
-            self.causal = causal
-
-        def forward(self, x: Any) -> Any:
-            mask = None
-            if self.causal:
-                mask = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1])
-            return self.mha(x, x, x, attn_mask=mask, need_weights=False, is_causal=self.causal)[0]
-
-    class Graph(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.body = list(workload.layers[:-1])
-            self.layers = torch.nn.ModuleList(module(info) for info in self.body)
-
-        def forward(self, x: Any) -> Any:
-            outs: dict[int, Any] = {-1: x}
-            for info, layer in zip(self.body, self.layers, strict=True):
-                outs[info.index] = layer(*(outs[j] for j in info.inputs))
-            return outs[self.body[-1].index]
-
-    return Graph()
 
 
 def make_step(side: str, model: str, threads: int, args: argparse.Namespace) -> Step:
@@ -168,9 +78,11 @@ def make_step(side: str, model: str, threads: int, args: argparse.Namespace) -> 
 
     import torch
 
+    from microbench.torch_twin import torch_twin
+
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    module = torch_model(workload)
+    module = torch_twin(workload, torch)
     torch_opt = torch.optim.SGD(module.parameters(), lr=args.lr, momentum=args.momentum)
     loss_fn = torch.nn.CrossEntropyLoss()
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)

@@ -1,0 +1,57 @@
+"""The workload's PyTorch twin has the description's parameters and shapes, and the layer timer
+times every layer, the loss, the update and the step (on this machine's CPU; a GPU session
+runs the same code on CUDA). Skipped where PyTorch is not installed (pip install -e '.[bench]')."""
+
+from __future__ import annotations
+
+import pytest
+
+from microbench.workload import load_workload
+
+torch = pytest.importorskip("torch", reason="PyTorch not installed: pip install -e '.[bench]'")
+
+from microbench.layer_times import time_layers  # noqa: E402
+from microbench.torch_twin import torch_twin, twin_inputs, twin_loss  # noqa: E402
+
+ALL = ("mlp", "cnn", "rescnn", "transformer", "resnet18", "resnet50", "vgg16", "bert-base",
+       "gpt2", "vit-b16")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_twin_has_the_descriptions_parameters(name):
+    workload = load_workload(name)
+    twin = torch_twin(workload, torch)
+    assert sum(p.numel() for p in twin.parameters()) == workload.param_count
+
+
+def test_tied_output_layers_share_the_embeddings_table():
+    workload = load_workload("gpt2")
+    twin = torch_twin(workload, torch)
+    named = dict(zip((info.name for info in twin.body), twin.layers, strict=True))
+    assert named["lm_head"].weight is named["wte"].table.weight
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "rescnn", "transformer", "resnet18"])
+def test_the_twin_maps_a_batch_to_the_descriptions_logits(name):
+    workload = load_workload(name)
+    x, y = twin_inputs(workload, 2, torch)
+    logits = torch_twin(workload, torch)(x)
+    assert tuple(logits.shape) == (2, *workload.layers[-1].input_shape)
+    twin_loss(logits, y, torch).backward()
+
+
+def test_every_layer_the_loss_the_update_and_the_step_are_timed():
+    workload = load_workload("rescnn")
+    doc = time_layers(workload, 2, "fp32", "cpu", torch, warmup=1, repeats=2)
+    assert [r["name"] for r in doc["layers"]] == [info.name for info in workload.layers]
+    for row in doc["layers"]:
+        assert len(row["forward_samples"]) == 2 and row["forward_s"] > 0
+    first = doc["layers"][0]  # reads the network input: nothing upstream, but it has weights
+    assert first["backward_s"] > 0 and len(first["backward_samples"]) == 2
+    assert doc["step_s"] > 0 and doc["update_s"] > 0 and len(doc["step_samples"]) == 2
+    assert (doc["device"], doc["device_name"], doc["precision"]) == ("cpu", "cpu", "fp32")
+
+
+def test_bad_precision_is_refused():
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        time_layers(load_workload("mlp"), 2, "fp8", "cpu", torch)
