@@ -10,6 +10,7 @@ from microbench.cli import path_argument
 from microbench.errors import UserError
 from microbench.fileio import new_run_dir
 from pdlsim.cli.args import int_list
+from pdlsim.cli.options import given
 
 
 def add_bench_parser(commands: argparse._SubParsersAction) -> None:
@@ -51,6 +52,17 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--out", type=path_argument, default=None, metavar="DIR", help="run directory"
     )
+    layers = bench.add_argument_group(
+        "GPU layers (PyTorch)",
+        "time each layer of --model at each --batch on a device instead "
+        "of the CPU microbenchmarks: pdlsim predict --layer-times prices GPU ranks from them",
+    )
+    layers.add_argument("--layer-times", action="store_true", help="time the layers")
+    layers.add_argument("--device", default="cuda", help="torch device (cuda)")
+    layers.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16"), default="fp32",
+                        help="fp32 (default), tf32, bf16 or fp16 autocast")  # fmt: skip
+    layers.add_argument("--optimizer", choices=("sgd", "momentum", "adam", "adamw"),
+                        default="sgd", help="the update timed (sgd)")  # fmt: skip
     bench.set_defaults(handler=run_bench_command)
 
 
@@ -71,6 +83,14 @@ def checked_bench_threads(args: argparse.Namespace) -> tuple[int, ...]:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
+    if args.layer_times:
+        from pdlsim.cli.bench_layers import run_layer_times_command
+
+        return run_layer_times_command(args)
+    for dest in ("device", "precision", "optimizer"):
+        flag = given(args, dest)
+        if flag:
+            raise UserError(f"{flag} is for --layer-times: add it, or drop {flag}")
     from pdlsim.cli.bench_suite import BenchPlan, run_bench
     from pdlsim.cli.bench_summary import format_bench_summary
     from pdlsim.train.launch import Stopped

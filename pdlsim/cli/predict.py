@@ -66,7 +66,7 @@ def check_flags(args: argparse.Namespace, gpus: bool) -> list[str]:
                     "(or --gpus for CPU ranks)"
                 )
     else:
-        for dest in ("gpu_preset", "node", "step_time", "mfu", "pinned", "prefetch"):
+        for dest in ("gpu_preset", "node", "step_time", "mfu", "layer_times", "pinned", "prefetch"):
             flag = given(args, dest)
             if flag:
                 raise UserError(
@@ -174,6 +174,8 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                    "compute is scaled to it")  # fmt: skip
     p.add_argument("--mfu", type=float, default=None, metavar="F",
                    help="or one GPU's model-FLOPs utilisation at this batch, e.g. 0.4")  # fmt: skip
+    p.add_argument("--layer-times", default=None, metavar="FILE",
+                   help="or its layers timed there: pdlsim bench --layer-times")  # fmt: skip
     p.add_argument("--hardware", default=None, metavar="FILE",
                    help="a JSON file shaped as pdlsim/costmodel/hardware.json: your GPUs, networks "
                    "or assumed figures, over the packaged ones")  # fmt: skip

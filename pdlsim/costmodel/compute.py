@@ -42,6 +42,7 @@ class ComputeCost(CostHooks):
     drift_level: float
     drift_factor: float
     gpu_compute_factor: float  # a given single-GPU step over the modelled one
+    gpu_layer_s: Any  # (layer name, phase) -> seconds measured on a GPU, or None
     tensor_ranks: int  # the ranks this model's dense layers are split over (1: whole layers)
     kernels: Any  # pdlsim.costmodel.kernels.KernelCompute, where the profile has kernel tables
     description: Any  # the workload itself, where the caller gave it
@@ -131,6 +132,8 @@ class ComputeCost(CostHooks):
             layers = sliced_layers(workload, self.tensor_ranks)
             table = self.kernels.step_table(workload, layers, batch, threads, not self.inference)
             return table.get((layer.index, phase), 0.0) * self._host_factor(threads)
+        if device == "gpu" and self.gpu_layer_s is not None:
+            return self.gpu_layer_s.get((layer.name, phase), 0.0)
         raw = self._raw_compute(layer, phase, batch, threads, device)
         if device == "gpu":
             if "gpu" not in self.compute.devices:

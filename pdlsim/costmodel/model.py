@@ -159,6 +159,7 @@ class ProfileCostModel(ComputeCost):
     drift_level: float = 1.0  # without whole-step rows: exp(-the compute stage's log offset)
     drift_factor: float = 1.0  # this band sample's draw of the deviations
     gpu_compute_factor: float = 1.0  # GPU compute x: a given single-GPU step (--step-time/--mfu)
+    gpu_layer_s: Mapping[tuple[str, str], float] | None = None  # measured (--layer-times)
     tensor_ranks: int = 1  # set by sliced(): a layer-wise plan's slices
     _ops_cache: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)
     compression: CompressionModel | None = None  # the profile's, when it measured compression

@@ -23,6 +23,7 @@ from pdlsim.costmodel.training import Training
 from pdlsim.prediction.checks import check_bounds, check_epoch, check_memory, layerwise_mode
 from pdlsim.prediction.config import PredictConfig, parse_rate, parse_time, resolve_profile
 from pdlsim.prediction.epoch import dataset_samples
+from pdlsim.prediction.gpu_layers import with_layer_times
 from pdlsim.prediction.gpu_step import with_given_step
 from pdlsim.prediction.memory import memory_per_rank
 from pdlsim.prediction.whatif import apply_to_cost, rank_speeds, scenario_options
@@ -156,7 +157,9 @@ def build(
         assumptions=hardware.assumptions, training=training, node=node,
     )  # fmt: skip
     cost = apply_to_cost(cfg, cost)
-    cost, given = with_given_step(cfg, scenario, cost, workload)
+    cost, given = with_layer_times(cfg, cost, workload)  # refuses --step-time/--mfu beside it
+    if not given:
+        cost, given = with_given_step(cfg, scenario, cost, workload)
     cost = replace(cost, provenance={**cost.provenance, **given})
     provenance = {"profile": profile_name, "measured": profile.measured_on, **cost.provenance}
     if gpu is not None:

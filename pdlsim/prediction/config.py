@@ -63,6 +63,7 @@ class PredictConfig:
         None  # one GPU's measured step at the batch (pdlsim.prediction.gpu_step)
     )
     mfu: float | None = None  # or its model-FLOPs utilisation
+    layer_times: str | None = None  # or its layers timed there (prediction.gpu_layers)
     iterations: int = 100
     bucket_mb: float = 25.0
     overlap: bool = True

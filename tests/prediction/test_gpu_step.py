@@ -1,11 +1,16 @@
-"""GPU compute from the user's own single-GPU step (--step-time) or its MFU (--mfu): one GPU
-takes exactly that step; the layers keep their shares; the band no longer moves with the
-compute assumptions; bad combinations are one-line refusals."""
+"""GPU compute from the user's own measurement: its single-GPU step (--step-time), its MFU
+(--mfu), or its layers timed on the GPU (--layer-times): one GPU takes exactly that step; the
+layers keep their shares; the band no longer moves with the compute assumptions; a
+measurement that does not describe the configuration is a one-line refusal."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
+from microbench.errors import UserError
 from microbench.workload import Workload
 from pdlsim import api
 from pdlsim.cli.main import main
@@ -73,3 +78,53 @@ def test_mfu_without_a_gpu_data_sheet_is_refused(capsys):
             "none", "--mfu", "0.4"]  # fmt: skip
     assert main(argv) == 2
     assert "--mfu needs the GPU's peak" in capsys.readouterr().err
+
+
+def _layer_times(tmp_path, **change) -> str:
+    """A layer-times file as pdlsim bench --layer-times writes it, for cnn at batch 64 on a
+    GPU: every layer 1 ms forward, 2 ms backward; the step 40 ms with a 4 ms update."""
+    cnn = Workload.load("cnn")
+    doc = {
+        "workload": "cnn", "batch": 64, "precision": "fp32", "optimizer": "sgd",
+        "device": "cuda:0", "device_name": "A GPU", "torch_version": "2.13.0",
+        "layers": [{"name": info.name, "forward_s": 1e-3, "backward_s": 2e-3}
+                   for info in cnn.layers],
+        "step_s": 0.040, "update_s": 0.004, **change,
+    }  # fmt: skip
+    path = tmp_path / "layer_times.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_layers_timed_on_a_gpu_price_it_scaled_to_its_measured_step(profile, tmp_path):
+    out = one_gpu(profile, layer_times=_layer_times(tmp_path), prefetch=True)
+    assert out["breakdown"]["compute_s"] == pytest.approx(0.040, rel=1e-6)
+    assert out["provenance"]["compute"].startswith("measured: A GPU, torch 2.13.0, fp32")
+    assert "scaled x1.09" in out["provenance"]["compute"]  # 36 ms of step over 33 ms of layers
+
+
+@pytest.mark.parametrize(
+    "change, extra, message",
+    [
+        ({"batch": 32}, {}, "timed batch 32, this prediction has 64"),
+        ({"precision": "bf16"}, {}, "timed precision 'bf16', this prediction has 'fp32'"),
+        ({"device": "cpu"}, {}, "was timed on 'cpu', not a GPU"),
+        ({"layers": []}, {}, "has no times for layer(s) conv2d0"),
+        ({"step_s": 0.001}, {}, "must exceed its update"),
+        ({}, {"step_time": "5ms"}, "drop --step-time/--mfu"),
+    ],
+)
+def test_a_layer_times_file_that_does_not_fit_is_refused(profile, tmp_path, change, extra,
+                                                          message):  # fmt: skip
+    with pytest.raises(UserError, match=re.escape(message)):
+        one_gpu(profile, layer_times=_layer_times(tmp_path, **change), **extra)
+
+
+def test_a_file_that_is_not_layer_times_is_one_line(profile, tmp_path, capsys):
+    path = tmp_path / "other.json"
+    path.write_text("{}")
+    argv = ["predict", "--nodes", "1", "--gpus", "1", "--profile", profile, "--layer-times",
+            str(path)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "not a layer-times file" in err and err.count("\n") == 1
