@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 from microbench.errors import UserError
 from microbench.fileio import atomic_write_text, new_run_dir
@@ -34,18 +36,21 @@ def run_layer_times_command(args: argparse.Namespace) -> int:
     from microbench.machine import machine_metadata
     from microbench.workload import load_workload
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(
-            "--layer-times: no CUDA GPU visible to PyTorch here; run it on the GPU machine, or "
-            "give --device cpu to time this machine's CPU (not what GPU ranks are priced from)"
-        )
+    _check_device(args.device, torch)
     workloads = [load_workload(m) for m in args.model.split(",")]
     out = args.out or new_run_dir(Path("runs") / "bench")
     Path(out).mkdir(parents=True, exist_ok=True)
     for workload in workloads:
         for batch in args.batch:
-            doc = time_layers(workload, batch, args.precision, args.device, torch,
-                              optimizer=args.optimizer)  # fmt: skip
+            try:
+                doc = time_layers(workload, batch, args.precision, args.device, torch,
+                                  optimizer=args.optimizer)  # fmt: skip
+            except torch.OutOfMemoryError as exc:  # before its file: the others are kept
+                first = str(exc).splitlines()[0] if str(exc) else "out of memory"
+                raise UserError(
+                    f"{workload.name} at batch {batch} does not fit on {args.device} ({first}); "
+                    f"give a smaller --batch (files so far are in {out})"
+                ) from None
             doc["machine"] = machine_metadata(extra={"torch_version": torch.__version__})
             path = Path(out) / f"layer_times-{workload.name}-b{batch}-{args.precision}.json"
             atomic_write_text(path, json.dumps(doc, indent=1))
@@ -55,3 +60,22 @@ def run_layer_times_command(args: argparse.Namespace) -> int:
                   f"update {doc['update_s'] * 1e3:.3f} ms): {path}")  # fmt: skip
     print(f"records: {out}")
     return 0
+
+
+def _check_device(device: str, torch: Any) -> None:
+    """UserError unless ``device`` is ``cpu``, or ``cuda``/``cuda:N`` for a GPU PyTorch sees."""
+    match = re.fullmatch(r"cpu|cuda(?::(\d+))?", device)
+    if match is None:
+        raise UserError(f"--device {device}: expected cpu, cuda or cuda:N")
+    if device == "cpu":
+        return
+    if not torch.cuda.is_available():
+        raise UserError(
+            "--layer-times: no CUDA GPU visible to PyTorch here; run it on the GPU machine, or "
+            "give --device cpu to time this machine's CPU (not what GPU ranks are priced from)"
+        )
+    index, count = int(match.group(1) or 0), torch.cuda.device_count()
+    if index >= count:
+        raise UserError(
+            f"--device {device}: PyTorch sees {count} GPU(s), cuda:0 to cuda:{count - 1}"
+        )

@@ -55,3 +55,34 @@ def test_every_layer_the_loss_the_update_and_the_step_are_timed():
 def test_bad_precision_is_refused():
     with pytest.raises(ValueError, match="unknown precision 'fp8'"):
         time_layers(load_workload("mlp"), 2, "fp8", "cpu", torch)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "foo"], "--device foo: expected cpu, cuda or cuda:N"),
+        (["--device", "cpu", "--quick"], "--quick is for the CPU microbenchmarks"),
+        (["--device", "cpu", "--model", "nope"], "nope"),
+    ],
+)
+def test_bench_layer_times_refuses_bad_input_in_one_line(capsys, argv, message):
+    from pdlsim.cli.main import main
+
+    assert main(["bench", "--layer-times", "--batch", "2", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_bench_layer_times_writes_one_file_per_model_and_batch(tmp_path, capsys):
+    import json
+
+    from pdlsim.cli.main import main
+
+    argv = ["bench", "--layer-times", "--device", "cpu", "--model", "mlp", "--batch", "2,4",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    files = sorted(p.name for p in tmp_path.glob("layer_times-*.json"))
+    assert files == ["layer_times-mlp-b2-fp32.json", "layer_times-mlp-b4-fp32.json"]
+    doc = json.loads((tmp_path / files[0]).read_text())
+    assert doc["batch"] == 2 and doc["machine"]["torch_version"] == torch.__version__
+    assert "records:" in capsys.readouterr().out
