@@ -64,6 +64,7 @@ and assumptions are not perturbed: they have no interval.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -338,8 +339,15 @@ class ProfileCostModel(ComputeCost):
         return r[int(np.searchsorted(switches, nbytes, side="right"))]
 
     def links(self, nbytes: float) -> dict[str, LinkCost]:
-        """The link of each level for a collective of ``nbytes`` (the intra regime's size)."""
-        if self.device == "gpu" and self.gpu is not None:
+        """The link of each level for a collective of ``nbytes`` (the intra regime's size).
+        GPU ranks in a described node: a GPU's port into its fabric at the fabric's ring
+        efficiency (what one GPU moves to another, as point-to-point messages do)."""
+        if self.device == "gpu" and self.node is not None:
+            n = self.node
+            reduce_bw = self.gpu.hbm_bandwidth_bytes_per_s / 3 if self.gpu else math.inf
+            moved = n.gpu_link_bytes_per_s * self.assumed(f"{n.fabric}_ring_efficiency")
+            intra = LinkCost(self.assumed("nvlink_latency_s"), moved, reduce_bw)
+        elif self.device == "gpu" and self.gpu is not None:
             g = self.gpu
             intra = LinkCost(
                 self.assumed("nvlink_latency_s"),
@@ -377,6 +385,19 @@ class ProfileCostModel(ComputeCost):
                             placement.algorithm)  # fmt: skip
         except ValueError as exc:
             raise ConfigError(f"--algorithm: {exc}") from None
+
+    def native_allgather(
+        self, nbytes: int, placement: Placement
+    ) -> tuple[str, tuple[TimedStep, ...]] | None:
+        """GPU ranks in a described node gather as NCCL does (one timed step); None else."""
+        found = self._nccl("allgather", nbytes, placement)
+        if found is None:
+            return None
+        name = f"nccl {found.algorithm}/{found.protocol}"
+        if found.time_s == 0.0:
+            return name, ()
+        level = "inter" if placement.nodes > 1 else "intra"
+        return name, (TimedStep(Step(float(nbytes), level, phase=name), found.time_s),)
 
     def collective_name(self, op: str, nbytes: int, placement: Placement) -> str:
         found = self._nccl(op, nbytes, placement)

@@ -80,6 +80,9 @@ def _allgather(
     cost: CostModel, block_bytes: int, nodes: int, ranks_per_node: int
 ) -> tuple[str, tuple[TimedStep, ...]]:
     ranks = nodes * ranks_per_node
+    native = cost.native_allgather(ranks * block_bytes, Placement(nodes, ranks_per_node))
+    if native is not None:
+        return native
     pof2 = ranks & (ranks - 1) == 0
     short = ranks * block_bytes < ALLGATHER_LONG_MSG_BYTES
     host = "rabenseifner" if pof2 and short else "ring"

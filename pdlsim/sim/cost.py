@@ -104,6 +104,14 @@ class CostHooks(Protocol):
             f"{type(self).__name__} does not"
         )
 
+    def native_allgather(
+        self, nbytes: int, placement: Placement
+    ) -> tuple[str, tuple[TimedStep, ...]] | None:
+        """The model's own allgather of ``nbytes`` in total, named, as timed steps (GPU ranks:
+        NCCL's); None: the engines build MPICH's from two-rank messages
+        (:mod:`pdlsim.sim.messages`)."""
+        return None
+
     def collective_name(self, op: str, nbytes: int, placement: Placement) -> str:
         """The algorithm :meth:`CostModel.collective_schedule` runs, for the reports. Default:
         MPICH's choice (:func:`pdlsim.sim.collectives.schedule`), or the placement's."""

@@ -109,7 +109,11 @@ def allgather_steps(nbytes: float, nodes: int, ranks_per_node: int) -> tuple[str
 def allgather_schedule(
     cost: CostModel, nbytes: float, placement: Placement
 ) -> tuple[str, tuple[TimedStep, ...]]:
-    """The allgather's steps, each timed through the cost model (module docstring)."""
+    """The allgather's steps, each timed through the cost model (module docstring); the cost
+    model's own allgather where it has one (:meth:`pdlsim.sim.cost.CostHooks.native_allgather`)."""
+    native = cost.native_allgather(int(nbytes), placement)
+    if native is not None:
+        return native
     name, steps = allgather_steps(nbytes, placement.nodes, placement.ranks_per_node)
     timed = tuple(
         TimedStep(s, message_time(cost, s.flows * s.nbytes, s.level == "inter")) for s in steps

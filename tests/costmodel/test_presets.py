@@ -173,3 +173,23 @@ def test_gpu_ranks_take_nccls_algorithms_only(profile_path, capsys):
     assert main([*base, "--algorithm", "tree", "--json"]) == 0
     buckets = json.loads(capsys.readouterr().out)["buckets"]
     assert {b["algorithm"].split("/")[0] for b in buckets} == {"nccl tree"}
+
+
+def test_gpu_ranks_send_and_gather_over_their_nodes_fabric(profile_path):
+    """A node without NVLink (L40S on PCIe): point-to-point messages take a GPU's PCIe port at
+    the PCIe efficiency, allgathers (tensor parallelism, top-k) are NCCL's."""
+    from pdlsim.prediction.build import build
+    from pdlsim.prediction.config import PredictConfig
+    from pdlsim.sim import Placement
+
+    cfg = PredictConfig(nodes=2, gpus=2, node="pcie-l40s", model="mlp", profile=profile_path)
+    _, _, cost, _, _ = build(cfg)
+    intra = cost.links(1e6)["intra"]
+    assert intra.bandwidth_bytes_per_s == pytest.approx(
+        32e9 * ASSUMPTIONS["pcie_ring_efficiency"].value
+    )
+    name, steps = cost.native_allgather(1 << 20, Placement(2, 2))
+    assert name.startswith("nccl ring/") and len(steps) == 1
+    out = api.predict("mlp", api.Cluster.gpus(2, 2), profile=profile_path, node="pcie-l40s",
+                      parallel="model", samples=2, iterations=5)  # fmt: skip
+    assert out["step_time_s"] > 0
