@@ -115,8 +115,12 @@ def format_prediction(out: dict[str, Any]) -> str:
     else:
         baseline = "one rank, same batch" if par["scaling"].startswith("strong") else "one rank"
     per_step = f", {out['samples_per_step']:,} per step" if par else ""
+    accumulated = c.get("grad_accum", 1)
+    if accumulated > 1:
+        per_step = f", {out['samples_per_step']:,} per step"
+    micro = f" x {accumulated} micro-batches" if accumulated > 1 else ""
     lines = [
-        f"{c['model']} batch {c['batch']}{'' if par else '/rank'} on {c['nodes']} nodes x "
+        f"{c['model']} batch {c['batch']}{'' if par else '/rank'}{micro} on {c['nodes']} nodes x "
         f"{where} ({c['devices']} ranks, {c['mode']}), {c['iterations']} iterations",
         f"step time        {fmt_s(out['step_time_s'])}   band P10/P50/P90 "
         f"{fmt_s(band['p10_s'])} / {fmt_s(band['p50_s'])} / {fmt_s(band['p90_s'])}",
@@ -181,6 +185,9 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                    "or assumed figures, over the packaged ones")  # fmt: skip
     p.add_argument("--iterations", type=int, default=100, help="simulated steps (100)")
     p.add_argument("--bucket-mb", type=non_negative_float, default=25.0, help="bucket MiB (25)")
+    p.add_argument("--grad-accum", type=positive_int, default=1, metavar="K",
+                   help="micro-batches of --batch per optimizer step, one allreduce each step "
+                   "(1)")  # fmt: skip
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="allreduce after the backward, not bucket by bucket during it")  # fmt: skip
     p.add_argument("--pinned", dest="pinned", action="store_true", default=True,

@@ -69,14 +69,14 @@ def check_bounds(cfg: Any) -> None:
 
 
 def samples_per_step(cfg: Any) -> int:
-    """The global batch: a batch per rank (data), one shared batch (model), a batch per
-    pipeline replica (pipeline: ranks / stages replicas)."""
+    """The global batch: a batch per rank (data; times the micro-batches accumulated), one
+    shared batch (model), a batch per pipeline replica (pipeline: ranks / stages replicas)."""
     ranks = cfg.nodes * (cfg.gpus or cfg.procs_per_node)
     if cfg.parallel == "model":
         return cfg.batch
     if cfg.parallel == "pipeline":
         return max(1, ranks // (cfg.stages or 1)) * cfg.batch
-    return ranks * cfg.batch
+    return ranks * cfg.batch * getattr(cfg, "grad_accum", 1)
 
 
 def check_epoch(cfg: Any, dataset: int) -> None:
@@ -159,6 +159,11 @@ def layerwise_mode(cfg: Any) -> bool:
                 "micro-batch needs a sample; lower --microbatches or raise --batch"
             )
     layerwise = cfg.parallel != "data" or cfg.inference
+    if layerwise and getattr(cfg, "grad_accum", 1) != 1:
+        raise UserError(
+            "--grad-accum is for data-parallel training (one allreduce per optimizer step); "
+            "a pipeline's micro-batches are --microbatches: drop --grad-accum"
+        )
     if (
         layerwise
     ):  # the checkpoint what-ifs (pdlsim.prediction.reliability) read data-parallel results

@@ -72,7 +72,7 @@ def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, An
         cfg, cluster, result.breakdown, band,
         base_step_s=base.step_time_s,
         replicas=devices,
-        samples_per_step=devices * scenario.batch_per_rank,
+        samples_per_step=devices * scenario.batch_per_rank * scenario.accumulation,
         dataset=dataset_samples(scenario.workload.name, cfg.dataset_samples),
         memory=memory,
         provenance=provenance,

@@ -55,7 +55,7 @@ def with_given_step(
     from pdlsim.sim.cluster import build_plan
 
     target, given = _target_s(cfg, cost, workload)
-    plan = build_plan(Cluster.gpus(1, 1), scenario, cost)
+    plan = build_plan(Cluster.gpus(1, 1), replace(scenario, accumulation=1), cost)
     copy_s = 0.0 if scenario.prefetch else plan.h2d_s
     compute_s = plan.forward_s + plan.backward_s + plan.update_s
     if target <= copy_s or compute_s <= 0:

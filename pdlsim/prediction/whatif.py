@@ -55,8 +55,9 @@ def rank_speeds(cfg: PredictConfig, ranks: int) -> tuple[float, ...] | None:
 
 
 def scenario_options(cfg: PredictConfig) -> dict[str, Any]:
-    """The Scenario fields the what-ifs set."""
-    return {"compression": cfg.compression, "sync_every": cfg.sync_every, "balance": cfg.balance}
+    """The Scenario fields the what-ifs set, and gradient accumulation."""
+    return {"compression": cfg.compression, "sync_every": cfg.sync_every, "balance": cfg.balance,
+            "accumulation": cfg.grad_accum}  # fmt: skip
 
 
 def apply_to_cost(cfg: PredictConfig, cost: ProfileCostModel) -> ProfileCostModel:

@@ -33,6 +33,11 @@ What-ifs (all off by default):
 * **Local SGD** (``sync_every = k``): the allreduce runs on every k-th step; the others are
   compute and update only, and ranks run them without waiting for each other, so the slowest
   rank's lead or lag accumulates over the period and is paid at the sync step.
+* **Gradient accumulation** (``accumulation = k``, not a what-if: how the job trains): an
+  optimizer step runs k micro-batches of ``batch_per_rank``; the first k - 1 are forward and
+  backward alone (with their copies unless prefetched), played as one block ahead of the
+  last, whose backward the buckets' allreduces overlap as without accumulation: one
+  allreduce per optimizer step, not per micro-batch.
 * **Heterogeneous ranks** (``Cluster.speeds``, ``Scenario.balance``): see
   :mod:`pdlsim.sim.ranks`; :func:`class_plans` gives each class of ranks its own plan.
 """
@@ -159,10 +164,14 @@ class Scenario:
     sync_every: int = 1
     balance: str = "static"
     training: Training = field(default_factory=Training)  # precision and optimizer
+    accumulation: int = 1  # micro-batches per optimizer step (gradient accumulation)
 
     def __post_init__(self) -> None:
         if self.batch_per_rank < 1:
             raise ConfigError(f"batch per rank must be >= 1, got {self.batch_per_rank}")
+        if self.accumulation < 1:
+            raise ConfigError(f"gradient accumulation must be >= 1 micro-batch, got "
+                              f"{self.accumulation}")  # fmt: skip
         if self.bucket_bytes < 1:
             raise ConfigError(f"bucket size must be >= 1 byte, got {self.bucket_bytes}")
         if self.iterations < 1:
@@ -272,6 +281,11 @@ def build_plan(
     if device == "gpu":
         per_sample = layers[0].input_bytes_per_sample + LABEL_BYTES_PER_SAMPLE
         h2d_s = cost.transfer_time("h2d", batch * per_sample, scenario.pinned)
+    k = scenario.accumulation
+    if k > 1:  # the micro-batches before the last: compute (and copies) alone, no collective
+        earlier = sum(t for _, t in forward) + sum(t for _, t in backward)
+        earlier += 0.0 if scenario.prefetch else h2d_s
+        forward = ((f"micro-batches 1-{k - 1} (accumulated)", (k - 1) * earlier), *forward)
     efficiency = float(cost.overlap_efficiency)
     if not 0.0 <= efficiency <= 1.0:
         raise ConfigError(

@@ -128,3 +128,17 @@ def test_a_file_that_is_not_layer_times_is_one_line(profile, tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "not a layer-times file" in err and err.count("\n") == 1
+
+
+def test_gradient_accumulation_counts_its_samples_and_one_allreduce(profile, capsys):
+    cluster = api.Cluster.gpus(2, 4)
+    base = dict(batch=16, profile=profile, samples=4, iterations=5)
+    one = api.predict("cnn", cluster, **base)
+    four = api.predict("cnn", cluster, grad_accum=4, **base)
+    assert four["samples_per_step"] == 4 * one["samples_per_step"] == 4 * 8 * 16
+    assert four["breakdown"]["comm_s"] == pytest.approx(one["breakdown"]["comm_s"], rel=1e-6)
+    assert four["efficiency"] > one["efficiency"]  # the same allreduce over more compute
+    argv = ["predict", "--nodes", "1", "--gpus", "2", "--profile", profile, "--grad-accum", "2",
+            "--parallel", "model"]  # fmt: skip
+    assert main(argv) == 2
+    assert "--grad-accum is for data-parallel training" in capsys.readouterr().err

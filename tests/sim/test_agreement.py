@@ -1,10 +1,11 @@
 """The simulator and the closed form agree to rounding without jitter, in every execution mode.
 
 About 200 seeded random configurations: serial, threads, MPI, hybrid MPI + threads, single GPU,
-MPI + GPU, each with and without overlap, prefetch and pinned copies, random bucket sizes (from
-one bucket per layer to one for everything), forced or MPICH-chosen algorithms, random link,
-compute and copy costs and overlap efficiencies. One communication stream (the default): the
-closed form models it exactly (several streams add link contention, tested separately).
+MPI + GPU, each with and without overlap, prefetch, pinned copies and gradient accumulation,
+random bucket sizes (from one bucket per layer to one for everything), forced or MPICH-chosen
+algorithms, random link, compute and copy costs and overlap efficiencies. One communication
+stream (the default): the closed form models it exactly (several streams add link contention,
+tested separately).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def random_config(seed: int) -> tuple[Cluster, Scenario, LinearCostModel]:
         seed=seed,
         jitter=False,
         algorithm=None if rng.random() < 0.4 else str(rng.choice(ALLREDUCE_ALGORITHMS)),
+        accumulation=int(rng.choice([1, 1, 2, 5])),
     )
     cost = example_cost(
         cpu_flops_per_s=_log_uniform(rng, 1e9, 1e11),

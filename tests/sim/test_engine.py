@@ -252,3 +252,23 @@ def test_nonsense_configurations_are_one_line_errors():
         Scenario(CNN, 8, iterations=0)
     with pytest.raises(ValueError, match="representation"):
         simulate(Cluster(1), Scenario(CNN, 8), example_cost(), representation="some")
+
+
+def test_gradient_accumulation_runs_k_micro_batches_and_one_allreduce():
+    """k micro-batches per optimizer step: k - 1 more forwards, backwards and copies ahead of
+    the last, the same allreduces as one micro-batch (once per step, not per micro-batch)."""
+    from dataclasses import replace
+
+    from pdlsim.sim.cluster import build_plan
+
+    cost = example_cost()
+    cluster = Cluster.gpus(2, 4)
+    one = Scenario(load_workload("cnn"), 32, overlap=True, jitter=False, iterations=3)
+    four = replace(one, accumulation=4)
+    plan = build_plan(cluster, one, cost)
+    a, b = simulate(cluster, one, cost), simulate(cluster, four, cost)
+    micro = plan.forward_s + plan.backward_s + plan.h2d_s
+    assert b.step_time_s == pytest.approx(a.step_time_s + 3 * micro, rel=1e-9)
+    assert b.breakdown.comm_s == pytest.approx(a.breakdown.comm_s, rel=1e-9)
+    with pytest.raises(ConfigError, match="gradient accumulation must be >= 1"):
+        replace(one, accumulation=0)
