@@ -94,6 +94,10 @@ def collective_table(args: argparse.Namespace) -> dict[str, Any]:
     node = hardware.resolve("node", args.node or DEFAULT_NODE_PRESET)
     network = hardware.resolve("network", args.network or node.network)
     fabric = fabric_of(node, network, args.nodes, args.gpus)
+    if fabric.ranks == 1:
+        raise UserError(
+            f"one GPU has nothing to {args.op}: give --gpus 2 or more, or --nodes 2 or more"
+        )
     op = OP_NAMES[args.op]
     sizes = _sizes(args)
     rows = []

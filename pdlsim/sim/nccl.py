@@ -125,7 +125,8 @@ class Estimate:
 
     @property
     def algbw_bytes_per_s(self) -> float:
-        return self.size_bytes / self.time_s if self.time_s > 0 else math.inf
+        """size / time; 0 where nothing moves (one rank, or no bytes)."""
+        return self.size_bytes / self.time_s if self.time_s > 0 else 0.0
 
     @property
     def busbw_bytes_per_s(self) -> float:

@@ -66,6 +66,7 @@ def test_a_slower_network_file_slows_only_what_crosses_nodes(capsys, tmp_path):
     "argv, message",
     [
         (["allreduce", "--gpus", "9"], "node 'dgx-h100' holds 8 GPUs"),
+        (["allreduce", "--gpus", "1"], "one GPU has nothing to allreduce"),
         (["allreduce", "--size", "3X"], "bad size '3X'"),
         (["allreduce", "--node", "nope"], "unknown node preset 'nope'"),
         (["allreduce", "--nodes", "2", "--algorithm", "nvls"], "it allows ring, tree, nvls_tree"),
