@@ -14,7 +14,7 @@ The Python API (:mod:`pdlsim.api`), loaded on first use so that the command line
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Cluster", "Workload", "load_profile", "predict", "sweep"]
+__all__ = ["Cluster", "Workload", "collective", "load_profile", "predict", "sweep"]
 
 
 def __getattr__(name: str) -> Any:

@@ -25,6 +25,7 @@ from calibration.profile import Profile, load_profile
 from microbench.errors import UserError
 from microbench.workload import Workload
 from pdlsim.cli.sweep import sweep as _sweep
+from pdlsim.prediction.collective import collective_document
 from pdlsim.prediction.config import PredictConfig, resolve_profile
 from pdlsim.prediction.core import run_prediction
 from pdlsim.sim import Cluster
@@ -32,7 +33,7 @@ from pdlsim.sim import Cluster
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Cluster", "Workload", "load_profile", "predict", "sweep"]
+__all__ = ["Cluster", "Workload", "collective", "load_profile", "predict", "sweep"]
 
 WorkloadLike = str | Path | Mapping[str, Any] | Workload
 ProfileLike = str | Path | Profile | None
@@ -83,6 +84,20 @@ def predict(
     simulated timeline. Returns the ``pdlsim predict --json`` document."""
     cfg = _config(workload, cluster or Cluster.cpus(1), batch, profile, options)
     return run_prediction(cfg, trace=None if trace is None else str(trace))
+
+
+def collective(
+    op: str = "allreduce",
+    sizes: int | Iterable[int] = 2**30,
+    nodes: int = 1,
+    **options: Any,
+) -> dict[str, Any]:
+    """A GPU collective (``allreduce``, ``reduce_scatter``, ``allgather``) of ``sizes`` bytes
+    on ``nodes`` GPU nodes, as ``pdlsim collective --json`` prints it: per size the time,
+    algorithm and bus bandwidths and the algorithm NCCL would choose. Options are the
+    command's flags with underscores (``node="dgx-a100"``, ``gpus=4``, ``network=...``)."""
+    listed = [sizes] if isinstance(sizes, int) else list(sizes)
+    return collective_document(op.replace("-", "_"), listed, nodes=nodes, **options)
 
 
 def sweep(

@@ -124,3 +124,12 @@ def test_import_pdlsim_gives_the_api_without_loading_numpy_first():
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.stdout.split() == ["True", "True", "8"], run.stderr
+
+
+def test_collective_answers_as_the_command_does(capsys):
+    doc = api.collective("reduce-scatter", [2**20, 2**28], nodes=2, node="dgx-a100", gpus=4)
+    assert main(["collective", "reduce-scatter", "--nodes", "2", "--node", "dgx-a100",
+                 "--gpus", "4", "-b", "1M", "-e", "256M", "-f", "256", "--json"]) == 0  # fmt: skip
+    assert doc == json.loads(capsys.readouterr().out)
+    with pytest.raises(UserError, match="unknown collective 'alltoall'"):
+        api.collective("alltoall", 2**20, nodes=2)

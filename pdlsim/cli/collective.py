@@ -87,46 +87,13 @@ def _sizes(args: argparse.Namespace) -> list[int]:
 
 def collective_table(args: argparse.Namespace) -> dict[str, Any]:
     """The answer of ``pdlsim collective`` as a document (what ``--json`` prints)."""
-    from pdlsim.costmodel.gpu_fabric import collective_band, fabric_of
-    from pdlsim.costmodel.presets import DEFAULT_NODE_PRESET, load_hardware
+    from pdlsim.prediction.collective import collective_document
 
-    hardware = load_hardware(args.hardware)
-    node = hardware.resolve("node", args.node or DEFAULT_NODE_PRESET)
-    network = hardware.resolve("network", args.network or node.network)
-    fabric = fabric_of(node, network, args.nodes, args.gpus)
-    if fabric.ranks == 1:
-        raise UserError(
-            f"one GPU has nothing to {args.op}: give --gpus 2 or more, or --nodes 2 or more"
-        )
-    op = OP_NAMES[args.op]
-    sizes = _sizes(args)
-    rows = []
-    for size in sizes:
-        try:
-            band = collective_band(op, size, fabric, hardware.assumptions, args.algorithm,
-                                   args.protocol)  # fmt: skip
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-        c = band.central
-        rows.append({
-            "size_bytes": size, "time_s": c.time_s,
-            "algbw_GBps": c.algbw_bytes_per_s / 1e9, "busbw_GBps": c.busbw_bytes_per_s / 1e9,
-            "algorithm": c.algorithm, "protocol": c.protocol,
-            "time_s_low": band.fastest.time_s, "time_s_high": band.slowest.time_s,
-            "busbw_GBps_low": band.slowest.busbw_bytes_per_s / 1e9,
-            "busbw_GBps_high": band.fastest.busbw_bytes_per_s / 1e9,
-        })  # fmt: skip
-    return {
-        "op": op, "nodes": fabric.nodes, "gpus_per_node": fabric.gpus, "ranks": fabric.ranks,
-        "node": node.name, "network": network.name, "nics_per_node": fabric.nics,
-        "sources": {
-            "node": f"{node.name} ({node.kind}: {node.source})",
-            "network": f"{network.name} ({network.kind}: {network.source})",
-            "algorithms": "NCCL's tuning model (pdlsim/sim/nccl.json); efficiencies assumed "
-            "(pdlsim/costmodel/hardware.json), the band is their ranges",
-        },
-        "rows": rows,
-    }  # fmt: skip
+    return collective_document(
+        OP_NAMES[args.op], _sizes(args), nodes=args.nodes, node=args.node, gpus=args.gpus,
+        network=args.network, hardware=args.hardware, algorithm=args.algorithm,
+        protocol=args.protocol,
+    )  # fmt: skip
 
 
 def format_table(doc: dict[str, Any]) -> str:
