@@ -193,3 +193,19 @@ def test_gpu_ranks_send_and_gather_over_their_nodes_fabric(profile_path):
     out = api.predict("mlp", api.Cluster.gpus(2, 2), profile=profile_path, node="pcie-l40s",
                       parallel="model", samples=2, iterations=5)  # fmt: skip
     assert out["step_time_s"] > 0
+
+
+def test_a_users_hardware_file_adds_a_node_that_collective_takes(tmp_path, capsys):
+    _, node = load_hardware().entry("dgx-a100")
+    node.pop("name")
+    doc = {"nodes": {"my-a100x4": {**node, "gpus_per_node": 4, "nics": 2, "source": "mine"}}}
+    path = _file(tmp_path, doc)
+    assert load_hardware(path).node("my-a100x4").gpus_per_node == 4
+    argv = ["collective", "allreduce", "--node", "my-a100x4", "--hardware", path, "--nodes", "2",
+            "--size", "1G", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["ranks"], out["nics_per_node"]) == (8, 2)
+    bad = _file(tmp_path, {"nodes": {"x": {**node, "gpu": "tpu-v9"}}})
+    with pytest.raises(UserError, match="nodes.x names GPU 'tpu-v9'"):
+        load_hardware(bad)
