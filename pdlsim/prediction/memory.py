@@ -21,7 +21,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pdlsim.sim import Cluster, Scenario
 
-__all__ = ["im2col_bytes_per_sample", "layerwise_memory", "memory_per_rank"]
+__all__ = [
+    "activation_bytes_per_sample", "im2col_bytes_per_sample", "layerwise_memory",
+    "memory_per_rank",
+]  # fmt: skip
 
 FLOAT_BYTES = 4
 
@@ -87,14 +90,14 @@ def layerwise_memory(cfg: Any, result: Any, scenario: Any) -> dict[str, int]:
 
 def memory_per_rank(cluster: Cluster, scenario: Scenario) -> dict[str, int]:
     """Bytes per rank: weights, gradients and optimizer state as the scenario's precision and
-    optimizer keep them (:meth:`pdlsim.costmodel.training.Training.memory_bytes`; float32 SGD: 4, 4
-    and none a parameter), the activations kept for backward at the batch, the convolutions'
-    im2col workspace (the column matrix of each conv layer, and its gradient where the layer
-    passes one back: what an im2col + GEMM convolution allocates; on GPU ranks the largest
-    layer's alone, a library workspace held for one call), both at the precision's
-    bytes a value, on GPU ranks DDP bucket buffers (a flat copy of every gradient) when there
-    is more than one rank (CPU ranks allreduce in place), and the mini-batch input (twice with
-    prefetch)."""
+    optimizer keep them (:meth:`pdlsim.costmodel.training.Training.memory_bytes`; float32
+    SGD: 4, 4 and none a parameter), the activations kept for backward at the batch
+    (:func:`activation_bytes_per_sample`), the convolutions' im2col workspace (the column
+    matrix of each conv layer, and its gradient where the layer passes one back: what an
+    im2col + GEMM convolution allocates; on GPU ranks the largest layer's alone, a library
+    workspace held for one call), both at the precision's bytes a value, on GPU ranks DDP
+    bucket buffers (a flat copy of every gradient) when there is more than one rank (CPU
+    ranks allreduce in place), and the mini-batch input (twice with prefetch)."""
     w = scenario.workload
     batch = scenario.batch_per_rank
     training = scenario.training
@@ -108,12 +111,44 @@ def memory_per_rank(cluster: Cluster, scenario: Scenario) -> dict[str, int]:
     workspace = batch * (max(columns, default=0) if cluster.device == "gpu" else sum(columns))
     parts = {
         **state,
-        "activations": int(w.activation_bytes_per_sample * batch * per_value),
+        "activations": int(activation_bytes_per_sample(w, cluster.device) * batch * per_value),
         "workspace": int(workspace * per_value),
         "buffers": buckets + inputs,
     }
     parts["total"] = sum(parts.values())
     return parts
+
+
+# Kinds whose backward does not read their input (autograd saves none of it): elementwise ops
+# whose gradient needs their output (relu) or nothing (add, avgpool), views, and those that
+# keep their own small state (dropout's mask). Every other kind reads its input.
+_INPUT_NOT_READ = frozenset({
+    "relu", "add", "concat", "flatten", "dropout", "token_pool", "global_avgpool", "avgpool2d",
+    "to_tokens", "embedding",
+})  # fmt: skip
+_OUTPUT_READ = frozenset({"relu"})  # its gradient masks by its own output
+
+
+def activation_bytes_per_sample(workload: Any, device: str) -> int:
+    """Bytes per sample that backward keeps. CPU ranks (pdlsim's own trainer): every layer's
+    output and what else it keeps. GPU ranks (a framework's autograd): a layer's output only
+    where its backward reads it (relu) or a layer reading it reads its input (a convolution, a
+    dense layer, a norm), plus every layer's own saved values (statistics, masks, attention's
+    probabilities): a batchnorm's output that an in-place relu overwrites, or an add's that a
+    relu reads, is not kept twice."""
+    if device != "gpu":
+        return workload.activation_bytes_per_sample
+    layers = workload.layers
+    read_as_input = set()
+    for info in layers:
+        if info.kind not in _INPUT_NOT_READ:
+            read_as_input.update(j for j in info.inputs if j >= 0)
+    total = 0
+    for info in layers:
+        output = math.prod(info.output_shape) * FLOAT_BYTES
+        kept = info.kind in _OUTPUT_READ or info.index in read_as_input
+        total += info.activation_bytes_per_sample - (0 if kept else output)
+    return total
 
 
 def im2col_bytes_per_sample(info: Any) -> int:

@@ -77,9 +77,7 @@ def _busbw(row: dict[str, Any], node: Any, hardware: Any) -> tuple[float, float,
 
 def _throughput(row: dict[str, Any], node: Any, hardware: Any) -> tuple[float, float, float, str]:
     """Samples per second of data-parallel training on the row's GPUs, from the one figure
-    taken as input: the single GPU's throughput at the same batch (``--step-time``). The job
-    ran, so it fitted: pdlsim's memory estimate (its own trainer's, every layer's output kept)
-    does not refuse it."""
+    taken as input: the single GPU's throughput at the same batch (``--step-time``)."""
     from pdlsim import api
     from pdlsim.costmodel.presets import NODE_PRESETS
 
@@ -89,7 +87,7 @@ def _throughput(row: dict[str, Any], node: Any, hardware: Any) -> tuple[float, f
     out = api.predict(
         row["model"], api.Cluster.gpus(row["nodes"], row["gpus_per_node"]), batch=row["batch"],
         node=row["node"], precision=row["precision"], optimizer=row["optimizer"],
-        step_time=f"{step_ms!r}ms", samples=20, allow_oversubscribed_memory=True,
+        step_time=f"{step_ms!r}ms", samples=20,
     )  # fmt: skip
     samples = row["batch"] * row["nodes"] * row["gpus_per_node"]
     band = out["band"]

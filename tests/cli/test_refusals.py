@@ -60,7 +60,7 @@ def test_a_layout_that_does_not_fit_a_gpu_is_refused_unless_asked_for(capsys, no
     args = ["predict", "--nodes", "1", "--gpus", "1", "--gpu-preset", "v100", "--batch", "40000",
             "--dataset-samples", "100000"]  # fmt: skip
     err = _refused(capsys, *args)
-    assert "needs 42.5 GB per GPU, the v100 has 32.0 GB" in err
+    assert "needs 34.0 GB per GPU, the v100 has 32.0 GB" in err
     assert "--allow-oversubscribed-memory" in err
     v100 = ["predict", "--nodes", "1", "--gpu-preset", "v100", "--dataset-samples", "400000"]
     for mode in (
@@ -79,7 +79,7 @@ def test_the_flag_predicts_an_oversubscribed_layout_with_its_warning(capsys):
             "--allow-oversubscribed-memory"]  # fmt: skip
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["warning"].startswith("needs 42.5 GB per GPU, more than the v100's 32.0 GB")
+    assert out["warning"].startswith("needs 34.0 GB per GPU, more than the v100's 32.0 GB")
 
 
 def test_cpu_ranks_are_checked_against_the_hosts_memory(capsys, no_simulation):

@@ -218,3 +218,24 @@ def test_memory_per_rank_counts_im2col_and_buckets_only_where_they_exist(profile
     assert gpu["buffers"] == memory["buffers"] + 4 * 1_070_794  # DDP buckets
     # a GPU library's workspace is one call's: the larger layer's columns alone
     assert gpu["workspace"] == 16 * max(32 * 32 * 27 * 4, 2 * (16 * 16 * 288 * 4))
+
+
+def test_gpu_ranks_keep_the_activations_autograd_saves():
+    """cnn: a relu's output is kept (its gradient masks by it) and so is every tensor a conv,
+    dense layer, pool or the loss reads; a conv's output that only its relu reads is not, nor
+    a pool's that only the flatten (a view) reads."""
+    from microbench.workload import Workload
+    from pdlsim.prediction.memory import activation_bytes_per_sample
+
+    cnn = Workload.load("cnn")
+    sizes = {info.name: info.activation_bytes_per_sample for info in cnn.layers}
+    kept = ("relu1", "maxpool2d2", "relu4", "flatten6", "relu8", "dense9")
+    assert activation_bytes_per_sample(cnn, "gpu") == sum(sizes[n] for n in kept)
+    assert activation_bytes_per_sample(cnn, "cpu") == cnn.activation_bytes_per_sample
+
+
+def test_resnet50_at_batch_256_in_fp32_fits_the_32_gb_v100s_it_was_published_on(profile_path):
+    cfg = PredictConfig(nodes=1, gpus=8, node="dgx-v100", model="resnet50", batch=256,
+                        profile=profile_path, samples=2, iterations=3)  # fmt: skip
+    out = run_prediction(cfg)
+    assert out["memory_bytes_per_rank"] < 32e9 and "warning" not in out

@@ -79,7 +79,7 @@ def test_a_training_row_is_the_prediction_from_its_single_gpu_figure():
     step_ms = 1e3 * spec["batch"] / spec["single_gpu_samples_per_s"]
     out = api.predict(spec["model"], api.Cluster.gpus(spec["nodes"], spec["gpus_per_node"]),
                       batch=spec["batch"], node=spec["node"], precision=spec["precision"],
-                      optimizer=spec["optimizer"], step_time=f"{step_ms!r}ms", samples=20,
-                      allow_oversubscribed_memory=True)  # fmt: skip
+                      optimizer=spec["optimizer"], step_time=f"{step_ms!r}ms",
+                      samples=20)  # fmt: skip
     assert row["predicted"] == pytest.approx(out["throughput_samples_per_s"])
     assert row["unit"] == "samples/s" and row["group"] == "held-out"
