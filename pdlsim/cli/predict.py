@@ -137,6 +137,9 @@ def format_prediction(out: dict[str, Any]) -> str:
         lines[1:1] = whatif_lines(c)
     else:
         lines[1:1] = mode_lines(out)
+    buckets = [b for b in out.get("buckets", []) if b["algorithm"] != "none"]
+    if buckets and par is None:
+        lines.append(_gradients_line(buckets))
     if out["gpu_utilization"] is not None:
         lines.append(f"GPU utilisation  {out['gpu_utilization']:.1%} (compute busy / step)")
     if "checkpoint" in out:
@@ -150,6 +153,19 @@ def format_prediction(out: dict[str, Any]) -> str:
     if "warning" in out:
         lines.append(f"warning: {out['warning']}")
     return "\n".join(lines)
+
+
+def _gradients_line(buckets: list[dict[str, Any]]) -> str:
+    """The gradient exchange in one line: buckets, bytes, and the algorithms that carry them
+    (NCCL's algorithm/protocol on GPU ranks, MPICH's on CPU ranks), each with its count."""
+    total = sum(b["wire_bytes"] for b in buckets)
+    seconds = sum(b["collective_s"] for b in buckets)
+    names: dict[str, int] = {}
+    for b in buckets:
+        names[b["algorithm"]] = names.get(b["algorithm"], 0) + 1
+    used = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in names.items())
+    return (f"gradients        {len(buckets)} bucket(s), {total / 2**20:.1f} MiB on the wire, "
+            f"{fmt_s(seconds)} of collectives: {used}")  # fmt: skip
 
 
 def add_common_options(p: argparse.ArgumentParser) -> None:
