@@ -209,3 +209,15 @@ def test_a_users_hardware_file_adds_a_node_that_collective_takes(tmp_path, capsy
     bad = _file(tmp_path, {"nodes": {"x": {**node, "gpu": "tpu-v9"}}})
     with pytest.raises(UserError, match="nodes.x names GPU 'tpu-v9'"):
         load_hardware(bad)
+
+
+def test_the_report_names_the_algorithms_that_carried_the_gradients(profile_path, capsys):
+    argv = ["predict", "--nodes", "2", "--gpus", "8", "--node", "dgx-a100", "--algorithm", "ring",
+            "--profile", profile_path, "--samples", "2", "--iterations", "3"]  # fmt: skip
+    assert main(argv) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("gradients"))
+    assert "bucket(s)" in line and "nccl ring/" in line
+    cpu = ["predict", "--nodes", "2", "--procs-per-node", "2", "--profile", profile_path,
+           "--samples", "2", "--iterations", "3"]  # fmt: skip
+    assert main(cpu) == 0
+    assert "two_level" in capsys.readouterr().out
