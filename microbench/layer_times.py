@@ -31,10 +31,10 @@ def _timed(fn: Callable[[], Any], sync: Callable[[], None], warmup: int, repeats
     """Seconds of ``fn`` per run, ``before`` (untimed) ahead of each; warm-up runs dropped."""
     samples = []
     for i in range(warmup + repeats):
-        state = before() if before else None
+        state = before() if before is not None else None
         sync()
         start = time.perf_counter()
-        fn() if state is None else fn(state)
+        fn(state) if before is not None else fn()
         sync()
         if i >= warmup:
             samples.append(time.perf_counter() - start)

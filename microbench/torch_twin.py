@@ -158,7 +158,7 @@ def twin_inputs(workload: Any, batch: int, torch: Any, device: str = "cpu") -> t
     else:
         x = torch.randn(shape, generator=generator)
     classes = workload.num_classes
-    label_shape = (batch, workload.input_shape[0]) if workload.layers[-1].kind == _LOSSES[1] else (
-        batch,)  # fmt: skip
-    y = torch.randint(0, classes, label_shape, generator=generator)
+    per_token = workload.layers[-1].kind == "token_cross_entropy"
+    labels = (batch, workload.input_shape[0]) if per_token else (batch,)
+    y = torch.randint(0, classes, labels, generator=generator)
     return x.to(device), y.to(device)

@@ -386,37 +386,39 @@ class ProfileCostModel(ComputeCost):
         except ValueError as exc:
             raise ConfigError(f"--algorithm: {exc}") from None
 
-    def native_allgather(
-        self, nbytes: int, placement: Placement
+    def _nccl_schedule(
+        self, op: str, nbytes: int, placement: Placement
     ) -> tuple[str, tuple[TimedStep, ...]] | None:
-        """GPU ranks in a described node gather as NCCL does (one timed step); None else."""
-        found = self._nccl("allgather", nbytes, placement)
+        """:meth:`_nccl`'s collective named and as one timed step (none if it moves nothing)."""
+        found = self._nccl(op, nbytes, placement)
         if found is None:
             return None
-        name = f"nccl {found.algorithm}/{found.protocol}"
+        name = f"nccl {found.label}"
         if found.time_s == 0.0:
             return name, ()
         level = "inter" if placement.nodes > 1 else "intra"
         return name, (TimedStep(Step(float(nbytes), level, phase=name), found.time_s),)
 
+    def native_allgather(
+        self, nbytes: int, placement: Placement
+    ) -> tuple[str, tuple[TimedStep, ...]] | None:
+        """GPU ranks in a described node gather as NCCL does (one timed step); None else."""
+        return self._nccl_schedule("allgather", nbytes, placement)
+
     def collective_name(self, op: str, nbytes: int, placement: Placement) -> str:
-        found = self._nccl(op, nbytes, placement)
-        if found is None:
+        scheduled = self._nccl_schedule(op, nbytes, placement)
+        if scheduled is None:
             return super().collective_name(op, nbytes, placement)
-        return f"nccl {found.algorithm}/{found.protocol}"
+        return scheduled[0]
 
     def collective_schedule(
         self, op: str, nbytes: int, ranks: int, placement: Placement
     ) -> tuple[TimedStep, ...]:
         if ranks != placement.ranks:
             raise ValueError(f"ranks {ranks} != placement's {placement.ranks}")
-        found = self._nccl(op, nbytes, placement)
-        if found is not None:
-            if found.time_s == 0.0:
-                return ()
-            level = "inter" if placement.nodes > 1 else "intra"
-            phase = f"nccl {found.algorithm}/{found.protocol}"
-            return (TimedStep(Step(float(nbytes), level, phase=phase), found.time_s),)
+        scheduled = self._nccl_schedule(op, nbytes, placement)
+        if scheduled is not None:
+            return scheduled[1]
         _, steps = collectives.schedule(
             op, float(nbytes), placement.nodes, placement.ranks_per_node, placement.algorithm
         )

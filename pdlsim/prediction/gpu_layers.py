@@ -14,13 +14,12 @@ another.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from microbench.errors import UserError
 from microbench.fileio import read_json
 from pdlsim.prediction.config import PredictConfig
-from pdlsim.prediction.gpu_step import COMPUTE_ASSUMPTIONS
+from pdlsim.prediction.gpu_step import given_compute
 
 __all__ = ["with_layer_times"]
 
@@ -75,13 +74,9 @@ def with_layer_times(cfg: PredictConfig, cost: Any, workload: Any) -> tuple[Any,
         table[info.name, "forward"] = row["forward_s"] * factor
         table[info.name, "backward"] = row["backward_s"] * factor
         table[info.name, "update"] = update_s * info.param_count / params
-    assumptions = dict(cost.assumptions)
-    for name in COMPUTE_ASSUMPTIONS:
-        a = assumptions[name]
-        assumptions[name] = replace(a, low=a.value, high=a.value)
     line = (
         f"measured: {doc.get('device_name', doc['device'])}, torch {doc.get('torch_version')}, "
         f"{doc['precision']} ({flag}): each layer timed alone, scaled x{factor:.3g} to the "
         f"measured step of {step_s * 1e3:.4g} ms"
     )
-    return replace(cost, gpu_layer_s=table, assumptions=assumptions), {"compute": line}
+    return given_compute(cost, gpu_layer_s=table), {"compute": line}

@@ -18,9 +18,19 @@ from typing import Any
 from microbench.errors import UserError
 from pdlsim.prediction.config import PredictConfig, parse_time
 
-__all__ = ["COMPUTE_ASSUMPTIONS", "with_given_step"]
+__all__ = ["COMPUTE_ASSUMPTIONS", "given_compute", "with_given_step"]
 
 COMPUTE_ASSUMPTIONS = ("gpu_flops_efficiency", "gpu_memory_efficiency", "gpu_kernel_launch_s")
+
+
+def given_compute(cost: Any, **changes: Any) -> Any:
+    """``cost`` with ``changes`` and its compute assumptions pinned at their values: a measured
+    or given GPU step leaves them nothing to move in the band."""
+    assumptions = dict(cost.assumptions)
+    for name in COMPUTE_ASSUMPTIONS:
+        a = assumptions[name]
+        assumptions[name] = replace(a, low=a.value, high=a.value)
+    return replace(cost, assumptions=assumptions, **changes)
 
 
 def _target_s(cfg: PredictConfig, cost: Any, workload: Any) -> tuple[float, str]:
@@ -64,12 +74,8 @@ def with_given_step(
             f"batch ({copy_s * 1e3:.3g} ms): check the time, the batch, or add --prefetch"
         )
     factor = (target - copy_s) / compute_s
-    assumptions = dict(cost.assumptions)
-    for name in COMPUTE_ASSUMPTIONS:
-        a = assumptions[name]
-        assumptions[name] = replace(a, low=a.value, high=a.value)
     lines = {
         "compute": f"given: one GPU's step {target * 1e3:.4g} ms at batch {cfg.batch} ({given}), "
         f"split over layers in proportion to the cost model's layer times (x{factor:.3g})"
     }
-    return replace(cost, gpu_compute_factor=factor, assumptions=assumptions), lines
+    return given_compute(cost, gpu_compute_factor=factor), lines

@@ -132,6 +132,11 @@ class Estimate:
     def busbw_bytes_per_s(self) -> float:
         return self.algbw_bytes_per_s * bus_factor(self.op, self.ranks)
 
+    @property
+    def label(self) -> str:
+        """``algorithm/protocol``, as the reports name the choice."""
+        return f"{self.algorithm}/{self.protocol}"
+
 
 def bus_factor(op: str, ranks: int) -> float:
     """nccl-tests' bus bandwidth over algorithm bandwidth."""
@@ -149,10 +154,11 @@ def _candidates(op: str, fabric: Fabric) -> list[str]:
 
 
 def _bandwidths(fabric: Fabric, eff: Mapping[str, float]) -> tuple[float, float]:
-    """Bytes per second per direction: one GPU's link into the fabric, and a node's NICs."""
+    """Bytes per second per direction: one GPU's link into the fabric, and a node's NICs; inf
+    for a level the collective does not cross (one GPU per node, one node)."""
     link = fabric.link_bytes_per_s * eff[f"{fabric.fabric}_ring_efficiency"]
     nics = fabric.nics * fabric.nic_bytes_per_s * eff["network_efficiency"] * fabric.uplink_factor()
-    return link, nics
+    return (link if fabric.gpus > 1 else math.inf), (nics if fabric.nodes > 1 else math.inf)
 
 
 def _algbw(algorithm: str, op: str, fabric: Fabric, eff: Mapping[str, float]) -> float:
@@ -161,11 +167,9 @@ def _algbw(algorithm: str, op: str, fabric: Fabric, eff: Mapping[str, float]) ->
     link, nics = _bandwidths(fabric, eff)
     across = (1.0 if nodes == 2 else 0.5) if nodes > 1 else math.inf  # message / node volume
     if algorithm == "ring":
-        bus = min(link if fabric.gpus > 1 else math.inf, nics if nodes > 1 else math.inf)
-        return bus / bus_factor(op, n)
+        return min(link, nics) / bus_factor(op, n)
     if algorithm == "tree":  # as NCCL's tuner rates it (module docstring)
-        ring_bus = min(link if fabric.gpus > 1 else math.inf, nics)
-        return ring_bus / 2 * _tuning()["tree_bandwidth_fraction"]
+        return min(link, nics) / 2 * _tuning()["tree_bandwidth_fraction"]
     nvls = fabric.link_bytes_per_s * eff["nvls_efficiency"]
     if algorithm == "nvls":
         return nvls
