@@ -91,6 +91,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
         flag = given(args, dest)
         if flag:
             raise UserError(f"{flag} is for --layer-times: add it, or drop {flag}")
+    return run_cpu_bench(args)
+
+
+def run_cpu_bench(args: argparse.Namespace) -> int:
+    """The CPU microbenchmarks of ``args`` (procs, threads, model, batch, quick, out): the
+    records that ``pdlsim calibrate`` fits."""
     from pdlsim.cli.bench_suite import BenchPlan, run_bench
     from pdlsim.cli.bench_summary import format_bench_summary
     from pdlsim.train.launch import Stopped

@@ -17,7 +17,7 @@ from microbench.cli import path_argument
 from microbench.errors import UserError
 from microbench.fileio import check_writable, new_run_dir
 from pdlsim.cli.args import int_list, positive_int, seed
-from pdlsim.cli.bench import checked_bench_threads, run_bench_command
+from pdlsim.cli.bench import checked_bench_threads, run_cpu_bench
 
 
 def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
@@ -87,7 +87,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
         checked_bench_threads(args)  # bad input fails before a run folder is made
         run_dir = new_run_dir(Path("runs") / "calibrate")
         bench_args = argparse.Namespace(**{**vars(args), "out": run_dir})
-        status = run_bench_command(bench_args)
+        status = run_cpu_bench(bench_args)
         if status != 0:
             return status
     profile_path = args.out or run_dir / "profile.json"

@@ -53,6 +53,29 @@ def test_calibrate_from_a_bench_run_writes_a_profile_report_plots_and_extrap(
     assert lines and all("params" in json.loads(line) for line in lines[1:3])
 
 
+def test_calibrate_without_records_runs_the_cpu_bench_with_its_own_options(
+    tmp_path, monkeypatch, capsys
+):
+    """The default path (no --from) hands calibrate's options to the bench; a bench that is
+    interrupted keeps its run folder and says where."""
+    from pdlsim.cli import bench_suite
+    from pdlsim.cli.main import main
+
+    plans = []
+
+    def interrupted(plan):
+        plans.append(plan)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_suite, "run_bench", interrupted)
+    monkeypatch.chdir(tmp_path)
+    assert main(["calibrate", "--quick", "--model", "mlp", "--batch", "8", "--threads", "1"]) == 130
+    (plan,) = plans
+    assert (plan.model, plan.batches, plan.threads, plan.quick) == ("mlp", (8,), (1,), True)
+    assert (tmp_path / plan.out).parent == tmp_path / "runs" / "calibrate" and plan.out.is_dir()
+    assert f"finished points are kept in {plan.out}" in capsys.readouterr().err
+
+
 def test_a_failed_fit_leaves_an_existing_profile_untouched(quick_bench_run, tmp_path):
     run_dir, _ = quick_bench_run
     partial = tmp_path / "partial"
