@@ -145,6 +145,9 @@ class Profile:
     pdlsim_version: str | None = field(default_factory=_pdlsim_version)
     schema_version: int = SCHEMA_VERSION
     source: str = field(default="profile", compare=False, repr=False)  # for error messages
+    # each section's model object, built once: a kernel model's tables take about a second
+    # to build, and a prediction (or a validation's hundreds) asks for them many times
+    _built: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @classmethod
     def from_models(
@@ -213,15 +216,19 @@ class Profile:
         return Path(path)
 
     def model(self, name: str) -> Any:
-        """The fitted model object of section ``name`` (None for a null section)."""
+        """The fitted model object of section ``name`` (None for a null section), built on the
+        first call and shared by later ones: callers read it and never change it (a drawn
+        variant is a copy, :mod:`pdlsim.costmodel.uncertainty`)."""
         section = self.models.get(name)
         if section is None:
             return None
-        build = modeler(name).from_dict
-        try:
-            return build(section)
-        except BUILD_ERRORS as exc:  # a field missing or of the wrong kind: name it
-            raise explain_build_failure(self.source, name, build, section, exc) from None
+        if name not in self._built:
+            build = modeler(name).from_dict
+            try:
+                self._built[name] = build(section)
+            except BUILD_ERRORS as exc:  # a field missing or of the wrong kind: name it
+                raise explain_build_failure(self.source, name, build, section, exc) from None
+        return self._built[name]
 
 
 def _check_document(source: str, doc: Any) -> None:

@@ -106,6 +106,14 @@ def test_round_trip_save_load_equal(profile, tmp_path):
     assert set(loaded.fit_quality) == {"collectives", "compute", "jitter", "overlap"}
 
 
+def test_a_section_is_built_once_per_loaded_profile(profile, tmp_path):
+    loaded = load_profile(profile.save(tmp_path / "profile.json"))
+    compute = loaded.model("compute")
+    assert loaded.model("compute") is compute  # shared by every caller of this profile
+    again = load_profile(tmp_path / "profile.json")
+    assert again == loaded and again.model("compute") is not compute  # its own build
+
+
 def test_sources_pin_the_records(profile, records):
     by_name = {Path(s.path).name: s for s in profile.sources}
     assert sorted(by_name) == ["compute.jsonl", "interference.jsonl", "jitter.jsonl"]
