@@ -59,8 +59,8 @@ def describe_failure(exc: BaseException) -> str | None:
         if exc.filename is None:
             return f"cannot write the output: {advice}"
         name = os.fsdecode(exc.filename)
-        if len(name) > 80:
-            name = f"{name[:60]}...({len(name)} characters)"
+        if len(name) > 200:  # the start and the file's own name, which says what failed
+            name = f"{name[:60]}...{name[-100:]}"
         return f"{name}: {advice}"
     return None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import stat
 import subprocess
@@ -20,12 +21,20 @@ from microbench import fileio
 from microbench.boundary import describe_failure
 from microbench.fileio import atomic_write_text, loads_strict, new_run_dir
 from microbench.records import RecordWriter
+from pdlsim.cli import progress
 from pdlsim.cli.main import main
 from tests.conftest import REPO, run_pdlsim
 from tests.profiles import STEP_TABLES
 
 PROFILE = STEP_TABLES
 LONG_NAME = "a" * 300  # over NAME_MAX (255) on every common file system
+
+
+@pytest.fixture(autouse=True)
+def no_progress_lines(monkeypatch):
+    """A command run in-process here prints no progress, however slow the machine: progress on
+    stderr is a feature of its own (tests/cli/test_refusals.py); here stderr is the error."""
+    monkeypatch.setattr(progress, "FIRST_AFTER_S", math.inf)
 
 
 def _one_line_error(result: subprocess.CompletedProcess, *parts: str, prog: str = "pdlsim") -> None:
@@ -90,6 +99,13 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
         main(["predict", "--nodes", "2"])
     assert describe_failure(KeyError("x")) is None
     assert describe_failure(OSError(errno.ENOENT, "No such file", "x")) is None
+
+
+def test_a_long_path_keeps_the_file_name_that_failed():
+    deep = "/scratch/" + "nested/" * 30 + "sweep.csv"
+    line = describe_failure(OSError(errno.ENOSPC, "No space left on device", deep))
+    assert line.startswith("/scratch/nested/") and "sweep.csv: the disk is full" in line
+    assert len(line) < 240
 
 
 def test_a_real_allocation_failure_in_training_is_one_line(tmp_path):
