@@ -24,6 +24,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -285,8 +286,7 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
     path = Path(key)
     if not path.exists() and os.sep not in key and not key.endswith(".json"):
         if key in packaged_profile_names():
-            text = (_profiles_dir() / f"{key}.json").read_text(encoding="utf-8")
-            return _parse(f"profile '{key}'", text)
+            return _load_file(_profiles_dir() / f"{key}.json", f"profile '{key}'")
         names = ", ".join(packaged_profile_names()) or "none are installed"
         raise ProfileError(key, "", f"no such profile file or packaged profile (packaged: {names})")
     if not path.is_file():
@@ -294,10 +294,22 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
         problem = f"is {kind}, not a profile file" if kind else "no such file"
         raise ProfileError(key, "", problem)
     try:
-        text = path.read_text(encoding="utf-8")
+        return _load_file(path, key)
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(key, "", f"cannot read it ({exc})") from None
-    return _parse(key, text)
+
+
+def _load_file(path: Path, source: str) -> Profile:
+    """The profile in ``path``, parsed and checked once per process for each version of the
+    file (its size and modification time): a command that prices several configurations asks
+    for its profile more than once, and checking a profile of kernel tables takes a second."""
+    stat = path.stat()
+    return _parsed(str(path.resolve()), stat.st_size, stat.st_mtime_ns, source)
+
+
+@lru_cache(maxsize=8)
+def _parsed(path: str, size: int, mtime_ns: int, source: str) -> Profile:
+    return _parse(source, Path(path).read_text(encoding="utf-8"))
 
 
 def _parse(source: str, text: str) -> Profile:

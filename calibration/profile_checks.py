@@ -68,6 +68,11 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _numbers_only(items: list | tuple) -> bool:
+    """Whether every element is a plain JSON number (int or float, not bool)."""
+    return all(type(v) is float or type(v) is int for v in items)
+
+
 def _check_unit(source: str, field: str, name: str, value: float) -> None:
     """The sign rule that the unit suffix of ``name`` implies."""
     if name.endswith("_bytes_per_s") or name.endswith("flops_per_s"):
@@ -166,6 +171,10 @@ def check_tree(
             check_tree(source, item, _join(path, key), key, sub)
         _check_intervals(source, path, node)
     elif isinstance(node, (list, tuple)):
+        if _numbers_only(node) and all(map(math.isfinite, node)):
+            if node and (low := min(node)) <= 0:  # the sign rule, on the smallest value
+                _check_unit(source, _join(path, node.index(low)), name, low)
+            return  # a long table of numbers is checked without a call per value
         sub = example.get(ITEM) if example is not None else None
         for i, item in enumerate(node):
             check_tree(source, item, _join(path, i), name, sub)

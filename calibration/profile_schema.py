@@ -22,7 +22,16 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from .profile_checks import ITEM, NUMBER, OTHER, ProfileError, _is_number, _join, shown
+from .profile_checks import (
+    ITEM,
+    NUMBER,
+    OTHER,
+    ProfileError,
+    _is_number,
+    _join,
+    _numbers_only,
+    shown,
+)
 
 __all__ = ["BUILD_ERRORS", "explain_build_failure", "reference_fields"]
 
@@ -40,6 +49,10 @@ def _grow(trie: dict, node: Any) -> None:
     elif isinstance(node, list):
         trie[OTHER] = True
         child = trie.setdefault(ITEM, {})
+        if _numbers_only(node):  # a table's or a sample's values: one mark, not one call each
+            if node:
+                child[NUMBER] = True
+            return
         for item in node:
             _grow(child, item)
     elif type(node) in (int, float):  # not bool: JSON's true and false are no numbers

@@ -6,6 +6,7 @@ import copy
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from calibration.profile import (
     load_profile,
     read_sources,
 )
+from calibration.profile_checks import check_tree
 from microbench.errors import UserError
 from microbench.records import load_dataframe, read_records
 from tests.calibration.test_compute_model import write_records
@@ -106,12 +108,15 @@ def test_round_trip_save_load_equal(profile, tmp_path):
     assert set(loaded.fit_quality) == {"collectives", "compute", "jitter", "overlap"}
 
 
-def test_a_section_is_built_once_per_loaded_profile(profile, tmp_path):
-    loaded = load_profile(profile.save(tmp_path / "profile.json"))
+def test_a_profile_file_is_parsed_and_built_once_per_version(profile, tmp_path):
+    path = profile.save(tmp_path / "profile.json")
+    loaded = load_profile(path)
     compute = loaded.model("compute")
     assert loaded.model("compute") is compute  # shared by every caller of this profile
-    again = load_profile(tmp_path / "profile.json")
-    assert again == loaded and again.model("compute") is not compute  # its own build
+    assert load_profile(path) is loaded  # the file unchanged: not read again
+    path.write_text(path.read_text() + "\n")  # a new version of the file
+    again = load_profile(path)
+    assert again == loaded and again is not loaded and again.model("compute") is not compute
 
 
 def test_sources_pin_the_records(profile, records):
@@ -237,3 +242,18 @@ def test_nonsense_cannot_be_saved(profile, tmp_path):
     with pytest.raises(ProfileError, match="models.jitter.median_s"):
         Profile.from_models(doc["models"], profile.machine)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("tree", "field", "problem"),
+    [
+        ({"wait_s": [0.1, -0.2, 0.3]}, "m.wait_s[1]", "a time must be >= 0"),
+        ({"link_bytes_per_s": [2e9, 0.0]}, "m.link_bytes_per_s[1]", "a throughput must be > 0"),
+        ({"speedup": [1.0, float("nan")]}, "m.speedup[1]", "nan is not a finite number"),
+        ({"speedup": [1.0, True]}, "m.speedup[1]", "unexpected value of type bool"),
+    ],
+)
+def test_a_bad_value_in_a_list_of_numbers_is_named_by_its_index(tree, field, problem):
+    with pytest.raises(ProfileError, match=re.escape(f"{field}: {problem}")):
+        check_tree("p.json", tree, "m")
+    check_tree("p.json", {key: [1.0, 2.0] for key in tree}, "m")
