@@ -72,7 +72,7 @@ import pandas as pd
 from scipy import stats
 
 from microbench.jitter import FORWARD_NAME
-from microbench.network_ops import INFERENCE_WITH_GATHER, STEP_WITH_GATHER
+from microbench.op_records import INFERENCE_WITH_GATHER, STEP_WITH_GATHER
 
 from .stats import Interval
 

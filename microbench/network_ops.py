@@ -60,12 +60,20 @@ from typing import Any
 import numpy as np
 
 from microbench.nn import SGD, Network, random_batch
+from microbench.op_records import (
+    INFERENCE_WITH_GATHER,
+    LABEL_BYTES,
+    STEP_WITH_GATHER,
+    layer_bytes,
+    update_cost,
+)
 from microbench.sampling import Point
 from microbench.workload import BYTES_PER_VALUE, LayerInfo, Workload
 
 __all__ = [
     "DATASET_SAMPLES",
     "INFERENCE_WITH_GATHER",
+    "LABEL_BYTES",
     "STEP_WITH_GATHER",
     "OpGroup",
     "gather_point_fn",
@@ -75,10 +83,7 @@ __all__ = [
     "update_cost",
 ]
 
-LABEL_BYTES = 8  # int64 labels, as Network.forward converts them
 DATASET_SAMPLES = 8192  # the gather's data set: pdlsim train's default synthetic size
-STEP_WITH_GATHER = "data+step"  # the op name of a whole step that starts with the gather
-INFERENCE_WITH_GATHER = "data+inference"  # the same for a forward-only step
 
 
 @dataclass(frozen=True)
@@ -108,30 +113,6 @@ def op_groups(workload: Workload, ops: tuple[Any, ...]) -> list[OpGroup]:
     """The layers of each op: from its lead layer up to the next op's (the loss excluded)."""
     starts = [op.info.index for op in ops] + [len(workload.layers) - 1]
     return [OpGroup(tuple(workload.layers[a:b])) for a, b in zip(starts, starts[1:], strict=False)]
-
-
-def layer_bytes(info: LayerInfo, phase: str, batch: int) -> int:
-    """The byte estimate of one layer's ``phase`` at ``batch`` (see the module docstring)."""
-    if info.kind == "flatten":
-        return 0
-    x, y = info.input_bytes_per_sample * batch, info.activation_bytes_per_sample * batch
-    params = info.param_count * BYTES_PER_VALUE
-    if phase == "forward":
-        return x + y + params
-    if phase != "backward":
-        raise ValueError(f"phase must be 'forward' or 'backward', got {phase!r}")
-    total = y + x + params  # read dy and x (or the kept output), write the parameter gradients
-    if info.needs_input_grad:
-        total += x + params  # write dx, read the weights it needs
-    return total
-
-
-def update_cost(param_count: int, momentum: float) -> tuple[int, int]:
-    """``(flops, bytes)`` of one SGD update: ``p -= lr * g``, or with momentum
-    ``v = m * v + g; p -= lr * v``."""
-    if momentum:
-        return 4 * param_count, 5 * BYTES_PER_VALUE * param_count
-    return 2 * param_count, 3 * BYTES_PER_VALUE * param_count
 
 
 def network_points(

@@ -65,27 +65,45 @@ smaller tensor); a per-layer timing of these kernels should time such a group th
 from __future__ import annotations
 
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from microbench.kernels.array import ArrayKernels
-from microbench.kernels.cpu import NumbaKernels
 from microbench.kernels.shapes import conv_output_hw, pool_output_hw
+
+if TYPE_CHECKING:
+    from microbench.kernels.array import ArrayKernels
+    from microbench.kernels.cpu import NumbaKernels
 
 BACKENDS = ("auto", "numba", "array")
 
-Kernels = NumbaKernels | ArrayKernels
+
+def __getattr__(name: str) -> Any:
+    """The kernel sets, loaded when first asked for: the modules of this package that only
+    describe calls (``calls``, ``callspec``, ``fusion``, ``policy``, ``shapes``) are read by
+    the simulator, which must not wait for numba to load (half a second a command)."""
+    if name == "NumbaKernels":
+        from microbench.kernels.cpu import NumbaKernels
+
+        return NumbaKernels
+    if name == "ArrayKernels":
+        from microbench.kernels.array import ArrayKernels
+
+        return ArrayKernels
+    if name == "Kernels":
+        return __getattr__("NumbaKernels") | __getattr__("ArrayKernels")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def kernels_for(xp: ModuleType = np, backend: str = "auto") -> Kernels:
+def kernels_for(xp: ModuleType = np, backend: str = "auto") -> NumbaKernels | ArrayKernels:
     """The kernel set for arrays of module ``xp``: numba for numpy unless ``backend="array"``."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown kernel backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if backend == "numba" and xp is not np:
         raise ValueError("the numba kernels run on numpy arrays only; use backend 'array'")
     if backend == "array" or xp is not np:
-        return ArrayKernels(xp)
-    return NumbaKernels()
+        return __getattr__("ArrayKernels")(xp)
+    return __getattr__("NumbaKernels")()
 
 
 __all__ = [

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from microbench.network_ops import LABEL_BYTES, layer_bytes
+from microbench.op_records import LABEL_BYTES, layer_bytes
 from microbench.workload import LOSS_KINDS, LayerInfo
 from pdlsim.costmodel.kernels import sliced_layers
 from pdlsim.costmodel.uncertainty import moved

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from microbench.network_ops import STEP_WITH_GATHER
+from microbench.op_records import STEP_WITH_GATHER
 
 __all__ = ["StepRow", "StepScale", "threads_row"]
 
