@@ -82,13 +82,3 @@ def no_inherited_rank(monkeypatch):
 @pytest.fixture
 def pdlsim_cli():
     return run_pdlsim
-
-
-@pytest.fixture(scope="session")
-def quick_bench_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """One quick ``pdlsim bench`` at 1 and 2 ranks, shared by the tests that read its records."""
-    out = tmp_path_factory.mktemp("bench") / "run"
-    result = run_pdlsim(
-        "bench", "--quick", "--procs", "1,2", "--threads", "1", "--out", str(out), timeout=300
-    )
-    return out, result

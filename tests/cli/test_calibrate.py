@@ -1,15 +1,52 @@
-"""pdlsim calibrate: records in, a loadable profile, its report, plots and Extra-P file out."""
+"""pdlsim bench --quick, then pdlsim calibrate: records in, a loadable profile, its report, plots
+and Extra-P file out. The one quick bench run is this module's, so that it runs once even when
+the suite is spread over workers by file."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from calibration.profile import load_profile
 from calibration.report import format_report
+from microbench.records import load_dataframe
 from tests.conftest import run_pdlsim
+
+
+@pytest.fixture(scope="module")
+def quick_bench_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One quick ``pdlsim bench`` at 1 and 2 ranks, shared by the tests that read its records."""
+    out = tmp_path_factory.mktemp("bench") / "run"
+    result = run_pdlsim(
+        "bench", "--quick", "--procs", "1,2", "--threads", "1", "--out", str(out), timeout=300
+    )
+    return out, result
+
+
+def test_quick_bench_runs_every_stage_and_keeps_every_record(quick_bench_run):
+    out, result = quick_bench_run
+    assert result.returncode == 0, result.stderr + result.stdout
+    plan = json.loads((out / "bench.json").read_text())
+    assert [r["status"] for r in plan["results"]] == ["ok"] * len(plan["stages"])
+    frame = load_dataframe(out, type="measurement")
+    sources = set(frame["source"])
+    assert {
+        "ranks1/compute.jsonl",
+        "ranks1/compression.jsonl",
+        "ranks1/collectives.jsonl",
+        "ranks2/collectives.jsonl",
+        "ranks1/speed.jsonl",
+    } <= sources
+    assert {"ranks2/jitter.jsonl", "ranks2/interference.jsonl"} <= sources
+    allreduce = frame[(frame["benchmark"] == "collectives") & (frame["params.op"] == "allreduce")]
+    assert set(allreduce["params.ranks"]) == {1, 2}
+    assert all(len(samples) >= 1 for samples in frame["samples"])
+    assert "allreduce" in result.stdout and "GFLOP/s" in result.stdout and "GB/s" in result.stdout
+    assert (out / "logs" / "collectives-p2.log").exists()
 
 
 def test_calibrate_from_a_bench_run_writes_a_profile_report_plots_and_extrap(
