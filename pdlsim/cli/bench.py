@@ -25,7 +25,11 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> None:
             "machine's metadata) go to one run directory."
         ),
     )
-    bench.add_argument("--quick", action="store_true", help="a short run (about a minute)")
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short run: fewer sizes and samples (1-2 minutes on a 2-core VM)",
+    )
     bench.add_argument(
         "--procs", type=int_list, default=(1, 2), metavar="P,...", help="process counts (1,2)"
     )
