@@ -72,6 +72,13 @@ def run_mpi_python(
     )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules marked ``long_module`` first, the rest in collection order (``pytest -n`` hands
+    out whole modules in this order, ``--no-loadscope-reorder``): a long module started last
+    would leave the other workers idle while it runs."""
+    items.sort(key=lambda item: item.get_closest_marker("long_module") is None)
+
+
 @pytest.fixture
 def no_inherited_rank(monkeypatch):
     """Tests that run microbench without mpiexec must not look like rank 1 of some job."""

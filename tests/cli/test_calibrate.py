@@ -16,6 +16,8 @@ from calibration.report import format_report
 from microbench.records import load_dataframe
 from tests.conftest import run_pdlsim
 
+pytestmark = pytest.mark.long_module  # the quick bench alone takes two minutes
+
 
 @pytest.fixture(scope="module")
 def quick_bench_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:

@@ -24,6 +24,8 @@ from pdlsim.train.loop import PHASES, train
 from pdlsim.train.runinfo import device_pool_bytes
 from tests.conftest import MPI_TIMEOUT_S, mpiexec, run_pdlsim
 
+pytestmark = pytest.mark.long_module  # every execution mode of every preset: about a minute
+
 SMALL = {
     "mlp": ["--samples", "512", "--test-samples", "64", "--max-steps", "6"],
     "cnn": ["--samples", "128", "--test-samples", "32", "--max-steps", "3"],

@@ -22,6 +22,8 @@ from pdlsim.validate.run import (
 )
 from tests.profiles import STEP_TABLES
 
+pytestmark = pytest.mark.long_module  # its validations take most of a minute
+
 PROFILE = str(STEP_TABLES)
 TINY_LOG: list[str] = []
 
