@@ -194,9 +194,11 @@ class Profile:
         }
 
     @classmethod
-    def from_dict(cls, doc: Any, source: str = "profile") -> Profile:
-        """Check ``doc`` and build the profile; :class:`ProfileError` names the bad field."""
-        _check_document(source, doc)
+    def from_dict(cls, doc: Any, source: str = "profile", *, by_example: bool = True) -> Profile:
+        """Check ``doc`` and build the profile; :class:`ProfileError` names the bad field.
+        ``by_example=False`` skips the check against the packaged profiles' fields, which a
+        packaged profile passes by construction (the examples are the packaged profiles)."""
+        _check_document(source, doc, by_example)
         return cls(
             machine=doc["machine"],
             models=doc["models"],
@@ -232,7 +234,7 @@ class Profile:
         return self._built[name]
 
 
-def _check_document(source: str, doc: Any) -> None:
+def _check_document(source: str, doc: Any, by_example: bool = True) -> None:
     if not isinstance(doc, Mapping):
         raise ProfileError(source, "", f"a profile is a JSON object, got {type(doc).__name__}")
     if doc.get("schema") != SCHEMA:
@@ -256,7 +258,7 @@ def _check_document(source: str, doc: Any) -> None:
         if not isinstance(item, Mapping) or any(k not in item for k in keys):
             raise ProfileError(source, f"sources[{i}]", f"needs {', '.join(keys)}")
     check_tree(source, doc["machine"], "machine")
-    check_models(source, doc["models"], reference_fields())
+    check_models(source, doc["models"], reference_fields() if by_example else None)
     quality = doc.get("fit_quality") or {}
     if not isinstance(quality, Mapping):
         raise ProfileError(source, "fit_quality", "must be an object")
@@ -286,7 +288,7 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
     path = Path(key)
     if not path.exists() and os.sep not in key and not key.endswith(".json"):
         if key in packaged_profile_names():
-            return _load_file(_profiles_dir() / f"{key}.json", f"profile '{key}'")
+            return _load_file(_profiles_dir() / f"{key}.json", f"profile '{key}'", packaged=True)
         names = ", ".join(packaged_profile_names()) or "none are installed"
         raise ProfileError(key, "", f"no such profile file or packaged profile (packaged: {names})")
     if not path.is_file():
@@ -299,20 +301,20 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
         raise ProfileError(key, "", f"cannot read it ({exc})") from None
 
 
-def _load_file(path: Path, source: str) -> Profile:
+def _load_file(path: Path, source: str, packaged: bool = False) -> Profile:
     """The profile in ``path``, parsed and checked once per process for each version of the
     file (its size and modification time): a command that prices several configurations asks
     for its profile more than once, and checking a profile of kernel tables takes a second."""
     stat = path.stat()
-    return _parsed(str(path.resolve()), stat.st_size, stat.st_mtime_ns, source)
+    return _parsed(str(path.resolve()), stat.st_size, stat.st_mtime_ns, source, packaged)
 
 
 @lru_cache(maxsize=8)
-def _parsed(path: str, size: int, mtime_ns: int, source: str) -> Profile:
-    return _parse(source, Path(path).read_text(encoding="utf-8"))
+def _parsed(path: str, size: int, mtime_ns: int, source: str, packaged: bool) -> Profile:
+    return _parse(source, Path(path).read_text(encoding="utf-8"), by_example=not packaged)
 
 
-def _parse(source: str, text: str) -> Profile:
+def _parse(source: str, text: str, by_example: bool = True) -> Profile:
     try:
         doc = loads_strict(text)
     except DuplicateKeyError as exc:
@@ -323,4 +325,4 @@ def _parse(source: str, text: str) -> Profile:
         raise ProfileError(
             source, "", f"not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
         ) from None
-    return Profile.from_dict(doc, source)
+    return Profile.from_dict(doc, source, by_example=by_example)

@@ -23,6 +23,7 @@ from calibration.profile import (
     read_sources,
 )
 from calibration.profile_checks import check_tree
+from calibration.profile_schema import reference_fields
 from microbench.errors import UserError
 from microbench.records import load_dataframe, read_records
 from tests.calibration.test_compute_model import write_records
@@ -257,3 +258,14 @@ def test_a_bad_value_in_a_list_of_numbers_is_named_by_its_index(tree, field, pro
     with pytest.raises(ProfileError, match=re.escape(f"{field}: {problem}")):
         check_tree("p.json", tree, "m")
     check_tree("p.json", {key: [1.0, 2.0] for key in tree}, "m")
+
+
+def test_packaged_profiles_pass_the_check_by_example_so_loading_them_by_name_skips_it():
+    reference_fields.cache_clear()
+    for name in profile_module.packaged_profile_names():
+        profile_module._parsed.cache_clear()
+        load_profile(name)
+        assert reference_fields.cache_info().currsize == 0  # the packaged profiles not read
+    for name in profile_module.packaged_profile_names():  # each passes the check it skips
+        path = Path(profile_module.__file__).parent / "profiles" / f"{name}.json"
+        Profile.from_dict(json.loads(path.read_text()), name, by_example=True)
