@@ -288,7 +288,7 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
     path = Path(key)
     if not path.exists() and os.sep not in key and not key.endswith(".json"):
         if key in packaged_profile_names():
-            return _load_file(_profiles_dir() / f"{key}.json", f"profile '{key}'", packaged=True)
+            return _load_file(_profiles_dir() / f"{key}.json", f"profile '{key}'")
         names = ", ".join(packaged_profile_names()) or "none are installed"
         raise ProfileError(key, "", f"no such profile file or packaged profile (packaged: {names})")
     if not path.is_file():
@@ -301,17 +301,18 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
         raise ProfileError(key, "", f"cannot read it ({exc})") from None
 
 
-def _load_file(path: Path, source: str, packaged: bool = False) -> Profile:
+def _load_file(path: Path, source: str) -> Profile:
     """The profile in ``path``, parsed and checked once per process for each version of the
     file (its size and modification time): a command that prices several configurations asks
     for its profile more than once, and checking a profile of kernel tables takes a second."""
     stat = path.stat()
-    return _parsed(str(path.resolve()), stat.st_size, stat.st_mtime_ns, source, packaged)
+    return _parsed(path.resolve(), stat.st_size, stat.st_mtime_ns, source)
 
 
 @lru_cache(maxsize=8)
-def _parsed(path: str, size: int, mtime_ns: int, source: str, packaged: bool) -> Profile:
-    return _parse(source, Path(path).read_text(encoding="utf-8"), by_example=not packaged)
+def _parsed(path: Path, size: int, mtime_ns: int, source: str) -> Profile:
+    packaged = path.parent == Path(str(_profiles_dir())).resolve()  # an example itself
+    return _parse(source, path.read_text(encoding="utf-8"), by_example=not packaged)
 
 
 def _parse(source: str, text: str, by_example: bool = True) -> Profile:

@@ -70,7 +70,7 @@ def _is_number(value: Any) -> bool:
 
 def _numbers_only(items: list | tuple) -> bool:
     """Whether every element is a plain JSON number (int or float, not bool)."""
-    return all(type(v) is float or type(v) is int for v in items)
+    return all(map(_is_number, items))
 
 
 def _check_unit(source: str, field: str, name: str, value: float) -> None:

@@ -72,15 +72,10 @@ from microbench.workload import BYTES_PER_VALUE, LayerInfo, Workload
 
 __all__ = [
     "DATASET_SAMPLES",
-    "INFERENCE_WITH_GATHER",
-    "LABEL_BYTES",
-    "STEP_WITH_GATHER",
     "OpGroup",
     "gather_point_fn",
-    "layer_bytes",
     "network_points",
     "op_groups",
-    "update_cost",
 ]
 
 DATASET_SAMPLES = 8192  # the gather's data set: pdlsim train's default synthetic size

@@ -102,8 +102,12 @@ def kernels_for(xp: ModuleType = np, backend: str = "auto") -> NumbaKernels | Ar
     if backend == "numba" and xp is not np:
         raise ValueError("the numba kernels run on numpy arrays only; use backend 'array'")
     if backend == "array" or xp is not np:
-        return __getattr__("ArrayKernels")(xp)
-    return __getattr__("NumbaKernels")()
+        from microbench.kernels.array import ArrayKernels
+
+        return ArrayKernels(xp)
+    from microbench.kernels.cpu import NumbaKernels
+
+    return NumbaKernels()
 
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 :class:`ProfileCostModel` implements :class:`pdlsim.sim.CostModel`:
 
-* **Compute.** A layer's FLOPs and bytes (:func:`microbench.network_ops.layer_bytes`, the same
+* **Compute.** A layer's FLOPs and bytes (:func:`microbench.op_records.layer_bytes`, the same
   byte estimate the compute benchmark records) at the batch go through the profile's fitted
   roofline of its op class (``dense:forward``, ``conv2d:backward``, ``softmax_cross_entropy:loss``,
   ``sgd:update``; pooled where a class was not measured) and thread-scaling law. A flatten is a

@@ -309,7 +309,7 @@ def test_forward_only_predictions_are_the_typical_step_times_its_measured_share(
     the mini-batch gather, priced apart); the
     training model is unchanged, and so is a forward-only one without shares."""
     from calibration.profile import Profile, load_profile
-    from microbench.network_ops import LABEL_BYTES
+    from microbench.op_records import LABEL_BYTES
     from pdlsim.costmodel.model import ProfileCostModel
 
     doc = load_profile(STEP_TABLES).to_dict()

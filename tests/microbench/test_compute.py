@@ -15,8 +15,9 @@ import pytest
 from microbench.compute import QUICK_POLICY, ComputePlan, format_summary, run_compute
 from microbench.gpu import find_gpu
 from microbench.measurement import Measurement
-from microbench.network_ops import layer_bytes, network_points, op_groups, update_cost
+from microbench.network_ops import network_points, op_groups
 from microbench.nn import SGD, Network, random_batch
+from microbench.op_records import layer_bytes, update_cost
 from microbench.records import RecordWriter, read_records
 from microbench.reference import last_level_cache_bytes, triad_elements
 from microbench.sampling import STOP_REASONS

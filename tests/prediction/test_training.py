@@ -9,7 +9,7 @@ import pytest
 
 import calibration
 from microbench.errors import UserError
-from microbench.network_ops import update_cost
+from microbench.op_records import update_cost
 from microbench.workload import load_workload
 from pdlsim.costmodel.presets import GPU_PRESETS
 from pdlsim.costmodel.training import Training
