@@ -11,6 +11,8 @@ parameter count is the published one.
 * ``bert-base``: BERT-base (Devlin et al. 2019) as Hugging Face's ``BertForMaskedLM`` of
   ``bert-base-uncased``: post-layernorm encoder, 512 tokens, the masked-language-model head whose
   output layer shares the token embedding; 109,514,298 parameters.
+* ``bert-large``: the same for ``bert-large-uncased`` (24 layers of width 1024, 16 heads):
+  335,174,458 parameters.
 * ``gpt2``: GPT-2 small (Radford et al. 2019), pre-layernorm decoder of 1024 tokens with causal
   attention, output layer tied to the token embedding: 124,439,808 parameters.
 * ``vit-b16``: torchvision's ViT-B/16 (Dosovitskiy et al. 2021): 16 x 16 patches of a 224 x 224
@@ -170,21 +172,32 @@ def _block(net: _Net, name: str, x: str, d: int, heads: int, pre_norm: bool, cau
     return residual("mlp", mlp, residual("attn", attention, x))
 
 
-def bert_base() -> dict[str, Any]:
-    net = _Net("bert-base", [512],
-               "BERT-base (Devlin et al. 2019) as Hugging Face's BertForMaskedLM of "
-               "bert-base-uncased, 512 tokens: 109,514,298 parameters")  # fmt: skip
-    net.add("embedding", "embed", vocab=30522, dim=768, positions=512, token_types=2)
+def _bert(name: str, layers: int, d: int, heads: int, params: str) -> dict[str, Any]:
+    """BERT (Devlin et al. 2019) as Hugging Face's ``BertForMaskedLM``: post-layernorm blocks,
+    512 tokens, the masked-language-model head's output layer tied to the token embedding."""
+    title = "BERT-" + name.removeprefix("bert-")
+    net = _Net(name, [512],
+               f"{title} (Devlin et al. 2019) as Hugging Face's BertForMaskedLM of "
+               f"{name}-uncased, 512 tokens: {params} parameters")  # fmt: skip
+    net.add("embedding", "embed", vocab=30522, dim=d, positions=512, token_types=2)
     net.add("layernorm", "embed.ln")
     x = net.add("dropout", "embed.dropout", rate=0.1)
-    for i in range(12):
-        x = _block(net, f"layer{i}", x, 768, 12, pre_norm=False, causal=False, dropout=0.1)
-    net.add("dense", "mlm.transform", units=768)
+    for i in range(layers):
+        x = _block(net, f"layer{i}", x, d, heads, pre_norm=False, causal=False, dropout=0.1)
+    net.add("dense", "mlm.transform", units=d)
     net.add("gelu", "mlm.gelu")
     net.add("layernorm", "mlm.ln")
     net.add("dense", "mlm.decoder", units=30522, tied_to="embed")
     net.add("token_cross_entropy", "loss")
     return net.doc
+
+
+def bert_base() -> dict[str, Any]:
+    return _bert("bert-base", 12, 768, 12, "109,514,298")
+
+
+def bert_large() -> dict[str, Any]:
+    return _bert("bert-large", 24, 1024, 16, "335,174,458")
 
 
 def gpt2() -> dict[str, Any]:
@@ -257,6 +270,7 @@ ZOO: dict[str, Callable[[], dict[str, Any]]] = {
     "resnet50": resnet50,
     "vgg16": vgg16,
     "bert-base": bert_base,
+    "bert-large": bert_large,
     "gpt2": gpt2,
     "vit-b16": vit_b16,
 }

@@ -14,7 +14,7 @@ from microbench.layer_times import time_layers  # noqa: E402
 from microbench.torch_twin import torch_twin, twin_inputs, twin_loss  # noqa: E402
 
 ALL = ("mlp", "cnn", "rescnn", "transformer", "resnet18", "resnet50", "vgg16", "bert-base",
-       "gpt2", "vit-b16")  # fmt: skip
+       "bert-large", "gpt2", "vit-b16")  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -13,12 +13,14 @@ from pdlsim.prediction.memory import activation_bytes_per_sample
 from tests.conftest import run_pdlsim
 
 # Parameter counts as published by the reference implementations (torchvision; Hugging Face
-# BertForMaskedLM of bert-base-uncased; GPT-2 small with its output layer tied).
+# BertForMaskedLM of bert-base-uncased and bert-large-uncased; GPT-2 small with its output
+# layer tied).
 PUBLISHED_PARAMS = {
     "resnet18": 11_689_512,
     "resnet50": 25_557_032,
     "vgg16": 138_357_544,
     "bert-base": 109_514_298,
+    "bert-large": 335_174_458,
     "gpt2": 124_439_808,
     "vit-b16": 86_567_656,
 }
@@ -229,3 +231,4 @@ def test_the_trained_graph_presets_have_their_hand_counted_parameters():
     assert load_workload("rescnn").param_count == 28_554
     assert load_workload("transformer").param_count == 135_562
     assert not load_workload("rescnn").is_chain and load_workload("transformer").vocabulary == 512
+
