@@ -84,6 +84,21 @@ class Workload:
                 return int(info.layer.get("vocab"))
         return None
 
+    def with_tokens(self, tokens: int) -> Workload:
+        """The same network reading ``tokens`` tokens per sample (a sequence length other
+        than its description's): every shape, FLOP and byte follows; its weights do not
+        change. A one-line :class:`WorkloadError` for a network whose input is not token ids
+        or whose position table is shorter."""
+        if self.vocabulary is None:
+            raise WorkloadError(
+                f"workload {self.name} reads {list(self.input_shape)}, not token ids: a token "
+                "count applies to networks whose first layer is an embedding"
+            )
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise WorkloadError(f"a token count is a positive integer, got {tokens!r}")
+        doc = {**self.to_dict(), "input_shape": [tokens]}
+        return _build(doc, f"workload {self.name} at {tokens} tokens")
+
     @property
     def is_chain(self) -> bool:
         """Every layer reads the one before it (and only it)."""

@@ -173,6 +173,9 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     from pdlsim.costmodel.training import OPTIMIZERS, PRECISIONS
 
     p.add_argument("--model", default="cnn", metavar="NAME|PATH", help="workload (cnn)")
+    p.add_argument("--tokens", type=positive_int, default=None, metavar="N",
+                   help="tokens per sample (sequence length) of a network on token ids; "
+                   "default: its description's")  # fmt: skip
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32 (default), tf32, bf16/fp16 mixed precision (GPU ranks)")  # fmt: skip
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",

@@ -53,6 +53,7 @@ class PredictConfig:
     threads: int = 1
     model: str | Workload = "cnn"  # a preset name, a workload file's path, or a Workload
     batch: int = 32
+    tokens: int | None = None  # tokens per sample of a token network; None: its description's
     profile: str | Profile | None = None  # a packaged name or a path; None: the default
     network: str | None = None
     inter_bw: str | None = None

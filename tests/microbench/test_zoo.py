@@ -232,3 +232,31 @@ def test_the_trained_graph_presets_have_their_hand_counted_parameters():
     assert load_workload("transformer").param_count == 135_562
     assert not load_workload("rescnn").is_chain and load_workload("transformer").vocabulary == 512
 
+
+def test_a_token_network_at_another_sequence_length_keeps_its_weights():
+    """BERT at 128 tokens: the same parameters; dense FLOPs scale with the tokens, attention's
+    products with their square; past its position table, or on images, one-line refusals."""
+    full, short = load_workload("bert-large"), load_workload("bert-large").with_tokens(128)
+    assert short.param_count == full.param_count and short.input_shape == (128,)
+    dense = [i for i in full.layers if i.kind == "dense"][0]
+    same = [i for i in short.layers if i.name == dense.name][0]
+    assert dense.forward_flops_per_sample == 4 * same.forward_flops_per_sample
+    attention = [i for i in full.layers if i.kind == "attention"][0]
+    scores = [i for i in short.layers if i.name == attention.name][0]
+    assert 4 < attention.forward_flops_per_sample / scores.forward_flops_per_sample < 16
+    with pytest.raises(WorkloadError, match="1024 tokens need at least 1024 positions, got 512"):
+        full.with_tokens(1024)
+    with pytest.raises(WorkloadError, match=r"reads \[3, 224, 224\], not token ids"):
+        load_workload("resnet50").with_tokens(128)
+
+
+def test_predict_takes_a_token_count():
+    args = ("predict", "--nodes", "1", "--gpus", "1", "--model", "bert-base", "--batch", "8",
+            "--json", "--dataset-samples", "1000")  # fmt: skip
+    full, short = run_pdlsim(*args), run_pdlsim(*args, "--tokens", "128")
+    assert full.returncode == short.returncode == 0, short.stderr
+    assert json.loads(short.stdout)["config"]["tokens"] == 128
+    assert json.loads(short.stdout)["step_time_s"] < json.loads(full.stdout)["step_time_s"] / 3
+    bad = run_pdlsim("predict", "--nodes", "1", "--model", "cnn", "--tokens", "16")
+    assert bad.returncode == 2 and "not token ids" in bad.stderr
+    assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
