@@ -193,8 +193,8 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                    help="GPU ranks' GPU (default: the node's); none: the profile's measured "
                    "GPU alone")  # fmt: skip
     p.add_argument("--step-time", default=None, metavar="TIME",
-                   help="one GPU's measured step at this batch and precision (e.g. 128ms): GPU "
-                   "compute is scaled to it")  # fmt: skip
+                   help="one GPU's measured step at this batch and precision (e.g. 128ms; per "
+                   "micro-batch with --grad-accum): GPU compute is scaled to it")  # fmt: skip
     p.add_argument("--mfu", type=float, default=None, metavar="F",
                    help="or one GPU's model-FLOPs utilisation at this batch, e.g. 0.4")  # fmt: skip
     p.add_argument("--layer-times", default=None, metavar="FILE",

@@ -4,9 +4,11 @@ model-FLOPs utilisation (``--mfu``), split over the layers as the cost model pri
 A data sheet's roofline says how a step's time divides among layers better than how long the
 step takes; a measured single-GPU step says the second. So the prediction keeps the first and
 takes the second: every GPU layer's compute is multiplied by one factor, chosen so that one GPU
-at the same batch, precision and copy settings takes the given step. With ``--mfu F`` the step
-is the workload's forward and backward FLOPs at the batch over F x the GPU's peak at the
-precision. Either way the compute assumptions (the data sheet's efficiencies and launch cost)
+at the same batch, precision and copy settings takes the given step. With gradient accumulation
+(``--grad-accum K``) the given step is one GPU's time per micro-batch, which carries a K-th of
+the optimizer's update, as a throughput measured with that accumulation says. With ``--mfu F``
+the step is the workload's forward and backward FLOPs at the batch over F x the GPU's peak at
+the precision. Either way the compute assumptions (the data sheet's efficiencies and launch cost)
 no longer move the band: the step is given.
 """
 
@@ -67,7 +69,8 @@ def with_given_step(
     target, given = _target_s(cfg, cost, workload)
     plan = build_plan(Cluster.gpus(1, 1), replace(scenario, accumulation=1), cost)
     copy_s = 0.0 if scenario.prefetch else plan.h2d_s
-    compute_s = plan.forward_s + plan.backward_s + plan.update_s
+    k = scenario.accumulation  # the update runs once per k micro-batches
+    compute_s = plan.forward_s + plan.backward_s + plan.update_s / k
     if target <= copy_s or compute_s <= 0:
         raise UserError(
             f"{given}: one GPU's step of {target * 1e3:.3g} ms is not longer than copying its "

@@ -142,3 +142,12 @@ def test_gradient_accumulation_counts_its_samples_and_one_allreduce(profile, cap
             "--parallel", "model"]  # fmt: skip
     assert main(argv) == 2
     assert "--grad-accum is for data-parallel training" in capsys.readouterr().err
+
+
+def test_with_accumulation_the_given_step_is_one_gpus_time_per_micro_batch(profile):
+    """A throughput measured with K micro-batches per update gives the time per micro-batch,
+    a K-th of the update in it: one GPU's optimizer step is then K times the given step."""
+    for k in (1, 4, 32):
+        out = one_gpu(profile, step_time="25ms", grad_accum=k, optimizer="adam")
+        assert out["step_time_s"] == pytest.approx(k * 0.025, rel=1e-6)
+        assert out["throughput_samples_per_s"] == pytest.approx(64 / 0.025, rel=1e-6)
