@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,16 @@ class OpPins:
         )
         return cls(rows)
 
+    @cached_property
+    def _ops(self) -> dict[tuple[str, str, str], list[tuple[str, tuple[str, ...]]]]:
+        """Each (device, model, table phase)'s ops and their member layers, in table order."""
+        index: dict[tuple[str, str, str], list[tuple[str, tuple[str, ...]]]] = {}
+        for row in self.rows:
+            ops = index.setdefault((row.device, row.model, row.phase), [])
+            if all(op != row.op for op, _ in ops):
+                ops.append((row.op, tuple(row.op.split("+"))))
+        return index
+
     def op_of(self, device: str, model: str | None, layer: str, kind: str, phase: str):
         """``(op, table phase, its layers)`` that measured ``layer``'s ``phase``; None if none."""
         if phase == "update":
@@ -65,12 +76,9 @@ class OpPins:
         else:
             table_phase = "loss" if kind in LOSS_KINDS else phase
             wanted = layer
-        for row in self.rows:
-            if (row.device, row.model, row.phase) != (device, model, table_phase):
-                continue
-            members = tuple(row.op.split("+"))
+        for op, members in self._ops.get((device, model, table_phase), ()):
             if wanted is None or wanted in members:
-                return row.op, table_phase, members
+                return op, table_phase, members
         return None
 
     def factor(
