@@ -21,6 +21,7 @@ from typing import Any
 
 from microbench.errors import UserError
 from microbench.fileio import read_json
+from microbench.workload import Workload
 
 __all__ = ["PUBLISHED", "format_published", "score_published"]
 
@@ -61,7 +62,8 @@ UNITS = {"allreduce_busbw": "GB/s", "training_throughput": "samples/s"}
 def _what(row: dict[str, Any]) -> str:
     if row["kind"] == "allreduce_busbw":
         return f"allreduce {row['size_bytes']} B"
-    return f"{row['model']} b{row['batch']} {row.get('label', row['precision'])}"
+    tokens = f" s{row['tokens']}" if "tokens" in row else ""
+    return f"{row['model']}{tokens} b{row['batch']} {row.get('label', row['precision'])}"
 
 
 def _busbw(row: dict[str, Any], node: Any, hardware: Any) -> tuple[float, float, float, str]:
@@ -77,19 +79,35 @@ def _busbw(row: dict[str, Any], node: Any, hardware: Any) -> tuple[float, float,
 
 def _throughput(row: dict[str, Any], node: Any, hardware: Any) -> tuple[float, float, float, str]:
     """Samples per second of data-parallel training on the row's GPUs, from the one figure
-    taken as input: the single GPU's throughput at the same batch (``--step-time``)."""
+    taken as input: the single GPU's throughput at the same batch, sequence length
+    (``tokens``) and precision (``--step-time``, per micro-batch where the row accumulates
+    ``grad_accum`` of them per optimizer step)."""
     from pdlsim import api
     from pdlsim.costmodel.presets import NODE_PRESETS
 
     if row["node"] not in NODE_PRESETS:
         raise UserError(f"published row {row['id']}: a training row takes a packaged node")
+    workload = Workload.load(row["model"])
+    if "tokens" in row:
+        workload = workload.with_tokens(row["tokens"])
+    accumulation = int(row.get("grad_accum", 1))
+    gpus = row["nodes"] * row["gpus_per_node"]
+    samples = row["batch"] * gpus * accumulation  # an optimizer step's
     step_ms = 1e3 * row["batch"] / float(row["single_gpu_samples_per_s"])
     out = api.predict(
-        row["model"], api.Cluster.gpus(row["nodes"], row["gpus_per_node"]), batch=row["batch"],
-        node=row["node"], precision=row["precision"], optimizer=row["optimizer"],
-        step_time=f"{step_ms!r}ms", samples=20,
-    )  # fmt: skip
-    samples = row["batch"] * row["nodes"] * row["gpus_per_node"]
+        workload,
+        api.Cluster.gpus(row["nodes"], row["gpus_per_node"]),
+        batch=row["batch"],
+        node=row["node"],
+        gpu_preset=row.get("gpu"),
+        precision=row["precision"],
+        optimizer=row["optimizer"],
+        grad_accum=accumulation,
+        step_time=f"{step_ms!r}ms",
+        samples=20,
+        iterations=3,  # GPU ranks draw no jitter: every simulated step is the same step
+        dataset_samples=max(samples, 50_000),
+    )
     band = out["band"]
     algorithm = out["buckets"][0]["algorithm"] if out["buckets"] else "none"
     return (out["throughput_samples_per_s"], samples / band["p90_s"], samples / band["p10_s"],

@@ -115,7 +115,7 @@ def test_every_node_names_a_packaged_gpu_and_network():
     assert any(n.fabric == "pcie" and n.nics == 1 for n in hw.nodes.values())
     for node in hw.nodes.values():
         assert hw.gpu(node.gpu) and hw.network(node.network) and node.source
-    for gpu in ("a100-sxm-40gb", "h100-pcie", "h200", "b200", "mi300x", "l40s"):
+    for gpu in ("v100-16gb", "a100-sxm-40gb", "h100-pcie", "h200", "b200", "mi300x", "l40s"):
         assert hw.gpu(gpu).fp32_flops_per_s > 0 and hw.gpu(gpu).memory_bytes > 0
 
 

@@ -13,6 +13,11 @@ from pdlsim.cli.main import main
 from pdlsim.validate.published import PUBLISHED, score_published
 
 
+@pytest.fixture(scope="module")
+def scored() -> dict:
+    return score_published()
+
+
 def test_every_row_cites_where_its_figure_is():
     rows = json.loads(PUBLISHED.read_text())["rows"]
     assert len({r["id"] for r in rows}) == len(rows)
@@ -22,8 +27,8 @@ def test_every_row_cites_where_its_figure_is():
         assert row["published"] > 0
 
 
-def test_rows_are_scored_by_group_and_predicted_as_pdlsim_collective_answers(capsys):
-    doc = score_published()
+def test_rows_are_scored_by_group_and_predicted_as_pdlsim_collective_answers(scored, capsys):
+    doc = scored
     groups = {r["id"]: r["group"] for r in doc["rows"]}
     assert groups["h100x8-nvls"] == "set an assumption" and groups["h200x8"] == "held-out"
     held = [r for r in doc["rows"] if r["group"] == "held-out"]
@@ -69,10 +74,10 @@ def test_a_bad_table_is_one_line(tmp_path):
         score_published(path)
 
 
-def test_a_training_row_is_the_prediction_from_its_single_gpu_figure():
+def test_a_training_row_is_the_prediction_from_its_single_gpu_figure(scored):
     from pdlsim import api
 
-    doc = score_published()
+    doc = scored
     rows = json.loads(PUBLISHED.read_text())["rows"]
     spec = next(r for r in rows if r["kind"] == "training_throughput")
     row = next(r for r in doc["rows"] if r["id"] == spec["id"])
@@ -83,3 +88,24 @@ def test_a_training_row_is_the_prediction_from_its_single_gpu_figure():
                       samples=20)  # fmt: skip
     assert row["predicted"] == pytest.approx(out["throughput_samples_per_s"])
     assert row["unit"] == "samples/s" and row["group"] == "held-out"
+
+
+def test_an_accumulating_row_is_predicted_at_its_tokens_with_one_allreduce_per_update(scored):
+    """A BERT row: the network at the row's sequence length, its single-GPU figure the time per
+    micro-batch, an optimizer step of ``grad_accum`` micro-batches per GPU."""
+    from microbench.workload import Workload
+    from pdlsim import api
+
+    rows = json.loads(PUBLISHED.read_text())["rows"]
+    spec = next(r for r in rows if r.get("grad_accum", 1) > 1 and "tokens" in r)
+    row = next(r for r in scored["rows"] if r["id"] == spec["id"])
+    step_ms = 1e3 * spec["batch"] / spec["single_gpu_samples_per_s"]
+    workload = Workload.load(spec["model"]).with_tokens(spec["tokens"])
+    out = api.predict(workload, api.Cluster.gpus(spec["nodes"], spec["gpus_per_node"]),
+                      batch=spec["batch"], node=spec["node"], gpu_preset=spec["gpu"],
+                      precision=spec["precision"], optimizer=spec["optimizer"],
+                      grad_accum=spec["grad_accum"], step_time=f"{step_ms!r}ms", samples=4,
+                      dataset_samples=10**7)  # fmt: skip
+    assert row["predicted"] == pytest.approx(out["throughput_samples_per_s"], rel=1e-9)
+    assert out["samples_per_step"] == spec["batch"] * row["gpus"] * spec["grad_accum"]
+    assert f"s{spec['tokens']}" in row["what"]
