@@ -35,7 +35,7 @@ BLAS_IDLE_ENV = {"OPENBLAS_THREAD_TIMEOUT": "4"}
 # is timed as a step calls it: after this gap (:func:`let_blas_threads_sleep`).
 BLAS_SLEEP_GAP_S = 20e-6
 
-_blas_limiter = None  # keeps the threadpoolctl limit alive for the life of the process
+_blas_limiters: list = []  # keep the threadpoolctl limits alive for the life of the process
 
 
 def available_cores() -> int:
@@ -80,13 +80,24 @@ def size_numba_pool(threads: int) -> None:
 
 
 def set_threads(threads: int) -> None:
-    """Use ``threads`` threads in BLAS and numba from now on, in this process."""
-    global _blas_limiter
+    """Use ``threads`` threads in BLAS and numba from now on, in this process. The BLAS that
+    numba's compiled ``np.dot`` calls (scipy's, inside numba's own threads: attention's heads)
+    keeps one thread, so that its threads do not nest inside numba's."""
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import ThreadpoolController
 
-    _blas_limiter = threadpool_limits(limits=threads)
+    _blas_limiters.clear()
+    inner_dir = _numbas_blas_dir()
+    controller = ThreadpoolController()
+    _blas_limiters.append(controller.limit(limits=threads))
+    inner = [
+        lib.filepath
+        for lib in controller.lib_controllers
+        if os.path.realpath(lib.filepath).startswith(inner_dir)
+    ]
+    if inner:
+        _blas_limiters.append(controller.select(filepath=inner).limit(limits=1))
     try:
         import numba
     except ImportError:
@@ -102,6 +113,15 @@ def set_threads(threads: int) -> None:
             stacklevel=2,
         )
     numba.set_num_threads(min(threads, pool))
+
+
+def _numbas_blas_dir() -> str:
+    """The folder of the BLAS library that numba's ``np.dot`` binds to, the one scipy ships
+    (``scipy.linalg.cython_blas``, loaded here so that the limits reach it)."""
+    import scipy
+    import scipy.linalg.cython_blas  # noqa: F401 - loads the library
+
+    return os.path.realpath(os.path.join(os.path.dirname(scipy.__file__), os.pardir, "scipy.libs"))
 
 
 # How many threads per core a run on this machine may ask for before it is refused: far past

@@ -8,15 +8,17 @@ namespace (where :mod:`~microbench.kernels.cpu` looks every loop up by name and
 ``NAME`` under ``prange``; the embedding's loops are serial only (a scatter-add races).
 
 Attention's core is one loop per (sample, head), which owns that head's slice of every array
-it writes, so any parallel split is race-free. Per query row it forms the scores against the
-keys it sees (all, or those up to itself when ``causal``), their softmax in place, and the
-row's output ``sum_j p_ij v_j``. Every innermost loop runs along contiguous memory without a
-reduction, so that it vectorizes with ``fastmath`` off: the scores and ``do v^T`` are built as
-rank-1 updates over the head's keys and values transposed into ``(head width, T)`` scratch,
-and the products with ``p`` run along the head's width. The backward uses
+it writes, so any parallel split is race-free. A head's queries, keys and values are copied to
+contiguous ``(T, head width)`` blocks and its products (``q k^T``, ``p v``; backward ``p^T do``,
+``do v^T``, ``ds k``, ``ds^T q``) run as BLAS GEMMs (numba's ``np.dot``, scipy's BLAS, which
+:func:`microbench.threads.set_threads` keeps at one thread so that it does not nest inside
+numba's): at a transformer's head sizes a GEMM is about twice as fast as the best loop order
+numba compiles. Each query row's softmax runs in place between them, over the keys it sees
+(all, or those up to itself when ``causal``; the others are set to 0). The backward uses
 ``sum_j p_ij dp_ij = do_i . o_i`` (since ``o = p v``): one dot product per row instead of a pass
 over the probabilities. The scores are scaled by ``scale`` (``1 / sqrt(head dim)``); the
-queries stay as projected.
+queries stay as projected. The serial and parallel loops run the same head function, so they
+give the same bits.
 
 :func:`uniform` is the one entry that is not compiled: the host generator's fill of a mask,
 which runs through numpy's ``Generator`` so that every execution mode and kernel set draws the
@@ -88,15 +90,23 @@ def _sum(a):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _columns(a, c0, dh):  # pragma: no cover - compiled
-    """The ``(dh, T)`` transpose of columns ``c0 .. c0 + dh`` of the ``(T, d)`` rows ``a``: a
-    head's keys or values laid out so that a loop over tokens runs along contiguous memory."""
+def _head_block(a, c0, dh):  # pragma: no cover - compiled
+    """Columns ``c0 .. c0 + dh`` of the ``(T, d)`` rows ``a`` as a contiguous ``(T, dh)``
+    array: one head's queries, keys or values as BLAS takes them."""
     t = a.shape[0]
-    out = np.empty((dh, t), a.dtype)
+    out = np.empty((t, dh), a.dtype)
     for j in range(t):
         for c in range(dh):
-            out[c, j] = a[j, c0 + c]
+            out[j, c] = a[j, c0 + c]
     return out
+
+
+@njit(cache=True)
+def _put_head(block, c0, a):  # pragma: no cover - compiled
+    """``block`` (``(T, dh)``) into columns ``c0 ..`` of the ``(T, d)`` rows ``a``."""
+    for j in range(block.shape[0]):
+        for c in range(block.shape[1]):
+            a[j, c0 + c] = block[j, c]
 
 
 @njit(cache=True)
@@ -104,35 +114,25 @@ def _attention_head(qkv, b, h, heads, scale, causal, p, o):  # pragma: no cover 
     t, d = qkv.shape[2], qkv.shape[3]
     dh = d // heads
     c0 = h * dh
-    q, v = qkv[0, b], qkv[2, b]
-    kt = _columns(qkv[1, b], c0, dh)
-    out = o[b]
+    qh, kh = _head_block(qkv[0, b], c0, dh), _head_block(qkv[1, b], c0, dh)
+    scores = np.dot(qh, kh.T)
+    ph = p[b, h]
     zero = np.float32(0.0)
     for i in range(t):
         seen = i + 1 if causal else t
-        row = p[b, h, i]
-        for j in range(t):
-            row[j] = zero
-        for c in range(dh):  # the scores as rank-1 updates: every inner loop runs over keys
-            qc, kc = q[i, c0 + c], kt[c]
-            for j in range(seen):
-                row[j] += qc * kc[j]
+        row, si = ph[i], scores[i]
         top = -np.inf
         for j in range(seen):
-            row[j] *= scale
+            row[j] = si[j] * scale
             top = max(top, row[j])
         for j in range(seen):
             row[j] = np.float32(_exp(np.float64(row[j] - top)))
         inv = np.float32(1.0 / _sum(row[:seen]))
         for j in range(seen):
             row[j] *= inv
-        oi = out[i, c0 : c0 + dh]
-        for c in range(dh):
-            oi[c] = zero
-        for j in range(seen):
-            pij, vj = row[j], v[j, c0 : c0 + dh]
-            for c in range(dh):
-                oi[c] += pij * vj[c]
+        for j in range(seen, t):
+            row[j] = zero
+    _put_head(np.dot(ph, _head_block(qkv[2, b], c0, dh)), c0, o[b])
 
 
 @njit(cache=True)
@@ -154,40 +154,19 @@ def _attention_head_backward(qkv, p, o, do, b, h, heads, scale, causal, dqkv):  
     t, d = qkv.shape[2], qkv.shape[3]
     dh = d // heads
     c0 = h * dh
-    q, k = qkv[0, b], qkv[1, b]
-    vt = _columns(qkv[2, b], c0, dh)
-    dq, dk, dv = dqkv[0, b], dqkv[1, b], dqkv[2, b]
-    ob, dob = o[b], do[b]
-    ds = np.empty(t, np.float32)
-    zero = np.float32(0.0)
-    for j in range(t):
-        for c in range(c0, c0 + dh):
-            dk[j, c] = zero
-            dv[j, c] = zero
+    doh, oh = _head_block(do[b], c0, dh), _head_block(o[b], c0, dh)
+    ph = p[b, h]
+    _put_head(np.dot(ph.T, doh), c0, dqkv[2, b])  # dv = p^T do
+    ds = np.dot(doh, _head_block(qkv[2, b], c0, dh).T)  # dp = do v^T, then the softmax's
     for i in range(t):
-        seen = i + 1 if causal else t
-        row = p[b, h, i]
-        doi, qi, dqi = dob[i, c0 : c0 + dh], q[i, c0 : c0 + dh], dq[i, c0 : c0 + dh]
-        rowdot = zero
+        rowdot = np.float32(0.0)
         for c in range(dh):
-            rowdot += doi[c] * ob[i, c0 + c]
-        for j in range(seen):
-            ds[j] = zero
-        for c in range(dh):  # dp = do v^T as rank-1 updates, along the keys
-            g, vc = doi[c], vt[c]
-            for j in range(seen):
-                ds[j] += g * vc[j]
-        for j in range(seen):
-            ds[j] = row[j] * (ds[j] - rowdot) * scale
-        for c in range(dh):
-            dqi[c] = zero
-        for j in range(seen):
-            sj, pj = ds[j], row[j]
-            kj, dkj, dvj = k[j, c0 : c0 + dh], dk[j, c0 : c0 + dh], dv[j, c0 : c0 + dh]
-            for c in range(dh):
-                dqi[c] += sj * kj[c]
-                dkj[c] += sj * qi[c]
-                dvj[c] += pj * doi[c]
+            rowdot += doh[i, c] * oh[i, c]
+        row, di = ph[i], ds[i]
+        for j in range(t):  # masked entries have p = 0, so their ds is 0
+            di[j] = row[j] * (di[j] - rowdot) * scale
+    _put_head(np.dot(ds, _head_block(qkv[1, b], c0, dh)), c0, dqkv[0, b])  # dq = ds k
+    _put_head(np.dot(ds.T, _head_block(qkv[0, b], c0, dh)), c0, dqkv[1, b])  # dk = ds^T q
 
 
 @njit(cache=True)

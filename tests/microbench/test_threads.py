@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -51,3 +52,19 @@ def test_the_gap_before_a_gemm_sample_lasts_long_enough_for_blas_threads_to_slee
     start = time.perf_counter()
     let_blas_threads_sleep()
     assert time.perf_counter() - start >= BLAS_SLEEP_GAP_S
+
+
+def test_the_blas_inside_numba_keeps_one_thread_while_numpys_takes_the_count():
+    """Attention's heads call scipy's BLAS from numba's threads: it stays at one thread, so
+    that threads do not nest; numpy's BLAS and the OpenMP runtime take the count."""
+    code = (
+        "from microbench.threads import set_threads; from threadpoolctl import threadpool_info;"
+        "set_threads(2); print({i['filepath']: i['num_threads'] for i in threadpool_info()})"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    counts = ast.literal_eval(result.stdout)
+    inner = [n for path, n in counts.items() if "scipy.libs" in path]
+    outer = [n for path, n in counts.items() if "numpy.libs" in path]
+    assert inner == [1] and outer == [2]
