@@ -22,6 +22,7 @@ from microbench.boundary import (
 from microbench.errors import UserError
 from microbench.threads import quiet_idle_blas_threads
 from pdlsim import __version__
+from pdlsim.cli.args import positive_int
 from pdlsim.cli.bench import add_bench_parser
 from pdlsim.cli.calibrate import add_calibrate_parser
 from pdlsim.cli.collective import add_collective_parser
@@ -75,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME|PATH",
         help="a preset, a zoo network (workload list) or a JSON file",
     )
+    show.add_argument("--tokens", type=positive_int, default=None, metavar="N",
+                      help="tokens per sample of a network on token ids (default: its "
+                      "description's)")  # fmt: skip
     show.add_argument("--json", action="store_true", help="print the description and table as JSON")
     show.set_defaults(handler=_cmd_workload_show)
     listing = workload_commands.add_parser(
@@ -97,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_workload_show(args: argparse.Namespace) -> int:
     from pdlsim.cli.workload_table import show_workload
 
-    print(show_workload(args.workload, args.json))
+    print(show_workload(args.workload, args.json, args.tokens))
     return 0
 
 

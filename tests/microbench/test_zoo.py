@@ -260,3 +260,11 @@ def test_predict_takes_a_token_count():
     bad = run_pdlsim("predict", "--nodes", "1", "--model", "cnn", "--tokens", "16")
     assert bad.returncode == 2 and "not token ids" in bad.stderr
     assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_workload_show_takes_a_token_count():
+    out = run_pdlsim("workload", "show", "bert-large", "--tokens", "128", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["workload"]["input_shape"] == [128]
+    assert doc["layers"][0]["output_shape"] == [128, 1024]
