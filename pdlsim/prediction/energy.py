@@ -180,6 +180,16 @@ def power_preset(name: str) -> PowerModel:
     return POWER_PRESETS[name]
 
 
+def _namesake(gpu_preset: str | None) -> str:
+    """The power preset of a GPU preset: its own name, else that of the part it is a memory
+    variant of (``a100-sxm-40gb`` -> ``a100-sxm``, ``v100-16gb`` -> ``v100``: the same board
+    power, 400 and 300 W), else ``h100-sxm``."""
+    if gpu_preset in POWER_PRESETS:
+        return gpu_preset
+    parts = [p for p in POWER_PRESETS if gpu_preset and gpu_preset.startswith(p + "-")]
+    return max(parts, key=len) if parts else "h100-sxm"
+
+
 def power_model_for(
     gpus: int = 0,
     gpu_preset: str | None = None,
@@ -192,10 +202,7 @@ def power_model_for(
     """The preset (by name; else the GPU preset's namesake node for GPU runs, ``cpu-2s`` for
     CPU runs, ``h100-sxm`` for a GPU with no power preset), then the user's overrides."""
     if power_preset_name is None:
-        if gpus > 0:
-            power_preset_name = gpu_preset if gpu_preset in POWER_PRESETS else "h100-sxm"
-        else:
-            power_preset_name = CPU_POWER_PRESET
+        power_preset_name = _namesake(gpu_preset) if gpus > 0 else CPU_POWER_PRESET
     model = power_preset(power_preset_name)
     given: dict[str, Any] = {}
     if cpu_watts is not None:

@@ -84,6 +84,8 @@ def test_presets_carry_their_data_sheet_and_assumptions():
 def test_default_models_and_overrides():
     assert power_model_for(0).name == "cpu-2s"
     assert power_model_for(4, "a100-sxm").name == "a100-sxm"
+    assert power_model_for(4, "a100-sxm-40gb").name == "a100-sxm"  # another memory size
+    assert power_model_for(4, "v100-16gb").name == "v100"
     assert power_model_for(4, "none").name == "h100-sxm"  # a measured GPU: no power figures
     given = power_model_for(0, None, "v100", cpu_watts=(10.0, 60.0), cpu_sockets=(1, 6),
                             node_other_watts=5.0)  # fmt: skip
