@@ -51,6 +51,7 @@ def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...]
             "memory_bytes_per_rank": out["memory_bytes_per_rank"],
             "parallel": cfg.parallel, "inference": cfg.inference,
             "precision": cfg.precision, "optimizer": cfg.optimizer,
+            "grad_accum": cfg.grad_accum, "tokens": cfg.tokens,
             "bubble_fraction": out.get("parallel", {}).get("bubble_fraction"),
         })  # fmt: skip
         if progress is not None:

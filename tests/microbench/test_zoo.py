@@ -268,3 +268,11 @@ def test_workload_show_takes_a_token_count():
     doc = json.loads(out.stdout)
     assert doc["workload"]["input_shape"] == [128]
     assert doc["layers"][0]["output_shape"] == [128, 1024]
+
+
+def test_a_sweeps_rows_say_their_token_count_and_accumulation():
+    from pdlsim import api
+
+    frame = api.sweep("gpt2", nodes=[1, 2], per_node=[8], gpus=True, batches=[2], tokens=128,
+                      grad_accum=2)  # fmt: skip
+    assert list(frame["tokens"]) == [128, 128] and list(frame["grad_accum"]) == [2, 2]
