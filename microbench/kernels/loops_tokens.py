@@ -154,14 +154,14 @@ def _attention_head_backward(qkv, p, o, do, b, h, heads, scale, causal, dqkv):  
     t, d = qkv.shape[2], qkv.shape[3]
     dh = d // heads
     c0 = h * dh
-    doh, oh = _head_block(do[b], c0, dh), _head_block(o[b], c0, dh)
+    doh, ob = _head_block(do[b], c0, dh), o[b]
     ph = p[b, h]
     _put_head(np.dot(ph.T, doh), c0, dqkv[2, b])  # dv = p^T do
     ds = np.dot(doh, _head_block(qkv[2, b], c0, dh).T)  # dp = do v^T, then the softmax's
     for i in range(t):
         rowdot = np.float32(0.0)
         for c in range(dh):
-            rowdot += doh[i, c] * oh[i, c]
+            rowdot += doh[i, c] * ob[i, c0 + c]
         row, di = ph[i], ds[i]
         for j in range(t):  # masked entries have p = 0, so their ds is 0
             di[j] = row[j] * (di[j] - rowdot) * scale

@@ -156,18 +156,23 @@ class Workload:
         return _build(doc, source)
 
     @classmethod
-    def load(cls, spec: str | Path | Mapping[str, Any] | Workload) -> Workload:
+    def load(
+        cls, spec: str | Path | Mapping[str, Any] | Workload, tokens: int | None = None
+    ) -> Workload:
         """A workload from a preset or zoo name, a workload JSON file's path, a dict in that
-        file's format, or a workload already built (returned as it is)."""
+        file's format, or a workload already built (returned as it is); at ``tokens`` tokens
+        per sample if given (:meth:`with_tokens`)."""
         if isinstance(spec, Workload):
-            return spec
-        if isinstance(spec, Mapping):
-            return _build(spec, "workload dict")
-        if not isinstance(spec, (str, Path)):
+            workload = spec
+        elif isinstance(spec, Mapping):
+            workload = _build(spec, "workload dict")
+        elif isinstance(spec, (str, Path)):
+            workload = load_workload(spec)
+        else:
             raise WorkloadError(
                 f"a workload is a preset name, a file path or a dict, got {type(spec).__name__}"
             )
-        return load_workload(spec)
+        return workload if tokens is None else workload.with_tokens(tokens)
 
 
 def preset_names() -> list[str]:

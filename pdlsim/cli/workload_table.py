@@ -90,9 +90,7 @@ def format_table(rows: list[dict[str, Any]], reads: bool = False) -> str:
 def show_workload(spec: str, as_json: bool, tokens: int | None = None) -> str:
     """``workload show``: a header line and the per-layer table (or both as JSON), at
     ``tokens`` tokens per sample if given (:meth:`Workload.with_tokens`)."""
-    workload = load_workload(spec)
-    if tokens is not None:
-        workload = workload.with_tokens(tokens)
+    workload = Workload.load(spec, tokens)
     table = workload_table(workload)
     if as_json:
         return json.dumps({"workload": workload.to_dict(), "layers": table}, indent=2)

@@ -60,13 +60,12 @@ class OpPins:
         return cls(rows)
 
     @cached_property
-    def _ops(self) -> dict[tuple[str, str, str], list[tuple[str, tuple[str, ...]]]]:
+    def _ops(self) -> dict[tuple[str, str, str], dict[str, tuple[str, ...]]]:
         """Each (device, model, table phase)'s ops and their member layers, in table order."""
-        index: dict[tuple[str, str, str], list[tuple[str, tuple[str, ...]]]] = {}
+        index: dict[tuple[str, str, str], dict[str, tuple[str, ...]]] = {}
         for row in self.rows:
-            ops = index.setdefault((row.device, row.model, row.phase), [])
-            if all(op != row.op for op, _ in ops):
-                ops.append((row.op, tuple(row.op.split("+"))))
+            ops = index.setdefault((row.device, row.model, row.phase), {})
+            ops.setdefault(row.op, tuple(row.op.split("+")))
         return index
 
     def op_of(self, device: str, model: str | None, layer: str, kind: str, phase: str):
@@ -76,7 +75,7 @@ class OpPins:
         else:
             table_phase = "loss" if kind in LOSS_KINDS else phase
             wanted = layer
-        for op, members in self._ops.get((device, model, table_phase), ()):
+        for op, members in self._ops.get((device, model, table_phase), {}).items():
             if wanted is None or wanted in members:
                 return op, table_phase, members
         return None

@@ -96,9 +96,7 @@ def check_config(cfg: PredictConfig) -> Workload:
 
     check_bounds(cfg)
     layerwise_mode(cfg)
-    workload = Workload.load(cfg.model)
-    if cfg.tokens is not None:
-        workload = workload.with_tokens(cfg.tokens)
+    workload = Workload.load(cfg.model, cfg.tokens)
     check_epoch(cfg, dataset_samples(workload.name, cfg.dataset_samples))
     return workload
 

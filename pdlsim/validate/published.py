@@ -21,7 +21,6 @@ from typing import Any
 
 from microbench.errors import UserError
 from microbench.fileio import read_json
-from microbench.workload import Workload
 
 __all__ = ["PUBLISHED", "format_published", "score_published"]
 
@@ -87,26 +86,24 @@ def _throughput(row: dict[str, Any], node: Any, hardware: Any) -> tuple[float, f
 
     if row["node"] not in NODE_PRESETS:
         raise UserError(f"published row {row['id']}: a training row takes a packaged node")
-    workload = Workload.load(row["model"])
-    if "tokens" in row:
-        workload = workload.with_tokens(row["tokens"])
     accumulation = int(row.get("grad_accum", 1))
     gpus = row["nodes"] * row["gpus_per_node"]
     samples = row["batch"] * gpus * accumulation  # an optimizer step's
     step_ms = 1e3 * row["batch"] / float(row["single_gpu_samples_per_s"])
     out = api.predict(
-        workload,
+        row["model"],
         api.Cluster.gpus(row["nodes"], row["gpus_per_node"]),
         batch=row["batch"],
         node=row["node"],
         gpu_preset=row.get("gpu"),
         precision=row["precision"],
         optimizer=row["optimizer"],
+        tokens=row.get("tokens"),
         grad_accum=accumulation,
         step_time=f"{step_ms!r}ms",
         samples=20,
         iterations=3,  # GPU ranks draw no jitter: every simulated step is the same step
-        dataset_samples=max(samples, 50_000),
+        dataset_samples=samples,  # one optimizer step an epoch: no epoch is read here
     )
     band = out["band"]
     algorithm = out["buckets"][0]["algorithm"] if out["buckets"] else "none"
