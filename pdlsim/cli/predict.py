@@ -54,6 +54,11 @@ def cores_warning(cfg: PredictConfig) -> str | None:
     return None
 
 
+# Options that describe GPU ranks: refused for CPU ranks.
+GPU_ONLY = ("gpu_preset", "node", "step_time", "step_time_accum", "mfu", "layer_times", "pinned",
+            "prefetch")  # fmt: skip
+
+
 def check_flags(args: argparse.Namespace, gpus: bool) -> list[str]:
     """Refuse a flag the configuration would ignore (one line, exit 2); the warnings (for
     stderr, once, before the work) where one flag refines another."""
@@ -66,7 +71,7 @@ def check_flags(args: argparse.Namespace, gpus: bool) -> list[str]:
                     "(or --gpus for CPU ranks)"
                 )
     else:
-        for dest in ("gpu_preset", "node", "step_time", "mfu", "layer_times", "pinned", "prefetch"):
+        for dest in GPU_ONLY:
             flag = given(args, dest)
             if flag:
                 raise UserError(
@@ -195,6 +200,9 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-time", default=None, metavar="TIME",
                    help="one GPU's measured step at this batch and precision (e.g. 128ms; per "
                    "micro-batch with --grad-accum): GPU compute is scaled to it")  # fmt: skip
+    p.add_argument("--step-time-accum", type=positive_int, default=None, metavar="K1",
+                   help="micro-batches per update when --step-time was measured, if not "
+                   "--grad-accum's (e.g. 1: timed without accumulation)")  # fmt: skip
     p.add_argument("--mfu", type=float, default=None, metavar="F",
                    help="or one GPU's model-FLOPs utilisation at this batch, e.g. 0.4")  # fmt: skip
     p.add_argument("--layer-times", default=None, metavar="FILE",

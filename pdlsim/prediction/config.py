@@ -66,6 +66,7 @@ class PredictConfig:
     mfu: float | None = None  # or its model-FLOPs utilisation
     layer_times: str | None = None  # or its layers timed there (prediction.gpu_layers)
     grad_accum: int = 1  # micro-batches per optimizer step
+    step_time_accum: int | None = None  # micro-batches per update when step_time was measured
     iterations: int = 100
     bucket_mb: float = 25.0
     overlap: bool = True

@@ -44,8 +44,9 @@ def with_layer_times(cfg: PredictConfig, cost: Any, workload: Any) -> tuple[Any,
     flag = f"--layer-times {cfg.layer_times}"
     if cfg.gpus == 0:
         raise UserError(f"{flag} times GPU layers: add --gpus G")
-    if cfg.step_time is not None or cfg.mfu is not None:
-        raise UserError(f"{flag} measures the GPU step itself: drop --step-time/--mfu")
+    if cfg.step_time is not None or cfg.mfu is not None or cfg.step_time_accum is not None:
+        raise UserError(f"{flag} measures the GPU step itself: drop --step-time/--mfu "
+                        "(and --step-time-accum)")  # fmt: skip
     doc = _load(cfg.layer_times)
     asked = {"workload": workload.name, "batch": cfg.batch, "precision": cfg.precision,
              "optimizer": cfg.optimizer}  # fmt: skip

@@ -6,7 +6,10 @@ step takes; a measured single-GPU step says the second. So the prediction keeps 
 takes the second: every GPU layer's compute is multiplied by one factor, chosen so that one GPU
 at the same batch, precision and copy settings takes the given step. With gradient accumulation
 (``--grad-accum K``) the given step is one GPU's time per micro-batch, which carries a K-th of
-the optimizer's update, as a throughput measured with that accumulation says. With ``--mfu F``
+the optimizer's update, as a throughput measured with that accumulation says; a step measured at
+another accumulation K1 (``--step-time-accum K1``, e.g. one GPU timed without accumulation, or a
+vendor's single-GPU figure at a large one) carries a K1-th of it, and the prediction at K prices
+the update once per K micro-batches all the same. With ``--mfu F``
 the step is the workload's forward and backward FLOPs at the batch over F x the GPU's peak at
 the precision. Either way the compute assumptions (the data sheet's efficiencies and launch cost)
 no longer move the band: the step is given.
@@ -38,6 +41,9 @@ def given_compute(cost: Any, **changes: Any) -> Any:
 def _target_s(cfg: PredictConfig, cost: Any, workload: Any) -> tuple[float, str]:
     if cfg.step_time is not None and cfg.mfu is not None:
         raise UserError("--step-time and --mfu both describe one GPU's step: give one of them")
+    if cfg.step_time_accum is not None and cfg.step_time is None:
+        raise UserError("--step-time-accum says how --step-time was measured: add --step-time "
+                        "or drop --step-time-accum")  # fmt: skip
     if cfg.step_time is not None:
         seconds = parse_time(cfg.step_time)
         if seconds <= 0:
@@ -57,7 +63,7 @@ def with_given_step(
 ) -> tuple[Any, dict[str, str]]:
     """``cost`` with its GPU compute scaled to the given single-GPU step, and the provenance
     lines that say so; ``cost`` itself when neither flag is given."""
-    if cfg.step_time is None and cfg.mfu is None:
+    if cfg.step_time is None and cfg.mfu is None and cfg.step_time_accum is None:
         return cost, {}
     if cfg.gpus == 0:
         raise UserError("--step-time and --mfu describe one GPU's step: add --gpus G")
@@ -69,7 +75,10 @@ def with_given_step(
     target, given = _target_s(cfg, cost, workload)
     plan = build_plan(Cluster.gpus(1, 1), replace(scenario, accumulation=1), cost)
     copy_s = 0.0 if scenario.prefetch else plan.h2d_s
-    k = scenario.accumulation  # the update runs once per k micro-batches
+    # the given step holds a k-th of the update: the accumulation it was measured at
+    k = scenario.accumulation if cfg.step_time_accum is None else cfg.step_time_accum
+    if k < 1:
+        raise UserError(f"--step-time-accum must be a positive integer, got {k}")
     compute_s = plan.forward_s + plan.backward_s + plan.update_s / k
     if target <= copy_s or compute_s <= 0:
         raise UserError(

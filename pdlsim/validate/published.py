@@ -80,13 +80,16 @@ def _throughput(row: dict[str, Any], node: Any, hardware: Any) -> tuple[float, f
     """Samples per second of data-parallel training on the row's GPUs, from the one figure
     taken as input: the single GPU's throughput at the same batch, sequence length
     (``tokens``) and precision (``--step-time``, per micro-batch where the row accumulates
-    ``grad_accum`` of them per optimizer step)."""
+    ``grad_accum`` of them per optimizer step). A single-GPU figure measured at another
+    accumulation (``single_gpu_grad_accum``) carries that accumulation's share of the update,
+    not the row's (``--step-time-accum``)."""
     from pdlsim import api
     from pdlsim.costmodel.presets import NODE_PRESETS
 
     if row["node"] not in NODE_PRESETS:
         raise UserError(f"published row {row['id']}: a training row takes a packaged node")
     accumulation = int(row.get("grad_accum", 1))
+    measured_at = int(row.get("single_gpu_grad_accum", accumulation))
     gpus = row["nodes"] * row["gpus_per_node"]
     samples = row["batch"] * gpus * accumulation  # an optimizer step's
     step_ms = 1e3 * row["batch"] / float(row["single_gpu_samples_per_s"])
@@ -101,6 +104,7 @@ def _throughput(row: dict[str, Any], node: Any, hardware: Any) -> tuple[float, f
         tokens=row.get("tokens"),
         grad_accum=accumulation,
         step_time=f"{step_ms!r}ms",
+        step_time_accum=measured_at,
         samples=20,
         iterations=3,  # GPU ranks draw no jitter: every simulated step is the same step
         dataset_samples=samples,  # one optimizer step an epoch: no epoch is read here
@@ -136,7 +140,7 @@ def score_published(path: str | Path | None = None) -> dict[str, Any]:
     for row in doc["rows"]:
         try:
             rows.append(_predicted(row, hardware))
-        except (KeyError, TypeError) as exc:  # a row not shaped as the file's others
+        except (KeyError, TypeError, ValueError) as exc:  # a row not shaped as the others
             name = row.get("id", "?") if isinstance(row, dict) else repr(row)
             raise UserError(f"{where}: row {name}: missing or malformed field {exc}") from None
     summaries = {g: _summary([r for r in rows if r["group"] == g]) for g in GROUPS}

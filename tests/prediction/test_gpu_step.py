@@ -65,6 +65,9 @@ def test_the_layers_keep_their_shares_and_scale_out_as_before(profile):
         (["--gpus", "2", "--mfu", "1.5"], "--mfu is a fraction of the GPU's peak in (0, 1]"),
         (["--gpus", "2", "--step-time", "fast"], "expected a time like 2us"),
         (["--gpus", "2", "--step-time", "1us"], "is not longer than copying its batch"),
+        (["--gpus", "2", "--step-time-accum", "4"], "add --step-time or drop --step-time-accum"),
+        (["--gpus", "2", "--mfu", "0.3", "--step-time-accum", "4"], "add --step-time or drop"),
+        (["--procs-per-node", "2", "--step-time-accum", "4"], "describes GPU ranks"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(profile, capsys, argv, message):
@@ -112,6 +115,7 @@ def test_layers_timed_on_a_gpu_price_it_scaled_to_its_measured_step(profile, tmp
         ({"layers": []}, {}, "has no times for layer(s) conv2d0"),
         ({"step_s": 0.001}, {}, "must exceed its update"),
         ({}, {"step_time": "5ms"}, "drop --step-time/--mfu"),
+        ({}, {"step_time_accum": 8}, "(and --step-time-accum)"),
     ],
 )
 def test_a_layer_times_file_that_does_not_fit_is_refused(profile, tmp_path, change, extra,
@@ -151,3 +155,22 @@ def test_with_accumulation_the_given_step_is_one_gpus_time_per_micro_batch(profi
         out = one_gpu(profile, step_time="25ms", grad_accum=k, optimizer="adam")
         assert out["step_time_s"] == pytest.approx(k * 0.025, rel=1e-6)
         assert out["throughput_samples_per_s"] == pytest.approx(64 / 0.025, rel=1e-6)
+
+
+def test_a_step_measured_at_another_accumulation_prices_one_update_per_optimizer_step(profile):
+    """A step timed without accumulation paid a whole update; timed over 8 micro-batches, an
+    eighth. One GPU's optimizer step of 4 micro-batches is then ``s (4 + x) / (1 + x / K1)``
+    for a given step ``s`` measured at K1, with ``x`` the update over a micro-batch's forward
+    and backward: below 4 s from K1 = 1, above it from K1 = 8, and one ``x`` fits both."""
+    base = dict(step_time="25ms", grad_accum=4, optimizer="adam")
+    same = one_gpu(profile, step_time_accum=4, **base)
+    assert same["step_time_s"] == pytest.approx(one_gpu(profile, **base)["step_time_s"])
+    assert same["step_time_s"] == pytest.approx(4 * 0.025, rel=1e-6)
+    every_step = one_gpu(profile, step_time_accum=1, **base)["step_time_s"] / 0.025
+    amortised = one_gpu(profile, step_time_accum=8, **base)["step_time_s"] / 0.025
+    assert every_step < 4 < amortised
+    x = (4 - every_step) / (every_step - 1)
+    # the batch's host-to-device copy, not scaled, is the only other term
+    assert x > 0 and amortised == pytest.approx((4 + x) / (1 + x / 8), rel=1e-4)
+    with pytest.raises(UserError, match="--step-time-accum must be a positive integer, got 0"):
+        one_gpu(profile, step_time_accum=0, **base)

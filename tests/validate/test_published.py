@@ -73,6 +73,10 @@ def test_a_bad_table_is_one_line(tmp_path):
     path.write_text(json.dumps({"rows": [{"id": "x", "kind": "alltoall"}]}))
     with pytest.raises(UserError, match="unknown kind 'alltoall'"):
         score_published(path)
+    row = next(r for r in json.loads(PUBLISHED.read_text())["rows"] if "grad_accum" in r)
+    path.write_text(json.dumps({"rows": [{**row, "grad_accum": "many"}]}))
+    with pytest.raises(UserError, match=f"row {row['id']}: missing or malformed field"):
+        score_published(path)
     path.write_text("[]")
     with pytest.raises(UserError, match="expected an object with a 'rows' list"):
         score_published(path)
@@ -109,6 +113,7 @@ def test_an_accumulating_row_is_predicted_at_its_tokens_with_one_allreduce_per_u
                       batch=spec["batch"], node=spec["node"], gpu_preset=spec["gpu"],
                       precision=spec["precision"], optimizer=spec["optimizer"],
                       grad_accum=spec["grad_accum"], step_time=f"{step_ms!r}ms", samples=4,
+                      step_time_accum=spec.get("single_gpu_grad_accum", spec["grad_accum"]),
                       dataset_samples=10**7)  # fmt: skip
     assert row["predicted"] == pytest.approx(out["throughput_samples_per_s"], rel=1e-9)
     assert out["samples_per_step"] == spec["batch"] * row["gpus"] * spec["grad_accum"]
