@@ -96,6 +96,18 @@ class GpuPreset:
     kind: str = "data sheet"
     bf16_tensor_flops_per_s: float = 0.0  # dense BF16 tensor core (0: none)
     fp16_tensor_flops_per_s: float = 0.0  # dense FP16 tensor core (0: none)
+    board_power_w: float = 0.0  # the data sheet's maximum board power (TDP; 0: not given)
+
+    def __post_init__(self) -> None:
+        positive = ("fp32_flops_per_s", "hbm_bandwidth_bytes_per_s", "pcie_bytes_per_s",
+                    "memory_bytes")  # fmt: skip
+        optional = ("tf32_tensor_flops_per_s", "bf16_tensor_flops_per_s",
+                    "fp16_tensor_flops_per_s", "nvlink_bytes_per_s", "board_power_w")  # fmt: skip
+        for name in positive + optional:
+            value = getattr(self, name)
+            if value < 0 or (value == 0 and name in positive):
+                need = "above 0" if name in positive else "0 (none) or above"
+                raise UserError(f"GPU '{self.name}': {name} must be {need}, got {value:g}")
 
 
 FABRICS = ("nvlink", "xgmi", "pcie")
@@ -191,8 +203,11 @@ class Hardware:
             raise UserError(f"--{_FLAGS[kind]} {text}: expected a JSON object of one {kind}")
         entry = _made(_KINDS[kind], {"name": Path(text).stem, **values}, text)
         if kind == "node":  # its GPU and network must be known here
-            self.gpu(entry.gpu)
-            self.network(entry.network)
+            try:
+                self.gpu(entry.gpu)
+                self.network(entry.network)
+            except UserError as exc:
+                raise UserError(f"--node {text}: {exc}") from None
         return replace(entry, kind=f"file {text}")
 
     def entry(self, name: str) -> tuple[str, dict[str, Any]]:

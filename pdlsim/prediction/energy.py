@@ -47,6 +47,7 @@ __all__ = [
 
 CPU_POWER_PRESET = "cpu-2s"
 IDLE_ASSUMPTION = "idle 30% of TDP is an assumption"
+GPU_IDLE_SHARE = 0.1  # a GPU's idle draw over its board power, as nvidia-smi typically shows
 
 
 @dataclass(frozen=True)
@@ -198,12 +199,26 @@ def power_model_for(
     gpu_watts: tuple[float, float] | None = None,
     node_other_watts: float | None = None,
     cpu_sockets: tuple[int, int] | None = None,
+    board_power_w: float = 0.0,
 ) -> PowerModel:
     """The preset (by name; else the GPU preset's namesake node for GPU runs, ``cpu-2s`` for
-    CPU runs, ``h100-sxm`` for a GPU with no power preset), then the user's overrides."""
+    CPU runs, ``h100-sxm``'s host for a GPU with no power preset), then the user's overrides.
+    ``board_power_w``, the GPU's data-sheet power where its description gives it, sets the GPU's
+    busy watts when no preset was named: a GPU without a power preset of its own draws its own
+    board power, not the fallback host's GPU's."""
+    named = power_preset_name is not None
     if power_preset_name is None:
         power_preset_name = _namesake(gpu_preset) if gpus > 0 else CPU_POWER_PRESET
     model = power_preset(power_preset_name)
+    if gpus > 0 and not named and board_power_w > 0 and board_power_w != model.gpu_busy_w:
+        model = replace(
+            model,
+            name=f"{model.name} host, {gpu_preset} GPU",
+            gpu_idle_w=GPU_IDLE_SHARE * board_power_w,
+            gpu_busy_w=board_power_w,
+            gpu_source=f"{gpu_preset}: data-sheet board power {board_power_w:g} W (its GPU "
+            f"description); idle {GPU_IDLE_SHARE:.0%} of it is an assumption",
+        )
     given: dict[str, Any] = {}
     if cpu_watts is not None:
         given.update(cpu_idle_w_per_socket=cpu_watts[0], cpu_busy_w_per_socket=cpu_watts[1])
@@ -308,9 +323,14 @@ def energy_for_prediction(cfg: Any, out: Mapping[str, Any]) -> dict[str, Any]:
     """:func:`estimate_energy` of a ``pdlsim predict`` result ``out`` of config ``cfg``."""
     gpus = getattr(cfg, "gpus", 0)
     gpu_name = getattr(cfg, "gpu_preset", None)
-    if gpus and gpu_name is None:  # the node's GPU
+    board_power_w = 0.0
+    if gpus:
         hardware = load_hardware(getattr(cfg, "hardware", None))
-        gpu_name = hardware.resolve("node", getattr(cfg, "node", None) or DEFAULT_NODE_PRESET).gpu
+        if gpu_name is None:  # the node's GPU
+            node = hardware.resolve("node", getattr(cfg, "node", None) or DEFAULT_NODE_PRESET)
+            gpu_name = node.gpu
+        if gpu_name != "none":  # "none": the profile's measured GPU, no data sheet
+            board_power_w = hardware.resolve("gpu", gpu_name).board_power_w
     model = power_model_for(
         gpus,
         gpu_name,
@@ -319,6 +339,7 @@ def energy_for_prediction(cfg: Any, out: Mapping[str, Any]) -> dict[str, Any]:
         getattr(cfg, "gpu_watts", None),
         getattr(cfg, "node_other_watts", None),
         getattr(cfg, "cpu_sockets", None),
+        board_power_w,
     )
     step = out["step_time_s"]
     utilisation = out.get("gpu_utilization")

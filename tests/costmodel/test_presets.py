@@ -142,12 +142,32 @@ def test_a_preset_shown_as_a_file_reads_back_as_the_same_preset(tmp_path, capsys
     ],
 )
 def test_a_bad_node_file_is_one_line_naming_what_is_wrong(change, match, tmp_path):
-    _, fields = load_hardware().entry("dgx-h100")
-    path = tmp_path / "node.json"
+    _assert_one_line_refusal("node", "dgx-h100", change, match, tmp_path)
+
+
+def _assert_one_line_refusal(kind, preset, change, match, tmp_path):
+    """The preset ``preset`` written to a file with ``change``, read back as a ``kind``."""
+    _, fields = load_hardware().entry(preset)
+    path = tmp_path / f"{kind}.json"
     path.write_text(json.dumps({**fields, **change}))
     with pytest.raises(UserError, match=match) as info:
-        load_hardware().resolve("node", str(path))
-    assert "\n" not in str(info.value)
+        load_hardware().resolve(kind, str(path))
+    assert "\n" not in str(info.value) and path.name in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"fp32_flops_per_s": -1}, "fp32_flops_per_s must be above 0, got -1"),
+        ({"hbm_bandwidth_bytes_per_s": 0}, "hbm_bandwidth_bytes_per_s must be above 0"),
+        ({"memory_bytes": -5}, "memory_bytes must be above 0"),
+        ({"tf32_tensor_flops_per_s": -2e12}, r"tf32_tensor_flops_per_s must be 0 \(none\) or"),
+        ({"board_power_w": -300}, r"board_power_w must be 0 \(none\) or above"),
+        ({"board_power_w": "lots"}, "board_power_w: expected a number"),
+    ],
+)
+def test_a_bad_gpu_file_is_one_line_naming_the_field(change, match, tmp_path):
+    _assert_one_line_refusal("gpu", "h100-sxm", change, match, tmp_path)
 
 
 def test_gpu_ranks_run_their_collectives_as_nccl_on_the_node(profile_path):

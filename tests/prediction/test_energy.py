@@ -13,6 +13,7 @@ from pdlsim.prediction.energy import (
     StepActivity,
     estimate_energy,
     power_model_for,
+    power_preset,
 )
 
 CPU_NODE = PowerModel(50.0, 150.0, sockets_per_node=2, cores_per_socket=10, node_other_w=20.0)
@@ -96,6 +97,12 @@ def test_default_models_and_overrides():
     assert "data sheet" in given.source("gpu")  # the GPU figures are still the preset's
     with pytest.raises(UserError, match="unknown power preset 'tpu'"):
         power_model_for(0, None, "tpu")
+    # a GPU with no power preset of its own draws its data sheet's board power, not an H100's
+    l40s = power_model_for(4, "l40s", board_power_w=350.0)
+    assert (l40s.gpu_idle_w, l40s.gpu_busy_w) == (35.0, 350.0)
+    assert l40s.name == "h100-sxm host, l40s GPU" and "board power 350 W" in l40s.source("gpu")
+    assert power_model_for(4, "h100-sxm", board_power_w=700.0) == power_preset("h100-sxm")
+    assert power_model_for(4, "l40s", "a100-sxm", board_power_w=350.0).gpu_busy_w == 400.0
     with pytest.raises(UserError, match="0 <= idle <= busy"):
         PowerModel(100.0, 50.0, 2, 10)
     with pytest.raises(UserError, match="at least 1 socket"):
@@ -123,6 +130,17 @@ def test_prediction_carries_energy_consistent_with_its_breakdown():
                                                   * out["epoch_time_s"])  # fmt: skip
     assert "power_model" in out["data_sheet"]
     assert out["provenance"]["power_model"] == e["source"]
+
+
+def test_a_gpu_prediction_draws_the_gpus_own_board_power():
+    """Its GPU's data sheet, from the GPU's description (here the node's L40S), sets the busy
+    watts: 350 W, where the fallback host's H100 would say 700 W."""
+    from pdlsim import api
+
+    out = api.predict("cnn", api.Cluster.gpus(1, 2), node="pcie-l40s", samples=2, iterations=3)
+    model = out["energy"]["power_model"]
+    assert (model["gpu_idle_w"], model["gpu_busy_w"]) == (35.0, 350.0)
+    assert "l40s: data-sheet board power 350 W" in out["energy"]["source"]
 
 
 def test_cli_flags(pdlsim_cli):
