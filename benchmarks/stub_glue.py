@@ -68,7 +68,7 @@ def main() -> None:
     given = [_given(s) for s in args.networks]
     set_threads(1)
     bench = [(w, 1) for w in glue_workloads()]
-    bench += [n for t in (1, 2) for n in step_workloads(t, 12)[len(glue_workloads()) :]]
+    bench += step_workloads(24)[len(glue_workloads()) :]
     seconds = [stubbed_seconds(w, b) for w, b in bench]
     for (w, b), s in zip(bench, seconds, strict=True):
         print(f"{w.name:16s} batch {b:4d}  {s * 1e6:7.1f} us  dense/conv2d {counts(w)[:2]}")

@@ -311,7 +311,7 @@ def _points(plan: KernelPlan, threads: int, pool: _Pool) -> list[tuple[str, dict
         params = {**base, "kernel": kernel, "variant": variant, "dims": list(dims),
                   "elements": elements, "run": run}  # fmt: skip
         units.append([("loop", params, (loop_fn, pool, kernel, variant, dims))])
-    for workload, batch in step_workloads(threads, plan.step_networks):
+    for workload, batch in step_workloads(plan.step_networks):
         params = {**base, "workload_json": json.dumps(workload.to_dict()), "batch": batch,
                   "op_calls": len(op_calls(workload))}  # fmt: skip
         units.append([("step", params, (workload, batch))])

@@ -3,7 +3,7 @@
 Two users, drawing from streams that never meet: ``pdlsim validate`` draws its held-out
 workloads from the seed it is given (``numpy.random.default_rng(seed)``), and the kernel
 sweep's step benchmark (:mod:`microbench.kernelbench`) draws the networks it measures the
-in-step terms on from its own stream (``default_rng([STEP_STREAM, threads])``), so a
+in-step terms on from its own stream (``default_rng(STEP_STREAM)``), so a
 calibration never times a held-out network:
 
 * :func:`random_mlp`: 1 to 4 hidden dense layers (widths log-uniform in 24..1536, some odd),

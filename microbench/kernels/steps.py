@@ -9,7 +9,7 @@ spell of a shared machine lands on both. The networks (:func:`step_workloads`) a
 whose kernels do next to no work (:func:`glue_workloads`) and random ones of the supported
 layer kinds, MLPs, CNNs and residual CNNs in turn (:mod:`microbench.randomnets`), at batches
 log-uniform in :data:`STEP_BATCHES`, from :data:`STEP_STREAM`, a stream no seed a user gives
-reaches.
+reaches; the same networks at every thread count.
 """
 
 from __future__ import annotations
@@ -74,14 +74,22 @@ def glue_workloads() -> list[Workload]:
     return out
 
 
-def step_workloads(threads: int, count: int) -> list[tuple[Workload, int]]:
-    """The step benchmark's networks at ``threads``, each with its batch: the tiny networks at
-    batch 1, then ``count`` random ones (:mod:`microbench.randomnets`) at batches log-uniform
-    in :data:`STEP_BATCHES`, drawn from the benchmark's own stream."""
-    rng = np.random.default_rng([STEP_STREAM, threads])
+def step_workloads(count: int) -> list[tuple[Workload, int]]:
+    """The step benchmark's networks, each with its batch, the same at every thread count: the
+    tiny networks at batch 1, then ``count`` random ones (:mod:`microbench.randomnets`) drawn
+    from the benchmark's own stream, at batches log-uniform in :data:`STEP_BATCHES` one per
+    stratum (a Latin hypercube in log batch), so that every thread count's terms are fitted
+    over the same steps, small to large. Drawn per thread count, the two-thread networks had
+    come out small (their largest step a tenth of the one-thread draw's), and the factor fitted
+    on them multiplied steps ten times larger."""
+    rng = np.random.default_rng(STEP_STREAM)
     low, high = (math.log(b) for b in STEP_BATCHES)
-    drawn = random_workloads(rng, count, prefix=f"step-t{threads}", kinds=STEP_KINDS)
-    batches = [int(round(math.exp(rng.uniform(low, high)))) for _ in drawn]
+    drawn = random_workloads(rng, count, prefix="step", kinds=STEP_KINDS)
+    strata = rng.permutation(len(drawn))
+    batches = [
+        int(round(math.exp(low + (high - low) * (stratum + rng.uniform()) / len(drawn))))
+        for stratum in strata
+    ]
     return [(w, 1) for w in glue_workloads()] + list(zip(drawn, batches, strict=True))
 
 

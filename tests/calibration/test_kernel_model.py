@@ -335,16 +335,22 @@ def test_every_update_the_trainer_runs_is_swept_and_priced(sweep):
     assert [c.kernel for c in update] == ["adam"] and update[0].dims == (mlp.param_count,)
 
 
-def test_the_step_benchmark_measures_every_random_kind_in_turn():
-    """The interplay is measured on residual networks as well as chains, at each thread count
-    from a stream of its own."""
-    from microbench.kernels.steps import STEP_KINDS, step_workloads
+def test_the_step_benchmark_times_the_same_networks_small_to_large_at_every_thread_count():
+    """The interplay is measured on residual networks as well as chains, on one draw for every
+    thread count, its batches one per stratum of the log range: each thread count's terms are
+    fitted over the same steps, the largest batch among them."""
+    import math
 
-    for threads in (1, 2):
-        drawn = [w for w, _ in step_workloads(threads, 6) if w.name.startswith("step-")]
-        kinds = [w.name.split("-")[2] for w in drawn]
-        assert kinds == list(STEP_KINDS) * 2, kinds
-        assert any(info.kind == "add" for w in drawn for info in w.layers)
+    from microbench.kernels.steps import STEP_BATCHES, STEP_KINDS, step_workloads
+
+    nets = step_workloads(6)
+    assert nets == step_workloads(6)  # one stream, whatever the thread count
+    drawn = [(w, b) for w, b in nets if w.name.startswith("step-")]
+    assert [w.name.split("-")[1] for w, _ in drawn] == list(STEP_KINDS) * 2
+    assert any(info.kind == "add" for w, _ in drawn for info in w.layers)
+    low, high = (math.log(b) for b in STEP_BATCHES)
+    strata = sorted(int(6 * (math.log(b) - low) / (high - low) - 1e-9) for _, b in drawn)
+    assert strata == list(range(6))
 
 
 def test_a_shape_timed_in_two_pooled_sweeps_takes_the_median_of_both(sweep):
