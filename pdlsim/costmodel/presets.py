@@ -196,6 +196,9 @@ class Hardware:
         the file at ``text`` (a path, or a name ending in ``.json``): one entry's fields, as
         ``pdlsim hardware show NAME`` prints them; ``name`` optional (default: the file's
         stem). A node's GPU and network must be presets of this catalogue."""
+        if Path(text).is_dir():
+            raise UserError(f"--{_FLAGS[kind]} {text}: a directory; give a {kind} preset's name "
+                            f"or a JSON file of one {kind}")  # fmt: skip
         if not (text.endswith(".json") or "/" in text or Path(text).is_file()):
             return {"gpu": self.gpu, "node": self.node, "network": self.network}[kind](text)
         values = read_json(text, f"--{_FLAGS[kind]} {text}")

@@ -170,6 +170,12 @@ def test_a_bad_gpu_file_is_one_line_naming_the_field(change, match, tmp_path):
     _assert_one_line_refusal("gpu", "h100-sxm", change, match, tmp_path)
 
 
+@pytest.mark.parametrize("kind", ["gpu", "node", "network"])
+def test_a_directory_for_a_hardware_file_is_one_line(kind, tmp_path):
+    with pytest.raises(UserError, match=f"{tmp_path}: a directory; give a {kind} preset's name"):
+        load_hardware().resolve(kind, str(tmp_path))
+
+
 def test_gpu_ranks_run_their_collectives_as_nccl_on_the_node(profile_path):
     out = api.predict("cnn", api.Cluster.gpus(2, 8), profile=profile_path, node="dgx-a100")
     assert out["provenance"]["node"].startswith("dgx-a100")
