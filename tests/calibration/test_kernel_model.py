@@ -280,7 +280,8 @@ def test_the_model_predicts_through_a_profile(sweep, tmp_path):
     doc["models"]["kernels"] = model.to_dict()
     # terms of known size, not the tiny sweep's, whose factor and glue may nearly cancel
     terms = doc["models"]["kernels"]["step_terms"]["1"]
-    terms.update(factor=1.5, per_op_s=0.0, per_step_s=0.0)
+    known = {"factor": 1.5, "per_op_s": 0.0, "per_step_s": 0.0}
+    terms.update(known, intervals={k: {"low": v, "high": v} for k, v in known.items()})
     profile = tmp_path / "kernels-profile.json"
     profile.write_text(json.dumps(doc))
     workload = tmp_path / "w.json"
