@@ -163,12 +163,13 @@ class Assumption:
                 f"assumption '{self.name}': need low <= value <= high, all finite, "
                 f"got {self.low}, {self.value}, {self.high}"
             )
-        if self.unit.startswith("fraction") and not (0 < self.low and self.high <= 1):
+        fraction = self.unit.startswith("fraction")
+        if fraction and not (0 < self.low and self.high <= 1):
             raise UserError(
                 f"assumption '{self.name}' is a {self.unit}: need 0 < low and high <= 1, got "
                 f"{self.low}..{self.high}"
             )
-        if not self.unit.startswith("fraction") and self.low < 0:
+        if not fraction and self.low < 0:
             raise UserError(
                 f"assumption '{self.name}' ({self.unit}) cannot be negative, got low {self.low}"
             )

@@ -105,7 +105,7 @@ def prediction_document(
     checkpoint = checkpoint_for_prediction(cfg, out)
     if checkpoint is not None:
         out["checkpoint"] = checkpoint
-    out["energy"] = energy_for_prediction(cfg, out)
+    out["energy"] = energy_for_prediction(cfg, out, gpu)
     out["provenance"]["power_model"] = out["energy"]["source"]
     out["data_sheet"] = sorted(k for k, v in out["provenance"].items() if "data sheet" in v)
     return out

@@ -32,7 +32,6 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from microbench.errors import UserError
-from pdlsim.costmodel.presets import DEFAULT_NODE_PRESET, load_hardware
 
 __all__ = [
     "POWER_PRESETS",
@@ -319,18 +318,16 @@ def estimate_energy(
     }
 
 
-def energy_for_prediction(cfg: Any, out: Mapping[str, Any]) -> dict[str, Any]:
-    """:func:`estimate_energy` of a ``pdlsim predict`` result ``out`` of config ``cfg``."""
+def energy_for_prediction(cfg: Any, out: Mapping[str, Any], gpu: Any = None) -> dict[str, Any]:
+    """:func:`estimate_energy` of a ``pdlsim predict`` result ``out`` of config ``cfg``, whose
+    GPU ranks ran on ``gpu`` (the :class:`GpuPreset` the prediction resolved; None: the
+    profile's measured GPU, no data sheet)."""
     gpus = getattr(cfg, "gpus", 0)
     gpu_name = getattr(cfg, "gpu_preset", None)
     board_power_w = 0.0
-    if gpus:
-        hardware = load_hardware(getattr(cfg, "hardware", None))
-        if gpu_name is None:  # the node's GPU
-            node = hardware.resolve("node", getattr(cfg, "node", None) or DEFAULT_NODE_PRESET)
-            gpu_name = node.gpu
-        if gpu_name != "none":  # "none": the profile's measured GPU, no data sheet
-            board_power_w = hardware.resolve("gpu", gpu_name).board_power_w
+    if gpus and gpu is not None:
+        gpu_name = gpu_name or gpu.name  # the node's GPU when none was named
+        board_power_w = gpu.board_power_w
     model = power_model_for(
         gpus,
         gpu_name,

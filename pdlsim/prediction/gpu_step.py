@@ -44,6 +44,8 @@ def _target_s(cfg: PredictConfig, cost: Any, workload: Any) -> tuple[float, str]
     if cfg.step_time_accum is not None and cfg.step_time is None:
         raise UserError("--step-time-accum says how --step-time was measured: add --step-time "
                         "or drop --step-time-accum")  # fmt: skip
+    if cfg.step_time_accum is not None and cfg.step_time_accum < 1:
+        raise UserError(f"--step-time-accum must be a positive integer, got {cfg.step_time_accum}")
     if cfg.step_time is not None:
         seconds = parse_time(cfg.step_time)
         if seconds <= 0:
@@ -76,9 +78,7 @@ def with_given_step(
     plan = build_plan(Cluster.gpus(1, 1), replace(scenario, accumulation=1), cost)
     copy_s = 0.0 if scenario.prefetch else plan.h2d_s
     # the given step holds a k-th of the update: the accumulation it was measured at
-    k = scenario.accumulation if cfg.step_time_accum is None else cfg.step_time_accum
-    if k < 1:
-        raise UserError(f"--step-time-accum must be a positive integer, got {k}")
+    k = cfg.step_time_accum or scenario.accumulation
     compute_s = plan.forward_s + plan.backward_s + plan.update_s / k
     if target <= copy_s or compute_s <= 0:
         raise UserError(
