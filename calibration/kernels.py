@@ -12,10 +12,10 @@ holds measured terms, each with a physical meaning and its own benchmark:
 * **Step terms** (:attr:`KernelModel.steps_`, :mod:`calibration.step_terms`), per thread
   count: the *interplay* factor by which kernels run slower inside a step than alone, and the
   *glue*, the Python between kernels per op call and per step, fitted with 95% intervals to
-  whole steps of networks no workload names against the same calls timed alone; and ``sigma``,
-  the spread of those networks' steps predicted with each left out of the fit and its kernels
-  priced from the tables: the model's error on a network it never saw, which the prediction
-  band draws.
+  whole steps of networks no workload names against the same calls timed alone; and the
+  spreads of those networks' steps predicted with each left out of the fit and its kernels
+  priced from the tables, one for the kernels' part and one for the glue's: the model's error
+  on a network it never saw, which the prediction band draws.
 * **The law beyond the grid** (:attr:`KernelModel.beyond_sigma_`): per family (GEMMs, loops),
   the log error of a table's law beyond its largest measured size per natural-log unit of
   distance, from each table's largest sizes left out and priced from the rest

@@ -15,8 +15,9 @@ asks about (``compute_time(layer, phase, ...)``):
 
 Both come from the step benchmark (:mod:`calibration.step_terms`). The prediction band draws
 the model's own error (:meth:`KernelCompute.drawn`): the whole step moves by one normal draw of
-the step terms' ``sigma``, the spread of the benchmark's networks each predicted as a workload
-never seen is (tables priced, step terms fitted without it), at the thread count, widened by
+the step terms' sigma at the step's glue share (:meth:`calibration.step_terms.StepTerms.sigma`:
+the spreads of the benchmark's networks each predicted as a workload never seen is, tables
+priced, step terms fitted without it), at the thread count, widened by
 the error of the tables' law beyond their grids for the calls priced there
 (:meth:`calibration.kernels.KernelModel.beyond_sigma`, weighted by each call's share of the
 step's table time: one law, so the calls' errors add up rather than average out). A step
@@ -130,7 +131,9 @@ class KernelCompute:
             self._prices[step] = (calls, seconds, share)
         calls, alone, beyond_sigma = self._prices[step]
         terms = self.model.step_terms(threads)
-        sigma = math.hypot(self._sigma(calls, alone, terms.sigma), beyond_sigma)
+        ops = op_calls(workload, training, layers)
+        own = self._sigma(calls, alone, terms.sigma(sum(alone), len(ops)))
+        sigma = math.hypot(own, beyond_sigma)
         error = float(np.exp(self.z * sigma))
         inside = error * (terms.factor if "interplay" in self.terms else 1.0)
         seconds = [t * inside for t in alone]
@@ -154,7 +157,7 @@ class KernelCompute:
         for call, s in zip(calls, seconds, strict=True):
             charge(call.layer, call.phase, s)
         if "glue" in self.terms:
-            for layer, phase in op_calls(workload, training, layers):
+            for layer, phase in ops:
                 charge(layer, phase, terms.per_op_s * error)
             charge(loss, "loss", terms.per_step_s * error)
         self._cache[key] = table

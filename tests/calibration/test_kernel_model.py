@@ -79,15 +79,28 @@ def test_a_thread_count_not_swept_takes_the_nearest_below(sweep):
         model._table(model.loops_, "no_such_loop", 1)
 
 
-def _step_rows(factor: float, per_op: float, per_step: float, noise: float) -> pd.DataFrame:
+def _step_rows(
+    factor: float,
+    per_op: float,
+    per_step: float,
+    noise: float,
+    glue_noise: float | None = None,
+    networks: int = 14,
+) -> pd.DataFrame:
     """ "step" and "step_alone" records of random networks at random batches, their steps
-    ``factor * alone + per_op * ops + per_step`` times a log-normal error of sigma ``noise``."""
+    ``factor * alone + per_op * ops + per_step`` times a log-normal error of sigma ``noise``;
+    with ``glue_noise``, the kernels' part and the glue's part each times its own."""
     rng = np.random.default_rng(1)
     rows = []
-    for i, workload in enumerate([*glue_workloads(), *random_workloads(4, 14)]):
+    for i, workload in enumerate([*glue_workloads(), *random_workloads(4, networks)]):
         alone = float(np.exp(rng.uniform(np.log(2e-6), np.log(3e-2))))
         ops = len(op_calls(workload))
-        step = (factor * alone + per_op * ops + per_step) * float(np.exp(rng.normal(0, noise)))
+        glue = per_op * ops + per_step
+        if glue_noise is None:
+            step = (factor * alone + glue) * float(np.exp(rng.normal(0, noise)))
+        else:
+            kernels_error, glue_error = np.exp(rng.normal(0, [noise, glue_noise]))
+            step = factor * alone * kernels_error + glue * glue_error
         key = {"params.threads": 1, "params.workload_json": json.dumps(workload.to_dict()),
                "params.batch": 1 + i, "params.op_calls": ops}  # fmt: skip
         rows.append({**key, "name": "step", "samples": [step * 0.99, step, step * 1.01]})
@@ -105,7 +118,8 @@ def test_step_terms_are_recovered_from_synthetic_steps():
     for name, truth in (("factor", factor), ("per_op_s", per_op), ("per_step_s", per_step)):
         interval = fitted.intervals[name]
         assert interval["low"] <= truth <= interval["high"], name
-    assert 0.01 < fitted.sigma < 0.04  # the leave-one-out residuals' spread: the noise put in
+    # the leave-one-out residuals' spread, of either part: the noise put in on both
+    assert 0.01 < fitted.sigma_kernels < 0.04 and 0.01 < fitted.sigma_glue < 0.04
     assert quality["1"]["n_points"] == len(glue_workloads()) + 14
     assert quality["1"]["leave_out_rel_error"] >= quality["1"]["median_rel_error"] * 0.8
     assert StepTerms.from_dict(fitted.to_dict()) == fitted
@@ -119,8 +133,33 @@ def test_the_step_terms_sigma_is_the_error_on_networks_priced_from_the_tables():
     noise = np.exp(np.random.default_rng(2).normal(0.0, 0.1, len(rows) // 2))
     exact, _ = fit_step_terms(rows)
     priced, quality = fit_step_terms(rows, _prices(rows, noise))
-    assert exact[1].sigma < 0.001 and 0.02 < priced[1].sigma < 0.1
+    assert exact[1].sigma_kernels < 0.001 and exact[1].sigma_glue < 0.001
+    assert 0.02 < priced[1].sigma_kernels < 0.15  # the tables err on the kernels
     assert quality["1"]["leave_out_rel_error"] > 0.02
+
+
+def test_the_band_spreads_the_kernels_and_the_glue_each_by_its_own_error():
+    """Kernels 3% off and glue 30% off at random: the two spreads come back, and a step's
+    sigma follows its glue share from the one to the other."""
+    fitted, _ = fit_step_terms(_step_rows(1.25, 3e-6, 10e-6, 0.03, 0.3, networks=60))
+    terms = fitted[1]
+    assert 0.015 < terms.sigma_kernels < 0.06 and 0.15 < terms.sigma_glue < 0.6
+    big, tiny = terms.sigma(1.0, 10), terms.sigma(1e-7, 10)  # glue shares ~0 and ~1
+    assert big == pytest.approx(terms.sigma_kernels, rel=1e-3)
+    assert tiny == pytest.approx(terms.sigma_glue, rel=0.01)
+    half = terms.glue_s(10) / terms.factor  # kernels as costly as the glue
+    assert terms.sigma(half, 10) == pytest.approx(math.hypot(*np.array(
+        [terms.sigma_kernels, terms.sigma_glue]) / 2))  # fmt: skip
+
+
+def test_a_profile_with_one_spread_has_both_fitted_again_from_its_points():
+    fitted, _ = fit_step_terms(_step_rows(1.25, 3e-6, 10e-6, 0.03, 0.3, networks=30))
+    doc = fitted[1].to_dict()
+    del doc["sigma_kernels"], doc["sigma_glue"]
+    older = StepTerms.from_dict({**doc, "sigma": 0.2})
+    assert older == fitted[1]
+    without_points = StepTerms.from_dict({**doc, "sigma": 0.2, "points": []})
+    assert (without_points.sigma_kernels, without_points.sigma_glue) == (0.2, 0.2)
 
 
 def test_tables_that_price_every_network_low_raise_the_factor_not_the_error():
@@ -250,15 +289,23 @@ def test_the_band_widens_with_the_distance_beyond_the_tables(sweep):
         return math.log(KernelCompute(m, frozenset(), 1.0).step_s(mlp, batch, 1)
                         / KernelCompute(m, frozenset(), 0.0).step_s(mlp, batch, 1))  # fmt: skip
 
-    base = model.step_terms(1).sigma
+    def own(batch: int) -> float:  # the step terms' sigma at the step's glue share
+        calls = step_calls(mlp, batch, 1)
+        kernels = sum(model.call_s(c, 1) for c in calls)
+        return model.step_terms(1).sigma(kernels, len(op_calls(mlp)))
+
     calls = step_calls(mlp, 4096, 1)
     seconds = np.array([model.call_s(c, 1) for c in calls])
     beyond = np.array([model.beyond_sigma(c, 1) for c in calls])
-    widened = math.hypot(base, seconds @ beyond / seconds.sum())
+    widened = math.hypot(own(4096), seconds @ beyond / seconds.sum())
     assert log_sigma(model, 4096) == pytest.approx(widened)
-    assert log_sigma(model, 4096) > log_sigma(model, 2) > base
+
+    def beyond_part(batch: int) -> float:
+        return math.sqrt(log_sigma(model, batch) ** 2 - own(batch) ** 2)
+
+    assert beyond_part(4096) > beyond_part(2) > 0
     older = KernelModel.from_dict({**model.to_dict(), "beyond_sigma_per_log": {}})
-    assert log_sigma(older, 4096) == pytest.approx(base)  # a profile without the figure
+    assert log_sigma(older, 4096) == pytest.approx(own(4096))  # a profile without the figure
 
 
 def test_a_bands_draws_cover_the_models_error_evenly(sweep):
