@@ -108,10 +108,21 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return doc
 
 
+def loads(text: str | bytes, **kwargs: Any) -> Any:
+    """``json.loads``, but arrays or objects nested past the interpreter's recursion limit are
+    a :class:`json.JSONDecodeError` like any other text that is no document pdlsim reads (a
+    ``RecursionError`` would escape every reader's handling of bad JSON)."""
+    try:
+        return json.loads(text, **kwargs)
+    except RecursionError:
+        shown = text if isinstance(text, str) else text.decode("utf-8", "replace")
+        raise json.JSONDecodeError("nested too deeply", shown, 0) from None
+
+
 def loads_strict(text: str) -> Any:
-    """``json.loads``, but an object with a key twice raises :class:`DuplicateKeyError`: a
+    """:func:`loads`, but an object with a key twice raises :class:`DuplicateKeyError`: a
     hand-edited file whose second value silently wins is a mistake to report, not guess at."""
-    return json.loads(text, object_pairs_hook=_unique_keys)
+    return loads(text, object_pairs_hook=_unique_keys)
 
 
 def read_json(path: str | Path, source: str) -> Any:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from .fileio import loads
 from .machine import utc_now
 
 if TYPE_CHECKING:
@@ -264,7 +265,7 @@ def _repair_tail(path: Path) -> None:
                 break
         f.seek(start)
         try:
-            json.loads(f.read())
+            loads(f.read())
             f.seek(end)
             f.write(b"\n")
         except ValueError:  # JSONDecodeError and UnicodeDecodeError
@@ -283,7 +284,7 @@ def _parse_header(path: Path, text: str) -> dict[str, Any]:
     if not text.strip():
         raise RecordsError(path, 1, f"empty line where the {SCHEMA} header should be")
     try:
-        header = json.loads(text)
+        header = loads(text)
     except json.JSONDecodeError:
         raise RecordsError(path, 1, f"no {SCHEMA} header (line 1 is not JSON)") from None
     if not isinstance(header, dict) or header.get("type") != "header":
@@ -324,7 +325,7 @@ def read_records(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dic
             if pending is not None:
                 raise RecordsError(path, *pending)
             try:
-                record = json.loads(text)
+                record = loads(text)
             except json.JSONDecodeError as e:
                 pending = (lineno, f"corrupt line: invalid JSON ({e.msg}, column {e.colno})")
                 continue
@@ -359,7 +360,7 @@ def is_records_file(path: Path) -> bool:
     with path.open("rb") as handle:
         first = handle.readline()
     try:
-        header = json.loads(first)
+        header = loads(first)
     except ValueError:
         header = None
     if isinstance(header, dict) and header.get("schema") == SCHEMA:

@@ -346,7 +346,7 @@ def _parse_layer(index: int, raw: Any, source: str) -> Layer:
     if not isinstance(raw, Mapping):
         raise WorkloadError(f"{source}: layer {index} must be an object with a 'kind'")
     kind = raw.get("kind")
-    if kind not in KIND_SETTINGS:
+    if not isinstance(kind, str) or kind not in KIND_SETTINGS:
         raise WorkloadError(
             f"{source}: layer {index}: unknown kind {kind!r}; known kinds: {', '.join(LAYER_KINDS)}"
         )

@@ -3,7 +3,6 @@ records read back into the slowest rank's post-warm-up step times, phases and me
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
+from microbench.fileio import loads
 from pdlsim.train.config import warmup_steps
 from pdlsim.validate.plan import RunSpec, ValidateConfig
 
@@ -22,7 +22,7 @@ def _read_steps(run_dir: Path) -> dict[int, dict[int, dict[str, Any]]]:
     out: dict[int, dict[int, dict[str, Any]]] = {}
     for path in sorted(run_dir.glob("rank*.jsonl")):
         for line in path.read_text().splitlines():
-            rec = json.loads(line)
+            rec = loads(line)
             if rec.get("type") == "train_step":
                 out.setdefault(int(rec["rank"]), {})[int(rec["global_step"])] = rec
     if not out:
@@ -56,7 +56,7 @@ def measured_memory(run_dir: Path) -> dict[str, int]:
     epochs = [
         rec
         for path in sorted(run_dir.glob("rank0*.jsonl"))
-        for rec in map(json.loads, path.read_text().splitlines())
+        for rec in map(loads, path.read_text().splitlines())
         if rec.get("type") == "train_epoch"
     ]
     if not epochs:

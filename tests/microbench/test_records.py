@@ -203,6 +203,11 @@ def test_corrupt_middle_line_and_empty_file_raise(tmp_path):
     with pytest.raises(RecordsError, match=r"corrupt\.jsonl:3: corrupt line"):
         read_records(path)
 
+    deep = "[" * 100_000 + "]" * 100_000  # past the interpreter's recursion limit
+    path.write_text(path.read_text().splitlines()[0] + f"\n{deep}\n" + json.dumps(measurement("b")))
+    with pytest.raises(RecordsError, match=r"corrupt\.jsonl:2: corrupt line.*nested too deeply"):
+        read_records(path)
+
     path.write_text(path.read_text().splitlines()[0] + "\n[1, 2]\n")
     with pytest.raises(RecordsError, match=r":2: record is not a JSON object"):
         read_records(path)

@@ -119,6 +119,11 @@ def _mlp_doc(**changes):
             "layer 0: unknown kind 'lstm'",
         ),
         (
+            _mlp_doc(layers=[{"kind": ["dense"], "units": 8}, {"kind": "softmax_cross_entropy"}]),
+            r"layer 0: unknown kind \['dense'\]",
+        ),
+        ("[" * 100_000 + "]" * 100_000, "not valid JSON .*nested too deeply"),
+        (
             _mlp_doc(layers=[{"kind": "dense"}, {"kind": "softmax_cross_entropy"}]),
             "dense needs 'units'",
         ),
