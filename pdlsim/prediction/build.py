@@ -63,8 +63,8 @@ def resolve_network(
         base = hardware.resolve("network", cfg.network or default)
     if cfg.inter_bw is None and cfg.inter_lat is None:
         return base
-    bw = parse_rate(cfg.inter_bw) if cfg.inter_bw else base.bandwidth_bytes_per_s
-    lat = parse_time(cfg.inter_lat) if cfg.inter_lat else base.latency_s
+    bw = parse_rate(cfg.inter_bw, "--inter-bw") if cfg.inter_bw else base.bandwidth_bytes_per_s
+    lat = parse_time(cfg.inter_lat, "--inter-lat") if cfg.inter_lat else base.latency_s
     return replace(base, name="given", latency_s=lat, bandwidth_bytes_per_s=bw,
                    source="--inter-bw/--inter-lat", kind="given")  # fmt: skip
 

@@ -28,21 +28,39 @@ _SECONDS = {"d": 86400.0, "h": 3600.0, "min": 60.0, "s": 1.0, "ms": 1e-3, "us": 
 _PREFIX = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
 
-def parse_rate(text: str) -> float:
-    """'25GB/s' -> 25e9 bytes/s; '100Gb/s' (bits) -> 12.5e9."""
+# What a bandwidth or a time given in text may be: a link of 1 B/s to 1 PB/s, a time up to
+# about three centuries (an MTBF of a million hours is 3.6e9 s). Beyond them a number is a typo
+# or an overflow (1e400 reads as infinity), and the figures built on it would be nonsense.
+RATE_RANGE_BYTES_PER_S = (1.0, 1e15)
+MAX_TIME_S = 1e10
+
+
+def parse_rate(text: str, flag: str = "") -> float:
+    """'25GB/s' -> 25e9 bytes/s; '100Gb/s' (bits) -> 12.5e9; within
+    :data:`RATE_RANGE_BYTES_PER_S`; ``flag`` names the option in an error."""
+    where = f"{flag}: " if flag else ""
     m = _RATE.match(text)
     if not m or float(m.group(1)) <= 0:
-        raise UserError(f"expected a bandwidth like 25GB/s or 100Gb/s, got '{text}'")
+        raise UserError(f"{where}expected a bandwidth like 25GB/s or 100Gb/s, got '{text}'")
     value = float(m.group(1)) * _PREFIX[m.group(2)]
-    return value if m.group(3) == "B" else value / 8
+    rate = value if m.group(3) == "B" else value / 8
+    low, high = RATE_RANGE_BYTES_PER_S
+    if not low <= rate <= high:
+        raise UserError(f"{where}bandwidth '{text}' is out of range: give 1B/s to 1000TB/s")
+    return rate
 
 
-def parse_time(text: str) -> float:
-    """'2us' -> 2e-6 s; 'ns', 'us', 'ms', 's', 'min', 'h' and 'd' are understood."""
+def parse_time(text: str, flag: str = "") -> float:
+    """'2us' -> 2e-6 s; 'ns', 'us', 'ms', 's', 'min', 'h' and 'd' are understood; at most
+    :data:`MAX_TIME_S`; ``flag`` names the option in an error."""
+    where = f"{flag}: " if flag else ""
     m = _TIME.match(text)
     if not m:
-        raise UserError(f"expected a time like 2us, 1.5ms, 60s or 5000h, got '{text}'")
-    return float(m.group(1)) * _SECONDS[m.group(2)]
+        raise UserError(f"{where}expected a time like 2us, 1.5ms, 60s or 5000h, got '{text}'")
+    seconds = float(m.group(1)) * _SECONDS[m.group(2)]
+    if not seconds <= MAX_TIME_S:
+        raise UserError(f"{where}time '{text}' is out of range: give at most {MAX_TIME_S:.0e} s")
+    return seconds
 
 
 @dataclass(frozen=True)

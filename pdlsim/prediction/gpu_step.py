@@ -47,7 +47,7 @@ def _target_s(cfg: PredictConfig, cost: Any, workload: Any) -> tuple[float, str]
     if cfg.step_time_accum is not None and cfg.step_time_accum < 1:
         raise UserError(f"--step-time-accum must be a positive integer, got {cfg.step_time_accum}")
     if cfg.step_time is not None:
-        seconds = parse_time(cfg.step_time)
+        seconds = parse_time(cfg.step_time, "--step-time")
         if seconds <= 0:
             raise UserError(f"--step-time must be above 0, got {cfg.step_time}")
         return seconds, f"--step-time {cfg.step_time}"

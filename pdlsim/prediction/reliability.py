@@ -36,6 +36,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from microbench.errors import UserError
+
 __all__ = [
     "CheckpointPlan",
     "checkpoint_for_prediction",
@@ -76,7 +78,18 @@ def expected_time_s(
     if math.isinf(mtbf_s):
         return work_s * (1.0 + cost_s / interval_s)
     m = mtbf_s
-    return m * math.exp(restart_s / m) * math.expm1((interval_s + cost_s) / m) * work_s / interval_s
+    try:
+        cycle = math.exp(restart_s / m) * math.expm1((interval_s + cost_s) / m)
+        expected = m * cycle * work_s / interval_s
+    except OverflowError:
+        expected = math.inf
+    if not math.isfinite(expected):
+        raise UserError(
+            f"a failure every {m:.3g} s (the nodes' MTBF over the nodes) against a restart of "
+            f"{restart_s:.3g} s and {interval_s + cost_s:.3g} s between checkpoints: the job would "
+            "never finish; check --mtbf, --restart-time and --checkpoint-every"
+        )
+    return expected
 
 
 @dataclass(frozen=True)
@@ -172,13 +185,15 @@ def plan_from_config(cfg: Any, state_bytes: int) -> CheckpointPlan | None:
                 f"--checkpoint-every: expected a positive number of steps or 'auto', "
                 f"got '{cfg.checkpoint_every}'"
             )
-    mtbf = parse_time(cfg.mtbf) if cfg.mtbf is not None else math.inf
+    mtbf = parse_time(cfg.mtbf, "--mtbf") if cfg.mtbf is not None else math.inf
     if mtbf <= 0:
         raise UserError(f"--mtbf must be positive, got '{cfg.mtbf}'")
     if cfg.checkpoint_every == "auto" and math.isinf(mtbf):
         raise UserError("--checkpoint-every auto needs --mtbf (the optimum trades off failures)")
-    bandwidth = parse_rate(cfg.checkpoint_bw) if cfg.checkpoint_bw else None
-    latency = parse_time(cfg.checkpoint_latency) if cfg.checkpoint_latency else None
+    bandwidth = parse_rate(cfg.checkpoint_bw, "--checkpoint-bw") if cfg.checkpoint_bw else None
+    latency = None
+    if cfg.checkpoint_latency:
+        latency = parse_time(cfg.checkpoint_latency, "--checkpoint-latency")
     fitted = None  # (latency_s, bytes_per_s) from the profile: its line at the state's size
     if bandwidth is None or latency is None:
         model = profile_storage_model(cfg.profile)
@@ -215,7 +230,7 @@ def plan_from_config(cfg: Any, state_bytes: int) -> CheckpointPlan | None:
         write_bytes_per_s=bandwidth,
         latency_s=latency,
         node_mtbf_s=mtbf,
-        restart_s=parse_time(cfg.restart_time or DEFAULT_RESTART),
+        restart_s=parse_time(cfg.restart_time or DEFAULT_RESTART, "--restart-time"),
         every_steps=every,
         cost_source=source,
         assumed=tuple(sorted(assumed)),

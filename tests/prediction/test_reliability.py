@@ -84,8 +84,9 @@ def test_predict_reports_checkpoints_and_restarts():
     [
         (["--checkpoint-every", "0"], "--checkpoint-every: expected a positive number"),
         (["--checkpoint-every", "auto"], "--checkpoint-every auto needs --mtbf"),
-        (["--mtbf", "soon"], "expected a time like"),
-        (["--checkpoint-bw", "fast"], "expected a bandwidth like"),
+        (["--mtbf", "soon"], "--mtbf: expected a time like"),
+        (["--checkpoint-bw", "fast"], "--checkpoint-bw: expected a bandwidth like"),
+        (["--checkpoint-every", "100", "--mtbf", "1e-6s"], "the job would never finish"),
     ],
 )
 def test_bad_checkpoint_flags_are_one_line_exit_2(args, message):
@@ -134,3 +135,37 @@ def test_the_profiles_storage_model_prices_checkpoints_when_no_flags_say(tmp_pat
     assert bare["assumed"] == ["--checkpoint-bw", "--checkpoint-latency", "--restart-time"]
     assert "assumed: --checkpoint-bw" in format_checkpoint(bare)
     assert "profile (storage)" in format_checkpoint(doc)
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "message"),
+    [
+        ("parse_time", "1e400s", "out of range"),  # reads as infinity
+        ("parse_time", "1e300h", "out of range"),
+        ("parse_rate", "1e400GB/s", "out of range"),
+        ("parse_rate", "1e-300GB/s", "out of range"),  # a 300-digit step time
+        ("parse_rate", "0GB/s", "expected a bandwidth like"),
+    ],
+)
+def test_times_and_bandwidths_out_of_any_machines_range_are_refused(parse, text, message):
+    from microbench.errors import UserError
+    from pdlsim.prediction import config
+
+    with pytest.raises(UserError, match=f"^--flag: .*{message}"):
+        getattr(config, parse)(text, "--flag")
+
+
+def test_the_range_holds_what_machines_have():
+    from pdlsim.prediction.config import parse_rate, parse_time
+
+    assert parse_time("1000000h") == 3.6e9  # a component MTBF of a million hours
+    assert parse_rate("1B/s") == 1.0 and parse_rate("900TB/s") == 9e14
+
+
+def test_a_job_that_can_never_finish_is_said_so_not_overflowed():
+    from microbench.errors import UserError
+    from pdlsim.prediction.reliability import expected_time_s
+
+    assert expected_time_s(100.0, 10.0, 1.0, 1e6, 60.0) > 100.0
+    with pytest.raises(UserError, match="would never finish"):
+        expected_time_s(100.0, 10.0, 1.0, 1e-6, 60.0)  # exp(6e7) overflows
