@@ -65,10 +65,8 @@ def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, An
         band = band_step_times(simulate, cluster, scenario, cost, cfg.samples, cfg.seed, iterations)
     except ValueError as exc:  # ConfigError and the cost model's own checks
         raise UserError(str(exc)) from None
-    if trace is not None and result.timeline is not None:
-        write_chrome_trace(trace, result.timeline)
     devices = cluster.ranks
-    return prediction_document(
+    out = prediction_document(
         cfg, cluster, result.breakdown, band,
         base_step_s=base.step_time_s,
         replicas=devices,
@@ -79,3 +77,6 @@ def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, An
         gpu=cost.gpu,
         buckets=[asdict(x) for x in result.buckets],
     )  # fmt: skip
+    if trace is not None and result.timeline is not None:  # last: a failed run keeps the old one
+        write_chrome_trace(trace, result.timeline, f"--trace {trace}")
+    return out

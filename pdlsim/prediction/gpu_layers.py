@@ -14,7 +14,9 @@ another.
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import math
+from typing import Any, NoReturn
 
 from microbench.errors import UserError
 from microbench.fileio import read_json
@@ -24,16 +26,93 @@ from pdlsim.prediction.gpu_step import given_compute
 __all__ = ["with_layer_times"]
 
 
-def _load(path: str) -> dict[str, Any]:
+_NEEDED = ("workload", "batch", "precision", "optimizer", "device", "layers", "step_s", "update_s")
+_TIMES = ("forward_s", "backward_s")  # each layer's, in seconds
+
+
+def _shown(value: Any) -> str:
+    """``value`` as the file spells it (null, "1e-5", Infinity), cut short: for messages."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _Checker:
+    """Checks of one layer-times document, each refusal one :class:`UserError` line naming the
+    file, the field's path in it (``layers[3].forward_s``) and what belongs there."""
+
+    def __init__(self, path: str) -> None:
+        self.flag = f"--layer-times {path}"
+
+    def refuse(self, field: str, value: Any, expected: str) -> NoReturn:
+        raise UserError(
+            f"{self.flag}: {field} is {_shown(value)}, expected {expected}; fix the file or time "
+            "it again (pdlsim bench --layer-times)"
+        )
+
+    def seconds(self, value: Any, field: str, positive: bool = False) -> float:
+        """``value`` as seconds: a JSON number (not a bool, a string or null), finite, >= 0 (>
+        0 with ``positive``). NaN or infinity would pass through the scaling unnoticed and
+        price every layer wrong, or blame another field."""
+        expected = f"a finite JSON number of seconds {'> 0' if positive else '>= 0'}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.refuse(field, value, expected)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer too large for a float
+            self.refuse(field, value, expected)
+        if not math.isfinite(number) or number < 0 or (positive and number == 0):
+            self.refuse(field, value, expected)
+        return number
+
+    def text(self, value: Any, field: str) -> str:
+        if not isinstance(value, str):
+            self.refuse(field, value, "a string")
+        return value
+
+    def layers(self, rows: Any) -> dict[str, dict[str, float]]:
+        """The ``layers`` list as {name: {"forward_s": s, "backward_s": s}}; each row checked,
+        and a name timed twice refused (which of the two should count is not for us to guess)."""
+        if not isinstance(rows, list):
+            self.refuse("layers", rows, "a list of {name, forward_s, backward_s} rows")
+        timed: dict[str, dict[str, float]] = {}
+        for i, row in enumerate(rows):
+            where = f"layers[{i}]"
+            if not isinstance(row, dict):
+                self.refuse(where, row, "an object with name, forward_s and backward_s")
+            for key in ("name", *_TIMES):
+                if key not in row:
+                    raise UserError(
+                        f"{self.flag}: {where} has no {key}; each layer needs name, forward_s "
+                        "and backward_s (pdlsim bench --layer-times writes them)"
+                    )
+            name = self.text(row["name"], f"{where}.name")
+            if name in timed:
+                raise UserError(f"{self.flag}: {where}.name {name!r} is timed twice; keep one row")
+            timed[name] = {key: self.seconds(row[key], f"{where}.{key}") for key in _TIMES}
+        return timed
+
+
+def _load(path: str) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+    """The document at ``path`` and its layers' times, the whole of it checked before any of
+    it is used: every field read has the right type, every time is finite and in range."""
     doc = read_json(path, f"--layer-times {path}")
-    needed = ("workload", "batch", "precision", "optimizer", "device", "layers", "step_s",
-              "update_s")  # fmt: skip
-    if not isinstance(doc, dict) or any(k not in doc for k in needed):
+    if not isinstance(doc, dict) or any(k not in doc for k in _NEEDED):
         raise UserError(
             f"--layer-times {path}: not a layer-times file (pdlsim bench --layer-times writes "
-            f"one); it needs {', '.join(needed)}"
+            f"one); it needs {', '.join(_NEEDED)}"
         )
-    return doc
+    check = _Checker(path)
+    for key in ("workload", "precision", "optimizer", "device"):
+        check.text(doc[key], key)
+    for key in ("device_name", "torch_version"):
+        if key in doc:
+            check.text(doc[key], key)
+    batch = doc["batch"]
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        check.refuse("batch", batch, "a whole number >= 1")
+    check.seconds(doc["step_s"], "step_s", positive=True)
+    check.seconds(doc["update_s"], "update_s")
+    return doc, check.layers(doc["layers"])
 
 
 def with_layer_times(cfg: PredictConfig, cost: Any, workload: Any) -> tuple[Any, dict[str, str]]:
@@ -47,7 +126,7 @@ def with_layer_times(cfg: PredictConfig, cost: Any, workload: Any) -> tuple[Any,
     if cfg.step_time is not None or cfg.mfu is not None or cfg.step_time_accum is not None:
         raise UserError(f"{flag} measures the GPU step itself: drop --step-time/--mfu "
                         "(and --step-time-accum)")  # fmt: skip
-    doc = _load(cfg.layer_times)
+    doc, timed = _load(cfg.layer_times)
     asked = {"workload": workload.name, "batch": cfg.batch, "precision": cfg.precision,
              "optimizer": cfg.optimizer}  # fmt: skip
     for key, value in asked.items():
@@ -56,17 +135,21 @@ def with_layer_times(cfg: PredictConfig, cost: Any, workload: Any) -> tuple[Any,
                 f"{flag} timed {key} {doc[key]!r}, this prediction has {value!r}: time the "
                 f"configuration predicted (pdlsim bench --layer-times)"
             )
-    if not str(doc["device"]).startswith("cuda"):
+    if not doc["device"].startswith("cuda"):
         raise UserError(f"{flag} was timed on {doc['device']!r}, not a GPU: GPU ranks need a GPU's")
-    timed = {row["name"]: row for row in doc["layers"]}
     missing = [info.name for info in workload.layers if info.name not in timed]
     if missing:
         raise UserError(f"{flag} has no times for layer(s) {', '.join(missing[:3])}")
     layers_s = sum(timed[info.name]["forward_s"] + timed[info.name]["backward_s"]
                    for info in workload.layers)  # fmt: skip
     step_s, update_s = float(doc["step_s"]), float(doc["update_s"])
-    if not (0 <= update_s < step_s and layers_s > 0):
+    if update_s >= step_s:
         raise UserError(f"{flag}: its step ({step_s} s) must exceed its update ({update_s} s)")
+    if not 0 < layers_s < math.inf:
+        raise UserError(
+            f"{flag}: its layers' forward and backward times add up to {layers_s:.3g} s; they need "
+            "to add up to a finite time > 0 (time them again: pdlsim bench --layer-times)"
+        )
     factor = (step_s - update_s) / layers_s
     params = max(1, workload.param_count)
     table: dict[tuple[str, str], float] = {}

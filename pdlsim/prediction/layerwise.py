@@ -85,8 +85,6 @@ def run_layerwise(cfg: PredictConfig, trace: str | None, band_iterations: int) -
         band = band_step_times(run, cluster, scenario, cost, cfg.samples, cfg.seed, iterations)
     except ValueError as exc:  # ConfigError and the cost model's own checks
         raise UserError(str(exc)) from None
-    if trace is not None and result.timeline is not None:
-        write_chrome_trace(trace, result.timeline)
     b, devices = result.breakdown, cluster.ranks
     details = result.to_dict()
     for key in ("engine", "step_time_s", "breakdown"):
@@ -103,7 +101,7 @@ def run_layerwise(cfg: PredictConfig, trace: str | None, band_iterations: int) -
         replicas = devices
         details["replicas"] = devices
         details["scaling"] = "weak: a batch per rank, no communication"
-    return prediction_document(
+    out = prediction_document(
         cfg, cluster, b, band,
         base_step_s=base.step_time_s,
         replicas=replicas,
@@ -115,3 +113,6 @@ def run_layerwise(cfg: PredictConfig, trace: str | None, band_iterations: int) -
         buckets=[],
         parallel={"mode": cfg.parallel, "inference": inference, **details},
     )  # fmt: skip
+    if trace is not None and result.timeline is not None:  # last: a failed run keeps the old one
+        write_chrome_trace(trace, result.timeline, f"--trace {trace}")
+    return out

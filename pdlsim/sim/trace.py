@@ -9,11 +9,13 @@ links and copy engines in another ("links"), so Perfetto groups them.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from microbench.errors import UserError
 from microbench.fileio import atomic_write_text
 
 __all__ = ["Timeline", "TraceEvent", "write_chrome_trace"]
@@ -94,8 +96,43 @@ class Timeline:
         return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 
-def write_chrome_trace(path: str | os.PathLike[str], timeline: Timeline) -> Path:
-    """Write ``timeline`` as Chrome trace JSON, atomically (temporary file + rename)."""
+def _non_finite(record: dict[str, Any]) -> str | None:
+    """The first of ``record``'s times (or numeric args) that is NaN or infinite, as
+    ``field value``; None when all are finite."""
+    args = record.get("args") or {}
+    fields = {"ts": record.get("ts"), "dur": record.get("dur")}
+    fields.update((f"args.{key}", value) for key, value in args.items())
+    for field_name, value in fields.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{field_name} {value}"
+    return None
+
+
+def write_chrome_trace(
+    path: str | os.PathLike[str], timeline: Timeline, source: str | None = None
+) -> Path:
+    """Write ``timeline`` as Chrome trace JSON, atomically (temporary file + rename).
+
+    JSON has no NaN or infinity (Python would write ``Infinity``, which no trace viewer
+    reads): a timeline holding one is refused with a :class:`UserError` starting with
+    ``source`` (default: the path), and the file is left as it was.
+    """
     target = Path(path)
-    atomic_write_text(target, json.dumps(timeline.to_chrome_trace()))
+    doc = timeline.to_chrome_trace()
+    for record in doc["traceEvents"]:
+        bad = _non_finite(record)
+        if bad is not None:
+            raise UserError(
+                f"{source or target}: not written: the event {record['name']!r} has {bad}, and "
+                "JSON has no NaN or infinity; the simulated times overflowed, so check the "
+                "inputs' times and sizes"
+            )
+    try:
+        text = json.dumps(doc, allow_nan=False)
+    except ValueError:  # a non-finite number deeper in an event's args
+        raise UserError(
+            f"{source or target}: not written: an event holds NaN or infinity, which JSON "
+            "cannot; check the inputs' times and sizes"
+        ) from None
+    atomic_write_text(target, text)
     return target
