@@ -122,6 +122,8 @@ def flush_stdout(prog: str) -> bool:
     """Flush stdout before the command returns, so that a full disk under it is reported as
     one line (False) rather than by the interpreter's flush at exit; a reader that went away
     (``| head``) is no failure (True)."""
+    if sys.stdout is None:  # started with stdout closed (``>&-``): nothing was printed
+        return True
     try:
         sys.stdout.flush()
     except BrokenPipeError:
@@ -133,3 +135,12 @@ def flush_stdout(prog: str) -> bool:
     except ValueError:  # stdout closed by the caller: nothing left to flush
         pass
     return True
+
+
+def replace_unencodable_output() -> None:
+    """Let stdout and stderr write what their encoding cannot (a workload's name in Greek under
+    ``PYTHONIOENCODING=ascii``) as escapes instead of failing mid-table with a traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")

@@ -104,6 +104,17 @@ def path_argument(text: str) -> Path:
     return Path(text)
 
 
+def file_path_argument(text: str) -> Path:
+    """argparse type: a path to write one file to. A name ending in a separator names a
+    directory, which ``Path`` would silently drop, writing a file where a folder was meant."""
+    path = path_argument(text)
+    if text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(
+            f"{text} ends in '/', which names a directory; give a file name"
+        )
+    return path
+
+
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
     try:

@@ -46,6 +46,28 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+NUMBA_THREADING_LAYERS = ("default", "safe", "forksafe", "threadsafe", "tbb", "omp", "workqueue")
+
+
+def thread_environment_problem() -> str | None:
+    """What is wrong with the thread settings in this process's environment, or None.
+
+    The libraries read them when they load, deep inside a run: numba refuses a count of 0 or
+    an unknown threading layer with a traceback there, and OpenMP runtimes print a warning and
+    go on with their default. A count (OpenMP's may list one per nesting level, "4,2") must be
+    positive integers; an empty value counts as unset."""
+    for name in THREAD_ENV_VARS:
+        value = os.environ.get(name, "").strip()
+        levels = value.split(",") if name == "OMP_NUM_THREADS" else [value]
+        if value and not all(v.strip().isdigit() and int(v) > 0 for v in levels):
+            return f"{name}={value!r} is not a positive thread count; set a number or unset it"
+    layer = os.environ.get("NUMBA_THREADING_LAYER", "").strip()
+    if layer and layer not in NUMBA_THREADING_LAYERS:
+        known = ", ".join(NUMBA_THREADING_LAYERS)
+        return f"NUMBA_THREADING_LAYER={layer!r} is unknown to numba ({known}); unset it"
+    return None
+
+
 def thread_env(threads: int) -> dict[str, str]:
     """Environment entries that pin a child process to ``threads`` threads."""
     if threads < 1:

@@ -13,7 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from microbench.cli import path_argument
+from microbench.cli import file_path_argument, path_argument
 from microbench.errors import UserError
 from microbench.fileio import check_writable, new_run_dir
 from pdlsim.cli.args import int_list, positive_int, seed
@@ -52,7 +52,7 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--out",
-        type=path_argument,
+        type=file_path_argument,
         metavar="PROFILE",
         help="profile path (default: RUN_DIR/profile.json)",
     )

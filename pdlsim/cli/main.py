@@ -15,12 +15,13 @@ from microbench.boundary import (
     describe_failure,
     flush_stdout,
     print_message,
+    replace_unencodable_output,
     say,
     silence_stdout,
     silence_stdout_if_broken,
 )
 from microbench.errors import UserError
-from microbench.threads import quiet_idle_blas_threads
+from microbench.threads import quiet_idle_blas_threads, thread_environment_problem
 from pdlsim import __version__
 from pdlsim.cli.args import positive_int
 from pdlsim.cli.bench import add_bench_parser
@@ -32,6 +33,7 @@ from pdlsim.cli.predict import add_predict_parser
 from pdlsim.cli.sweep import add_sweep_parser
 from pdlsim.cli.train import add_train_parser
 from pdlsim.cli.validate import add_validate_parser
+from pdlsim.train.launch import Stopped
 
 
 class _Parser(argparse.ArgumentParser):
@@ -114,9 +116,13 @@ def _cmd_workload_list(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_idle_blas_threads()  # before anything imports numpy
+    replace_unencodable_output()
     parser = build_parser()
     args = parser.parse_args(argv)  # its messages are flushed as they are printed (_Parser)
     try:
+        problem = thread_environment_problem()
+        if problem is not None:
+            raise UserError(problem)
         status = int(args.handler(args) or 0)
         return status if flush_stdout("pdlsim") else 2
     except UserError as exc:
@@ -125,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pdlsim: interrupted", file=sys.stderr)
         return 130
+    except Stopped as stopped:  # SIGTERM or SIGHUP while a command ran processes of its own
+        print(f"pdlsim: stopped by {stopped}", file=sys.stderr)
+        return 128 + stopped.signum
     except BrokenPipeError:  # the reader went away (pdlsim ... | head): stop quietly
         silence_stdout()  # so the interpreter's final flush fails silently
         return 0

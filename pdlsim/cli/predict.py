@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from microbench.cli import path_argument
+from microbench.cli import file_path_argument
 from microbench.errors import UserError
 from microbench.fileio import check_writable
 from pdlsim.cli.args import non_negative_float, positive_int, seed
@@ -254,7 +254,11 @@ def add_predict_parser(commands: argparse._SubParsersAction) -> None:
     add_common_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
-        "--trace", type=path_argument, default=None, metavar="FILE", help="write a Chrome trace"
+        "--trace",
+        type=file_path_argument,
+        default=None,
+        metavar="FILE",
+        help="write a Chrome trace",
     )
     p.set_defaults(handler=run_predict_command)
 
