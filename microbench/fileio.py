@@ -16,7 +16,7 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,9 @@ def special_kind(path: str | Path) -> str | None:
     return next((kind for test, kind in _KINDS if test(mode)), None)
 
 
-def _atomic_write(path: str | Path, data: bytes, durable: bool) -> None:
-    path = Path(path)
+def _staged(path: Path, data: bytes) -> str:
+    """A temporary file beside ``path`` holding ``data``, flushed to disk: what a rename then
+    puts in place whole. Nothing is left behind when it fails."""
     kind = special_kind(path)
     if kind is not None:
         raise UserError(f"{path} is {kind}, not a regular file; give a new file name")
@@ -56,7 +57,6 @@ def _atomic_write(path: str | Path, data: bytes, durable: bool) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         if exc.filename is None:  # a failed write names no file: name the one being written
@@ -65,12 +65,35 @@ def _atomic_write(path: str | Path, data: bytes, durable: bool) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return tmp
+
+
+def _atomic_write(path: str | Path, data: bytes, durable: bool) -> None:
+    atomic_write_all({Path(path): data}, durable)
+
+
+def atomic_write_all(files: Mapping[Path, bytes], durable: bool = False) -> None:
+    """Write several files that belong together (a table and its plot) all or none: each is
+    staged in full beside its place first, and only when every one is on disk are they renamed
+    into place, so a full disk halfway leaves the old set whole, not a new table beside an old
+    plot. ``durable``: the directories are fsynced after the renames too."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, data in files.items():
+            staged.append((_staged(Path(path), data), Path(path)))
+        for tmp, path in staged:
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+        raise
     if durable:
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        for folder in {path.parent for _, path in staged}:
+            directory = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

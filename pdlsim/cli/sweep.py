@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from microbench.cli import path_argument
-from microbench.fileio import atomic_write_text, check_writable
+from microbench.fileio import atomic_write_all, check_writable
 from pdlsim.cli.args import int_list
 from pdlsim.cli.knobs import KNOBS, parse_vary, run_vary
 from pdlsim.cli.predict import add_common_options, check_flags, config_from_args, cores_warning
@@ -97,10 +97,12 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         return run_vary(args, cfg, Progress("sweep --vary", "predictions"))
     progress = Progress("sweep", "configurations")
     frame = sweep(cfg, args.nodes, gpus or args.procs_per_node, args.batch, progress)
-    atomic_write_text(args.out / "sweep.csv", frame.to_csv(index=False))
-    from pdlsim.plots import plot_scaling
+    from pdlsim.plots.scaling import scaling_png
 
-    plot_scaling(frame, args.out / "scaling.png")
+    atomic_write_all({  # the table and its plot, both or neither
+        args.out / "sweep.csv": frame.to_csv(index=False).encode(),
+        args.out / "scaling.png": scaling_png(frame),
+    })  # fmt: skip
     cols = ["nodes", "per_node", "batch", "devices", "step_time_s", "speedup", "efficiency",
             "comm_overhead_pct", "p10_s", "p90_s"]  # fmt: skip
     print(frame[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))

@@ -167,10 +167,15 @@ def records_of(frame: pd.DataFrame, benchmark: str) -> pd.DataFrame:
 # --------------------------------------------------------------------------- collectives
 
 
+def figure_bytes(figure: Figure, fmt: str) -> bytes:
+    """``figure`` drawn in memory as a ``fmt`` file's bytes."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format=fmt, dpi=DPI)
+    return buffer.getvalue()
+
+
 def write_figure(figure: Figure, path: str | Path, fmt: str) -> Path:
     """Save ``figure`` to ``path`` whole or not at all: drawn in memory, then written
     atomically, so a full disk never leaves a truncated image over a good one."""
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format=fmt, dpi=DPI)
-    atomic_write_bytes(path, buffer.getvalue())
+    atomic_write_bytes(path, figure_bytes(figure, fmt))
     return Path(path)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from pdlsim.plots.axes import write_figure
+from pdlsim.plots.axes import figure_bytes, write_figure
 
-__all__ = ["plot_scaling", "scaling_figure"]
+__all__ = ["plot_scaling", "scaling_figure", "scaling_png"]
 
 
 def scaling_figure(frame: pd.DataFrame) -> Figure:
@@ -43,3 +43,8 @@ def plot_scaling(frame: pd.DataFrame, path: str | Path) -> Path:
     path = Path(path)
     fmt = path.suffix.lstrip(".") or "png"
     return write_figure(scaling_figure(frame), path, fmt)
+
+
+def scaling_png(frame: pd.DataFrame) -> bytes:
+    """:func:`scaling_figure` of a sweep table as PNG bytes, for writing beside its table."""
+    return figure_bytes(scaling_figure(frame), "png")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 
 import pytest
 
@@ -56,3 +57,26 @@ def test_a_run_folder_is_removed_on_failure_only_while_empty(tmp_path):
     with removed_if_empty_on_failure(kept):
         pass
     assert not empty.exists() and (used / "records.jsonl").exists() and kept.is_dir()
+
+
+def test_files_that_belong_together_are_written_all_or_none(tmp_path, monkeypatch):
+    """A table and its plot: the plot failing on a full disk leaves the old table, not a new
+    table beside an old plot; once both are staged, both are renamed into place."""
+    table, plot = tmp_path / "sweep.csv", tmp_path / "scaling.png"
+    table.write_text("old table")
+    plot.write_bytes(b"old plot")
+    staged = fileio._staged
+
+    def full_at_the_plot(path, data):
+        if path == plot:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return staged(path, data)
+
+    monkeypatch.setattr(fileio, "_staged", full_at_the_plot)
+    with pytest.raises(OSError):
+        fileio.atomic_write_all({table: b"new table", plot: b"new plot"})
+    assert (table.read_text(), plot.read_bytes()) == ("old table", b"old plot")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scaling.png", "sweep.csv"]
+    monkeypatch.setattr(fileio, "_staged", staged)
+    fileio.atomic_write_all({table: b"new table", plot: b"new plot"})
+    assert (table.read_text(), plot.read_bytes()) == ("new table", b"new plot")
