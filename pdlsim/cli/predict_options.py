@@ -12,6 +12,12 @@ from pdlsim.prediction.checks import PARALLEL_MODES, SCHEDULES
 from pdlsim.prediction.energy import CPU_POWER_PRESET, POWER_PRESETS
 from pdlsim.prediction.reliability import DEFAULT_LATENCY, DEFAULT_RESTART, DEFAULT_WRITE_RATE
 
+# Above these a figure is a typo: no socket or GPU draws 100 kW, no node holds 16 sockets or
+# a socket a thousand cores.
+MAX_WATTS = 1e5
+MAX_SOCKETS = 16
+MAX_CORES_PER_SOCKET = 1024
+
 
 def _watts_pair(flag: str, unit: str) -> Any:
     def parse(text: str) -> tuple[float, float]:
@@ -19,10 +25,10 @@ def _watts_pair(flag: str, unit: str) -> Any:
             idle, busy = (float(x) for x in text.split(","))
         except ValueError:
             idle = busy = -1.0
-        if not 0 <= idle <= busy < float("inf"):
+        if not 0 <= idle <= busy <= MAX_WATTS:
             raise argparse.ArgumentTypeError(
-                f"expected IDLE,BUSY watts {unit} with 0 <= IDLE <= BUSY (e.g. 80,270), got "
-                f"'{text}'"
+                f"expected IDLE,BUSY watts {unit} with 0 <= IDLE <= BUSY <= {MAX_WATTS:,.0f} "
+                f"(e.g. 80,270), got '{text}'"
             )
         return idle, busy
 
@@ -35,9 +41,12 @@ def _sockets(text: str) -> tuple[int, int]:
     if (
         not (sockets.strip().isdigit() and cores.strip().isdigit())
         or min(int(sockets), int(cores)) < 1
+        or int(sockets) > MAX_SOCKETS
+        or int(cores) > MAX_CORES_PER_SOCKET
     ):
         raise argparse.ArgumentTypeError(
-            f"expected SOCKETSxCORES per node, e.g. 2x40 (2 sockets of 40 cores), got '{text}'"
+            f"expected SOCKETSxCORES per node, e.g. 2x40 (2 sockets of 40 cores; at most "
+            f"{MAX_SOCKETS}x{MAX_CORES_PER_SOCKET}), got '{text}'"
         )
     return int(sockets), int(cores)
 
@@ -47,8 +56,8 @@ def _watts(text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected watts >= 0, got '{text}'")
+    if not 0 <= value <= MAX_WATTS:
+        raise argparse.ArgumentTypeError(f"expected watts from 0 to {MAX_WATTS:,.0f}, got '{text}'")
     return value
 
 

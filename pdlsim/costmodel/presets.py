@@ -111,6 +111,8 @@ class GpuPreset:
 
 
 FABRICS = ("nvlink", "xgmi", "pcie")
+MAX_GPUS_PER_NODE = 64  # the densest nodes hold 8 to 16; more is a typo
+MAX_NICS_PER_NODE = 256  # a NIC or two per GPU at most, storage ones besides
 
 
 @dataclass(frozen=True)
@@ -134,11 +136,15 @@ class NodePreset:
             raise UserError(
                 f"node '{self.name}': unknown fabric '{self.fabric}'; known: {', '.join(FABRICS)}"
             )
-        if not (self.gpus_per_node >= 1 and self.nics >= 1 and self.gpu_link_bytes_per_s > 0):
+        if not (
+            1 <= self.gpus_per_node <= MAX_GPUS_PER_NODE
+            and 1 <= self.nics <= MAX_NICS_PER_NODE
+            and self.gpu_link_bytes_per_s > 0
+        ):
             raise UserError(
-                f"node '{self.name}': need gpus_per_node >= 1, nics >= 1 and "
-                f"gpu_link_bytes_per_s > 0, got {self.gpus_per_node}, {self.nics} and "
-                f"{self.gpu_link_bytes_per_s}"
+                f"node '{self.name}': need gpus_per_node in 1..{MAX_GPUS_PER_NODE}, nics in "
+                f"1..{MAX_NICS_PER_NODE} and gpu_link_bytes_per_s > 0, got {self.gpus_per_node}, "
+                f"{self.nics} and {self.gpu_link_bytes_per_s}"
             )
         if self.nvls and self.fabric != "nvlink":
             raise UserError(f"node '{self.name}': nvls (NVLink SHARP) needs the nvlink fabric")

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from microbench.errors import UserError
+from pdlsim.costmodel.presets import MAX_GPUS_PER_NODE
 
 __all__ = [
     "MAX_GPUS_PER_NODE",
@@ -36,7 +37,6 @@ __all__ = [
 ]
 
 MAX_NODES = 1_000_000  # above the largest machines built (tens of thousands of nodes)
-MAX_GPUS_PER_NODE = 64  # the densest nodes hold 8 to 16
 MAX_PROCS_PER_NODE = 1024  # CPU ranks: a few hundred cores per node at most
 MAX_THREADS = 1024
 MAX_BATCH = 2**24  # samples per rank: above it arrays outgrow memory before anything is learnt

@@ -10,9 +10,13 @@ from typing import Any
 from microbench.errors import UserError
 from pdlsim.costmodel.gpu_fabric import collective_band, fabric_of
 from pdlsim.costmodel.presets import DEFAULT_NODE_PRESET, load_hardware
+from pdlsim.prediction.checks import MAX_NODES
 from pdlsim.sim.nccl import NCCL_OPS
 
 __all__ = ["collective_document"]
+
+
+MAX_COLLECTIVE_BYTES = 2**40  # one GPU's buffer: more than any GPU's memory is a typo
 
 
 def collective_document(
@@ -31,6 +35,14 @@ def collective_document(
     on ``network`` (default the node's); ``hardware``: a file over the packaged presets."""
     if op not in NCCL_OPS:
         raise UserError(f"unknown collective '{op}'; known: {', '.join(NCCL_OPS)}")
+    if not 1 <= nodes <= MAX_NODES:
+        raise UserError(f"--nodes must be 1 to {MAX_NODES:,}, got {nodes:,}")
+    sizes = [int(size) for size in sizes]
+    if sizes and max(sizes) > MAX_COLLECTIVE_BYTES:
+        raise UserError(
+            f"a collective's size must be at most {MAX_COLLECTIVE_BYTES:,} bytes (1 TiB, past any "
+            f"GPU's memory), got {max(sizes):,}"
+        )
     described = load_hardware(hardware)
     chosen = described.resolve("node", node or DEFAULT_NODE_PRESET)
     net = described.resolve("network", network or chosen.network)

@@ -74,6 +74,8 @@ def test_a_slower_network_file_slows_only_what_crosses_nodes(capsys, tmp_path):
         (["allreduce", "--network", "missing.json"], "missing.json"),
         (["allgather", "--size", "1M", "--protocol", "ll128", "--node", "pcie-l40s"],
          "protocol 'll128' cannot run"),
+        (["allreduce", "--size", str(10**31)], "must be at most 1,099,511,627,776 bytes"),
+        (["allreduce", "--nodes", "100000000"], "--nodes must be 1 to 1,000,000"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_status_2(capsys, argv, message):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 
 from microbench.errors import UserError
+from pdlsim.cli import predict_options
 from pdlsim.prediction.energy import (
     POWER_PRESETS,
     PowerModel,
@@ -160,3 +162,18 @@ def test_cli_flags(pdlsim_cli):
     assert "power_model" not in out["data_sheet"]  # every figure used was given
     text = pdlsim_cli("predict", "--nodes", "1", "--model", "mlp", "--samples", "2").stdout
     assert "J/step" in text and "mJ/sample" in text and "power model: cpu-2s" in text
+
+
+@pytest.mark.parametrize(
+    ("parse", "text"),
+    [
+        (lambda t: predict_options._watts_pair("cpu-watts", "per socket")(t), "1e300,1e301"),
+        (predict_options._watts, "1e6"),
+        (predict_options._sockets, "1000000x1000000"),
+        (predict_options._sockets, "2x5000"),
+    ],
+)
+def test_power_figures_past_any_machine_are_refused(parse, text):
+    with pytest.raises(argparse.ArgumentTypeError, match="expected"):
+        parse(text)
+    assert predict_options._sockets("2x128") == (2, 128)
