@@ -10,7 +10,9 @@ from typing import Any
 from microbench.cli import path_argument
 from microbench.errors import UserError
 from microbench.fileio import new_run_dir, removed_if_empty_on_failure
+from microbench.threads import too_many_threads
 from pdlsim.cli.args import int_list, positive_int
+from pdlsim.prediction.checks import MAX_BATCH
 from pdlsim.validate.run import GPU_CHOICES, ValidateConfig, run_validation
 
 __all__ = ["add_validate_parser", "run_validate_command"]
@@ -80,6 +82,13 @@ def _parse_modes(text: str) -> tuple[tuple[int, int], ...]:
         raise UserError(f"--modes: expected PxT,... like 1x1,2x1, got '{text}'") from None
     if any(len(m) != 2 or min(m) < 1 for m in modes):
         raise UserError(f"--modes: expected PxT,... like 1x1,2x1, got '{text}'")
+    twice = next((m for i, m in enumerate(modes) if m in modes[:i]), None)
+    if twice is not None:
+        raise UserError(f"--modes lists {twice[0]}x{twice[1]} twice; list each mode once")
+    for ranks, threads in modes:  # as train refuses them, before any calibration or launch
+        problem = too_many_threads(ranks, threads)
+        if problem is not None:
+            raise UserError(f"--modes {ranks}x{threads}: {problem}")
     return modes  # type: ignore[return-value]
 
 
@@ -116,6 +125,9 @@ def run_validate_command(args: argparse.Namespace) -> int:
             extra["batches"] = int_list(args.batches)
         except argparse.ArgumentTypeError as exc:
             raise UserError(f"--batches: {exc}") from None
+        if max(extra["batches"]) > MAX_BATCH:
+            raise UserError(f"--batches: a batch must be at most {MAX_BATCH:,}, got "
+                            f"{max(extra['batches']):,}")  # fmt: skip
     if args.modes:
         extra["modes"] = _parse_modes(args.modes)
     from pdlsim.costmodel.corrections import parse_corrections

@@ -136,6 +136,9 @@ def test_matrix_quick_keeps_the_middle_batch_and_flags_oversubscription(tmp_path
         ["--profile", "no-such-profile"],
         ["--repeats", "0"],
         ["--modes", "1y1"],
+        ["--modes", "1x1,2x1,1x1"],  # twice: its runs would collide in one folder
+        ["--modes", "1000x1000"],  # as train refuses it, not skipped as oversubscribed
+        ["--batches", "100000000000"],
         ["--parallel", "pipeline"],
         ["--corrections", "magic"],
     ],
@@ -148,6 +151,7 @@ def test_bad_input_is_one_line_exit_2(argv, tmp_path: Path, capsys) -> None:
     assert status == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "error" in err
+    assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
 def test_out_is_a_file(tmp_path: Path, capsys) -> None:
