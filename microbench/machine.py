@@ -134,6 +134,15 @@ def _memory_total_bytes() -> int | None:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def usable_memory_bytes() -> int | None:
+    """The memory this process may use: the cgroup's limit where one is set, else the
+    machine's; None where neither can be read."""
+    limit = _safe(_cgroup_memory_limit_bytes)
+    total = _safe(_memory_total_bytes)
+    known = [m for m in (limit, total) if m]
+    return min(known) if known else None
+
+
 def _blas() -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None]:
     """numpy's BLAS (library, version, threads) and every thread pool loaded in the process.
 

@@ -45,7 +45,10 @@ def run_layer_times_command(args: argparse.Namespace) -> int:
             try:
                 doc = time_layers(workload, batch, args.precision, args.device, torch,
                                   optimizer=args.optimizer)  # fmt: skip
-            except torch.OutOfMemoryError as exc:  # before its file: the others are kept
+            except (torch.OutOfMemoryError, RuntimeError) as exc:  # the others are kept
+                out_of_memory = isinstance(exc, torch.OutOfMemoryError)
+                if not (out_of_memory or "allocate" in str(exc)):  # the CPU's allocator's
+                    raise
                 first = str(exc).splitlines()[0] if str(exc) else "out of memory"
                 raise UserError(
                     f"{workload.name} at batch {batch} does not fit on {args.device} ({first}); "

@@ -82,6 +82,8 @@ def test_oversubscribed_configurations_warn_once_each(tmp_path):
         (["--threads", "0"], "at least 1"),
         (["--model", "nope"], "no workload preset or file named 'nope'"),
         (["--batch", "-1"], "every value must be at least 1"),
+        (["--batch", "16,100000000000"], "mlp's activations alone take"),  # before any stage
+        (["--layer-times", "--device", "cpu", "--batch", "100000000000"], "give a smaller --batch"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_status_2(args, message):
