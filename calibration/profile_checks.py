@@ -206,4 +206,10 @@ def check_models(source: str, models: Any, example: Mapping | None = None) -> No
         for key in keys:
             if key not in section:
                 raise ProfileError(source, _join(field, key), "missing field")
+    for model, section in models.items():  # the optional ones: present means an object
+        optional = model not in REQUIRED_MODEL_KEYS
+        if optional and not (section is None or isinstance(section, Mapping)):
+            raise ProfileError(
+                source, _join("models", model), f"must be an object or null, got {shown(section)}"
+            )
     check_tree(source, models, "models", "", example)

@@ -152,6 +152,19 @@ def _traced(value: Any, path: str, trail: _Trail) -> Any:
     return value
 
 
+def _first_null(node: Any, path: str) -> str | None:
+    """The path of the first null inside ``node`` (depth first), or None."""
+    if node is None:
+        return path
+    items = node.items() if isinstance(node, Mapping) else enumerate(node) if isinstance(
+        node, list) else ()  # fmt: skip
+    for key, item in items:
+        found = _first_null(item, _join(path, key if isinstance(key, int) else str(key)))
+        if found is not None:
+            return found
+    return None
+
+
 def explain_build_failure(
     source: str, name: str, build: Callable[[Any], Any], section: Mapping[str, Any], exc: Exception
 ) -> ProfileError:
@@ -169,6 +182,9 @@ def explain_build_failure(
             return ProfileError(source, missing, "missing field")
     if trail.read is not None:
         field, value = trail.read
+        null = _first_null(value, field) if "NoneType" in str(exc) else None
+        if null is not None:  # read whole (a ** or a copy), so the trail stopped above it
+            return ProfileError(source, null, "null where a value belongs")
         if not _is_number(value) and isinstance(exc, (TypeError, ValueError)):
             return ProfileError(source, field, f"unusable value {shown(value)} ({exc})")
         return ProfileError(source, field, f"unusable ({type(exc).__name__}: {exc})")

@@ -212,6 +212,12 @@ def _set_sigma(models, value):
         (lambda m: _set_sigma(m, [1.0]), "models.jitter.params.sigma", "expected a number"),
         (lambda m: m["jitter"]["params"].pop("sigma"), "models.jitter.params.sigma", "missing"),
         (lambda m: m["compute"]["table"][0].clear(), "models.compute.table[0].", "missing"),
+        (
+            lambda m: m["collectives"]["collectives"]["allgather"]["regimes"][0].update(a_s=None),
+            "models.collectives.collectives.allgather.regimes[0].a_s",
+            "null where a value belongs",
+        ),
+        (lambda m: m.update(kernels=[1]), "models.kernels", "must be an object or null"),
     ],
 )
 def test_a_damaged_profile_names_its_file_and_field(tmp_path, capsys, damage, field, problem):
