@@ -384,7 +384,13 @@ def load_dataframe(path_or_dir: str | os.PathLike[str], type: str | None = None)
     path = Path(path_or_dir)
     if path.is_dir():
         root = path
-        files = [f for f in sorted(path.rglob("*.jsonl"), key=_natural_key) if is_records_file(f)]
+        found = sorted(path.rglob("*.jsonl"), key=_natural_key)
+        files = [f for f in found if is_records_file(f)]
+        if not files and found:  # each was skipped with a warning; say why in the error too
+            raise FileNotFoundError(
+                f"{path}: none of its {len(found)} *.jsonl files holds {SCHEMA} records (each "
+                f"was skipped, e.g. {found[0]}); give a run directory of pdlsim bench"
+            )
         if not files:
             raise FileNotFoundError(f"{path}: no *.jsonl records files under this directory")
     elif path.exists():

@@ -247,12 +247,25 @@ def check_run_dir(run_dir: Path) -> None:
 def resume_checkpoint(run_dir: Path | None, config: TrainConfig) -> Path:
     """The checkpoint ``--resume`` continues from, checked against ``config`` (UserError)."""
     from microbench.workload import load_workload
-    from pdlsim.train.checkpoint import check_resumable, latest_checkpoint, read_header
+    from pdlsim.train.checkpoint import (
+        CheckpointError,
+        check_resumable,
+        latest_checkpoint,
+        list_checkpoints,
+        read_header,
+    )
 
     if run_dir is None:
         raise UserError("--resume needs --out DIR, the run directory to continue")
     path = latest_checkpoint(run_dir)
-    check_resumable(read_header(path), config, load_workload(config.model).to_dict(), path)
+    try:
+        header = read_header(path)
+    except CheckpointError as exc:  # the one before it is kept for this (checkpoint.KEEP)
+        earlier = [p for p in list_checkpoints(run_dir) if p != path]
+        fix = (f"move it aside to resume from {earlier[-1].name}" if earlier
+               else "start the run again without --resume")  # fmt: skip
+        raise UserError(f"{exc}; {fix}") from None
+    check_resumable(header, config, load_workload(config.model).to_dict(), path)
     return path
 
 

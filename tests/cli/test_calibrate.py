@@ -128,11 +128,18 @@ def test_a_failed_fit_leaves_an_existing_profile_untouched(quick_bench_run, tmp_
     assert profile_path.read_text() == "the old profile"
 
 
+def _foreign_jsonl(tmp: Path) -> Path:
+    (tmp / "ranks1").mkdir()
+    (tmp / "ranks1" / "collectives.jsonl").write_text("garbage\n")
+    return tmp
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
         (lambda tmp: tmp / "missing", "no such directory"),
         (lambda tmp: tmp, "no *.jsonl records"),
+        (_foreign_jsonl, "none of its 1 *.jsonl files holds pdlsim.records records"),
     ],
 )
 def test_unreadable_record_directories_are_one_line_errors(tmp_path, make, message):

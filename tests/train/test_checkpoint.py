@@ -296,3 +296,9 @@ def test_resume_mistakes_are_one_line_and_exit_status_2(tmp_path):
         assert message in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "or add --resume to continue it" in result.stderr
+    *earlier, newest = sorted(out.glob("checkpoint-step*.npz"))
+    newest.write_bytes(b"not a checkpoint")  # torn: the one kept before it is the way on
+    result = run_pdlsim("train", *args, "--resume", "--out", str(out), timeout=60)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "unreadable" in result.stderr
+    assert f"move it aside to resume from {earlier[-1].name}" in result.stderr
