@@ -73,6 +73,11 @@ class KernelCompute:
     # each step's calls, their table seconds and its log sigma beyond the tables' grids,
     # shared by every draw (they move none of them)
     _prices: dict[tuple, tuple[list, list[float], float]] = field(default_factory=dict, repr=False)
+    # a small number for each layer sequence asked about (by identity; equal shapes, equal
+    # numbers): the simulator asks once per layer and phase, and a key holding the shapes
+    # themselves would be built and hashed over every layer each time (quadratic in depth)
+    _shapes: dict[int, tuple[Sequence[LayerInfo], int]] = field(default_factory=dict, repr=False)
+    _numbers: dict[tuple, int] = field(default_factory=dict, repr=False)
 
     def drawn(self, rng: Any, stratum: tuple[int, int] | None = None) -> KernelCompute:
         """This model with one draw of its error (module docstring).
@@ -88,7 +93,10 @@ class KernelCompute:
             i, k = stratum
             j = int(np.random.default_rng(k).permutation(k)[i])
             z = float(special.ndtri((j + rng.random()) / k))
-        return KernelCompute(self.model, self.terms, z, self.optimizer, _prices=self._prices)
+        return KernelCompute(
+            self.model, self.terms, z, self.optimizer,
+            _prices=self._prices, _shapes=self._shapes, _numbers=self._numbers,
+        )  # fmt: skip
 
     def _sigma(self, calls: Sequence[Any], seconds: Sequence[float], sigma: float) -> float:
         """The step's log sigma: the step terms' own; for a profile from before the step
@@ -116,8 +124,12 @@ class KernelCompute:
     ) -> dict[tuple[int, str], float]:
         """Seconds per (layer index, phase) of one step of ``workload`` computing ``layers``
         (its own, or a rank's slices), at ``batch`` and ``threads``."""
-        shapes = tuple((x.index, x.kind, x.input_shape, x.output_shape) for x in layers)
-        step = (workload.name, workload.input_shape, shapes, batch, threads, training)
+        known = self._shapes.get(id(layers))
+        if known is None or known[0] is not layers:
+            shapes = tuple((x.index, x.kind, x.input_shape, x.output_shape) for x in layers)
+            number = self._numbers.setdefault(shapes, len(self._numbers))
+            known = self._shapes[id(layers)] = (layers, number)
+        step = (workload.name, workload.input_shape, known[1], batch, threads, training)
         key = (*step, self.z)
         if key in self._cache:
             return self._cache[key]
