@@ -186,7 +186,7 @@ def write_problem(path: str | Path, kind: str = "dir") -> str | None:
         return "is empty; give a name"
     path = Path(path)
     if kind == "dir" and path.exists() and not path.is_dir():
-        return f"{path} is a file; give a directory"
+        return f"{path} is {special_kind(path) or 'a file'}; give a directory"
     if kind == "file" and path.is_dir():
         return f"{path} is a directory; give a file name"
     special = special_kind(path) if kind == "file" else None

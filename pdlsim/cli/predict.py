@@ -14,13 +14,14 @@ from typing import Any
 from microbench.cli import file_path_argument
 from microbench.errors import UserError
 from microbench.fileio import check_writable
-from pdlsim.cli.args import non_negative_float, positive_int, seed
+from pdlsim.cli.args import positive_int, seed
 from pdlsim.cli.options import given
 from pdlsim.cli.predict_options import (
     add_checkpoint_options,
     add_parallel_options,
     add_power_options,
     add_whatif_options,
+    positive_number,
 )
 from pdlsim.prediction.config import PredictConfig, resolve_profile
 from pdlsim.prediction.core import run_prediction
@@ -211,7 +212,7 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                    help="a JSON file shaped as pdlsim/costmodel/hardware.json: your GPUs, networks "
                    "or assumed figures, over the packaged ones")  # fmt: skip
     p.add_argument("--iterations", type=int, default=100, help="simulated steps (100)")
-    p.add_argument("--bucket-mb", type=non_negative_float, default=25.0, help="bucket MiB (25)")
+    p.add_argument("--bucket-mb", type=positive_number, default=25.0, help="bucket MiB (25)")
     p.add_argument("--grad-accum", type=positive_int, default=1, metavar="K",
                    help="micro-batches of --batch per optimizer step, one allreduce each step "
                    "(1)")  # fmt: skip

@@ -90,6 +90,14 @@ def test_workload_show_prints_the_layer_table():
         (["calibrate", "--quick", "--seed", "-1"], "argument --seed: expected an integer >= 0"),
         (["predict", "--nodes", "2", "--seed", "-1"], "argument --seed: expected an integer >= 0"),
         (["predict", "--nodes", "2", "--dataset-samples", "0"], "expected a positive integer"),
+        (
+            ["predict", "--nodes", "2", "--bucket-mb", "-0"],
+            "--bucket-mb: expected a finite number > 0",
+        ),
+        (
+            ["sweep", "--nodes", "1,2", "--out", "/dev/null"],
+            "is a character device; give a directory",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_status_2(args, message):
