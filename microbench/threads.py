@@ -59,7 +59,7 @@ def thread_environment_problem() -> str | None:
     for name in THREAD_ENV_VARS:
         value = os.environ.get(name, "").strip()
         levels = value.split(",") if name == "OMP_NUM_THREADS" else [value]
-        if value and not all(v.strip().isdigit() and int(v) > 0 for v in levels):
+        if value and not all(v.strip().isdecimal() and int(v) > 0 for v in levels):
             return f"{name}={value!r} is not a positive thread count; set a number or unset it"
     layer = os.environ.get("NUMBA_THREADING_LAYER", "").strip()
     if layer and layer not in NUMBA_THREADING_LAYERS:

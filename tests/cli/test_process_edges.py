@@ -24,6 +24,7 @@ from tests.conftest import REPO, run_pdlsim
         ("NUMBA_NUM_THREADS", "abc", "not a positive thread count"),
         ("OMP_NUM_THREADS", "-1", "not a positive thread count"),
         ("OMP_NUM_THREADS", "4,x", "not a positive thread count"),
+        ("OMP_NUM_THREADS", "²", "not a positive thread count"),  # a digit int() refuses
         ("NUMBA_THREADING_LAYER", "bogus", "unknown to numba"),
     ],
 )
