@@ -16,10 +16,11 @@ if TYPE_CHECKING:
     from microbench.workload import Workload
 
 
-_RATE = re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*([kMGT]?)(B|b|bit)/s\s*$")
+_NUMBER = r"((?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)"  # 25, 2.5, .5, 1e-6: what float() reads
+_RATE = re.compile(rf"^\s*{_NUMBER}\s*([kMGT]?)(B|b|bit)/s\s*$")
 
 
-_TIME = re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*(d|h|min|s|ms|us|ns)\s*$")
+_TIME = re.compile(rf"^\s*{_NUMBER}\s*(d|h|min|s|ms|us|ns)\s*$")
 
 
 _SECONDS = {"d": 86400.0, "h": 3600.0, "min": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}

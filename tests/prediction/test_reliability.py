@@ -145,6 +145,8 @@ def test_the_profiles_storage_model_prices_checkpoints_when_no_flags_say(tmp_pat
         ("parse_rate", "1e400GB/s", "out of range"),
         ("parse_rate", "1e-300GB/s", "out of range"),  # a 300-digit step time
         ("parse_rate", "0GB/s", "expected a bandwidth like"),
+        ("parse_rate", "1..2GB/s", "expected a bandwidth like"),  # no number float() reads
+        ("parse_time", "1.2.3ms", "expected a time like"),
     ],
 )
 def test_times_and_bandwidths_out_of_any_machines_range_are_refused(parse, text, message):
