@@ -29,14 +29,16 @@ kernels, priced from tables and scaled by the factor, and the glue, Python whose
 the op's kind and the interpreter's state. With ``g`` a step's glue share (its glue over its
 predicted step), its log error is drawn with sigma ``hypot(sigma_kernels (1 - g),
 sigma_glue g)``, the two spreads fitted to the leave-one-out residuals, each network at the
-glue share its left-out fit gave it, by maximum likelihood (normal errors, independent parts).
+glue share its left-out fit gave it, by maximum likelihood (normal errors, independent parts),
+each with a 95% profile-likelihood interval.
 A step of large kernels then gets the kernels' spread, a step of tiny calls the glue's; one
 spread for both had to be the wider for every step.
 
 ``to_dict()`` (the profile's ``models.kernels.step_terms``)::
 
     {"<threads>": {"factor", "per_op_s", "per_step_s", "sigma_kernels", "sigma_glue",
-                   "intervals": {"factor" | "per_op_s" | "per_step_s": {"low", "high"}},
+                   "intervals": {"factor" | "per_op_s" | "per_step_s" | "sigma_kernels"
+                                 | "sigma_glue": {"low", "high"}},
                    "points": [[kernels_s, op_calls, step_s], ...]}}
 """
 
@@ -159,28 +161,53 @@ def _left_out(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     return predicted, shares
 
 
-def _spreads(residuals: np.ndarray, shares: np.ndarray) -> tuple[float, float]:
+def _spreads(
+    residuals: np.ndarray, shares: np.ndarray
+) -> tuple[float, float, dict[str, dict[str, float]]]:
     """``sigma_kernels`` and ``sigma_glue`` of log residuals at their glue shares, by maximum
-    likelihood (module docstring); both start at the residuals' robust spread, so a part no
-    row shows stays there."""
+    likelihood (module docstring), and their 95% profile-likelihood intervals (each the range
+    where twice the likelihood's fall, the other spread refitted, stays under chi-square(1)'s
+    95% point; a side the rows cannot bound reaches the fit's limit). Both start at the
+    residuals' robust spread, so a part no row shows stays there, with an interval that says
+    so."""
     start = min(max(robust_sigma(residuals), _SPREAD_BOUNDS[0]), _SPREAD_BOUNDS[1])
+    limits = np.log(_SPREAD_BOUNDS)
 
     def nll(log_sigmas: np.ndarray) -> float:
         kernels, glue = np.exp(log_sigmas)
         var = (kernels * (1.0 - shares)) ** 2 + (glue * shares) ** 2
         return float(0.5 * np.sum(residuals**2 / var + np.log(var)))
 
-    bounds = [tuple(np.log(_SPREAD_BOUNDS))] * 2
+    bounds = [tuple(limits)] * 2
     best = optimize.minimize(nll, np.log([start, start]), method="L-BFGS-B", bounds=bounds)
+    level = float(stats.chi2.ppf(0.95, 1))
+    intervals: dict[str, dict[str, float]] = {}
+    for i, name in enumerate(("sigma_kernels", "sigma_glue")):
+
+        def fall(value: float, i: int = i) -> float:
+            def at(other: float) -> float:
+                pair = np.empty(2)
+                pair[i], pair[1 - i] = value, other
+                return nll(pair)
+
+            refit = optimize.minimize_scalar(at, bounds=tuple(limits), method="bounded")
+            return 2.0 * (min(refit.fun, at(best.x[1 - i])) - best.fun) - level
+
+        here, edges = float(best.x[i]), []
+        for end in limits:
+            inside = fall(float(end)) <= 0.0 or here == end
+            edges.append(float(end) if inside else optimize.brentq(fall, *sorted((here, end))))
+        intervals[name] = {"low": float(np.exp(edges[0])), "high": float(np.exp(edges[1]))}
     kernels, glue = np.exp(best.x)
-    return float(kernels), float(glue)
+    return float(kernels), float(glue), intervals
 
 
 def _with_spreads(terms: StepTerms, predicted: np.ndarray, shares: np.ndarray) -> StepTerms:
-    """``terms`` with the spreads of its points' left-out predictions."""
+    """``terms`` with the spreads of its points' left-out predictions and their intervals."""
     times = np.asarray(terms.points, dtype=float)[:, 2]
-    kernels, glue = _spreads(np.log(predicted / times), shares)
-    return replace(terms, sigma_kernels=kernels, sigma_glue=glue)
+    kernels, glue, intervals = _spreads(np.log(predicted / times), shares)
+    return replace(terms, sigma_kernels=kernels, sigma_glue=glue,
+                   intervals={**terms.intervals, **intervals})  # fmt: skip
 
 
 def fit(

@@ -144,6 +144,10 @@ def test_the_band_spreads_the_kernels_and_the_glue_each_by_its_own_error():
     fitted, _ = fit_step_terms(_step_rows(1.25, 3e-6, 10e-6, 0.03, 0.3, networks=60))
     terms = fitted[1]
     assert 0.015 < terms.sigma_kernels < 0.06 and 0.15 < terms.sigma_glue < 0.6
+    for name, truth in (("sigma_kernels", 0.03), ("sigma_glue", 0.3)):
+        interval = terms.intervals[name]  # profile likelihood: holds the value and the truth
+        assert interval["low"] < getattr(terms, name) < interval["high"], name
+        assert interval["low"] < truth < interval["high"], (name, interval)
     big, tiny = terms.sigma(1.0, 10), terms.sigma(1e-7, 10)  # glue shares ~0 and ~1
     assert big == pytest.approx(terms.sigma_kernels, rel=1e-3)
     assert tiny == pytest.approx(terms.sigma_glue, rel=0.01)
