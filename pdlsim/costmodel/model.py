@@ -108,10 +108,15 @@ __all__ = [
 _COLLECTIVE_OPS = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "pingpong")
 
 
-def _intra_regimes(profile: Profile) -> tuple[CollectiveRegime, ...]:
+def _link_op(profile: Profile) -> str:
+    """The collective whose fitted alpha/beta the links take: the first of
+    :data:`_COLLECTIVE_OPS` the profile measured (allreduce where it did)."""
     models = profile.model("collectives").models_
-    op = next((o for o in _COLLECTIVE_OPS if o in models), None) or next(iter(models))
-    return tuple(models[op].regimes_)
+    return next((o for o in _COLLECTIVE_OPS if o in models), None) or next(iter(models))
+
+
+def _intra_regimes(profile: Profile) -> tuple[CollectiveRegime, ...]:
+    return tuple(profile.model("collectives").models_[_link_op(profile)].regimes_)
 
 
 def fitted_inter(profile: Profile) -> CollectiveRegime | None:
@@ -214,7 +219,10 @@ class ProfileCostModel(ComputeCost):
         cpu_curves = [r for (d, _), r in sorted(compute.curves_.items()) if d == "cpu"]
         mem_bw = cpu_curves[0].bandwidth_bytes_per_s if cpu_curves else 10e9
         reduce_bw = (gpu.hbm_bandwidth_bytes_per_s if device == "gpu" and gpu else mem_bw) / 3
-        prov = {"compute": "profile", "intra-node links": "profile (allreduce alpha/beta)"}
+        prov = {
+            "compute": "profile",
+            "intra-node links": f"profile ({_link_op(profile)} alpha/beta)",
+        }
         inter, source = None, "none"
         fitted = fitted_inter(profile)
         if network is not None:

@@ -239,3 +239,17 @@ def test_resnet50_at_batch_256_in_fp32_fits_the_32_gb_v100s_it_was_published_on(
                         profile=profile_path, samples=2, iterations=3)  # fmt: skip
     out = run_prediction(cfg)
     assert out["memory_bytes_per_rank"] < 32e9 and "warning" not in out
+
+
+def test_the_links_say_which_collective_they_were_fitted_on(tmp_path):
+    """A profile that measured no allreduce prices its links from the next collective it did
+    measure, and the provenance names that one rather than the allreduce."""
+    doc = json.loads(json.dumps(load_profile(DEFAULT_PROFILES[0]).to_dict()))  # a copy
+    del doc["models"]["collectives"]["collectives"]["allreduce"]
+    path = tmp_path / "no-allreduce.json"
+    path.write_text(json.dumps(doc))
+    cfg = PredictConfig(nodes=1, procs_per_node=2, model="mlp", samples=2, iterations=3)
+    full = run_prediction(cfg)["provenance"]["intra-node links"]
+    without = run_prediction(PredictConfig(**{**cfg.__dict__, "profile": str(path)}))
+    assert full == "profile (allreduce alpha/beta)"
+    assert without["provenance"]["intra-node links"] == "profile (reduce_scatter alpha/beta)"
