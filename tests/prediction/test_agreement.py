@@ -78,7 +78,7 @@ def test_train_summary_reports_the_steady_step_and_the_warm_up_apart():
     """A first step that compiles (60 ms) must not be averaged into a 0.2 ms step."""
     from pathlib import Path
 
-    from pdlsim.cli.train import format_summary
+    from pdlsim.cli.train_summary import format_summary
     from pdlsim.train.config import TrainConfig
     from pdlsim.train.loop import PHASES, EpochResult, TrainResult
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from microbench.records import load_dataframe, read_records
-from pdlsim.cli.train import format_memory
+from pdlsim.cli.train_summary import format_memory
 from pdlsim.train.comm import LocalComm
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.device import Device, cpu_device
