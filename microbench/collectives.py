@@ -44,6 +44,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from .cli import BenchmarkError
+from .machine import usable_memory_bytes
 from .measurement import Measurement
 from .records import RecordWriter
 from .sampling import SamplingPolicy, measure, report_point, timed
@@ -224,10 +225,9 @@ def _memory_budget_bytes(comm: Any, machine: Mapping[str, Any]) -> float:
     """Per-rank buffer budget, the same on every rank (min over ranks); inf when unknown."""
     from mpi4py import MPI
 
-    limits = [machine.get("memory_total_bytes"), machine.get("memory_limit_bytes")]
-    known = [float(v) for v in limits if isinstance(v, (int, float)) and v > 0]
+    memory = usable_memory_bytes(machine)
     per_node = (machine.get("mpi") or {}).get("ranks_per_node") or 1
-    budget = MEMORY_FRACTION * min(known) / per_node if known else float("inf")
+    budget = MEMORY_FRACTION * memory / per_node if memory is not None else float("inf")
     return comm.allreduce(budget, op=MPI.MIN)
 
 

@@ -21,7 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -134,12 +134,15 @@ def _memory_total_bytes() -> int | None:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def usable_memory_bytes() -> int | None:
-    """The memory this process may use: the cgroup's limit where one is set, else the
-    machine's; None where neither can be read."""
-    limit = _safe(_cgroup_memory_limit_bytes)
-    total = _safe(_memory_total_bytes)
-    known = [m for m in (limit, total) if m]
+def usable_memory_bytes(machine: Mapping[str, Any] | None = None) -> int | None:
+    """The memory a process may use: the smaller of the cgroup's limit and the machine's
+    total, of ``machine`` (metadata as :func:`machine_metadata` records it) or, without it,
+    of this machine now; None where neither is known."""
+    if machine is None:
+        machine = {"memory_limit_bytes": _safe(_cgroup_memory_limit_bytes),
+                   "memory_total_bytes": _safe(_memory_total_bytes)}  # fmt: skip
+    known = [machine.get(k) for k in ("memory_limit_bytes", "memory_total_bytes")]
+    known = [int(v) for v in known if isinstance(v, (int, float)) and v > 0]
     return min(known) if known else None
 
 

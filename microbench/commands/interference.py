@@ -27,6 +27,7 @@ from ..interference import (
     Point,
     run_interference,
 )
+from ..machine import usable_memory_bytes
 from ..sizes import SizeError, format_bytes, parse_sizes
 
 RECORDS_FILE = "interference.jsonl"
@@ -93,10 +94,9 @@ def _threads(text: str) -> int:
 
 def _memory_problem(machine: dict, ranks_per_node: int, largest_bytes: int) -> str | None:
     """Refuse buffers (send + receive per rank) beyond half the node's memory."""
-    known = [machine.get(k) for k in ("memory_total_bytes", "memory_limit_bytes")]
-    known = [v for v in known if isinstance(v, int) and v > 0]
+    memory = usable_memory_bytes(machine)
     needed = 2 * largest_bytes * ranks_per_node
-    if known and needed > min(known) / 2:
+    if memory is not None and needed > memory / 2:
         return (
             f"--bytes {format_bytes(largest_bytes)}: {ranks_per_node} ranks' send and receive "
             f"buffers ({format_bytes(needed)}) exceed half of this node's memory"

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from microbench.errors import UserError
+from microbench.machine import usable_memory_bytes
 from pdlsim.costmodel.presets import MAX_GPUS_PER_NODE
 
 __all__ = [
@@ -109,8 +110,8 @@ def check_memory(
                 f"use more GPUs, model/pipeline parallelism, a smaller batch, {anyway}"
             )
         return
-    host = machine.get("memory_limit_bytes") or machine.get("memory_total_bytes")
-    if not isinstance(host, int) or host <= 0:
+    host = usable_memory_bytes(machine)
+    if host is None:
         return
     if need_bytes * per_node > host:
         share = f"{per_node} ranks per node share" if per_node > 1 else "one rank has"

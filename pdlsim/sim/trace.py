@@ -119,20 +119,15 @@ def write_chrome_trace(
     """
     target = Path(path)
     doc = timeline.to_chrome_trace()
-    for record in doc["traceEvents"]:
-        bad = _non_finite(record)
-        if bad is not None:
-            raise UserError(
-                f"{source or target}: not written: the event {record['name']!r} has {bad}, and "
-                "JSON has no NaN or infinity; the simulated times overflowed, so check the "
-                "inputs' times and sizes"
-            )
     try:
         text = json.dumps(doc, allow_nan=False)
-    except ValueError:  # a non-finite number deeper in an event's args
+    except ValueError:  # found only then, so that a good trace is not walked twice
+        named = ((r["name"], _non_finite(r)) for r in doc["traceEvents"])
+        name, bad = next(((n, b) for n, b in named if b is not None), (None, None))
+        what = f"the event {name!r} has {bad}" if bad else "an event holds NaN or infinity"
         raise UserError(
-            f"{source or target}: not written: an event holds NaN or infinity, which JSON "
-            "cannot; check the inputs' times and sizes"
+            f"{source or target}: not written: {what}, and JSON has no NaN or infinity; the "
+            "simulated times overflowed, so check the inputs' times and sizes"
         ) from None
     atomic_write_text(target, text)
     return target
