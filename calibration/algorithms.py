@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .collective_regimes import CollectiveRegime, InterNode, regime_times
+from .collective_regimes import CollectiveRegime, InterNode, regime_indices, regime_times
 from .formulas import ALGORITHMS, DEFAULT_ALGORITHM, design
 from .hockney import HockneyModel
 from .readers import collective_points
@@ -262,6 +262,10 @@ class CollectiveModel:
         q = p if ranks_per_node is None else np.asarray(ranks_per_node, float)
         q = np.where(np.isnan(q), p, np.broadcast_to(q, p.shape))
         return self._predict_arrays(n.ravel(), p.ravel(), q.ravel()).reshape(p.shape)
+
+    def regime_for(self, nbytes: float) -> CollectiveRegime:
+        """The size regime ``nbytes`` falls in."""
+        return self.regimes_[int(regime_indices(self.regimes_, nbytes))]
 
     def _predict_arrays(self, n: np.ndarray, p: np.ndarray, q: np.ndarray) -> np.ndarray:
         return regime_times(self.op, self.regimes_, self.inter_node, n, p, q)

@@ -8,6 +8,7 @@ read, and every interval contains its value.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 from .formulas import coefficients, two_level_coefficients
 from .stats import Interval
 
-__all__ = ["CollectiveRegime", "InterNode", "regime_times"]
+__all__ = ["CollectiveRegime", "InterNode", "regime_indices", "regime_times"]
 
 
 def _intervals_to_dict(intervals: dict[str, Interval]) -> dict[str, Any]:
@@ -110,9 +111,17 @@ class CollectiveRegime:
         )
 
 
+def regime_indices(regimes: Sequence[CollectiveRegime], n: Any) -> np.ndarray:
+    """The index of the regime each size ``n`` falls in: regimes switch at the geometric mean
+    of neighbouring regimes' end sizes."""
+    ends = zip(regimes[:-1], regimes[1:], strict=True)
+    switches = np.array([np.sqrt(a.max_bytes * b.min_bytes) for a, b in ends])
+    return np.searchsorted(switches, n, side="right")
+
+
 def regime_times(
     op: str,
-    regimes: list[CollectiveRegime],
+    regimes: Sequence[CollectiveRegime],
     inter_node: InterNode | None,
     n: np.ndarray,
     p: np.ndarray,
@@ -124,9 +133,7 @@ def regime_times(
     regimes' end sizes); one node (``q >= p``) uses the regime's algorithm, several the
     two-level formulas with the regime's fitted inter-node parameters or else ``inter_node``.
     """
-    ends = zip(regimes[:-1], regimes[1:], strict=True)
-    switches = np.array([np.sqrt(a.max_bytes * b.min_bytes) for a, b in ends])
-    which = np.searchsorted(switches, n, side="right")
+    which = regime_indices(regimes, n)
     out = np.zeros(n.shape)
     for r, regime in enumerate(regimes):
         flat, multi = (which == r) & (q >= p), (which == r) & (q < p)

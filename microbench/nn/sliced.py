@@ -5,9 +5,10 @@ The P ranks of a communicator hold one model between them and all compute the sa
 :mod:`pdlsim.sim.tensor` models, run with the ops and kernels of :mod:`microbench.nn`:
 
 * **Dense layers are split by output neurons.** Rank r holds columns ``[lo, hi)`` of W and b
-  (:func:`split_columns`: the first ``units % P`` ranks one neuron more, so the busiest holds
-  ``ceil(units / P)``, as the model assumes) and computes that slice of the output: a local
-  GEMM ``x @ W[:, lo:hi]``, then the bias and, when a relu follows, the relu on the slice.
+  (:func:`microbench.workload.split_columns`: the first ``units % P`` ranks one neuron more,
+  so the busiest holds ``ceil(units / P)``, as the model assumes) and computes that slice of
+  the output: a local GEMM ``x @ W[:, lo:hi]``, then the bias and, when a relu follows, the
+  relu on the slice.
 * After each dense layer's forward the slices are **all-gathered** (``Allgatherv``, then one
   copy from the rank-major receive buffer into the ``(batch, units)`` activation), so that every
   rank holds the whole activation for the next layer.
@@ -48,20 +49,12 @@ from microbench.kernels import kernels_for
 from microbench.nn.build import build_ops
 from microbench.nn.layers import Buffers, Dense, Op, workspace_bytes
 from microbench.nn.network import init_params, prepare_input, runs_channels_last
-from microbench.workload import SPLITTABLE_KINDS, Workload, sliced_dense
+from microbench.workload import SPLITTABLE_KINDS, Workload, sliced_dense, split_columns
 
 __all__ = ["SlicedNetwork", "check_splittable", "split_columns"]
 
 _MAX_WORKSPACES = 4  # training batch, evaluation chunk and the last of each
 _LOGITS_CHUNK = 256
-
-
-def split_columns(units: int, parts: int) -> list[tuple[int, int]]:
-    """The column range ``[lo, hi)`` of each of ``parts`` ranks over ``units`` output neurons:
-    contiguous, in rank order, the first ``units % parts`` ranks one more."""
-    base, extra = divmod(units, parts)
-    bounds = np.cumsum([0] + [base + (r < extra) for r in range(parts)])
-    return [(int(bounds[r]), int(bounds[r + 1])) for r in range(parts)]
 
 
 def check_splittable(workload: Workload, procs: int) -> None:
@@ -201,6 +194,13 @@ class SlicedNetwork:
             if not on_host:  # staging for device arrays
                 buf["send"] = np.empty((batch, hi - lo), np.float32)
                 buf["gathered_host"] = np.empty((batch, units), np.float32)
+            # each rank's block of the receive buffer and its columns of the activation, as
+            # views made once: the gather's assembly is then one copy per rank and nothing else
+            full = buf["gathered"] if on_host else buf["gathered_host"]
+            buf["pieces"] = [
+                (full[:, a:b], buf["recv"][start : start + n].reshape(batch, b - a))
+                for (a, b), n, start in zip(bounds, counts, buf["layout"][2], strict=True)
+            ]
         last: Buffers = {"dlogits": xp.empty((batch, self.workload.num_classes), np.float32)}
         if self._nhwc:
             c, h, w = self.workload.input_shape
@@ -222,17 +222,15 @@ class SlicedNetwork:
         """The whole ``(batch, units)`` activation from every rank's ``(batch, slice)``."""
         self.sync()
         t0 = time.perf_counter()
-        bounds, counts, displs = buf["layout"]
+        _, counts, displs = buf["layout"]
         on_host = isinstance(part, np.ndarray)
         send = part if on_host else part.get(out=buf["send"])
         recv = buf["recv"]
         self.comm.mpi_comm.Allgatherv(send, [recv, counts, displs, self._mpi.FLOAT])
-        full = buf["gathered"] if on_host else buf["gathered_host"]
-        batch = full.shape[0]
-        for (lo, hi), start in zip(bounds, displs, strict=True):
-            full[:, lo:hi] = recv[start : start + batch * (hi - lo)].reshape(batch, hi - lo)
+        for columns, block in buf["pieces"]:
+            np.copyto(columns, block)
         if not on_host:
-            buf["gathered"].set(full)
+            buf["gathered"].set(buf["gathered_host"])
         self.comm_s["allgather"] += time.perf_counter() - t0
         return buf["gathered"]
 

@@ -10,7 +10,14 @@ It lives in microbench because the compute benchmarks time each layer at the sha
 runs, and microbench must work on a cluster without pdlsim; pdlsim imports it from here.
 """
 
-from .graph import NETWORK_INPUT, Workload, load_workload, preset_names, sliced_dense
+from .graph import (
+    NETWORK_INPUT,
+    Workload,
+    load_workload,
+    preset_names,
+    sliced_dense,
+    split_columns,
+)
 from .layers import (
     BYTES_PER_VALUE,
     KIND_SETTINGS,
@@ -47,5 +54,5 @@ CPU_MODEL_KINDS: dict[str, tuple[str, ...]] = {
 __all__ = [
     "BYTES_PER_VALUE", "KIND_SETTINGS", "LAYER_KINDS", "LOSS_KINDS", "MAX_DIM", "NETWORK_INPUT",
     "CPU_MODEL_KINDS", "PRESETS", "SPLITTABLE_KINDS", "ZOO", "Layer", "LayerInfo", "Workload",
-    "WorkloadError", "load_workload", "preset_names", "sliced_dense",
+    "WorkloadError", "load_workload", "preset_names", "sliced_dense", "split_columns",
 ]  # fmt: skip

@@ -32,7 +32,7 @@ from .layers import (
 )
 from .zoo import PRESETS, ZOO
 
-__all__ = ["Workload", "load_workload", "preset_names", "sliced_dense"]
+__all__ = ["Workload", "load_workload", "preset_names", "sliced_dense", "split_columns"]
 
 NETWORK_INPUT = "input"  # the name a layer's ``inputs`` gives the network's input
 
@@ -215,6 +215,16 @@ def load_workload(name_or_path: str | Path) -> Workload:
     except (OSError, UnicodeDecodeError) as exc:
         raise WorkloadError(f"workload file {key}: cannot read it ({exc})") from None
     return _build(doc, f"workload file {key}")
+
+
+def split_columns(units: int, parts: int) -> list[tuple[int, int]]:
+    """The column range ``[lo, hi)`` of each of ``parts`` ranks over ``units`` output neurons:
+    contiguous, in rank order, the first ``units % parts`` ranks one more."""
+    base, extra = divmod(units, parts)
+    bounds = [0]
+    for r in range(parts):
+        bounds.append(bounds[-1] + base + (r < extra))
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def sliced_dense(info: LayerInfo, units: int) -> LayerInfo:

@@ -39,7 +39,7 @@ import numpy as np
 from scipy import special
 
 from calibration.kernels import KernelModel
-from microbench.kernels.calls import op_calls, step_calls
+from microbench.kernels.calls import KernelCall, op_calls, step_calls
 from microbench.workload import LayerInfo, Workload, sliced_dense
 
 __all__ = ["TERMS", "KernelCompute", "sliced_layers"]
@@ -174,6 +174,12 @@ class KernelCompute:
             charge(loss, "loss", terms.per_step_s * error)
         self._cache[key] = table
         return table
+
+    def copy_s(self, rows: int, run: int, threads: int) -> float:
+        """Seconds of one copy of ``rows`` runs of ``run`` floats into a slice of wider rows:
+        the ``copy_runs`` table's price, moved by this draw of the kernels' error."""
+        seconds = self.model.call_s(KernelCall("copy_runs", (rows, run), 0, "forward"), threads)
+        return seconds * float(np.exp(self.z * self.model.step_terms(threads).sigma_kernels))
 
     def step_s(self, workload: Workload, batch: int, threads: int, training: bool = True) -> float:
         """One whole step's compute seconds (every layer and phase)."""

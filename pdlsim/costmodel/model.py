@@ -22,6 +22,12 @@
   (``node``): NCCL's algorithms on its fabric and NICs (:mod:`pdlsim.sim.nccl`), one timed step
   per collective; without one, NVLink at half the preset's bidirectional figure per direction
   and ``nvlink_latency_s`` assumed, reducing at a third of the preset's HBM bandwidth.
+* **Allgather.** CPU ranks take the profile's own allgather fit (its regimes' algorithm and
+  ``a, b``, from the allgather's own benchmark) where the profile measured one and the
+  placement stays in one node or the fit has inter-node parameters. The two-rank messages on
+  the allreduce's links (:mod:`pdlsim.sim.messages`) are left for the rest: on a shared-memory
+  node they price a small gather at the allreduce's per-step latency, several times below
+  what a gather costs (evidence: docs/evidence.md, "Allgather").
 * **Whole-step correction.** Ops timed one at a time do not add up to the same ops run back to
   back as one training step (caches, allocator state, per-call overheads). Where the profile's
   compute table holds whole-step rows (phase ``step``, per model, batch and threads, measured
@@ -71,7 +77,8 @@ from typing import Any
 
 import numpy as np
 
-from calibration.collective_regimes import CollectiveRegime
+from calibration.algorithms import CollectiveModel
+from calibration.collective_regimes import CollectiveRegime, regime_indices
 from calibration.colocation import ColocationModel
 from calibration.compression import CompressionModel
 from calibration.compute import ComputeModel
@@ -181,6 +188,7 @@ class ProfileCostModel(ComputeCost):
     training: Training = field(default_factory=Training)  # precision and optimizer
     node: NodePreset | None = None  # GPU ranks: the node their collectives run in (NCCL)
     network: NetworkPreset | None = None  # the NICs' network (its figures: ``inter``)
+    allgather_fit: CollectiveModel | None = None  # CPU ranks: the profile's measured allgather
 
     @classmethod
     def from_profile(
@@ -338,13 +346,14 @@ class ProfileCostModel(ComputeCost):
             assumptions=assumed,
             training=training or Training(), node=node if device == "gpu" else None,
             network=network,
+            allgather_fit=(
+                profile.model("collectives").models_.get("allgather") if device == "cpu" else None
+            ),
         )  # fmt: skip
 
     # ------------------------------------------------------------------------ collectives
     def _regime(self, nbytes: float) -> CollectiveRegime:
-        r = self.intra_regimes
-        switches = [np.sqrt(a.max_bytes * b.min_bytes) for a, b in zip(r[:-1], r[1:], strict=True)]
-        return r[int(np.searchsorted(switches, nbytes, side="right"))]
+        return self.intra_regimes[int(regime_indices(self.intra_regimes, nbytes))]
 
     def links(self, nbytes: float) -> dict[str, LinkCost]:
         """The link of each level for a collective of ``nbytes`` (the intra regime's size).
@@ -407,11 +416,34 @@ class ProfileCostModel(ComputeCost):
         level = "inter" if placement.nodes > 1 else "intra"
         return name, (TimedStep(Step(float(nbytes), level, phase=name), found.time_s),)
 
+    def slice_copy_time(self, rows: int, run: int, threads: int, device: str) -> float:
+        """CPU ranks with kernel tables: the ``copy_runs`` table's price; else 0 (no copy was
+        timed)."""
+        if self.kernels is None or device != "cpu":
+            return 0.0
+        return self.kernels.copy_s(rows, run, threads)
+
     def native_allgather(
         self, nbytes: int, placement: Placement
     ) -> tuple[str, tuple[TimedStep, ...]] | None:
-        """GPU ranks in a described node gather as NCCL does (one timed step); None else."""
-        return self._nccl_schedule("allgather", nbytes, placement)
+        """GPU ranks in a described node gather as NCCL does, CPU ranks as the profile's
+        allgather fit says (module docstring), each as one timed step; None else."""
+        scheduled = self._nccl_schedule("allgather", nbytes, placement)
+        if scheduled is not None:
+            return scheduled
+        fit = self.allgather_fit
+        if fit is None or placement.ranks < 2:
+            return None
+        spans = placement.nodes > 1
+        if spans and fit.inter_node is None and all(r.inter is None for r in fit.regimes_):
+            return None
+        if nbytes <= 0:
+            return "allgather", ()
+        block = nbytes / placement.ranks  # the benchmark's size: each rank's block
+        seconds = float(fit.predict(block, placement.ranks, placement.ranks_per_node))
+        name = f"allgather (measured: {fit.regime_for(block).algorithm})"
+        level = "inter" if spans else "intra"
+        return name, (TimedStep(Step(float(nbytes), level, phase=name), seconds),)
 
     def collective_name(self, op: str, nbytes: int, placement: Placement) -> str:
         scheduled = self._nccl_schedule(op, nbytes, placement)

@@ -79,6 +79,18 @@ class ProfileJitter:
         return ProfileJitter(new)
 
 
+def _drawn_regimes(rng: np.random.Generator, regimes: Any) -> tuple[Any, ...]:
+    """Collective size regimes with ``a`` and ``b`` drawn in their intervals."""
+    return tuple(
+        replace(
+            r,
+            a_s=draw(rng, r.a_s, r.intervals.get("a_s")),
+            b_s_per_byte=draw(rng, r.b_s_per_byte, r.intervals.get("b_s_per_byte")),
+        )
+        for r in regimes
+    )
+
+
 def perturbed_cost(
     cost: Any, rng: np.random.Generator, stratum: tuple[int, int] | None = None
 ) -> Any:
@@ -107,14 +119,11 @@ def perturbed_cost(
             )
             classes[name] = (draw(rng, e, e_ci, 0.01 * e), draw(rng, h, h_ci))
         compute.curves_[key] = Roofline(**values, classes=classes)
-    regimes = tuple(
-        replace(
-            r,
-            a_s=draw(rng, r.a_s, r.intervals.get("a_s")),
-            b_s_per_byte=draw(rng, r.b_s_per_byte, r.intervals.get("b_s_per_byte")),
-        )
-        for r in cost.intra_regimes
-    )
+    regimes = _drawn_regimes(rng, cost.intra_regimes)
+    gather = None
+    if cost.allgather_fit is not None:
+        gather = copy.copy(cost.allgather_fit)
+        gather.regimes_ = list(_drawn_regimes(rng, gather.regimes_))
     transfer = None
     if cost.transfer is not None:
         transfer = copy.copy(cost.transfer)
@@ -140,6 +149,7 @@ def perturbed_cost(
         cost,
         compute=compute,
         intra_regimes=regimes,
+        allgather_fit=gather,
         transfer=transfer,
         jitter=jitter,
         overlap_efficiency=efficiency,

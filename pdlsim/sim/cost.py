@@ -104,6 +104,12 @@ class CostHooks(Protocol):
             f"{type(self).__name__} does not"
         )
 
+    def slice_copy_time(self, rows: int, run: int, threads: int, device: Device) -> float:
+        """Seconds to copy ``rows`` runs of ``run`` contiguous float32 values into a slice of
+        wider rows: an allgather's slices put together into one activation, or a concat's
+        inputs. Default: 0, a model that never timed copies leaves them out."""
+        return 0.0
+
     def native_allgather(
         self, nbytes: int, placement: Placement
     ) -> tuple[str, tuple[TimedStep, ...]] | None:

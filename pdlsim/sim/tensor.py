@@ -10,8 +10,10 @@ rank):
   (:func:`sliced_dense`); a cost model with a ``sliced(P)`` method is asked for that one (the
   kernel tables price a rank's slices as the calls that rank makes).
 * After each dense layer's forward the slices are **all-gathered** (``B x units x 4`` bytes in
-  total, :func:`pdlsim.sim.messages.allgather_time`) so that every rank has the whole activation
-  for the next layer.
+  total, :func:`pdlsim.sim.messages.allgather_time`) and each rank's columns copied into the
+  activation (one copy per rank's slice,
+  :meth:`pdlsim.sim.cost.CostHooks.slice_copy_time`), so that every rank has the whole
+  activation for the next layer.
 * In backward each rank has the whole output gradient, computes its weight and bias gradients
   (they stay local: no gradient allreduce) and its partial product of the input gradient; the
   input gradient is the sum of the P partial products, an **allreduce** of ``B x in_features x
@@ -51,7 +53,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from microbench.workload import LayerInfo, sliced_dense
+from microbench.workload import LayerInfo, sliced_dense, split_columns
 
 from .cluster import LABEL_BYTES_PER_SAMPLE, Cluster, ConfigError, Scenario
 from .cost import CostModel, Placement, max_of_draws
@@ -178,7 +180,11 @@ def build_tensor_plan(
         if local[i] is not info:
             nbytes = float(batch * info.output_shape[0] * FLOAT_BYTES)
             name, timed = allgather_schedule(cost, nbytes, placement)
-            seconds = sum(t.duration_s for t in timed)
+            seconds = sum(t.duration_s for t in timed) + sum(
+                cost.slice_copy_time(batch, hi - lo, threads, device)
+                for lo, hi in split_columns(info.output_shape[0], p)
+                if hi > lo
+            )
             ops.append(TensorOp("allgather", info.name, "forward", seconds, nbytes, name))
     if not inference:
         for i in range(len(layers) - 1, params[0] - 1, -1):

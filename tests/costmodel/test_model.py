@@ -125,3 +125,64 @@ def test_perturbed_models_spread_around_the_fit(profile):
     assert min(draws) < base * 1.5 and max(draws) > base / 1.5
     assert np.median(draws) == pytest.approx(base, rel=0.3)
     assert cost.perturbed(np.random.default_rng(1)).jitter.expected_max_factor(64) >= 1.0 - 0.5
+
+
+AG_ALPHA, AG_BETA = 9e-6, 1e-9  # a gather's own link figures, far from the allreduce's
+
+
+def _with_allgather(tmp_path, profile: Profile) -> Profile:
+    """``profile`` plus an allgather fitted from synthetic ring timings at 2 and 4 ranks."""
+    from calibration.formulas import cost as formula_cost
+    from microbench.measurement import Measurement
+
+    rng = np.random.default_rng(1)
+    with RecordWriter(tmp_path / "records.jsonl", {"hostname": "synthetic"}) as writer:
+        for ranks in (2, 4):
+            for block in (64, 1024, 16384, 262144):
+                t = float(formula_cost("allgather", "ring", ranks, block, AG_ALPHA, AG_BETA))
+                params = {"ranks": ranks, "ranks_per_node": ranks, "algorithm": None}
+                params.update(op="allgather", bytes=block, total_bytes=block * ranks)
+                samples = t * rng.lognormal(0.0, 0.01, 12)
+                writer.write(Measurement(samples, "collectives", "allgather", params).to_record())
+    frame = load_dataframe(tmp_path, type="measurement")
+    gathers = CollectiveModels(n_boot=20).fit(frame)
+    models = {name: profile.model(name) for name in profile.models}
+    models["collectives"].models_["allgather"] = gathers.models_["allgather"]
+    return Profile.from_models(models, {"hostname": "synthetic", "cores_available": 2})
+
+
+def test_cpu_allgather_is_priced_by_its_own_fit(profile, tmp_path):
+    """The gather of a layer-wise step costs what the allgather's benchmark fitted, at a rank
+    count it never ran; without one (or across nodes with no fitted inter-node figures) it is
+    built from two-rank messages on the allreduce's links."""
+    from calibration.formulas import cost as formula_cost
+    from pdlsim.sim.messages import allgather_schedule, allgather_time
+
+    assert _cost(profile).native_allgather(1 << 16, Placement(1, 4)) is None
+    cost = _cost(_with_allgather(tmp_path, profile))
+    for ranks, total in ((2, 4096), (8, 1 << 20)):
+        expected = float(formula_cost("allgather", "ring", ranks, total / ranks, AG_ALPHA, AG_BETA))
+        assert allgather_time(cost, total, Placement(1, ranks)) == pytest.approx(expected, rel=0.05)
+        name, _ = allgather_schedule(cost, total, Placement(1, ranks))
+        assert name == "allgather (measured: ring)"
+    across = allgather_schedule(cost, 4096, Placement(2, 2))[0]
+    assert across == "recursive_doubling"  # messages: one node's fit says nothing of a network
+    forced = allgather_schedule(cost, 4096, Placement(1, 2, "ring"))[0]  # the allreduce's
+    assert forced == "allgather (measured: ring)"
+    rng = np.random.default_rng(2)
+    drawn = [allgather_time(cost.perturbed(rng), 1 << 20, Placement(1, 8)) for _ in range(40)]
+    fitted = allgather_time(cost, 1 << 20, Placement(1, 8))
+    assert len(set(drawn)) > 1 and np.median(drawn) == pytest.approx(fitted, rel=0.05)
+
+
+def test_slice_copies_are_priced_by_the_copy_table_on_cpu_ranks_only():
+    from calibration.profile import load_profile
+    from microbench.kernels.calls import KernelCall
+
+    profile = load_profile("epyc-2core")
+    tables = profile.model("kernels")
+    cost = ProfileCostModel.from_profile(profile)
+    call = KernelCall("copy_runs", (64, 128), 0, "forward")
+    assert cost.slice_copy_time(64, 128, 1, "cpu") == pytest.approx(tables.call_s(call, 1))
+    assert cost.slice_copy_time(64, 128, 1, "gpu") == 0.0
+    assert cost.slice_copy_time(64, 4096, 1, "cpu") > cost.slice_copy_time(64, 128, 1, "cpu")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
-from microbench.workload import load_workload
+from microbench.workload import Workload, load_workload
 from pdlsim.cli.main import main
 from pdlsim.prediction.config import PredictConfig
 from pdlsim.prediction.core import run_prediction
@@ -157,6 +157,52 @@ def test_allgather_and_message_times_are_the_alpha_beta_of_their_steps():
     assert message_time(cost, 1e6, False) == pytest.approx(a + 1e6 * b)
     assert message_time(cost, 1e6, True) == pytest.approx(a2 + 1e6 * b2)
     assert message_time(cost, 0, True) == 0.0 == allgather_time(cost, n, Placement(1, 1))
+
+
+@dataclass(frozen=True)
+class TimedCopies(CostHooks):
+    """The example machine, with a slice copy of ``rows x run`` costing ``rows * run`` ns."""
+
+    base: object
+    jitter: object = None
+    overlap_efficiency: float = 1.0
+
+    def __getattr__(self, name):
+        return getattr(self.base, name)
+
+    def compute_time(self, layer, phase, batch, threads, device):
+        return self.base.compute_time(layer, phase, batch, threads, device)
+
+    def collective_time(self, op, nbytes, ranks, placement):
+        return self.base.collective_time(op, nbytes, ranks, placement)
+
+    def collective_schedule(self, op, nbytes, ranks, placement):
+        return self.base.collective_schedule(op, nbytes, ranks, placement)
+
+    def transfer_time(self, direction, nbytes, pinned):
+        return 0.0
+
+    def slice_copy_time(self, rows, run, threads, device):
+        return rows * run * 1e-9
+
+
+def test_a_gather_is_the_allgather_then_one_copy_per_ranks_slice():
+    """Each split layer's gather costs the allgather plus copying every rank's columns into
+    the activation (uneven splits: 3 ranks over 10 units copy 4, 3 and 3 columns)."""
+    workload = Workload.from_dict(
+        {"name": "odd", "input_shape": [6], "layers": [
+            {"kind": "dense", "units": 10}, {"kind": "softmax_cross_entropy"}]}
+    )  # fmt: skip
+    cluster, batch = Cluster.cpus(1, 3), 8
+    base = example_cost()
+    plan = build_tensor_plan(cluster, Scenario(workload, batch), TimedCopies(base))
+    (gather,) = [op for op in plan.ops if op.kind == "allgather"]
+    copies = sum(batch * run * 1e-9 for run in (4, 3, 3))
+    assert gather.time_s == pytest.approx(
+        allgather_time(base, gather.nbytes, Placement(1, 3)) + copies
+    )
+    without = build_tensor_plan(cluster, Scenario(workload, batch), base)
+    assert gather.time_s - without.comm_s("allgather") == pytest.approx(copies)
 
 
 def test_simulator_and_closed_form_agree_without_jitter():

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 from microbench.nn import Network
-from microbench.nn.sliced import split_columns
 from microbench.records import load_dataframe, read_records
-from microbench.workload import load_workload
+from microbench.workload import load_workload, split_columns
 from pdlsim.train.comm import LocalComm
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.device import Device, cpu_device
