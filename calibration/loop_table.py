@@ -11,6 +11,7 @@ interpolation error (``neighbour_residuals``), its law's error beyond the grid
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,12 @@ import numpy as np
 from .kernel_tables import VECTOR_FLOATS, five_digits
 
 __all__ = ["LoopTable"]
+
+
+def _log_count(count: float) -> float:
+    """The log of a count of elements or of a run (at least 1): taken as a float, for a huge
+    workload's counts are Python integers past numpy's int64, which ``np.log`` cannot take."""
+    return math.log(max(float(count), 1.0))
 
 
 def _median_by(keys: Iterable[Any], values: Iterable[float]) -> dict[Any, float]:
@@ -53,7 +60,7 @@ class LoopTable:
     @staticmethod
     def _curve_log_s(curve: tuple[tuple[float, ...], tuple[float, ...]], elements: float) -> float:
         xs, ys = np.log(curve[0]), np.log(curve[1])
-        x = np.log(max(elements, 1.0))
+        x = _log_count(elements)
         if x > xs[-1]:
             return float(ys[-1] + x - xs[-1])
         return float(np.interp(x, xs, ys))
@@ -113,13 +120,13 @@ class LoopTable:
         return np.array(out)
 
     def _nearest_run(self, run: float) -> int:
-        return min(self.curves, key=lambda r: abs(np.log(r) - np.log(max(run, 1.0))))
+        return min(self.curves, key=lambda r: abs(np.log(r) - _log_count(run)))
 
     def beyond_log(self, elements: float, run: float = 1.0) -> float:
         """How far ``elements`` lies beyond the largest size measured at the nearest run, in
         natural-log units (0 inside)."""
         largest = self.curves[self._nearest_run(run)][0][-1]
-        return max(float(np.log(max(elements, 1.0)) - np.log(largest)), 0.0)
+        return max(float(_log_count(elements) - np.log(largest)), 0.0)
 
     def beyond_residuals(self) -> np.ndarray:
         """Rows of (log measured / priced, log distance): each run's largest size priced by the

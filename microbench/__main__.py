@@ -15,13 +15,15 @@ from .threads import quiet_idle_blas_threads, size_numba_pool
 quiet_idle_blas_threads()  # before numpy loads: BLAS reads it once, and timings must match training
 
 from .boundary import (  # noqa: E402
+    Stopped,
     describe_failure,
     flush_stdout,
     say,
     silence_stdout,
     silence_stdout_if_broken,
+    stopped_by_signals,
 )
-from .cli import BenchmarkError, Parser, current_rank  # noqa: E402
+from .cli import BenchmarkError, Parser, current_rank, under_launcher  # noqa: E402
 from .errors import UserError  # noqa: E402
 
 COMMANDS = (
@@ -58,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     if threads:
         size_numba_pool(max(threads) if isinstance(threads, (list, tuple)) else threads)
     try:
-        status = int(args.run(args))
+        with stopped_by_signals(enabled=not under_launcher()):  # a rank: its launcher's
+            status = int(args.run(args))
         return status if flush_stdout(prog) else 2
     except UserError as e:  # UsageError, and any other user error raised on the way
         if current_rank() == 0:
@@ -73,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{prog}: interrupted; the records of finished points are kept", file=sys.stderr)
         _abort_mpi(130)
         return 130
+    except Stopped as stopped:  # SIGTERM or SIGHUP (stopped_by_signals)
+        print(f"{prog}: stopped by {stopped}; the records of finished points are kept",
+              file=sys.stderr)  # fmt: skip
+        return 128 + stopped.signum
     except BrokenPipeError:  # the reader went away (... | head): stop quietly
         silence_stdout()
         return 0

@@ -11,18 +11,63 @@ too long). Anything else is a bug and keeps its traceback, so nothing here catch
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
+    "STOP_SIGNALS",
+    "Stopped",
     "describe_failure",
     "flush_stdout",
+    "raise_stopped",
     "say",
     "silence_stdout",
     "silence_stdout_if_broken",
+    "stopped_by_signals",
 ]
+
+# The signals that ask a command to stop (a job scheduler's SIGTERM, a closed terminal's
+# SIGHUP); Ctrl-C's SIGINT is Python's KeyboardInterrupt already.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGHUP arrived (:func:`stopped_by_signals`): the command stops as on Ctrl-C,
+    its outputs being atomic, and its top level says so in one line, exit status 128 + N."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def raise_stopped(signum: int, frame: object) -> None:
+    """A signal handler: raise :class:`Stopped` in the main thread."""
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stopped_by_signals(enabled: bool = True) -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise :class:`Stopped` instead of killing the
+    process silently half-way; the previous handlers come back after it. Nothing changes when
+    not ``enabled`` (an MPI rank, which its launcher stops), outside the main thread, or for a
+    signal that is ignored (``nohup``)."""
+    previous: dict[int, Any] = {}
+    if enabled and threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                previous[sig] = signal.signal(sig, raise_stopped)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
 
 # OSError numbers that mean "this place cannot be used", with what the user can do about it.
 _OS_ADVICE: dict[int, str] = {

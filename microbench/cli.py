@@ -73,6 +73,11 @@ def current_rank() -> int:
     return launcher_rank()
 
 
+def under_launcher() -> bool:
+    """True when an MPI launcher (mpiexec, srun) started this process as one of its ranks."""
+    return any(name in os.environ for name in _RANK_ENV_VARS)
+
+
 def launcher_rank() -> int:
     """This process's rank as the launcher set it in the environment; 0 outside a launcher."""
     for name in _RANK_ENV_VARS:

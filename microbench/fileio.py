@@ -96,13 +96,21 @@ def atomic_write_all(files: Mapping[Path, bytes], durable: bool = False) -> None
                 os.close(directory)
 
 
+def encode_text(text: str) -> bytes:
+    """``text`` as UTF-8, where a file name that is not UTF-8 (``\\xff.json``, or any
+    non-ASCII name under a C locale) came in from the command line as lone surrogates: those
+    are written as ``\\udcff`` escapes, which JSON reads back as the same string, instead of
+    failing mid-write."""
+    return text.encode("utf-8", "backslashreplace")
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same directory and a rename.
 
     Readers see either the old file or the whole new one, never a torn write; an existing
     ``path`` that is not a regular file is refused (:class:`UserError`) and left as it is.
     """
-    _atomic_write(path, text.encode(), durable=False)
+    _atomic_write(path, encode_text(text), durable=False)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from .fileio import loads
+from .fileio import encode_text, loads
 from .machine import utc_now
 
 if TYPE_CHECKING:
@@ -159,6 +159,7 @@ class RecordWriter:
         self.path = Path(path)
         self.nonfinite = nonfinite
         self._lock = threading.Lock()
+        self._bare = False
         header = {
             "type": "header",
             "schema": SCHEMA,
@@ -185,6 +186,7 @@ class RecordWriter:
             self._file.close()
             self.path.unlink(missing_ok=True)
             raise
+        self._bare = True  # this writer made the file, and it holds the header alone
 
     def _open_for_append(self, machine: Mapping[str, Any]) -> dict[str, Any]:
         with open(self.path, encoding="utf-8", errors="replace") as f:
@@ -206,7 +208,7 @@ class RecordWriter:
                 raise ValueError(f"{self.path}: the writer is closed")
             fd = self._file.fileno()
             size = os.fstat(fd).st_size
-            data = memoryview((line + "\n").encode("utf-8"))
+            data = memoryview(encode_text(line + "\n"))
             try:
                 while data:  # unbuffered: what was written is in the file, or cut off below
                     data = data[os.write(fd, data) :]
@@ -225,9 +227,13 @@ class RecordWriter:
         lines = [_encode(_checked(record), self.nonfinite) for record in records]
         if lines:
             self._write_line("\n".join(lines))
+            self._bare = False
 
-    def close(self) -> None:
-        """Flush, fsync and close; calling it again does nothing."""
+    def close(self, failed: bool = False) -> None:
+        """Flush, fsync and close; calling it again does nothing. ``failed``: the run stopped
+        on an error before its first record, so a file this writer made holds a header alone:
+        it is removed, and the retry into the same directory needs no ``--append`` (a file that
+        holds records, or was appended to, always stays)."""
         with self._lock:
             if self._file.closed:
                 return
@@ -235,6 +241,8 @@ class RecordWriter:
                 os.fsync(self._file.fileno())
             finally:
                 self._file.close()
+            if failed and self._bare:
+                self.path.unlink(missing_ok=True)
 
     @property
     def closed(self) -> bool:
@@ -243,8 +251,8 @@ class RecordWriter:
     def __enter__(self) -> RecordWriter:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        self.close(failed=exc_type is not None)
 
 
 def _repair_tail(path: Path) -> None:

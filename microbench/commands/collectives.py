@@ -130,6 +130,10 @@ def run(args: argparse.Namespace) -> int:
             writer,
             progress=sys.stdout if root and not args.quiet else None,
         )
+    except BaseException:
+        if writer is not None:  # stopped before its first record: no header-only file left
+            writer.close(failed=True)
+        raise
     finally:
         if writer is not None:
             writer.close()

@@ -229,6 +229,10 @@ def run(args: argparse.Namespace) -> int:
             progress=show if root and not args.quiet else None,
             skip_thread=skip_thread,
         )
+    except BaseException:
+        if writer is not None:  # stopped before its first record: no header-only file left
+            writer.close(failed=True)
+        raise
     finally:
         if writer is not None:
             writer.close()

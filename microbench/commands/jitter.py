@@ -143,6 +143,10 @@ def run(args: argparse.Namespace) -> int:
             )
             print(format_summary(summary, workload.name, args.batch, args.threads))
             print(f"timer overhead: {overhead.median * 1e9:.0f} ns per sample (median)")
+    except BaseException:
+        if writer is not None:  # stopped before its first record: no header-only file left
+            writer.close(failed=True)
+        raise
     finally:
         if writer is not None:
             writer.close()

@@ -12,6 +12,7 @@ from ..cli import (
     add_output_arguments,
     add_sampling_arguments,
     checked_out_dir,
+    int_at_least,
     policy_from_args,
     positive_int_list,
 )
@@ -60,7 +61,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="thread counts for BLAS and numba (default every count from 1 to the available "
         f"cores, here {','.join(map(str, default_threads()))})",
     )
-    parser.add_argument("--seed", type=int, default=0, help="order of the points (default 0)")
+    parser.add_argument("--seed", type=int_at_least(0), default=0,
+                        help="order of the points (default 0)")  # fmt: skip
     add_output_arguments(parser, RECORDS_FILE)
     add_sampling_arguments(parser, FULL_POLICY, QUICK_POLICY)
     return parser

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
-from microbench.fileio import atomic_write_all
+from microbench.fileio import atomic_write_all, encode_text
 from pdlsim.cli.predict_options import compression_arg, positive_number
 
 if TYPE_CHECKING:
@@ -225,8 +225,8 @@ def run_vary(
     frame = vary(base, args.vary, progress=progress)
     ranking = rank_knobs(frame, base)
     atomic_write_all({  # the table and its ranking, both or neither
-        args.out / "knobs.csv": frame.to_csv(index=False).encode(),
-        args.out / "knob_ranking.csv": ranking.to_csv(index=False).encode(),
+        args.out / "knobs.csv": encode_text(frame.to_csv(index=False)),
+        args.out / "knob_ranking.csv": encode_text(ranking.to_csv(index=False)),
     })  # fmt: skip
     print(format_report(frame, ranking))
     print(f"tables: {args.out / 'knobs.csv'}, {args.out / 'knob_ranking.csv'}")

@@ -19,6 +19,7 @@ from microbench.boundary import (
     say,
     silence_stdout,
     silence_stdout_if_broken,
+    stopped_by_signals,
 )
 from microbench.errors import UserError
 from microbench.threads import quiet_idle_blas_threads, thread_environment_problem
@@ -33,7 +34,7 @@ from pdlsim.cli.predict import add_predict_parser
 from pdlsim.cli.sweep import add_sweep_parser
 from pdlsim.cli.train import add_train_parser
 from pdlsim.cli.validate import add_validate_parser
-from pdlsim.train.launch import Stopped
+from pdlsim.train.launch import Stopped, under_mpi_launcher
 
 
 class _Parser(argparse.ArgumentParser):
@@ -123,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         problem = thread_environment_problem()
         if problem is not None:
             raise UserError(problem)
-        status = int(args.handler(args) or 0)
+        with stopped_by_signals(enabled=not under_mpi_launcher()):  # a rank: its launcher's
+            status = int(args.handler(args) or 0)
         return status if flush_stdout("pdlsim") else 2
     except UserError as exc:
         say("pdlsim", str(exc))
@@ -131,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pdlsim: interrupted", file=sys.stderr)
         return 130
-    except Stopped as stopped:  # SIGTERM or SIGHUP while a command ran processes of its own
+    except Stopped as stopped:  # SIGTERM or SIGHUP (stopped_by_signals)
         print(f"pdlsim: stopped by {stopped}", file=sys.stderr)
         return 128 + stopped.signum
     except BrokenPipeError:  # the reader went away (pdlsim ... | head): stop quietly

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from microbench.cli import path_argument
-from microbench.fileio import atomic_write_all, check_writable
+from microbench.fileio import atomic_write_all, check_writable, encode_text
 from pdlsim.cli.args import int_list
 from pdlsim.cli.knobs import KNOBS, parse_vary, run_vary
 from pdlsim.cli.predict import add_common_options, check_flags, config_from_args, cores_warning
@@ -100,7 +100,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     from pdlsim.plots.scaling import scaling_png
 
     atomic_write_all({  # the table and its plot, both or neither
-        args.out / "sweep.csv": frame.to_csv(index=False).encode(),
+        args.out / "sweep.csv": encode_text(frame.to_csv(index=False)),
         args.out / "scaling.png": scaling_png(frame),
     })  # fmt: skip
     cols = ["nodes", "per_node", "batch", "devices", "step_time_s", "speedup", "efficiency",

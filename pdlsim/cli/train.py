@@ -374,6 +374,12 @@ def _run_local(config: TrainConfig, run_dir: Path, resume: Path | None) -> int:
             file=sys.stderr,
         )
         return 130
+    except Stopped as stopped:  # SIGTERM or SIGHUP (pdlsim.cli.main)
+        print(
+            f"pdlsim: stopped by {stopped}; records so far are in {run_dir}" + _resume_hint(config),
+            file=sys.stderr,
+        )
+        return 128 + stopped.signum
     finish_run(result)
     return 0
 

@@ -11,7 +11,7 @@ from microbench.cli import path_argument
 from microbench.errors import UserError
 from microbench.fileio import new_run_dir, removed_if_empty_on_failure
 from microbench.threads import too_many_threads
-from pdlsim.cli.args import int_list, positive_int
+from pdlsim.cli.args import int_list, positive_int, seed
 from pdlsim.prediction.checks import MAX_BATCH
 from pdlsim.validate.run import GPU_CHOICES, ValidateConfig, run_validation
 
@@ -52,7 +52,7 @@ def add_validate_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--seed",
-        type=int,
+        type=seed,
         default=0,
         help="draws the held-out set: random workloads and batches the calibration never runs "
         "(default 0)",

@@ -37,6 +37,9 @@ from microbench.fileio import read_json
 
 __all__ = [
     "ASSUMPTIONS",
+    "FLOPS_RANGE",
+    "MAX_TIME_S",
+    "RATE_RANGE_BYTES_PER_S",
     "HARDWARE",
     "Assumption",
     "DEFAULT_GPU_PRESET",
@@ -54,6 +57,35 @@ __all__ = [
     "load_hardware",
     "network_preset",
 ]
+
+
+# What a figure may be, in a preset or given in text (``--inter-bw 25GB/s``): a link of 1 B/s to
+# 1 PB/s, a time up to about three centuries (an MTBF of a million hours is 3.6e9 s), a GPU of
+# a megaFLOP/s to an exaFLOP/s, 1 MiB to 1 PiB of memory, at most 100 kW. Beyond them a number is
+# a typo or an overflow (1e400 reads as infinity), and the figures built on it would be nonsense.
+RATE_RANGE_BYTES_PER_S = (1.0, 1e15)
+MAX_TIME_S = 1e10
+FLOPS_RANGE = (1e6, 1e18)
+MEMORY_RANGE_BYTES = (2**20, 2**50)
+MAX_WATTS = 1e5
+MAX_OVERSUBSCRIPTION = 1e6
+MAX_LEAF_NODES = 1_000_000
+
+
+def _check_ranges(what: str, entry: Any, ranges: Mapping[str, tuple[float, float]],
+                  optional: tuple[str, ...] = ()) -> None:  # fmt: skip
+    """Each field of ``entry`` named in ``ranges`` within its (low, high); the ``optional``
+    ones may also be 0 (none)."""
+    for name, (low, high) in ranges.items():
+        value = getattr(entry, name)
+        if name in optional and value == 0:
+            continue
+        if not low <= value <= high:
+            zero = "0 (none) or " if name in optional and low > 0 else ""
+            raise UserError(
+                f"{what}: {name} must be {zero}{low:g} to {high:g}, got {value:g}; "
+                "give the figure in its unit (bytes, seconds, FLOP/s, watts)"
+            )
 
 
 @dataclass(frozen=True)
@@ -79,6 +111,13 @@ class NetworkPreset:
                 f"network '{self.name}': need oversubscription >= 1 and leaf_nodes >= 0, "
                 f"got {self.oversubscription} and {self.leaf_nodes}"
             )
+        ranges = {
+            "latency_s": (0.0, MAX_TIME_S),
+            "bandwidth_bytes_per_s": RATE_RANGE_BYTES_PER_S,
+            "oversubscription": (1.0, MAX_OVERSUBSCRIPTION),
+            "leaf_nodes": (0, MAX_LEAF_NODES),
+        }
+        _check_ranges(f"network '{self.name}'", self, ranges)
 
 
 @dataclass(frozen=True)
@@ -108,6 +147,13 @@ class GpuPreset:
             if value < 0 or (value == 0 and name in positive):
                 need = "above 0" if name in positive else "0 (none) or above"
                 raise UserError(f"GPU '{self.name}': {name} must be {need}, got {value:g}")
+        ranges = {
+            name: FLOPS_RANGE if "flops" in name else RATE_RANGE_BYTES_PER_S
+            for name in positive + optional
+            if name.endswith("_per_s")
+        }
+        ranges.update(memory_bytes=MEMORY_RANGE_BYTES, board_power_w=(0.0, MAX_WATTS))
+        _check_ranges(f"GPU '{self.name}'", self, ranges, optional)
 
 
 FABRICS = ("nvlink", "xgmi", "pcie")
@@ -146,6 +192,8 @@ class NodePreset:
                 f"1..{MAX_NICS_PER_NODE} and gpu_link_bytes_per_s > 0, got {self.gpus_per_node}, "
                 f"{self.nics} and {self.gpu_link_bytes_per_s}"
             )
+        ranges = {"gpu_link_bytes_per_s": RATE_RANGE_BYTES_PER_S}
+        _check_ranges(f"node '{self.name}'", self, ranges)
         if self.nvls and self.fabric != "nvlink":
             raise UserError(f"node '{self.name}': nvls (NVLink SHARP) needs the nvlink fabric")
 
@@ -178,6 +226,11 @@ class Assumption:
         if not fraction and self.low < 0:
             raise UserError(
                 f"assumption '{self.name}' ({self.unit}) cannot be negative, got low {self.low}"
+            )
+        if self.unit.split()[:1] == ["s"] and self.high > MAX_TIME_S:
+            raise UserError(
+                f"assumption '{self.name}' is in seconds: need high <= {MAX_TIME_S:g}, "
+                f"got {self.high:g}"
             )
 
 

@@ -3,6 +3,10 @@
 * **Sizes out of any real machine's range**: more than :data:`MAX_GPUS_PER_NODE` GPUs,
   :data:`MAX_PROCS_PER_NODE` ranks or :data:`MAX_THREADS` threads per node, or more than
   :data:`MAX_NODES` nodes. A typo (a million GPUs per node) would otherwise be simulated.
+* **What-if factors out of any real machine's range**: ``--network-scale``,
+  ``--latency-scale``, ``--slow-factor`` and ``--speeds`` beyond a factor of
+  :data:`MAX_FACTOR` either way, or buckets above :data:`MAX_BUCKET_MB`. A typo (``1e300``)
+  would otherwise price steps of 1e300 seconds.
 * **A step larger than the epoch**: the global batch (samples per step) above the workload's
   epoch (:mod:`pdlsim.prediction.epoch`, or ``--dataset-samples``) is no training run.
 * **A layout that does not fit in memory**: the bytes per rank against the GPU preset's memory,
@@ -22,6 +26,8 @@ from microbench.machine import usable_memory_bytes
 from pdlsim.costmodel.presets import MAX_GPUS_PER_NODE
 
 __all__ = [
+    "MAX_BUCKET_MB",
+    "MAX_FACTOR",
     "MAX_GPUS_PER_NODE",
     "MAX_NODES",
     "MAX_PROCS_PER_NODE",
@@ -32,6 +38,7 @@ __all__ = [
     "check_bounds",
     "check_cluster",
     "check_epoch",
+    "check_factors",
     "check_memory",
     "layerwise_mode",
     "samples_per_step",
@@ -43,6 +50,8 @@ MAX_THREADS = 1024
 MAX_BATCH = 2**24  # samples per rank: above it arrays outgrow memory before anything is learnt
 MAX_ITERATIONS = 10**7
 MAX_SAMPLES = 10**6  # band samples
+MAX_FACTOR = 1e6  # a what-if that scales a link or a rank a million-fold (either way) is a typo
+MAX_BUCKET_MB = 2.0**20  # 1 TiB: past any model's gradients (and any collective's size)
 
 
 def check_bounds(cfg: Any) -> None:
@@ -65,8 +74,26 @@ def check_bounds(cfg: Any) -> None:
             raise UserError(f"{flag} must be {word.get(flag, f'at least {least}')}, got {value}")
         if most is not None and value > most:
             raise UserError(f"{flag} must be at most {most:,}, got {value:,}")
-    if not cfg.bucket_mb > 0:
-        raise UserError(f"--bucket-mb must be positive, got {cfg.bucket_mb}")
+    if not 0 < cfg.bucket_mb <= MAX_BUCKET_MB:
+        raise UserError(
+            f"--bucket-mb must be above 0 and at most {MAX_BUCKET_MB:,.0f} (1 TiB), "
+            f"got {cfg.bucket_mb:g}"
+        )
+    check_factors(cfg)
+
+
+def check_factors(cfg: Any) -> None:
+    """The what-ifs' factors (:mod:`pdlsim.prediction.whatif`) within :data:`MAX_FACTOR` of 1."""
+    factors = [("--network-scale", cfg.network_scale), ("--latency-scale", cfg.latency_scale)]
+    if cfg.slow_factor is not None:
+        factors.append(("--slow-factor", cfg.slow_factor))
+    factors += [("--speeds", speed) for speed in cfg.speeds or ()]
+    for flag, value in factors:
+        if not 1 / MAX_FACTOR <= value <= MAX_FACTOR:
+            raise UserError(
+                f"{flag} must be a factor from {1 / MAX_FACTOR:g} to {MAX_FACTOR:g}, got "
+                f"{value:g}; give a factor a real machine could differ by"
+            )
 
 
 def samples_per_step(cfg: Any) -> int:

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
+from pdlsim.costmodel.presets import MAX_TIME_S, RATE_RANGE_BYTES_PER_S
 
 if TYPE_CHECKING:
     from calibration.profile import Profile
@@ -27,13 +28,6 @@ _SECONDS = {"d": 86400.0, "h": 3600.0, "min": 60.0, "s": 1.0, "ms": 1e-3, "us": 
 
 
 _PREFIX = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
-
-
-# What a bandwidth or a time given in text may be: a link of 1 B/s to 1 PB/s, a time up to
-# about three centuries (an MTBF of a million hours is 3.6e9 s). Beyond them a number is a typo
-# or an overflow (1e400 reads as infinity), and the figures built on it would be nonsense.
-RATE_RANGE_BYTES_PER_S = (1.0, 1e15)
-MAX_TIME_S = 1e10
 
 
 def parse_rate(text: str, flag: str = "") -> float:

@@ -26,6 +26,7 @@ from pdlsim.prediction.config import PredictConfig, parse_time
 __all__ = ["COMPUTE_ASSUMPTIONS", "given_compute", "with_given_step"]
 
 COMPUTE_ASSUMPTIONS = ("gpu_flops_efficiency", "gpu_memory_efficiency", "gpu_kernel_launch_s")
+MIN_MFU = 1e-6  # below it a GPU's step would take ages: a typo, not a measurement
 
 
 def given_compute(cost: Any, **changes: Any) -> Any:
@@ -51,8 +52,10 @@ def _target_s(cfg: PredictConfig, cost: Any, workload: Any) -> tuple[float, str]
         if seconds <= 0:
             raise UserError(f"--step-time must be above 0, got {cfg.step_time}")
         return seconds, f"--step-time {cfg.step_time}"
-    if not 0 < cfg.mfu <= 1:
-        raise UserError(f"--mfu is a fraction of the GPU's peak in (0, 1], got {cfg.mfu}")
+    if not MIN_MFU <= cfg.mfu <= 1:
+        raise UserError(
+            f"--mfu is a fraction of the GPU's peak from {MIN_MFU:g} to 1, got {cfg.mfu:g}"
+        )
     if cost.gpu is None:
         raise UserError("--mfu needs the GPU's peak: give --gpu-preset NAME (not none)")
     flops = cfg.batch * (workload.forward_flops_per_sample + workload.backward_flops_per_sample)

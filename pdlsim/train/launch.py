@@ -20,24 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from microbench.boundary import STOP_SIGNALS, Stopped, raise_stopped
 from microbench.errors import UserError
 from microbench.threads import thread_env
 
 # Set by MPI launchers in every process they start: MPICH/Hydra (PMI), Open MPI, PMIx, Slurm.
 _LAUNCHER_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "SLURM_STEP_NUM_TASKS")
 STOP_GRACE_S = 3.0
-
-
-class Stopped(Exception):
-    """The launching process got SIGTERM or SIGHUP; the ranks have been stopped."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _raise_stopped(signum: int, frame: object) -> None:
-    raise Stopped(signum)
 
 
 def under_mpi_launcher() -> bool:
@@ -79,7 +68,7 @@ def run_supervised(command: Sequence[str], env: dict[str, str], **popen: Any) ->
     :class:`Stopped` are raised again once it has stopped.
     """
     process = subprocess.Popen(command, env=env, start_new_session=True, **popen)
-    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, raise_stopped) for sig in STOP_SIGNALS}
     try:
         return process.wait()
     except KeyboardInterrupt:

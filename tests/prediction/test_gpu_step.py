@@ -62,7 +62,7 @@ def test_the_layers_keep_their_shares_and_scale_out_as_before(profile):
     [
         (["--gpus", "2", "--step-time", "5ms", "--mfu", "0.3"], "give one of them"),
         (["--procs-per-node", "2", "--step-time", "5ms"], "--step-time describes GPU ranks"),
-        (["--gpus", "2", "--mfu", "1.5"], "--mfu is a fraction of the GPU's peak in (0, 1]"),
+        (["--gpus", "2", "--mfu", "1.5"], "--mfu is a fraction of the GPU's peak from 1e-06 to 1"),
         (["--gpus", "2", "--step-time", "fast"], "expected a time like 2us"),
         (["--gpus", "2", "--step-time", "1us"], "is not longer than copying its batch"),
         (["--gpus", "2", "--step-time-accum", "4"], "add --step-time or drop --step-time-accum"),
