@@ -139,15 +139,41 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return doc
 
 
+MAX_INT_DIGITS = 18  # a whole number in a document: up to 10**18, past any count or size
+
+
+class _LongInt(Exception):
+    def __init__(self, digits: str) -> None:
+        self.digits = digits
+
+
+def _parse_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise _LongInt(digits)
+    return int(digits)
+
+
 def loads(text: str | bytes, **kwargs: Any) -> Any:
-    """``json.loads``, but arrays or objects nested past the interpreter's recursion limit are
-    a :class:`json.JSONDecodeError` like any other text that is no document pdlsim reads (a
-    ``RecursionError`` would escape every reader's handling of bad JSON)."""
+    """``json.loads``, but arrays or objects nested past the interpreter's recursion limit, and
+    whole numbers of more than :data:`MAX_INT_DIGITS` digits, are a
+    :class:`json.JSONDecodeError` like any other text that is no document pdlsim reads (a
+    ``RecursionError`` would escape every reader's handling of bad JSON, and a 300-digit count
+    would be carried into every message and product that quotes it)."""
     try:
-        return json.loads(text, **kwargs)
+        return json.loads(text, parse_int=_parse_int, **kwargs)
     except RecursionError:
-        shown = text if isinstance(text, str) else text.decode("utf-8", "replace")
-        raise json.JSONDecodeError("nested too deeply", shown, 0) from None
+        raise json.JSONDecodeError("nested too deeply", _shown(text), 0) from None
+    except _LongInt as exc:
+        shown = _shown(text)
+        raise json.JSONDecodeError(
+            f"a whole number of {len(exc.digits.lstrip('-'))} digits (at most {MAX_INT_DIGITS})",
+            shown,
+            max(shown.find(exc.digits), 0),
+        ) from None
+
+
+def _shown(text: str | bytes) -> str:
+    return text if isinstance(text, str) else text.decode("utf-8", "replace")
 
 
 def loads_strict(text: str) -> Any:

@@ -117,12 +117,22 @@ def add_train_parser(commands: Any) -> None:
     p.set_defaults(handler=run_train_command)
 
 
+MAX_LR = 1000.0  # a learning rate, or a weight decay, beyond any that trains
+
+
 def config_from_args(args: argparse.Namespace, procs: int) -> TrainConfig:
     optimizer, momentum = _optimizer(args)
     if momentum >= 1.0:
         raise UserError(f"--momentum must be below 1, got {momentum}")
     if args.lr == 0:
         raise UserError("--lr must be above 0")
+    if args.lr > MAX_LR:
+        raise UserError(
+            f"--lr must be at most {MAX_LR:g}, got {args.lr:g}: a larger step throws float32 "
+            "weights to infinity at once; try 0.01-0.1"
+        )
+    if args.weight_decay > MAX_LR:
+        raise UserError(f"--weight-decay must be at most {MAX_LR:g}, got {args.weight_decay:g}")
     checkpointing = args.checkpoint_every is not None or args.resume
     if args.pinned and args.device != "gpu":
         raise UserError("--pinned is for copies to a GPU: add --device gpu, or drop --pinned")

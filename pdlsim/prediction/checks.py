@@ -28,6 +28,7 @@ from pdlsim.costmodel.presets import MAX_GPUS_PER_NODE
 __all__ = [
     "MAX_BUCKET_MB",
     "MAX_FACTOR",
+    "MAX_SYNC_EVERY",
     "MAX_GPUS_PER_NODE",
     "MAX_NODES",
     "MAX_PROCS_PER_NODE",
@@ -52,6 +53,7 @@ MAX_ITERATIONS = 10**7
 MAX_SAMPLES = 10**6  # band samples
 MAX_FACTOR = 1e6  # a what-if that scales a link or a rank a million-fold (either way) is a typo
 MAX_BUCKET_MB = 2.0**20  # 1 TiB: past any model's gradients (and any collective's size)
+MAX_SYNC_EVERY = 1000  # local SGD periods run to hundreds of steps; the simulator plays whole ones
 
 
 def check_bounds(cfg: Any) -> None:
@@ -67,6 +69,7 @@ def check_bounds(cfg: Any) -> None:
         ("--dataset-samples", cfg.dataset_samples or 1, 1, 10**15),
         ("--stages", cfg.stages or 1, 1, MAX_PROCS_PER_NODE * MAX_NODES),
         ("--microbatches", cfg.microbatches or 1, 1, MAX_BATCH),
+        ("--sync-every", cfg.sync_every, 1, MAX_SYNC_EVERY),
     )
     for flag, value, least, most in checks:
         if value < least:

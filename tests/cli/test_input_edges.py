@@ -60,7 +60,7 @@ def _preset_file(tmp_path, kind: str, name: str, **changes) -> str:
         ("gpu", "--gpu-preset", "h100-sxm", "hbm_bandwidth_bytes_per_s", 1e-300),
         ("gpu", "--gpu-preset", "h100-sxm", "pcie_bytes_per_s", 1e300),
         ("gpu", "--gpu-preset", "h100-sxm", "tf32_tensor_flops_per_s", 1e300),
-        ("gpu", "--gpu-preset", "h100-sxm", "memory_bytes", 10**300),
+        ("gpu", "--gpu-preset", "h100-sxm", "memory_bytes", 10**17),
         ("node", "--node", "dgx-h100", "gpu_link_bytes_per_s", 1e300),
         ("network", "--network", "ib-ndr", "bandwidth_bytes_per_s", 1e-300),
         ("network", "--network", "ib-ndr", "latency_s", 1e300),
@@ -228,3 +228,32 @@ def test_sigterm_stops_a_benchmark_with_one_line(monkeypatch, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["python -m microbench storage: stopped by SIGTERM; the records of finished "
                    "points are kept"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--lr", "1e300"], "--lr must be at most 1000, got 1e+300"),
+        (["train", "--optimizer", "adamw", "--weight-decay", "1e9"], "--weight-decay must be"),
+        (["predict", "--nodes", "4", "--sync-every", "10**12".replace("10**12", str(10**12))],
+         "--sync-every must be at most 1,000"),
+    ],
+)  # fmt: skip
+def test_steps_no_training_or_simulation_can_take_are_refused(argv, message, capsys):
+    assert _status(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_a_whole_number_longer_than_any_count_is_not_a_document(tmp_path, capsys):
+    """A 300-digit count in a node file is refused where it is read, with its place, instead
+    of being quoted back whole by whichever check meets it."""
+    node = {"name": "n", "gpu": "h100-sxm", "gpus_per_node": 10**300, "fabric": "nvlink",
+            "gpu_link_bytes_per_s": 1e11, "nvls": False, "nics": 1, "network": "ib-hdr",
+            "source": "x"}  # fmt: skip
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(node))
+    assert _status(["predict", "--nodes", "2", "--gpus", "8", "--node", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "not valid JSON" in err and "a whole number of 301 digits (at most 18)" in err
+    assert len(err) < 300
