@@ -23,6 +23,7 @@ from calibration.jitter import JitterModel
 from calibration.kernels import KernelModel
 from calibration.overlap import OverlapModel
 from calibration.profile import Profile, read_sources
+from calibration.record_checks import check_measurements, check_one_machine
 from calibration.storage import StorageModel
 from calibration.transfer import TransferModel
 from microbench.errors import UserError
@@ -53,6 +54,8 @@ def load_measurements(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
         raise UserError(f"cannot read records from {path}: {exc}") from None
     if frame.empty:
         raise UserError(f"{path} holds no measurement records; run 'pdlsim bench' first")
+    check_measurements(frame, str(path))
+    check_one_machine(frame, str(path))
     return frame
 
 

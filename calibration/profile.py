@@ -30,6 +30,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from microbench.argtypes import check_text
 from microbench.fileio import DuplicateKeyError, atomic_write_text, loads_strict, special_kind
 from microbench.machine import utc_now
 from microbench.records import RecordsError, is_records_file, read_records
@@ -279,7 +280,7 @@ def packaged_profile_names() -> list[str]:
 
 def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
     """A profile by path, or by the name of a packaged reference profile."""
-    key = str(name_or_path)
+    key = check_text("profile", name_or_path, "'xeon-2core' or a profile file's path")
     if not key:
         names = ", ".join(packaged_profile_names()) or "none are installed"
         raise ProfileError(

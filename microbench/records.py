@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from .errors import UserError
 from .fileio import encode_text, loads
 from .machine import utc_now
 
@@ -56,6 +57,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "RecordWriter",
     "RecordsError",
+    "RecordsExistError",
     "TruncatedRecordWarning",
     "load_dataframe",
     "read_records",
@@ -68,6 +70,11 @@ class RecordsError(ValueError):
     def __init__(self, path: str | os.PathLike[str], line: int, problem: str) -> None:
         self.path, self.line, self.problem = str(path), line, problem
         super().__init__(f"{path}:{line}: {problem}")
+
+
+class RecordsExistError(FileExistsError, UserError):
+    """A new records file whose path is taken (by an earlier run, or another run started into
+    the same directory at once): one line, never an overwrite."""
 
 
 class TruncatedRecordWarning(UserWarning):
@@ -176,8 +183,9 @@ class RecordWriter:
         try:
             self._file = open(self.path, "wb" if append else "xb", buffering=0)
         except FileExistsError:
-            raise FileExistsError(
-                f"{self.path} exists; refusing to overwrite it (pass append=True to add to it)"
+            raise RecordsExistError(
+                f"{self.path} exists (another run may be writing there); refusing to overwrite "
+                "it: give a new output directory (or pass append=True to add to it)"
             ) from None
         self.header = json.loads(line)
         try:

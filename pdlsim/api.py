@@ -22,6 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calibration.profile import Profile, load_profile
+from microbench.argtypes import (
+    ArgumentTypeError,
+    check_flag,
+    check_integer,
+    check_integers,
+    check_text,
+)
 from microbench.errors import UserError
 from microbench.workload import Workload
 from pdlsim.cli.sweep import sweep as _sweep
@@ -50,11 +57,9 @@ def _config(
     profile: ProfileLike,
     options: Mapping[str, Any],
 ) -> PredictConfig:
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise TypeError(f"unknown option(s) {', '.join(unknown)}; options: {', '.join(OPTIONS)}")
+    _known(options, OPTIONS)
     if not isinstance(cluster, Cluster):
-        raise TypeError(f"cluster must be a pdlsim.Cluster, got {type(cluster).__name__}")
+        raise ArgumentTypeError(f"cluster must be a pdlsim.Cluster, got {type(cluster).__name__}")
     gpu = cluster.device == "gpu"
     return PredictConfig(
         nodes=cluster.nodes,
@@ -67,6 +72,30 @@ def _config(
         profile=str(profile) if isinstance(profile, Path) else profile,
         **options,
     )
+
+
+def _known(options: Mapping[str, Any], known: Iterable[str]) -> None:
+    """Refuse an option name that is none of ``known`` (a typo would else be ignored or fail
+    deep inside)."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ArgumentTypeError(
+            f"unknown option(s) {', '.join(unknown)}; options: {', '.join(known)}"
+        )
+
+
+def _counts(name: str, values: int | Iterable[int]) -> tuple[int, ...]:
+    """One integer or a non-empty list of them, as a tuple of ints."""
+    if isinstance(values, (int, float)) or type(values).__module__ == "numpy":
+        return (check_integer(name, values),)
+    return check_integers(name, values)
+
+
+# pdlsim.collective's options: the flags of ``pdlsim collective``, and how each is checked.
+COLLECTIVE_OPTIONS = {
+    "node": check_text, "gpus": check_integer, "network": check_text,
+    "hardware": check_text, "algorithm": check_text, "protocol": check_text,
+}  # fmt: skip
 
 
 def predict(
@@ -83,7 +112,7 @@ def predict(
     :class:`Profile`; the packaged default if None). ``trace`` writes a Chrome trace of the
     simulated timeline. Returns the ``pdlsim predict --json`` document."""
     cfg = _config(workload, cluster or Cluster.cpus(1), batch, profile, options)
-    return run_prediction(cfg, trace=None if trace is None else str(trace))
+    return run_prediction(cfg, trace=None if trace is None else check_text("trace", trace))
 
 
 def collective(
@@ -96,8 +125,11 @@ def collective(
     on ``nodes`` GPU nodes, as ``pdlsim collective --json`` prints it: per size the time,
     algorithm and bus bandwidths and the algorithm NCCL would choose. Options are the
     command's flags with underscores (``node="dgx-a100"``, ``gpus=4``, ``network=...``)."""
-    listed = [sizes] if isinstance(sizes, int) else list(sizes)
-    return collective_document(op.replace("-", "_"), listed, nodes=nodes, **options)
+    _known(options, COLLECTIVE_OPTIONS)
+    checked = {k: None if v is None else COLLECTIVE_OPTIONS[k](k, v) for k, v in options.items()}
+    op = check_text("op", op, "'allreduce'").replace("-", "_")
+    listed = list(_counts("sizes", sizes))
+    return collective_document(op, listed, nodes=check_integer("nodes", nodes), **checked)
 
 
 def sweep(
@@ -114,11 +146,18 @@ def sweep(
     """Predict every (nodes, ranks per node, batch): one row each, the columns of ``pdlsim
     sweep``'s CSV. ``per_node`` counts GPUs per node when ``gpus``, else CPU processes per
     node running ``threads`` threads each. The profile is loaded once for the whole table."""
-    nodes, per_node, batches = tuple(nodes), tuple(per_node), tuple(batches)
+    nodes, per_node = _counts("nodes", nodes), _counts("per_node", per_node)
+    batches = _counts("batches", batches)
     for name, values in (("nodes", nodes), ("per_node", per_node), ("batches", batches)):
-        if not values or any(int(v) != v or v < 1 for v in values):
-            raise UserError(f"sweep: {name} must be a non-empty list of positive integers")
+        if min(values) < 1:
+            raise UserError(
+                f"sweep: {name} must be a non-empty list of positive integers, got {min(values)}"
+            )
+    threads = check_integer("threads", threads)
     profile, _ = resolve_profile(profile)
-    first = Cluster.gpus(1, per_node[0]) if gpus else Cluster.cpus(1, per_node[0], threads)
+    if check_flag("gpus", gpus):
+        first = Cluster.gpus(1, per_node[0])
+    else:
+        first = Cluster.cpus(1, per_node[0], threads)
     base = _config(workload, first, batches[0], profile, options)
     return _sweep(replace(base), nodes, per_node, batches)

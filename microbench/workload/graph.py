@@ -251,8 +251,7 @@ def _build(doc: Any, source: str) -> Workload:
             "allowed: name, input_shape, layers, description"
         )
     name = doc.get("name", Path(source).stem if source.startswith("workload file") else "custom")
-    if not isinstance(name, str) or not name:
-        raise WorkloadError(f"{source}: 'name' must be a non-empty string")
+    name = _checked_name(name, source)
     description = doc.get("description", "")
     if not isinstance(description, str):
         raise WorkloadError(f"{source}: 'description' must be a string")
@@ -352,6 +351,28 @@ def _shape(value: Any, source: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+MAX_NAME_CHARS = 200  # a workload's or a layer's name: each error and table row prints it
+
+
+def _checked_name(name: Any, where: str) -> str:
+    """A workload's or a layer's ``name``: a non-empty string of at most
+    :data:`MAX_NAME_CHARS` printable characters, as the one-line errors and the tables that name
+    it need (a newline or a terminal escape would break them; a bidi override disguise them)."""
+    if not isinstance(name, str) or not name:
+        raise WorkloadError(f"{where}: 'name' must be a non-empty string")
+    if not name.isprintable():
+        bad = next(c for c in name if not c.isprintable())
+        raise WorkloadError(
+            f"{where}: 'name' {ascii(name)[:60]} holds the unprintable character "
+            f"{ascii(bad)}; use letters, digits and punctuation"
+        )
+    if len(name) > MAX_NAME_CHARS:
+        raise WorkloadError(
+            f"{where}: 'name' is {len(name):,} characters long; give at most {MAX_NAME_CHARS}"
+        )
+    return name
+
+
 def _parse_layer(index: int, raw: Any, source: str) -> Layer:
     if not isinstance(raw, Mapping):
         raise WorkloadError(f"{source}: layer {index} must be an object with a 'kind'")
@@ -360,9 +381,7 @@ def _parse_layer(index: int, raw: Any, source: str) -> Layer:
         raise WorkloadError(
             f"{source}: layer {index}: unknown kind {kind!r}; known kinds: {', '.join(LAYER_KINDS)}"
         )
-    name = raw.get("name", f"{kind}{index}")
-    if not isinstance(name, str) or not name:
-        raise WorkloadError(f"{source}: layer {index} ({kind}): 'name' must be a string")
+    name = _checked_name(raw.get("name", f"{kind}{index}"), f"{source}: layer {index} ({kind})")
     where = f"{source}: layer {index} ({name})"
     allowed = KIND_SETTINGS[kind]
     unknown = set(raw) - set(allowed) - {"kind", "name", "inputs"}

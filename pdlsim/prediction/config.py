@@ -6,9 +6,18 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from microbench.argtypes import (
+    check_flag,
+    check_integer,
+    check_integers,
+    check_number,
+    check_numbers,
+    check_text,
+)
 from microbench.errors import UserError
 from pdlsim.costmodel.presets import MAX_TIME_S, RATE_RANGE_BYTES_PER_S
 
@@ -118,12 +127,62 @@ class PredictConfig:
     hardware: str | None = None  # a file overlaying the packaged presets and assumptions
     allow_oversubscribed_memory: bool = False  # predict a layout that does not fit anyway
 
+    def __post_init__(self) -> None:
+        for name, value in checked_types(self).items():
+            object.__setattr__(self, name, value)
+
     def to_dict(self) -> dict[str, Any]:
         """The settings as the JSON document's ``config``: a workload or a profile given as an
         object appears by its name."""
         model = self.model if isinstance(self.model, str) else self.model.name
         profile = self.profile if self.profile is None or isinstance(self.profile, str) else "given"
         return asdict(replace(self, model=model, profile=profile))
+
+
+# What a setting of each declared type must be (microbench.argtypes), so that a script's
+# ``batch="32"`` or ``overlap="no"`` is one line naming the setting, not a failure deep in the
+# simulator or a wrong value taken. ``model`` and ``profile`` are checked where they are loaded
+# (Workload.load, resolve_profile).
+_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "int": check_integer,
+    "int | None": check_integer,
+    "float": check_number,
+    "float | None": check_number,
+    "bool": check_flag,
+    "str": check_text,
+    "str | None": check_text,
+    "tuple[float, float] | None": lambda name, v: check_numbers(name, v, 2),
+    "tuple[int, int] | None": lambda name, v: check_integers(name, v, 2),
+    "tuple[float, ...] | None": check_numbers,
+}
+CHECKED_ELSEWHERE = frozenset({"model", "profile"})
+
+# How the settings given as text are spelled, for the error that refuses another type.
+_EXAMPLES = {
+    "inter_bw": "'25GB/s'", "checkpoint_bw": "'2GB/s'", "inter_lat": "'2us'",
+    "checkpoint_latency": "'1ms'", "step_time": "'60ms'", "mtbf": "'5000h'",
+    "restart_time": "'10min'", "checkpoint_every": "'auto' or '500'",
+}  # fmt: skip
+
+
+def checked_types(cfg: PredictConfig) -> dict[str, Any]:
+    """The settings of ``cfg`` whose value is not in its declared type's canonical form, in
+    that form (a numpy integer as an int, a list as a tuple); an
+    :class:`~microbench.argtypes.ArgumentTypeError` for a value of another type."""
+    changed = {}
+    for f in fields(cfg):
+        value = given = getattr(cfg, f.name)
+        if f.name in CHECKED_ELSEWHERE or (value is None and str(f.type).endswith("None")):
+            continue
+        if f.name == "checkpoint_every" and type(value) is int:
+            value = str(value)  # a number of steps, as the flag spells it
+        if f.type in ("str", "str | None"):
+            checked = check_text(f.name, value, _EXAMPLES.get(f.name, ""))
+        else:
+            checked = _CHECKS[str(f.type)](f.name, value)
+        if checked is not given:
+            changed[f.name] = checked
+    return changed
 
 
 # The profile a prediction uses without --profile: the first of these that is packaged (else

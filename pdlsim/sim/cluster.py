@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from microbench.argtypes import check_integer, check_numbers
 from microbench.workload import Workload
 from pdlsim.costmodel.training import Training
 
@@ -88,6 +89,12 @@ class Cluster:
     speeds: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        counts = {"nodes": self.nodes, "ranks_per_node": self.ranks_per_node,
+                  "threads_per_rank": self.threads_per_rank}  # fmt: skip
+        for name, value in counts.items():  # a script's "2", 2.5 or numpy int: one line
+            object.__setattr__(self, name, check_integer(name, value))
+        if self.speeds is not None:
+            object.__setattr__(self, "speeds", check_numbers("speeds", self.speeds))
         if self.nodes < 1:
             raise ConfigError(f"a cluster needs at least 1 node, got {self.nodes}")
         if self.ranks_per_node < 1:
@@ -96,7 +103,7 @@ class Cluster:
             )
         if self.threads_per_rank < 1:
             raise ConfigError(f"need at least 1 thread per rank, got {self.threads_per_rank}")
-        if self.device not in DEVICES:
+        if not isinstance(self.device, str) or self.device not in DEVICES:
             raise ConfigError(f"device must be 'cpu' or 'gpu', got {self.device!r}")
         if self.speeds is not None:
             if len(self.speeds) != self.ranks:
@@ -109,11 +116,12 @@ class Cluster:
 
     @classmethod
     def gpus(cls, nodes: int, gpus_per_node: int) -> Cluster:
-        return cls(nodes, gpus_per_node, 1, "gpu")
+        return cls(nodes, check_integer("gpus_per_node", gpus_per_node), 1, "gpu")
 
     @classmethod
     def cpus(cls, nodes: int, procs_per_node: int = 1, threads: int = 1) -> Cluster:
-        return cls(nodes, procs_per_node, threads, "cpu")
+        procs = check_integer("procs_per_node", procs_per_node)
+        return cls(nodes, procs, check_integer("threads", threads), "cpu")
 
     @property
     def ranks(self) -> int:

@@ -40,6 +40,7 @@ import numpy as np
 from microbench.errors import UserError
 from microbench.fileio import atomic_write_bytes
 from microbench.machine import utc_now
+from pdlsim.train.checkpoint_header import header_problem
 from pdlsim.train.config import TrainConfig
 
 FORMAT = "pdlsim.checkpoint"
@@ -165,9 +166,9 @@ def _check_header(path: Path, doc: Any) -> dict[str, Any]:
     missing = [key for key in _HEADER_KEYS if key not in doc]
     if missing:
         raise CheckpointError(path, f"header lacks {', '.join(missing)}")
-    position = doc["position"]
-    if not all(isinstance(position.get(k), int) for k in ("epoch", "step", "global_step")):
-        raise CheckpointError(path, "position needs integer epoch, step and global_step")
+    problem = header_problem(doc)
+    if problem is not None:
+        raise CheckpointError(path, f"{problem} (was it edited?)")
     return doc
 
 
@@ -207,13 +208,16 @@ def load_checkpoint(path: Path) -> Checkpoint:
     for name, array in arrays.items():
         if array.shape != params.shape:
             raise CheckpointError(path, f"{name} {array.shape} does not match params")
+    for name, array in (("params", params), (RUNNING, running), *arrays.items()):
+        if array.dtype.kind != "f" or not np.all(np.isfinite(array)):
+            raise CheckpointError(path, f"{name} hold values that are not finite numbers")
     return Checkpoint(header, params, arrays, path, running)
 
 
-def _flag(flag: str, value: Any) -> str:
+def _flag(flag: str, value: Any, exact: bool = False) -> str:
     if isinstance(value, bool):
         return flag if value else f"no {flag}"
-    return f"{flag} {'(default)' if value is None else value}"
+    return f"{flag} {'(default)' if value is None else repr(value) if exact else value}"
 
 
 def check_resumable(
@@ -228,6 +232,9 @@ def check_resumable(
     if differ:
         was = " ".join(_flag(RESUME_MUST_MATCH[k], saved.get(k)) for k in differ)
         asked = " ".join(_flag(RESUME_MUST_MATCH[k], now[k]) for k in differ)
+        if was == asked:  # alike but for their types (an edited header's "1" for 1)
+            was = " ".join(_flag(RESUME_MUST_MATCH[k], saved.get(k), True) for k in differ)
+            asked = " ".join(_flag(RESUME_MUST_MATCH[k], now[k], True) for k in differ)
         raise UserError(
             f"--resume: {path} was written with {was}, not {asked}; give the same settings to "
             "resume it, or train into a new --out"
@@ -247,12 +254,21 @@ def check_resumable(
 
 
 def restore(
-    path: Path, config: TrainConfig, workload: dict, net: Any, opt: Any, order: Any
-) -> Checkpoint:
+    path: Path, config: TrainConfig, workload: dict, net: Any, opt: Any, order: Any,
+    steps: int | None = None, phases: tuple[str, ...] = (),
+) -> Checkpoint:  # fmt: skip
     """Load ``path`` into the network's weights, the optimizer's state and the data-order
-    generator ``order`` (a numpy Generator), checking first that it continues this run."""
+    generator ``order`` (a numpy Generator), checking first that it continues this run: of
+    ``steps`` per epoch (where given), its sums timing ``phases``."""
     ckpt = load_checkpoint(path)
     check_resumable(ckpt.header, config, workload, ckpt.path)
+    if steps is not None and ckpt.step >= steps:
+        raise CheckpointError(
+            ckpt.path, f"position step {ckpt.step} is past the epoch's {steps} steps"
+        )
+    missing = [name for name in phases if name not in ckpt.header["epoch_sums"]["phases_s"]]
+    if missing:
+        raise CheckpointError(ckpt.path, f"epoch_sums' phases_s lacks {', '.join(missing)}")
     if ckpt.params.shape != tuple(net.params.shape):
         raise CheckpointError(
             ckpt.path, f"{ckpt.params.size} weights, but the network has {net.params.size}"

@@ -161,7 +161,7 @@ def train(
     result = TrainResult(config=config, run_dir=run_dir)
     first_epoch, first_step, carried, resumed_from = 0, 0, None, None
     if resume is not None:
-        ckpt = restore(resume, config, workload.to_dict(), net, opt, order)
+        ckpt = restore(resume, config, workload.to_dict(), net, opt, order, steps, PHASES)
         resumed_from = {"checkpoint": ckpt.path.name, "global_step": ckpt.global_step}
         result.epochs = [EpochResult(**doc) for doc in ckpt.header["epochs"]]
         first_epoch, first_step = ckpt.epoch, ckpt.step

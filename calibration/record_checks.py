@@ -1,0 +1,120 @@
+"""What ``pdlsim calibrate --from`` refuses in a run directory before fitting anything.
+
+A records file checks only its header and that each line is a JSON object with a ``type``
+(:mod:`microbench.records`); the fitters then read the measurement records' fields. A record
+edited by hand or written by another tool could lack ``benchmark`` (a ``KeyError`` deep in
+pandas), hold ``samples`` that are not a list of numbers (a numpy conversion error) or negative
+times (fitted silently into a profile that predicts nonsense). And a directory that pools the
+records of two different machines would fit one profile to both. Each is refused here with
+one line naming the file, the record and what to fix.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from microbench.errors import UserError
+
+__all__ = ["MACHINE_IDENTITY", "check_measurements", "check_one_machine"]
+
+# What must agree for records to describe one machine. Not the host name: the ranks of a
+# cluster run land on other nodes of one partition from one srun to the next.
+MACHINE_IDENTITY = ("machine.cpu_model", "machine.logical_cores", "machine.arch")
+
+_TEXT_FIELDS = ("benchmark", "name")
+
+
+def _record(frame: pd.DataFrame, row: int, where: str) -> str:
+    """The ``row``-th record of ``frame`` as an error names it: its file, and its place among
+    that file's measurement records."""
+    if "source" in frame:
+        source = f"{where}/{frame['source'].iloc[row]}"
+        nth = int(frame.groupby("source", sort=False).cumcount().iloc[row]) + 1
+    else:
+        source, nth = where, row + 1
+    named = " ".join(str(frame[c].iloc[row]) for c in _TEXT_FIELDS if c in frame)
+    return f"{source}: measurement record {nth} ({named or 'unnamed'})"
+
+
+def _bad_sample(samples: Any) -> str | None:
+    """Why ``samples`` is no list of times (None when it is one)."""
+    if not isinstance(samples, list) or not samples:
+        return f"'samples' must be a non-empty list of times, got {str(samples)[:40]}"
+    for value in samples:
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            return f"'samples' holds {str(value)[:40]!r}, not a number"
+        if not (math.isfinite(value) and value >= 0):
+            return f"'samples' holds {value}: times must be finite and >= 0"
+    return None
+
+
+def check_measurements(frame: pd.DataFrame, where: str) -> None:
+    """Every measurement record of ``frame`` (:func:`microbench.records.load_dataframe`) has a
+    string ``benchmark`` and ``name``, ``params`` as an object and ``samples`` as a non-empty
+    list of finite, non-negative numbers; a one-line :class:`UserError` for the first that
+    does not."""
+    for column in (*_TEXT_FIELDS, "samples"):
+        if column not in frame:
+            raise UserError(
+                f"{where}: measurement records without a '{column}' field; these are not "
+                "pdlsim bench records, or were edited: re-run the benchmark"
+            )
+    for column in _TEXT_FIELDS:
+        wrong = ~frame[column].map(lambda v: isinstance(v, str) and bool(v))
+        if wrong.any():
+            row = int(np.flatnonzero(wrong.to_numpy())[0])
+            value = frame[column].iloc[row]
+            missing = value is None or (isinstance(value, float) and math.isnan(value))
+            got = "it has none" if missing else f"got {value!r}"
+            raise UserError(
+                f"{_record(frame, row, where)}: '{column}' must be a non-empty string, {got}; "
+                "re-run the benchmark"
+            )
+    if "params" in frame:  # json_normalize flattens an object into params.*; what is left
+        wrong = frame["params"].notna()  # is a params that was no object
+        if wrong.any():
+            row = int(np.flatnonzero(wrong.to_numpy())[0])
+            raise UserError(f"{_record(frame, row, where)}: 'params' must be an object; re-run it")
+    samples = frame["samples"]
+    if _all_times(samples):
+        return
+    for row, value in enumerate(samples):
+        problem = _bad_sample(value)
+        if problem is not None:
+            raise UserError(f"{_record(frame, row, where)}: {problem}; re-run the benchmark")
+
+
+def _all_times(samples: pd.Series) -> bool:
+    """The quick check of every sample at once: all lists of finite numbers >= 0."""
+    if not samples.map(lambda v: isinstance(v, list) and len(v) > 0).all():
+        return False
+    try:
+        flat = np.fromiter(itertools.chain.from_iterable(samples), dtype=float)
+    except (TypeError, ValueError):
+        return False
+    if any(isinstance(v, bool) for v in itertools.chain.from_iterable(samples)):
+        return False
+    return bool(np.all(np.isfinite(flat)) and np.all(flat >= 0))
+
+
+def check_one_machine(frame: pd.DataFrame, where: str) -> None:
+    """The records of ``frame`` come from one kind of machine (:data:`MACHINE_IDENTITY`); a
+    one-line :class:`UserError` naming two files that disagree."""
+    for key in MACHINE_IDENTITY:
+        if key not in frame or "source" not in frame:
+            continue
+        per_file = frame[["source", key]].dropna().drop_duplicates()
+        values = per_file[key].astype(str).unique()
+        if len(values) > 1:
+            first = per_file[per_file[key].astype(str) == values[0]]["source"].iloc[0]
+            other = per_file[per_file[key].astype(str) == values[1]]["source"].iloc[0]
+            raise UserError(
+                f"{where}: records of two machines ({key[8:]} {values[0]!r} in {first}, "
+                f"{values[1]!r} in {other}); calibrate each machine's records on their own"
+            )
