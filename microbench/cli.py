@@ -253,13 +253,17 @@ def step_counts(
 
 
 def add_sampling_arguments(
-    parser: argparse.ArgumentParser, full: SamplingPolicy, quick: SamplingPolicy
+    parser: argparse.ArgumentParser,
+    full: SamplingPolicy,
+    quick: SamplingPolicy,
+    quick_takes: str = "seconds, not minutes",
 ) -> None:
-    """``--quick``, ``--target`` and ``--time-cap``, with the policies' values in the help."""
+    """``--quick``, ``--target`` and ``--time-cap``, with the policies' values in the help;
+    ``quick_takes``: how long a quick run takes, as the help says it."""
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="fewer sizes and samples, for a smoke test or a first look (seconds, not minutes)",
+        help=f"fewer sizes and samples, for a smoke test or a first look ({quick_takes})",
     )
     parser.add_argument(
         "--target",

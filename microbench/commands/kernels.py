@@ -64,7 +64,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--seed", type=int_at_least(0), default=0,
                         help="order of the points (default 0)")  # fmt: skip
     add_output_arguments(parser, RECORDS_FILE)
-    add_sampling_arguments(parser, FULL_POLICY, QUICK_POLICY)
+    # a quick grid still spans every kernel's sizes, so it is the slowest quick benchmark
+    add_sampling_arguments(parser, FULL_POLICY, QUICK_POLICY,
+                           "about a minute per thread count on a 2-core VM")  # fmt: skip
     return parser
 
 
