@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from pdlsim.cli.main import main as pdlsim_main
 
 REPO = Path(__file__).resolve().parent.parent
 MPI_TIMEOUT_S = 120
@@ -25,6 +29,19 @@ def run_pdlsim(
         cwd=cwd,
         env={**os.environ, **(env or {})},
     )
+
+
+def pdlsim_here(*args: str) -> subprocess.CompletedProcess:
+    """``pdlsim ARGS`` run in this process, as :func:`run_pdlsim` reports it (status, stdout,
+    stderr), without a new interpreter's second of imports: for the answers of commands that
+    start no process and touch no process-wide state (a prediction, a refusal)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = pdlsim_main(list(args))
+        except SystemExit as usage:  # argparse's own errors
+            status = usage.code if isinstance(usage.code, int) else 2
+    return subprocess.CompletedProcess(["pdlsim", *args], status, out.getvalue(), err.getvalue())
 
 
 def mpiexec() -> str:
@@ -88,4 +105,4 @@ def no_inherited_rank(monkeypatch):
 
 @pytest.fixture
 def pdlsim_cli():
-    return run_pdlsim
+    return pdlsim_here

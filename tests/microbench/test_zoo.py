@@ -10,7 +10,7 @@ from microbench.kernels.calls import step_calls
 from microbench.nn import Network
 from microbench.workload import ZOO, Workload, WorkloadError, load_workload
 from pdlsim.prediction.memory import activation_bytes_per_sample
-from tests.conftest import run_pdlsim
+from tests.conftest import pdlsim_here, run_pdlsim
 
 # Parameter counts as published by the reference implementations (torchvision; Hugging Face
 # BertForMaskedLM of bert-base-uncased and bert-large-uncased; GPT-2 small with its output
@@ -253,11 +253,11 @@ def test_a_token_network_at_another_sequence_length_keeps_its_weights():
 def test_predict_takes_a_token_count():
     args = ("predict", "--nodes", "1", "--gpus", "1", "--model", "bert-base", "--batch", "8",
             "--json", "--dataset-samples", "1000")  # fmt: skip
-    full, short = run_pdlsim(*args), run_pdlsim(*args, "--tokens", "128")
+    full, short = pdlsim_here(*args), pdlsim_here(*args, "--tokens", "128")
     assert full.returncode == short.returncode == 0, short.stderr
     assert json.loads(short.stdout)["config"]["tokens"] == 128
     assert json.loads(short.stdout)["step_time_s"] < json.loads(full.stdout)["step_time_s"] / 3
-    bad = run_pdlsim("predict", "--nodes", "1", "--model", "cnn", "--tokens", "16")
+    bad = pdlsim_here("predict", "--nodes", "1", "--model", "cnn", "--tokens", "16")
     assert bad.returncode == 2 and "not token ids" in bad.stderr
     assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
 

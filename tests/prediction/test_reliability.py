@@ -17,7 +17,7 @@ from pdlsim.prediction.reliability import (
     format_checkpoint,
     young_interval_s,
 )
-from tests.conftest import run_pdlsim
+from tests.conftest import pdlsim_here
 
 
 def test_cost_young_and_daly_closed_forms():
@@ -64,11 +64,10 @@ def test_plan_report_more_nodes_fail_more_often():
 
 
 def test_predict_reports_checkpoints_and_restarts():
-    result = run_pdlsim(
+    result = pdlsim_here(
         "predict", "--nodes", "64", "--gpus", "4", "--samples", "2", "--iterations", "10",
         "--mtbf", "5000h", "--checkpoint-every", "auto", "--checkpoint-bw", "2GB/s",
         "--checkpoint-latency", "10ms", "--json",
-        timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)["checkpoint"]
@@ -90,7 +89,7 @@ def test_predict_reports_checkpoints_and_restarts():
     ],
 )
 def test_bad_checkpoint_flags_are_one_line_exit_2(args, message):
-    result = run_pdlsim("predict", "--nodes", "1", "--samples", "2", *args, timeout=60)
+    result = pdlsim_here("predict", "--nodes", "1", "--samples", "2", *args)
     assert result.returncode == 2
     assert len(result.stderr.splitlines()) == 1 and message in result.stderr
 

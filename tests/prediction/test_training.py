@@ -15,7 +15,7 @@ from pdlsim.costmodel.presets import GPU_PRESETS
 from pdlsim.costmodel.training import Training
 from pdlsim.prediction.config import PredictConfig
 from pdlsim.prediction.core import run_prediction
-from tests.conftest import run_pdlsim
+from tests.conftest import pdlsim_here
 
 PACKAGED = Path(calibration.__file__).parent / "profiles" / "xeon-2core.json"
 
@@ -85,7 +85,7 @@ def test_precision_and_optimizer_that_cannot_be_priced_are_one_line_errors():
         (("--gpus", "2", "--gpu-preset", "v100", "--precision", "bf16"), "no bf16 tensor cores"),
         (("--precision", "int8"), "invalid choice: 'int8'"),
     ):
-        done = run_pdlsim("predict", "--nodes", "1", "--model", "mlp", *argv)
+        done = pdlsim_here("predict", "--nodes", "1", "--model", "mlp", *argv)
         assert done.returncode == 2 and message in done.stderr, (argv, done.stderr)
         assert "Traceback" not in done.stderr
 
@@ -97,12 +97,12 @@ def test_a_profile_whose_sweep_did_not_time_an_update_refuses_it_on_cpu(tmp_path
         del loops[name]
     older = tmp_path / "older.json"
     older.write_text(json.dumps(doc))
-    done = run_pdlsim("predict", "--nodes", "1", "--model", "mlp", "--profile", str(older),
+    done = pdlsim_here("predict", "--nodes", "1", "--model", "mlp", "--profile", str(older),
                       "--optimizer", "adamw")  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "did not time adam, which a step of mlp calls" in done.stderr
     assert "recalibrate" in done.stderr
-    again = run_pdlsim("predict", "--nodes", "1", "--model", "mlp", "--profile", str(older),
+    again = pdlsim_here("predict", "--nodes", "1", "--model", "mlp", "--profile", str(older),
                        "--optimizer", "momentum")  # fmt: skip
     assert again.returncode == 0, again.stderr
 
@@ -117,7 +117,7 @@ def test_sweep_carries_the_precision_and_optimizer_into_every_row(tmp_path):
     import pandas as pd
 
     training = ("--precision", "bf16", "--optimizer", "adam")
-    done = run_pdlsim("sweep", "--nodes", "1,2", "--gpus", "8", "--model", "gpt2", "--batch", "2",
+    done = pdlsim_here("sweep", "--nodes", "1,2", "--gpus", "8", "--model", "gpt2", "--batch", "2",
                       *training, "--out", str(tmp_path))  # fmt: skip
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(tmp_path / "sweep.csv")

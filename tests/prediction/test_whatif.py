@@ -31,7 +31,7 @@ from pdlsim.sim import (
     simulate_factors,
 )
 from pdlsim.sim.collectives import total_time_s
-from tests.conftest import run_pdlsim
+from tests.conftest import pdlsim_here
 from tests.costmodel.test_model import write_synthetic_profile
 from tests.sim.costs import EXAMPLE
 
@@ -259,10 +259,10 @@ def test_vary_ranks_the_knobs_by_what_their_best_value_buys():
 
 def test_sweep_vary_on_the_command_line(profile_path, tmp_path):
     out = tmp_path / "knobs"
-    run = run_pdlsim("sweep", "--nodes", "8", "--gpus", "4", "--profile", profile_path,
-                     "--network", "eth-25g", "--iterations", "4", "--samples", "1",
-                     "--vary", "network-scale=0.5,2", "--vary", "sync-every=1,4",
-                     "--vary", "overlap=on,off", "--out", str(out), timeout=120)  # fmt: skip
+    run = pdlsim_here("sweep", "--nodes", "8", "--gpus", "4", "--profile", profile_path,
+                      "--network", "eth-25g", "--iterations", "4", "--samples", "1",
+                      "--vary", "network-scale=0.5,2", "--vary", "sync-every=1,4",
+                      "--vary", "overlap=on,off", "--out", str(out))  # fmt: skip
     assert run.returncode == 0, run.stderr
     ranking = pd.read_csv(out / "knob_ranking.csv")
     assert set(ranking["knob"]) == {"network-scale", "sync-every", "overlap"}
