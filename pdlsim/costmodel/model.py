@@ -100,6 +100,7 @@ from pdlsim.costmodel.presets import (
     NetworkPreset,
     NodePreset,
 )
+from pdlsim.costmodel.profile_links import fitted_inter, intra_regimes, link_op, overlap_interval
 from pdlsim.costmodel.stepscale import StepRow, StepScale
 from pdlsim.costmodel.training import Training
 from pdlsim.costmodel.uncertainty import ProfileJitter, perturbed_cost
@@ -111,36 +112,6 @@ __all__ = [
     "ProfileCostModel",
     "ProfileJitter",
 ]
-
-_COLLECTIVE_OPS = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "pingpong")
-
-
-def _link_op(profile: Profile) -> str:
-    """The collective whose fitted alpha/beta the links take: the first of
-    :data:`_COLLECTIVE_OPS` the profile measured (allreduce where it did)."""
-    models = profile.model("collectives").models_
-    return next((o for o in _COLLECTIVE_OPS if o in models), None) or next(iter(models))
-
-
-def _intra_regimes(profile: Profile) -> tuple[CollectiveRegime, ...]:
-    return tuple(profile.model("collectives").models_[_link_op(profile)].regimes_)
-
-
-def fitted_inter(profile: Profile) -> CollectiveRegime | None:
-    """The profile's fitted inter-node link (a regime's ``inter``: ``a_s``, ``b_s_per_byte``),
-    the one the cost model takes when no network is given; None without one."""
-    return next((r.inter for r in _intra_regimes(profile) if r.inter is not None), None)
-
-
-def _overlap_interval(model: OverlapModel, nbytes: int, method: str) -> Interval | None:
-    points = [p for p in model.points_ if p.method == method and "overlap_fraction" in p.intervals]
-    if not points:
-        return None
-    size = min({p.bytes for p in points}, key=lambda b: abs(np.log(max(b, 1) / max(nbytes, 1))))
-    near = [p.intervals["overlap_fraction"] for p in points if p.bytes == size]
-    return Interval(
-        float(np.median([i.low for i in near])), float(np.median([i.high for i in near]))
-    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -223,13 +194,13 @@ class ProfileCostModel(ComputeCost):
             if description is None and workload:  # a file not at hand: compute_time says so
                 with contextlib.suppress(UserError):
                     description = load_workload(workload)
-        regimes = _intra_regimes(profile)
+        regimes = intra_regimes(profile)
         cpu_curves = [r for (d, _), r in sorted(compute.curves_.items()) if d == "cpu"]
         mem_bw = cpu_curves[0].bandwidth_bytes_per_s if cpu_curves else 10e9
         reduce_bw = (gpu.hbm_bandwidth_bytes_per_s if device == "gpu" and gpu else mem_bw) / 3
         prov = {
             "compute": "profile",
-            "intra-node links": f"profile ({_link_op(profile)} alpha/beta)",
+            "intra-node links": f"profile ({link_op(profile)} alpha/beta)",
         }
         inter, source = None, "none"
         fitted = fitted_inter(profile)
@@ -266,7 +237,7 @@ class ProfileCostModel(ComputeCost):
         method = "thread" if "thread" in overlap.methods else "nbc"
         hidden = overlap.hidden_fraction(bucket_bytes, method)
         efficiency = float(np.clip(1.0 if hidden is None else hidden, 0.0, 1.0))
-        overlap_ci = _overlap_interval(overlap, bucket_bytes, method)
+        overlap_ci = overlap_interval(overlap, bucket_bytes, method)
         prov["overlap"] = f"profile ({method} method, {bucket_bytes} B)"
         assumed = dict(ASSUMPTIONS if assumptions is None else assumptions)
         if device == "gpu" and node is not None:  # NCCL on its own stream, not the host's MPI

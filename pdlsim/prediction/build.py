@@ -107,7 +107,8 @@ def build(
     """The cluster, scenario and cost model of a configuration, where the numbers came from,
     and the bytes per rank (``memory``; default :func:`memory_per_rank`): everything refused
     up front (:mod:`pdlsim.prediction.checks`) is refused here, before any simulation."""
-    from pdlsim.costmodel.model import ProfileCostModel, fitted_inter
+    from pdlsim.costmodel.model import ProfileCostModel
+    from pdlsim.costmodel.profile_links import fitted_inter
     from pdlsim.sim import Cluster, Scenario
     from pdlsim.sim.nccl import ALGORITHMS as NCCL_ALGORITHMS
 
