@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from ..cli import (
@@ -120,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
             f"time cap {policy.time_cap_s:g} s; records: {writer.path}",
             flush=True,
         )
-    try:
+    # the writer closes on the way out; a failure before its first record removes the
+    # header-only file it made, so that the retry needs no --append
+    with contextlib.nullcontext() if writer is None else writer:
         results = run_collectives(
             comm,
             args.ops,
@@ -130,13 +133,6 @@ def run(args: argparse.Namespace) -> int:
             writer,
             progress=sys.stdout if root and not args.quiet else None,
         )
-    except BaseException:
-        if writer is not None:  # stopped before its first record: no header-only file left
-            writer.close(failed=True)
-        raise
-    finally:
-        if writer is not None:
-            writer.close()
     if root:
         print(format_summary(summarize(m.to_record() for m in results)))
     return 0

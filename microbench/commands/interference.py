@@ -4,6 +4,7 @@ nonblocking collective and by a communication thread; records to ``DIR/interfere
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -217,7 +218,9 @@ def run(args: argparse.Namespace) -> int:
         print(format_point(point), flush=True)
 
     base = {"ranks": ranks, "ranks_per_node": per_node, "threads": args.threads}
-    try:
+    # the writer closes on the way out; a failure before its first record removes the
+    # header-only file it made, so that the retry needs no --append
+    with contextlib.nullcontext() if writer is None else writer:
         points = run_interference(
             comm,
             args.methods,
@@ -229,13 +232,6 @@ def run(args: argparse.Namespace) -> int:
             progress=show if root and not args.quiet else None,
             skip_thread=skip_thread,
         )
-    except BaseException:
-        if writer is not None:  # stopped before its first record: no header-only file left
-            writer.close(failed=True)
-        raise
-    finally:
-        if writer is not None:
-            writer.close()
     if root and args.quiet:
         print("\n".join([LEGEND, HEADER, *map(format_point, points)]))
     return 0

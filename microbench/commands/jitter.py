@@ -4,6 +4,7 @@ fixed number of times; records to ``DIR/jitter.jsonl`` (rank 0), a summary at th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import socket
 import sys
 import time
@@ -115,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
         )
         if warning is not None:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
-    try:
+    # the writer closes on the way out; a failure before its first record removes the
+    # header-only file it made, so that the retry needs no --append
+    with contextlib.nullcontext() if writer is None else writer:
         step = make_training_step(workload, args.batch)
         gather = make_gather(workload, args.batch)  # untimed before each step, as training
         alone = None
@@ -143,11 +146,4 @@ def run(args: argparse.Namespace) -> int:
             )
             print(format_summary(summary, workload.name, args.batch, args.threads))
             print(f"timer overhead: {overhead.median * 1e9:.0f} ns per sample (median)")
-    except BaseException:
-        if writer is not None:  # stopped before its first record: no header-only file left
-            writer.close(failed=True)
-        raise
-    finally:
-        if writer is not None:
-            writer.close()
     return 0

@@ -189,7 +189,8 @@ class SlicedNetwork:
             buf["recv"] = np.empty(batch * units, np.float32)
             bounds = split_columns(units, self.comm.size)
             counts = [batch * (b - a) for a, b in bounds]
-            buf["layout"] = (bounds, counts, np.cumsum([0, *counts[:-1]]).tolist())
+            displs = np.cumsum([0, *counts[:-1]]).tolist()
+            buf["layout"] = (counts, displs)
             buf["dy"] = xp.empty((batch, hi - lo), np.float32) if training else None
             if not on_host:  # staging for device arrays
                 buf["send"] = np.empty((batch, hi - lo), np.float32)
@@ -199,7 +200,7 @@ class SlicedNetwork:
             full = buf["gathered"] if on_host else buf["gathered_host"]
             buf["pieces"] = [
                 (full[:, a:b], buf["recv"][start : start + n].reshape(batch, b - a))
-                for (a, b), n, start in zip(bounds, counts, buf["layout"][2], strict=True)
+                for (a, b), n, start in zip(bounds, counts, displs, strict=True)
             ]
         last: Buffers = {"dlogits": xp.empty((batch, self.workload.num_classes), np.float32)}
         if self._nhwc:
@@ -222,7 +223,7 @@ class SlicedNetwork:
         """The whole ``(batch, units)`` activation from every rank's ``(batch, slice)``."""
         self.sync()
         t0 = time.perf_counter()
-        _, counts, displs = buf["layout"]
+        counts, displs = buf["layout"]
         on_host = isinstance(part, np.ndarray)
         send = part if on_host else part.get(out=buf["send"])
         recv = buf["recv"]

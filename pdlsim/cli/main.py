@@ -21,6 +21,7 @@ from microbench.boundary import (
     silence_stdout_if_broken,
     stopped_by_signals,
 )
+from microbench.cli import under_launcher
 from microbench.errors import UserError
 from microbench.threads import quiet_idle_blas_threads, thread_environment_problem
 from pdlsim import __version__
@@ -34,7 +35,7 @@ from pdlsim.cli.predict import add_predict_parser
 from pdlsim.cli.sweep import add_sweep_parser
 from pdlsim.cli.train import add_train_parser
 from pdlsim.cli.validate import add_validate_parser
-from pdlsim.train.launch import Stopped, under_mpi_launcher
+from pdlsim.train.launch import Stopped
 
 
 class _Parser(argparse.ArgumentParser):
@@ -124,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         problem = thread_environment_problem()
         if problem is not None:
             raise UserError(problem)
-        with stopped_by_signals(enabled=not under_mpi_launcher()):  # a rank: its launcher's
+        with stopped_by_signals(enabled=not under_launcher()):  # a rank: its launcher's
             status = int(args.handler(args) or 0)
         return status if flush_stdout("pdlsim") else 2
     except UserError as exc:

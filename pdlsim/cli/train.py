@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from microbench.cli import path_argument
+from microbench.cli import path_argument, under_launcher
 from microbench.errors import UserError
 from microbench.fileio import check_writable, new_run_dir
 from microbench.threads import oversubscription, set_threads, size_numba_pool, too_many_threads
@@ -16,7 +16,7 @@ from pdlsim.cli.options import given
 from pdlsim.cli.train_summary import finish_run
 from pdlsim.prediction.epoch import DATASET_SAMPLES, OTHER_DATASET_SAMPLES
 from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig
-from pdlsim.train.launch import Stopped, launch_ranks, under_mpi_launcher
+from pdlsim.train.launch import Stopped, launch_ranks
 
 if TYPE_CHECKING:
     from pdlsim.train.loop import TrainResult
@@ -279,7 +279,7 @@ def resume_checkpoint(run_dir: Path | None, config: TrainConfig) -> Path:
 
 
 def run_train_command(args: argparse.Namespace) -> int:
-    if under_mpi_launcher():
+    if under_launcher():
         return _run_as_rank(args)
     if args.procs in (None, 1):  # this process trains: numba's pool as asked (warned below)
         size_numba_pool(args.threads)

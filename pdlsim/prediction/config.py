@@ -149,8 +149,8 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "float": check_number,
     "float | None": check_number,
     "bool": check_flag,
-    "str": check_text,
-    "str | None": check_text,
+    "str": lambda name, v: check_text(name, v, _EXAMPLES.get(name, "")),
+    "str | None": lambda name, v: check_text(name, v, _EXAMPLES.get(name, "")),
     "tuple[float, float] | None": lambda name, v: check_numbers(name, v, 2),
     "tuple[int, int] | None": lambda name, v: check_integers(name, v, 2),
     "tuple[float, ...] | None": check_numbers,
@@ -176,10 +176,7 @@ def checked_types(cfg: PredictConfig) -> dict[str, Any]:
             continue
         if f.name == "checkpoint_every" and type(value) is int:
             value = str(value)  # a number of steps, as the flag spells it
-        if f.type in ("str", "str | None"):
-            checked = check_text(f.name, value, _EXAMPLES.get(f.name, ""))
-        else:
-            checked = _CHECKS[str(f.type)](f.name, value)
+        checked = _CHECKS[str(f.type)](f.name, value)
         if checked is not given:
             changed[f.name] = checked
     return changed

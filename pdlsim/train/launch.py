@@ -24,14 +24,7 @@ from microbench.boundary import STOP_SIGNALS, Stopped, raise_stopped
 from microbench.errors import UserError
 from microbench.threads import thread_env
 
-# Set by MPI launchers in every process they start: MPICH/Hydra (PMI), Open MPI, PMIx, Slurm.
-_LAUNCHER_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "SLURM_STEP_NUM_TASKS")
 STOP_GRACE_S = 3.0
-
-
-def under_mpi_launcher() -> bool:
-    """True when this process was started by mpiexec/mpirun/srun as one of several ranks."""
-    return any(name in os.environ for name in _LAUNCHER_VARS)
 
 
 def find_mpiexec() -> str:
