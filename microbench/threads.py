@@ -101,12 +101,49 @@ def size_numba_pool(threads: int) -> None:
         os.environ.setdefault("NUMBA_NUM_THREADS", str(threads))
 
 
+def _openmp_loaded() -> bool:
+    """Whether a GNU OpenMP runtime is already in this process (Linux; False elsewhere)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return any("libgomp" in line for line in maps)
+    except OSError:
+        return False
+
+
+def prepare_numba_threads() -> None:
+    """Make numba's idle worker threads sleep rather than spin, before numba starts them.
+
+    A training step alternates GEMMs (OpenBLAS's pthreads) with numba loops (numba's pool);
+    with as many threads as cores, a pool that busy-waits while idle steals the cores the
+    other one needs. So numba uses the GNU OpenMP layer with ``OMP_WAIT_POLICY=PASSIVE`` (by
+    default its threads spin for milliseconds after each loop, which can make a small
+    network's 2-thread step an order of magnitude slower; evidence: docs/evidence.md,
+    "Compute"). OpenMP reads that when it loads, when numba starts its pool (its first
+    parallel loop, or :func:`set_threads`); if something else (torch, say) loaded it before,
+    with its default policy, numba's workqueue layer (whose threads sleep) is used instead.
+    An explicit ``NUMBA_THREADING_LAYER``, ``NUMBA_THREADING_LAYER_PRIORITY`` or
+    ``OMP_WAIT_POLICY`` wins. Once numba's pool runs this changes nothing, so it is called
+    both where the CPU kernels load and before :func:`set_threads` starts the pool."""
+    if "NUMBA_THREADING_LAYER" not in os.environ:
+        try:
+            import numba
+        except ImportError:
+            return
+        numba.config.THREADING_LAYER = "default"  # the first available of the priority list
+        if "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
+            passive = "OMP_WAIT_POLICY" in os.environ or not _openmp_loaded()
+            first = ["omp", "workqueue"] if passive else ["workqueue", "omp"]
+            numba.config.THREADING_LAYER_PRIORITY = [*first, "tbb"]
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def set_threads(threads: int) -> None:
     """Use ``threads`` threads in BLAS and numba from now on, in this process. The BLAS that
     numba's compiled ``np.dot`` calls (scipy's, inside numba's own threads: attention's heads)
     keeps one thread, so that its threads do not nest inside numba's."""
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
+    prepare_numba_threads()  # before numba.set_num_threads below starts numba's pool
     from threadpoolctl import ThreadpoolController
 
     _blas_limiters.clear()

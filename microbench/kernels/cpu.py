@@ -1,14 +1,8 @@
 """CPU kernel set: numba loops (:mod:`microbench.kernels.loops`) and numpy's BLAS for GEMMs.
 
-Thread pools. A training step alternates GEMMs (OpenBLAS's pthreads) with numba loops (numba's
-pool); with as many threads as cores, a pool that busy-waits while idle steals the cores the
-other one needs. So importing this module makes numba use the GNU OpenMP layer with
-``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep; by default they spin for milliseconds after
-each loop, which can make a small network's 2-thread step an order of magnitude slower;
-evidence: docs/evidence.md, "Compute"). OpenMP reads that when it loads, at numba's first
-parallel loop; if something else (torch, say) loaded it before, with its default policy, numba's
-workqueue layer (whose threads sleep) is used instead. An explicit ``NUMBA_THREADING_LAYER``,
-``NUMBA_THREADING_LAYER_PRIORITY`` or ``OMP_WAIT_POLICY`` wins.
+Thread pools. Importing this module makes numba's idle threads sleep rather than spin
+(:func:`microbench.threads.prepare_numba_threads`), so that they leave the cores to OpenBLAS's
+threads between loops.
 
 OpenBLAS spins too, about 0.1 s after each GEMM, and that can only be changed before numpy
 loads it: start processes with ``OPENBLAS_THREAD_TIMEOUT=4`` so that its idle threads sleep at
@@ -19,7 +13,6 @@ second thread (see ``benchmarks/train_vs_torch.py --openblas-timeout``).
 from __future__ import annotations
 
 import math
-import os
 
 import numba
 import numpy as np
@@ -29,24 +22,9 @@ from microbench.kernels.callspec import call_features
 from microbench.kernels.loops_tokens import attention_scale
 from microbench.kernels.policy import col2im_chunk_samples, runs_parallel
 from microbench.kernels.shapes import conv_output_hw, pool_output_hw
+from microbench.threads import prepare_numba_threads
 
-
-def _openmp_loaded() -> bool:
-    """Whether a GNU OpenMP runtime is already in this process (Linux; False elsewhere)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            return any("libgomp" in line for line in maps)
-    except OSError:
-        return False
-
-
-if "NUMBA_THREADING_LAYER" not in os.environ:
-    numba.config.THREADING_LAYER = "default"  # the first available of the priority list
-    if "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
-        passive = "OMP_WAIT_POLICY" in os.environ or not _openmp_loaded()
-        first = ["omp", "workqueue"] if passive else ["workqueue", "omp"]
-        numba.config.THREADING_LAYER_PRIORITY = [*first, "tbb"]
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+prepare_numba_threads()
 
 
 def _loop(name: str, work: int):
