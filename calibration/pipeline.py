@@ -50,8 +50,13 @@ def load_measurements(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     path = Path(run_dir)
     try:
         frame = load_dataframe(path, type="measurement")
-    except (FileNotFoundError, RecordsError) as exc:
+    except FileNotFoundError as exc:
         raise UserError(f"cannot read records from {path}: {exc}") from None
+    except RecordsError as exc:  # a damaged or foreign file among the run's: say the way on
+        raise UserError(
+            f"cannot read records from {path}: {exc}; move that file out of the directory, "
+            "or re-run its benchmark"
+        ) from None
     if frame.empty:
         raise UserError(f"{path} holds no measurement records; run 'pdlsim bench' first")
     check_measurements(frame, str(path))

@@ -31,11 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from microbench.argtypes import check_text
-from microbench.fileio import DuplicateKeyError, atomic_write_text, loads_strict, special_kind
+from microbench.fileio import (
+    TRAILING_SLASH,
+    DuplicateKeyError,
+    atomic_write_text,
+    json_problem,
+    loads_strict,
+    special_kind,
+)
 from microbench.machine import utc_now
 from microbench.records import RecordsError, is_records_file, read_records
 
-from .profile_checks import REQUIRED_MODEL_KEYS, ProfileError, check_models, check_tree
+from .profile_checks import REQUIRED_MODEL_KEYS, ProfileError, check_models, check_tree, shown
 from .profile_schema import BUILD_ERRORS, explain_build_failure, reference_fields
 
 __all__ = [
@@ -258,12 +265,28 @@ def _check_document(source: str, doc: Any, by_example: bool = True) -> None:
         keys = ("path", "benchmark", "records", "sha256")
         if not isinstance(item, Mapping) or any(k not in item for k in keys):
             raise ProfileError(source, f"sources[{i}]", f"needs {', '.join(keys)}")
+        _check_source(source, f"sources[{i}]", item)
     check_tree(source, doc["machine"], "machine")
     check_models(source, doc["models"], reference_fields() if by_example else None)
     quality = doc.get("fit_quality") or {}
     if not isinstance(quality, Mapping):
         raise ProfileError(source, "fit_quality", "must be an object")
     check_tree(source, quality, "fit_quality")
+
+
+def _check_source(source: str, field: str, item: Mapping[str, Any]) -> None:
+    """A ``sources`` entry as :meth:`Source.from_dict` reads it: text fields and a count of
+    records (a null, a string or 1e999 there was a TypeError or OverflowError traceback)."""
+    for key in ("path", "benchmark", "sha256"):
+        if not isinstance(item[key], str):
+            raise ProfileError(
+                source, f"{field}.{key}", f"must be a string, got {shown(item[key])}"
+            )
+    count = item["records"]
+    if type(count) is not int or count < 0:
+        raise ProfileError(
+            source, f"{field}.records", f"must be a whole number >= 0, got {shown(count)}"
+        )
 
 
 def _profiles_dir() -> Any:
@@ -292,13 +315,18 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
             return _load_file(_profiles_dir() / f"{key}.json", f"profile '{key}'")
         names = ", ".join(packaged_profile_names()) or "none are installed"
         raise ProfileError(key, "", f"no such profile file or packaged profile (packaged: {names})")
+    if path.is_file() and key.endswith(os.sep):  # Path drops a slash the system keeps
+        raise ProfileError(key, "", TRAILING_SLASH)
     if not path.is_file():
         kind = special_kind(path)
-        problem = f"is {kind}, not a profile file" if kind else "no such file"
-        raise ProfileError(key, "", problem)
+        broken = path.is_symlink() and not path.exists()  # to nowhere, or a loop of links
+        problem = "a link that leads to no file" if broken else "no such file"
+        raise ProfileError(key, "", f"is {kind}, not a profile file" if kind else problem)
     try:
         return _load_file(path, key)
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise ProfileError(key, "", json_problem(exc)) from None
+    except OSError as exc:
         raise ProfileError(key, "", f"cannot read it ({exc})") from None
 
 
@@ -324,7 +352,6 @@ def _parse(source: str, text: str, by_example: bool = True) -> Profile:
             source, "", f"the key '{exc.key}' is given twice in one object; keep one"
         ) from None
     except json.JSONDecodeError as exc:
-        raise ProfileError(
-            source, "", f"not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from None
+        problem = json_problem(exc).replace("not valid JSON", "not JSON")  # its old wording
+        raise ProfileError(source, "", problem) from None
     return Profile.from_dict(doc, source, by_example=by_example)

@@ -41,6 +41,14 @@ def _measurements(df: pd.DataFrame, benchmark: str, needed: Sequence[str], hint:
     missing = [c for c in needed if c not in rows.columns]
     if missing:
         raise UserError(f"{benchmark!r} records lack the fields {', '.join(missing)}")
+    for column in needed:  # present in some records, left out (or null) in another
+        lacking = rows[column].isna()
+        if lacking.any():
+            source = rows["source"][lacking].iloc[0] if "source" in rows.columns else "records"
+            raise UserError(
+                f"{benchmark!r} records lack {column} in {source} ({int(lacking.sum())} of "
+                f"{len(rows)}); re-run the benchmark"
+            )
     return rows
 
 

@@ -29,6 +29,17 @@ MACHINE_IDENTITY = ("machine.cpu_model", "machine.logical_cores", "machine.arch"
 
 _TEXT_FIELDS = ("benchmark", "name")
 
+# The kind of each ``params`` field the fitters read (``astype(int)``, comparisons, groupings):
+# a string, a null or a bool where a count belongs was a traceback deep in pandas or numpy, or
+# a fit on nonsense. A field a record leaves out is not checked here (the fitter that needs it
+# says so); fields not listed are not read.
+_COUNTS = ("base_n", "batch", "bytes", "elements", "flops", "k", "m", "n", "op_calls", "rank",
+           "ranks", "ranks_per_node", "threads", "total_bytes", "wire_bytes")  # fmt: skip
+_TEXTS = ("device", "direction", "dtype", "kernel", "layout", "method", "model", "moment", "op",
+          "operation", "phase", "statistic", "variant", "workload_json")  # fmt: skip
+_FLAGS = ("in_place", "oversubscribed", "pinned")
+_NUMBERS = ("compute_s_target", "density", "resolution_s", "shift")
+
 
 def _record(frame: pd.DataFrame, row: int, where: str) -> str:
     """The ``row``-th record of ``frame`` as an error names it: its file, and its place among
@@ -81,6 +92,7 @@ def check_measurements(frame: pd.DataFrame, where: str) -> None:
         if wrong.any():
             row = int(np.flatnonzero(wrong.to_numpy())[0])
             raise UserError(f"{_record(frame, row, where)}: 'params' must be an object; re-run it")
+    _check_params(frame, where)
     samples = frame["samples"]
     if _all_times(samples):
         return
@@ -88,6 +100,66 @@ def check_measurements(frame: pd.DataFrame, where: str) -> None:
         problem = _bad_sample(value)
         if problem is not None:
             raise UserError(f"{_record(frame, row, where)}: {problem}; re-run the benchmark")
+
+
+def _absent(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_count(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value) and value >= 0 and float(value).is_integer()
+
+
+_KINDS: dict[str, tuple[Any, str]] = {
+    **{key: (_is_count, "a whole number >= 0") for key in _COUNTS},
+    **{key: (lambda v: isinstance(v, str) and bool(v), "a non-empty string") for key in _TEXTS},
+    **{key: (lambda v: isinstance(v, (bool, np.bool_)), "true or false") for key in _FLAGS},
+    **{key: (lambda v: _is_number(v) and math.isfinite(v), "a number") for key in _NUMBERS},
+}
+
+
+def _whole_column_fine(column: pd.Series, key: str) -> bool:
+    """Whether every value of ``column`` is of ``key``'s kind or absent, decided on the whole
+    column at once where its dtype allows (a calibration holds tens of thousands of records;
+    testing each value takes about a second); False means: test each value."""
+    kind = column.dtype.kind
+    if key in _FLAGS:
+        return kind == "b"
+    if key in _TEXTS:
+        if pd.api.types.infer_dtype(column, skipna=True) not in ("string", "empty"):
+            return False
+        return bool((column.dropna().str.len() > 0).all())
+    if kind in "iu":
+        return key in _NUMBERS or bool((column >= 0).all())
+    if kind != "f":
+        return False
+    values = column.to_numpy()
+    values = values[~np.isnan(values)]
+    if not np.isfinite(values).all():
+        return False
+    return key in _NUMBERS or bool(((values >= 0) & (values == np.floor(values))).all())
+
+
+def _check_params(frame: pd.DataFrame, where: str) -> None:
+    """Each ``params`` field of :data:`_KINDS` that a record holds is of its kind; a one-line
+    :class:`UserError` for the first record whose field is not."""
+    for key, (test, kind) in _KINDS.items():
+        column = f"params.{key}"
+        if column not in frame or _whole_column_fine(frame[column], key):
+            continue
+        wrong = ~frame[column].map(lambda v, test=test: _absent(v) or test(v)).astype(bool)
+        if wrong.any():
+            row = int(np.flatnonzero(wrong.to_numpy())[0])
+            value = frame[column].iloc[row]
+            value = value.item() if isinstance(value, np.generic) else value
+            raise UserError(
+                f"{_record(frame, row, where)}: '{column}' must be {kind}, got {value!r}; "
+                "re-run the benchmark"
+            )
 
 
 def _all_times(samples: pd.Series) -> bool:

@@ -79,6 +79,7 @@ _OS_ADVICE: dict[int, str] = {
     errno.EACCES: "permission denied; give a place you may use",
     errno.EPERM: "operation not permitted; give a place you may use",
     errno.EIO: "input/output error from the device; check the disk or write somewhere else",
+    errno.ELOOP: "a loop of symbolic links; remove the link or give another name",
 }
 
 # Messages numpy gives, as ValueError, for an array whose size does not even fit an integer.

@@ -384,6 +384,12 @@ def out_dir_problem(out: Path, file_name: str, append: bool) -> str | None:
         return f"{target} exists; pass --append to add to it, or choose another --out"
     if target.exists() and not target.is_file():
         return f"{target} exists and is not a file"
+    if target.is_symlink() and not target.exists():  # creating it would follow the link
+        return f"{target} is a link that leads to no file (or a loop); remove it"
+    if target.exists():
+        from .records import append_problem  # here: records imports numpy (see above)
+
+        return append_problem(target)
     return None
 
 

@@ -13,8 +13,10 @@ import contextlib
 import itertools
 import json
 import os
+import signal
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -33,10 +35,11 @@ _KINDS = (
 
 def special_kind(path: str | Path) -> str | None:
     """What ``path`` is ("a FIFO", "a directory", ...) when it exists and is not a regular
-    file (a link is followed), else None."""
+    file (a link is followed), else None: also when it cannot be looked at (a loop of links,
+    a name too long), which the open that follows then reports as the OSError it is."""
     try:
         mode = os.stat(path).st_mode
-    except (FileNotFoundError, NotADirectoryError):
+    except (OSError, ValueError):  # ValueError: a NUL byte in the name
         return None
     return next((kind for test, kind in _KINDS if test(mode)), None)
 
@@ -68,6 +71,40 @@ def _staged(path: Path, data: bytes) -> str:
     return tmp
 
 
+_DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Run the block with Ctrl-C, SIGTERM and SIGHUP held back, then act on any that came.
+
+    A signal's exception raised between a temporary file's creation and its name being noted
+    (the return from the call that made it) would leave the temporary file behind; one raised
+    between two renames of files that belong together would leave half a set. Held back, the
+    signal acts once the files are all in place (or all cleaned up), as it would have a moment
+    later. Only the main thread can set handlers; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous: dict[int, Any] = {}
+    for sig in _DEFERRED:
+        handler = signal.getsignal(sig)
+        if handler not in (signal.SIG_IGN, None):  # None: a handler not set from Python
+            previous[sig] = signal.signal(sig, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(pending):
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, None)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
+
+
 def _atomic_write(path: str | Path, data: bytes, durable: bool) -> None:
     atomic_write_all({Path(path): data}, durable)
 
@@ -78,15 +115,16 @@ def atomic_write_all(files: Mapping[Path, bytes], durable: bool = False) -> None
     into place, so a full disk halfway leaves the old set whole, not a new table beside an old
     plot. ``durable``: the directories are fsynced after the renames too."""
     staged: list[tuple[str, Path]] = []
-    try:
-        for path, data in files.items():
-            staged.append((_staged(Path(path), data), Path(path)))
-        for tmp, path in staged:
-            os.replace(tmp, path)
-    except BaseException:
-        for tmp, _ in staged:
-            Path(tmp).unlink(missing_ok=True)
-        raise
+    with signals_deferred():
+        try:
+            for path, data in files.items():
+                staged.append((_staged(Path(path), data), Path(path)))
+            for tmp, path in staged:
+                os.replace(tmp, path)
+        except BaseException:
+            for tmp, _ in staged:
+                Path(tmp).unlink(missing_ok=True)
+            raise
     if durable:
         for folder in {path.parent for _, path in staged}:
             directory = os.open(folder, os.O_RDONLY)
@@ -182,27 +220,50 @@ def loads_strict(text: str) -> Any:
     return loads(text, object_pairs_hook=_unique_keys)
 
 
+TRAILING_SLASH = "ends in '/' but is a file, not a directory; drop the trailing slash"
+
+
+def json_problem(exc: ValueError) -> str:
+    """What a JSON reader's failure means to the person who wrote the file, with the fix: a
+    byte-order mark or bytes that are not UTF-8 (a file saved by an editor in another encoding)
+    are named as such, rather than in the decoder's terms ("decode using utf-8-sig")."""
+    if isinstance(exc, UnicodeDecodeError):
+        return (
+            f"not UTF-8 text (byte {exc.object[exc.start : exc.start + 1]!r} at offset "
+            f"{exc.start}); save it as UTF-8"
+        )
+    if isinstance(exc, json.JSONDecodeError):
+        if exc.msg.startswith("Unexpected UTF-8 BOM"):
+            return "starts with a UTF-8 byte-order mark (BOM); save it as UTF-8 without one"
+        return f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+    return str(exc)
+
+
 def read_json(path: str | Path, source: str) -> Any:
     """The JSON document in the regular file ``path``, read as :func:`loads_strict` does; any
     problem (missing, not a regular file, unreadable, not JSON, a key given twice) is one
-    :class:`UserError` line starting with ``source``."""
+    :class:`UserError` line starting with ``source``. A name ending in ``/`` must be a
+    directory, as the system has it (Path would drop the slash and read the file)."""
+    text = os.fspath(path)
     path = Path(path)
     kind = special_kind(path)
-    if kind is not None or not path.exists():
-        raise UserError(
-            f"{source}: {'no such file' if kind is None else 'is ' + kind}; give a JSON file"
-        )
+    if kind is None and not path.exists():
+        broken = path.is_symlink()  # a link to nowhere, or a loop of links
+        problem = "is a link that leads to no file" if broken else "no such file"
+        raise UserError(f"{source}: {problem}; give a JSON file")
+    if kind is not None:
+        raise UserError(f"{source}: is {kind}; give a JSON file")
+    if text.endswith(os.sep):
+        raise UserError(f"{source}: {TRAILING_SLASH}")
     try:
         return loads_strict(path.read_text(encoding="utf-8"))
     except DuplicateKeyError as exc:
         raise UserError(
             f"{source}: the key '{exc.key}' is given twice in one object; keep one"
         ) from None
-    except json.JSONDecodeError as exc:
-        raise UserError(
-            f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{source}: {json_problem(exc)}") from None
+    except OSError as exc:
         raise UserError(f"{source}: cannot read it ({exc}); give a readable JSON file") from None
 
 
@@ -226,6 +287,9 @@ def write_problem(path: str | Path, kind: str = "dir") -> str | None:
     special = special_kind(path) if kind == "file" else None
     if special is not None:
         return f"{path} is {special}, not a regular file; give a new file name"
+    for place in (path, *path.parents) if kind == "dir" else path.parents:
+        if place.is_symlink() and not place.exists():  # mkdir there: EEXIST, or ELOOP
+            return f"{path}: {place} is a link to nowhere (or a loop), not a directory"
     start = path if kind == "dir" else path.parent
     existing = next((p for p in (start, *start.parents) if p.exists()), Path("."))
     if not existing.is_dir():

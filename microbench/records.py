@@ -56,6 +56,7 @@ __all__ = [
     "SCHEMA",
     "SCHEMA_VERSION",
     "RecordWriter",
+    "RecordsAppendError",
     "RecordsError",
     "RecordsExistError",
     "TruncatedRecordWarning",
@@ -75,6 +76,15 @@ class RecordsError(ValueError):
 class RecordsExistError(FileExistsError, UserError):
     """A new records file whose path is taken (by an earlier run, or another run started into
     the same directory at once): one line, never an overwrite."""
+
+
+class RecordsAppendError(RecordsError, UserError):
+    """An existing file that records cannot be appended to (no header of this schema and
+    version): one line for the user, with the fix, rather than a traceback."""
+
+    def __init__(self, path: str | os.PathLike[str], line: int, problem: str) -> None:
+        super().__init__(path, line, problem)
+        self.args = (f"cannot append to {self}; move that file aside or give another --out",)
 
 
 class TruncatedRecordWarning(UserWarning):
@@ -198,7 +208,10 @@ class RecordWriter:
 
     def _open_for_append(self, machine: Mapping[str, Any]) -> dict[str, Any]:
         with open(self.path, encoding="utf-8", errors="replace") as f:
-            header = _parse_header(self.path, f.readline())
+            try:
+                header = _parse_header(self.path, f.readline())
+            except RecordsError as exc:
+                raise RecordsAppendError(exc.path, exc.line, exc.problem) from None
         _repair_tail(self.path)
         old_host, new_host = header["machine"].get("hostname"), machine.get("hostname")
         if old_host and new_host and old_host != new_host:
@@ -261,6 +274,24 @@ class RecordWriter:
 
     def __exit__(self, exc_type: object, *exc_info: object) -> None:
         self.close(failed=exc_type is not None)
+
+
+def append_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why records cannot be appended to the existing file ``path`` (its first line is no
+    header of this schema and version, or it cannot be read), or None when they can: asked
+    before a benchmark runs, so that its records are not lost at the end, and one line for the
+    user (a :class:`RecordsError` escaped as a traceback)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)
+        if first:
+            _parse_header(path, first.decode("utf-8", "replace"))
+    except RecordsError as exc:
+        return str(RecordsAppendError(exc.path, exc.line, exc.problem))
+    except OSError as exc:
+        return f"cannot append to {path} ({exc.strerror}); give another --out"
+    return None
 
 
 def _repair_tail(path: Path) -> None:

@@ -11,12 +11,19 @@ the sum of their gradients.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from microbench.fileio import DuplicateKeyError, loads_strict, special_kind
+from microbench.fileio import (
+    TRAILING_SLASH,
+    DuplicateKeyError,
+    json_problem,
+    loads_strict,
+    special_kind,
+)
 
 from .layers import (
     KIND_SETTINGS,
@@ -201,18 +208,17 @@ def load_workload(name_or_path: str | Path) -> Workload:
     kind = special_kind(path)
     if kind is not None:  # a directory, or a FIFO that would wait for a writer forever
         raise WorkloadError(f"workload '{key}' is {kind}; give the path of a JSON file")
+    if key.endswith(os.sep):  # Path would drop the slash and read the file
+        raise WorkloadError(f"workload file {key}: {TRAILING_SLASH}")
     try:
-        doc = loads_strict(path.read_text())
+        doc = loads_strict(path.read_text(encoding="utf-8"))
     except DuplicateKeyError as exc:
         raise WorkloadError(
             f"workload file {key}: the key '{exc.key}' is given twice in one object; keep one"
         ) from None
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(
-            f"workload file {key}: not valid JSON (line {exc.lineno}, column {exc.colno}: "
-            f"{exc.msg})"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WorkloadError(f"workload file {key}: {json_problem(exc)}") from None
+    except OSError as exc:
         raise WorkloadError(f"workload file {key}: cannot read it ({exc})") from None
     return _build(doc, f"workload file {key}")
 

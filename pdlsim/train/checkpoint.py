@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from microbench.errors import UserError
-from microbench.fileio import atomic_write_bytes
+from microbench.fileio import atomic_write_bytes, special_kind
 from microbench.machine import utc_now
 from pdlsim.train.checkpoint_header import header_problem
 from pdlsim.train.config import TrainConfig
@@ -172,17 +172,41 @@ def _check_header(path: Path, doc: Any) -> dict[str, Any]:
     return doc
 
 
-def _read(path: Path, arrays: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The checked header and, with ``arrays``, the arrays; CheckpointError if unusable."""
+def _header_json(path: Path, text: str) -> Any:
+    """The header's JSON (``json.loads``, not :func:`microbench.fileio.loads`: the generator
+    state holds 128-bit integers); nested past the recursion limit it is a CheckpointError."""
     try:
+        return json.loads(text)
+    except RecursionError:
+        raise CheckpointError(path, "header nested too deeply (was it edited?)") from None
+
+
+def _read(path: Path, arrays: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The checked header and, with ``arrays``, the arrays; CheckpointError if unusable.
+
+    Only a regular file that is a zip is opened: numpy would wait forever on a FIFO, and takes
+    any other file for a pickle (a truncated checkpoint would be reported as "pickled data").
+    A member that is no ``.npy`` array (numpy hands it back as bytes) is refused by name."""
+    try:
+        kind = special_kind(path)
+        if kind is not None:
+            raise CheckpointError(path, f"is {kind}, not a checkpoint file")
+        if path.exists() and not zipfile.is_zipfile(path):
+            raise CheckpointError(
+                path, "unreadable: not a zip of arrays (cut off, or not a checkpoint)"
+            )
         with np.load(path, allow_pickle=False) as members:
             if "header" not in members.files:
                 raise CheckpointError(path, "no header member")
-            header = _check_header(path, json.loads(str(members["header"])))
+            header = _check_header(path, _header_json(path, str(members["header"])))
             if arrays and "params" not in members.files:
                 raise CheckpointError(path, "no params member")
             names = [n for n in members.files if n != "header"] if arrays else []
-            return header, {name: members[name] for name in names}
+            found = {name: members[name] for name in names}
+            for name, array in found.items():
+                if not isinstance(array, np.ndarray):
+                    raise CheckpointError(path, f"member {name!r} is not a numpy array")
+            return header, found
     except CheckpointError:
         raise
     except FileNotFoundError:

@@ -161,6 +161,7 @@ _CPU1 = ("models", "compute", "devices", "cpu", "threads", "1")
 _REGIME = ("models", "collectives", "collectives", "allreduce", "regimes", 0)
 _HOCKNEY = (*_REGIME[:4], "hockney", 0, "fit", "regimes", 0)
 
+_SOURCE = {"path": "r.jsonl", "benchmark": "compute", "records": 3, "sha256": "0" * 64}
 CORRUPTIONS = {
     "wrong schema": (("schema",), "pdlsim.other", "schema", "expected 'pdlsim.profile'"),
     "unknown version": (("schema_version",), 2, "schema_version", "reads 1"),
@@ -204,6 +205,16 @@ CORRUPTIONS = {
         "regimes[0].alpha_ci",
         "does not contain",
     ),
+    # a source's count of records was read with int(): tracebacks for these
+    "source records null": (("sources",), [_SOURCE | {"records": None}], "sources[0].records", ""),
+    "source records text": (("sources",), [_SOURCE | {"records": "7"}], "sources[0].records", ""),
+    "source records inf": (
+        ("sources",),
+        [_SOURCE | {"records": math.inf}],
+        "sources[0].records",
+        "whole number",
+    ),  # fmt: skip
+    "source path number": (("sources",), [_SOURCE | {"path": 5}], "sources[0].path", "string"),
     "table interval reversed": (
         ("models", "compute", "table", 0, "time_s_interval"),
         {"low": 2.0, "high": 1.0},

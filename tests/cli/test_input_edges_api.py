@@ -14,6 +14,7 @@ import pytest
 
 import pdlsim
 from calibration.pipeline import load_measurements
+from calibration.readers import collective_points
 from microbench.argtypes import ArgumentTypeError
 from microbench.errors import UserError
 from microbench.records import RecordWriter
@@ -149,6 +150,12 @@ GOOD = {"type": "measurement", "benchmark": "compute", "name": "gemm", "unit": "
         ({"samples": [1.0, [2.0]]}, "'samples' holds '\\[2.0\\]', not a number"),
         ({"samples": [1.0, True]}, "'samples' holds 'True', not a number"),
         ({"params": 5}, "'params' must be an object"),
+        # a params field of the wrong kind was a traceback in a fitter's astype(int)
+        ({"params": {"m": "64"}}, "'params.m' must be a whole number >= 0, got '64'"),
+        ({"params": {"m": 64, "threads": True}}, "'params.threads' must be a whole number"),
+        ({"params": {"m": 64.5}}, "'params.m' must be a whole number >= 0, got 64.5"),
+        ({"params": {"m": 64, "device": 3}}, "'params.device' must be a non-empty string"),
+        ({"params": {"m": 64, "pinned": "yes"}}, "'params.pinned' must be true or false"),
     ],
 )
 def test_calibrate_refuses_measurement_records_of_the_wrong_shape(tmp_path, change, match):
@@ -158,6 +165,17 @@ def test_calibrate_refuses_measurement_records_of_the_wrong_shape(tmp_path, chan
         load_measurements(tmp_path)
     _one_line(info)
     assert "ranks1/compute.jsonl: measurement record 2 (" in str(info.value)
+
+
+def test_a_collective_record_without_a_field_the_others_have_is_one_line(tmp_path):
+    """A record that left out (or nulled) ``ranks`` was an IntCastingNaNError traceback."""
+    good = {"type": "measurement", "benchmark": "collectives", "name": "allreduce", "unit": "s",
+            "params": {"op": "allreduce", "bytes": 8, "ranks": 2}, "samples": [1e-5]}  # fmt: skip
+    bad = {**good, "params": {"op": "allreduce", "bytes": 16, "ranks": None}}
+    _records(tmp_path / "ranks2" / "collectives.jsonl", [good, bad])
+    with pytest.raises(UserError, match="lack params.ranks in ranks2/collectives.jsonl") as info:
+        collective_points(load_measurements(tmp_path))
+    _one_line(info)
 
 
 def test_calibrate_refuses_records_without_a_benchmark_field_at_all(tmp_path):

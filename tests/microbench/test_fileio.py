@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 
 import pytest
 
@@ -80,3 +81,33 @@ def test_files_that_belong_together_are_written_all_or_none(tmp_path, monkeypatc
     monkeypatch.setattr(fileio, "_staged", staged)
     fileio.atomic_write_all({table: b"new table", plot: b"new plot"})
     assert (table.read_text(), plot.read_bytes()) == ("new table", b"new plot")
+
+
+def test_a_signal_while_files_are_staged_acts_after_they_are_in_place(tmp_path, monkeypatch):
+    """Ctrl-C landing just as a temporary file was made (before its name was noted) left a
+    ``.sweep.csv.*.tmp`` behind in --out (seen after an interrupted checkpoint write); held back,
+    it acts once the set is in place, and nothing stray is left."""
+    table, plot = tmp_path / "sweep.csv", tmp_path / "scaling.png"
+    staged = fileio._staged
+
+    def interrupted_on_return(path, data):
+        tmp = staged(path, data)
+        os.kill(os.getpid(), signal.SIGINT)  # its handler runs as this call returns
+        return tmp
+
+    monkeypatch.setattr(fileio, "_staged", interrupted_on_return)
+    with pytest.raises(KeyboardInterrupt):
+        fileio.atomic_write_all({table: b"new table", plot: b"new plot"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scaling.png", "sweep.csv"]
+    assert (table.read_bytes(), plot.read_bytes()) == (b"new table", b"new plot")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_link_that_leads_nowhere_is_no_place_to_write(tmp_path):
+    """``--out LOOP`` (or ``LOOP/sub``) passed the check and failed at mkdir: a FileExistsError
+    or ELOOP traceback from sweep, after its work."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for place in (loop, loop / "sub"):
+        assert "is a link to nowhere (or a loop), not a directory" in write_problem(place)
+    assert write_problem(loop / "x.json", "file") is not None

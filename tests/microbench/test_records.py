@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from microbench.cli import out_dir_problem
+from microbench.errors import UserError
 from microbench.records import (
     SCHEMA,
     RecordsError,
@@ -275,3 +277,19 @@ def test_write_many_writes_every_record_in_order_or_none_when_one_is_bad(tmp_pat
             writer.write_many([measurement("never"), {"value": 1}])
         writer.write_many(measurement(name) for name in ("b", "c", "d"))
         assert [r["name"] for r in read_records(path)[1]] == ["first", "b", "c", "d"]
+
+
+def test_appending_to_a_file_that_is_no_records_file_is_one_line(tmp_path):
+    """``--append`` onto a file whose first line is no header of this schema (or another
+    version) was a RecordsError traceback from the writer, after the benchmark's work; the
+    command's own check now refuses it first, and the writer in the same words."""
+    path = tmp_path / "compute.jsonl"
+    path.write_text('{"type": "header", "schema": "pdlsim.records", "schema_version": 9}\n')
+    problem = out_dir_problem(tmp_path, "compute.jsonl", append=True)
+    assert problem is not None and "unknown schema_version 9" in problem
+    assert "move that file aside or give another --out" in problem
+    with pytest.raises(UserError, match="cannot append to .*compute.jsonl:1: unknown schema"):
+        RecordWriter(path, {"hostname": "h"}, append=True)
+    loop = tmp_path / "loop.jsonl"
+    loop.symlink_to(loop)
+    assert "a link that leads to no file" in out_dir_problem(tmp_path, "loop.jsonl", append=False)

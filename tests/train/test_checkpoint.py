@@ -4,10 +4,12 @@ ends (bit for bit serially, to float32 rounding under MPI), and its records surv
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -302,3 +304,26 @@ def test_resume_mistakes_are_one_line_and_exit_status_2(tmp_path):
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "unreadable" in result.stderr
     assert f"move it aside to resume from {earlier[-1].name}" in result.stderr
+
+
+def test_a_checkpoint_path_that_is_no_plain_zip_of_arrays_is_refused_not_waited_on(tmp_path):
+    """A FIFO at a checkpoint's name made ``--resume`` wait forever (numpy opened it), a file
+    that is no zip was reported as "pickled data", a header nested thousands deep escaped as a
+    RecursionError and a member that is no ``.npy`` array as an AttributeError."""
+    fifo = tmp_path / "checkpoint-step00000009.npz"
+    os.mkfifo(fifo)
+    with pytest.raises(CheckpointError, match="is a FIFO, not a checkpoint file"):
+        read_header(fifo)
+    text = tmp_path / "text.npz"
+    text.write_bytes(b"hello")
+    with pytest.raises(CheckpointError, match="unreadable: not a zip of arrays"):
+        load_checkpoint(text)
+    deep = tmp_path / "deep.npz"
+    np.savez(deep, header=np.array("[" * 100_000 + "]" * 100_000), params=np.zeros(2, np.float32))
+    with pytest.raises(CheckpointError, match="header nested too deeply"):
+        read_header(deep)
+    path = save_checkpoint(tmp_path, _header(5), np.zeros(4, np.float32), {})
+    with zipfile.ZipFile(path, "a") as members:
+        members.writestr("velocity.npy", b"no npy header")
+    with pytest.raises(CheckpointError, match="member 'velocity' is not a numpy array"):
+        load_checkpoint(path)
