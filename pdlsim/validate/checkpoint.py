@@ -17,14 +17,13 @@ state; the file adds a JSON header and the zip directory (both bytes figures are
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
-from pdlsim.validate.measure import launch_train
+from pdlsim.validate.measure import launch_train, run_records
 from pdlsim.validate.plan import RunSpec, ValidateConfig
 
 __all__ = [
@@ -52,12 +51,7 @@ def checkpoint_spec(cfg: ValidateConfig) -> RunSpec:
 
 def measured_checkpoints(run_dir: Path) -> list[dict[str, Any]]:
     """The ``checkpoint`` records of rank 0 (``rank0*.jsonl``), in the order written."""
-    found = [
-        rec
-        for path in sorted(Path(run_dir).glob("rank0*.jsonl"))
-        for rec in map(json.loads, path.read_text().splitlines())
-        if rec.get("type") == "checkpoint"
-    ]
+    found = run_records(Path(run_dir), "rank0*.jsonl", "checkpoint")
     if not found:
         raise UserError(f"no checkpoint records in {run_dir} (was --checkpoint-every given?)")
     return found

@@ -10,21 +10,34 @@ from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
-from microbench.fileio import loads
+from microbench.records import RecordsError, read_records
 from pdlsim.train.config import warmup_steps
 from pdlsim.validate.plan import RunSpec, ValidateConfig
 
 TEST_SAMPLES = 64  # the held-out evaluation after the epoch is not timed; keep it short
 
 
+def run_records(run_dir: Path, pattern: str, kind: str) -> list[dict[str, Any]]:
+    """The ``kind`` records of the files ``pattern`` of one training launch, in file order,
+    read as every records file is (a last line cut off by a killed writer is skipped with a
+    warning); a damaged file is one line naming it."""
+    found = []
+    for path in sorted(run_dir.glob(pattern)):
+        try:
+            _, records = read_records(path)
+        except RecordsError as exc:
+            raise UserError(
+                f"cannot read the training records {exc}; validate into a new --out"
+            ) from None
+        found += [rec for rec in records if rec["type"] == kind]
+    return found
+
+
 def _read_steps(run_dir: Path) -> dict[int, dict[int, dict[str, Any]]]:
     """{rank: {global_step: train_step record}} from a run directory."""
     out: dict[int, dict[int, dict[str, Any]]] = {}
-    for path in sorted(run_dir.glob("rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            rec = loads(line)
-            if rec.get("type") == "train_step":
-                out.setdefault(int(rec["rank"]), {})[int(rec["global_step"])] = rec
+    for rec in run_records(run_dir, "rank*.jsonl", "train_step"):
+        out.setdefault(int(rec["rank"]), {})[int(rec["global_step"])] = rec
     if not out:
         raise UserError(f"no train_step records in {run_dir}")
     return out
@@ -53,12 +66,7 @@ def measured_step_times(run_dir: Path) -> tuple[list[float], dict[str, float]]:
 def measured_memory(run_dir: Path) -> dict[str, int]:
     """From the run's last epoch record: the peak resident memory of the biggest rank, and the
     bytes of the arrays training allocated (its own count, in ``pdlsim predict``'s parts)."""
-    epochs = [
-        rec
-        for path in sorted(run_dir.glob("rank0*.jsonl"))
-        for rec in map(loads, path.read_text().splitlines())
-        if rec.get("type") == "train_epoch"
-    ]
+    epochs = run_records(run_dir, "rank0*.jsonl", "train_epoch")
     if not epochs:
         raise UserError(f"no train_epoch record in {run_dir}")
     last = epochs[-1]
@@ -85,7 +93,23 @@ def launch_train(spec: RunSpec, steps: int, run_dir: Path, extra: tuple[str, ...
     with log.open("w") as handle:
         status = run_supervised(command, env=dict(os.environ), stdout=handle, stderr=handle)
     if status != 0:
-        raise UserError(f"training {spec.label} failed with status {status}; see {log}")
+        said = _last_line(log)
+        raise UserError(
+            f"training {spec.label} failed with status {status}"
+            + (f" ({said})" if said else "")
+            + f"; see {log}"
+        )
+
+
+def _last_line(log: Path, most: int = 300) -> str:
+    """The last non-blank line of a launch's log (what the failing command said), shortened
+    to ``most`` characters; empty when there is none."""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    said = next((line.strip() for line in reversed(lines) if line.strip()), "")
+    return said if len(said) <= most else said[: most - 3] + "..."
 
 
 def measure_launch(spec: RunSpec, cfg: ValidateConfig, steps: int, k: int) -> dict[str, Any]:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from microbench.errors import UserError
+from microbench.records import SCHEMA, SCHEMA_VERSION, TruncatedRecordWarning
 from microbench.workload import load_workload
 from pdlsim.cli.main import main
 from pdlsim.validate.report import COLUMNS, format_report
@@ -182,10 +184,45 @@ def test_measured_sync_is_the_ranks_mean_wait_not_the_slowest_ranks(tmp_path: Pa
             )  # fmt: skip
             for step in range(20)
         ]
-        (tmp_path / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+        (tmp_path / f"rank{rank}.jsonl").write_text(HEADER + "\n".join(lines) + "\n")
     steps, phases = measured_step_times(tmp_path)
     assert len(steps) == 15 and steps == pytest.approx([3.5e-3] * 15)
     assert phases == pytest.approx({"forward": 3.5e-3, "wait": 0.0, "skew": 0.5e-3})
+
+
+HEADER = json.dumps({"type": "header", "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+                     "machine": {}, "run": {}}) + "\n"  # fmt: skip
+
+
+def test_a_launchs_records_are_read_as_records_files_are(tmp_path: Path) -> None:
+    """A last line cut off by a killed writer is skipped with a warning; a damaged line
+    elsewhere is one line naming the file, not a traceback."""
+    from pdlsim.validate.run import measured_step_times
+
+    step = {"type": "train_step", "rank": 0, "step_s": 1e-3, "phases_s": {"forward": 1e-3}}
+    lines = [json.dumps({**step, "global_step": i}) for i in range(8)]
+    path = tmp_path / "rank0.jsonl"
+    path.write_text(HEADER + "\n".join(lines) + '\n{"type": "train_st')
+    with pytest.warns(TruncatedRecordWarning):
+        steps, _ = measured_step_times(tmp_path)
+    assert len(steps) == 8 - warmup_steps(8)
+    path.write_text(HEADER + "\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
+    with pytest.raises(UserError, match=r"rank0\.jsonl:3: corrupt line.*a new --out"):
+        measured_step_times(tmp_path)
+
+
+def test_a_failed_launch_quotes_what_the_training_said(tmp_path: Path, monkeypatch) -> None:
+    import pdlsim.train.launch
+    from pdlsim.validate.measure import launch_train
+    from pdlsim.validate.plan import RunSpec
+
+    def failing(command, env, stdout, stderr):
+        stderr.write("starting\npdlsim: error: --out: no space left on device\n\n")
+        return 2
+
+    monkeypatch.setattr(pdlsim.train.launch, "run_supervised", failing)
+    with pytest.raises(UserError, match=r"status 2 \(pdlsim: error: --out: no space left"):
+        launch_train(RunSpec("mlp", 1, 1, 8), 3, tmp_path / "r0")
 
 
 def test_breakdown_table_has_a_line_per_configuration(tiny: tuple[Path, dict]) -> None:
