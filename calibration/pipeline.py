@@ -23,7 +23,7 @@ from calibration.jitter import JitterModel
 from calibration.kernels import KernelModel
 from calibration.overlap import OverlapModel
 from calibration.profile import Profile, read_sources
-from calibration.record_checks import check_measurements, check_one_machine
+from calibration.record_checks import MACHINE_IDENTITY, check_measurements, check_one_machine
 from calibration.storage import StorageModel
 from calibration.transfer import TransferModel
 from microbench.errors import UserError
@@ -64,19 +64,17 @@ def load_measurements(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     return frame
 
 
-# What must match for two runs' kernel sweeps to describe one machine.
-_SAME_MACHINE = ("machine.hostname", "machine.cpu_model", "machine.logical_cores")
-
-
 def with_kernel_sweeps(
     frame: pd.DataFrame, run_dirs: Sequence[str | os.PathLike[str]]
 ) -> pd.DataFrame:
     """``frame`` with the kernel sweep records of each of ``run_dirs`` added: sweeps of the same
     machine taken at other moments, so that the kernel model's step terms and band see the
     machine's state move between them (:mod:`calibration.kernels`). A one-line UserError for a
-    run without a kernel sweep or one from another machine."""
+    run without a kernel sweep or one from another kind of machine (the records' CPU model,
+    cores or architecture differ, as ``--from`` compares its own records; the host name may:
+    a cluster's jobs land on other nodes of one partition)."""
     parts = [frame]
-    mine = {key: _identity(frame, key) for key in _SAME_MACHINE}
+    mine = {key: _identity(frame, key) for key in MACHINE_IDENTITY}
     for run_dir in run_dirs:
         other = load_measurements(run_dir)
         sweep = other[other["benchmark"] == "kernels"]

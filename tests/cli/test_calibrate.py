@@ -13,6 +13,7 @@ import pytest
 
 from calibration.profile import load_profile
 from calibration.report import format_report
+from microbench.errors import UserError
 from microbench.records import load_dataframe
 from tests.conftest import run_pdlsim
 
@@ -186,14 +187,14 @@ def test_kernel_sweeps_from_elsewhere_are_one_line_errors_before_any_profile(
     foreign.mkdir(parents=True)
     header, rest = (run_dir / "ranks1" / "kernels.jsonl").read_text().split("\n", 1)
     doc = json.loads(header)
-    doc["machine"]["hostname"] = "elsewhere"
+    doc["machine"]["cpu_model"] = "Elsewhere CPU"
     (foreign / "kernels.jsonl").write_text(json.dumps(doc) + "\n" + rest)
     no_sweep = tmp_path / "no-sweep"
     shutil.copytree(run_dir / "ranks2", no_sweep / "ranks2")
     out = tmp_path / "profile.json"
     for extra, message in (
         (tmp_path / "missing", "no such directory of records"),
-        (foreign.parent, "measured on another machine (hostname elsewhere against"),
+        (foreign.parent, "measured on another machine (cpu_model Elsewhere CPU against"),
         (no_sweep, "no kernel sweep records there"),
     ):
         done = run_pdlsim("calibrate", "--from", str(run_dir), "--kernels-from", str(extra),
@@ -201,3 +202,23 @@ def test_kernel_sweeps_from_elsewhere_are_one_line_errors_before_any_profile(
         assert done.returncode == 2, done.stderr
         assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
         assert not out.exists()
+
+
+def test_kernel_sweeps_of_another_node_of_the_same_kind_are_pooled(monkeypatch):
+    """Sweeps pool by the kind of machine (CPU model, cores, architecture), as --from's own
+    records do: the host name differs between the nodes of one partition."""
+    import pandas as pd
+
+    import calibration.pipeline as pipeline
+
+    def frame(host, model="EPYC"):
+        return pd.DataFrame({"benchmark": ["kernels"], "source": ["ranks1/kernels.jsonl"],
+                             "machine.hostname": [host], "machine.cpu_model": [model],
+                             "machine.logical_cores": [2], "machine.arch": ["x86_64"]})  # fmt: skip
+
+    sweeps = {"node2": frame("node2"), "other": frame("node3", model="Xeon")}
+    monkeypatch.setattr(pipeline, "load_measurements", lambda run_dir: sweeps[str(run_dir)])
+    pooled = pipeline.with_kernel_sweeps(frame("node1"), ["node2"])
+    assert list(pooled["source"]) == ["ranks1/kernels.jsonl", "node2/ranks1/kernels.jsonl"]
+    with pytest.raises(UserError, match="cpu_model Xeon against EPYC"):
+        pipeline.with_kernel_sweeps(frame("node1"), ["other"])
