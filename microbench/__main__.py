@@ -23,7 +23,13 @@ from .boundary import (  # noqa: E402
     silence_stdout_if_broken,
     stopped_by_signals,
 )
-from .cli import BenchmarkError, Parser, current_rank, under_launcher  # noqa: E402
+from .cli import (  # noqa: E402
+    BenchmarkError,
+    Parser,
+    current_rank,
+    thread_count_problem,
+    under_launcher,
+)
 from .errors import UserError  # noqa: E402
 
 COMMANDS = (
@@ -57,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # its messages are flushed as they are printed
     prog = f"python -m microbench {args.command}"
     threads = getattr(args, "threads", None)  # one count, or a list of them
+    problem = thread_count_problem(args)
+    if problem is not None:  # before any thread starts; every rank decides alike, rank 0 says
+        if current_rank() == 0:
+            say(prog, problem)
+        return 2
     if threads:
         size_numba_pool(max(threads) if isinstance(threads, (list, tuple)) else threads)
     try:

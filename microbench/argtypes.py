@@ -25,6 +25,7 @@ __all__ = [
     "check_integer",
     "check_integers",
     "check_number",
+    "check_name",
     "check_numbers",
     "check_text",
     "shown",
@@ -79,6 +80,17 @@ def check_text(name: str, value: Any, example: str = "") -> str:
         return os.fspath(value)
     like = f" like {example}" if example else ""
     raise ArgumentTypeError(f"{name} must be a string{like}, got {shown(value)}")
+
+
+def check_name(name: str, value: Any, example: str = "") -> str:
+    """``value`` as :func:`check_text` takes it, and not blank: a setting that names something
+    (a preset, a file, an algorithm). An empty name would else read as "not given" wherever
+    ``name or default`` picks the default, the user's value dropped without a word."""
+    text = check_text(name, value, example)
+    if not text.strip():
+        like = f", e.g. {example}" if example else ""
+        raise ArgumentTypeError(f"{name} is empty; give a value{like} or leave it out")
+    return text
 
 
 def _listed(name: str, values: Any, what: str) -> list[Any]:

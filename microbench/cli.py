@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .boundary import describe_failure, print_message
 from .errors import UserError
 from .fileio import new_run_dir, write_problem
+from .options import register_once_actions
 
 if TYPE_CHECKING:  # only annotations: importing numpy here would come before BLAS is set up
     from .sampling import SamplingPolicy
@@ -89,7 +90,12 @@ def launcher_rank() -> int:
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on rank 0 (exit 2) and whose help is printed
-    by rank 0 only."""
+    by rank 0 only; an option given twice with different values, or an empty one, is such an
+    error (:mod:`microbench.options`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        register_once_actions(self)
 
     def error(self, message: str) -> NoReturn:
         if launcher_rank() == 0:
@@ -144,6 +150,26 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def thread_count_problem(args: argparse.Namespace) -> str | None:
+    """Why the ``--threads`` a benchmark asks for (one count or a list) is refused, or None:
+    more threads per rank than this machine can run (:func:`microbench.threads.too_many_threads`,
+    a count with extra zeros), which would else start that many threads and stall the machine
+    instead of measuring it. Decided from argv alone, so every rank of a launch agrees."""
+    from .threads import MAX_THREADS_PER_CORE, available_cores, too_many_threads
+
+    threads = getattr(args, "threads", None)
+    if not threads:
+        return None
+    most = max(threads) if isinstance(threads, (list, tuple)) else threads
+    if too_many_threads(1, most) is None:
+        return None
+    cores = available_cores()
+    return (
+        f"--threads {most:,} is more than this machine can run ({MAX_THREADS_PER_CORE} per "
+        f"core, {MAX_THREADS_PER_CORE * cores:,} on its {cores} cores); give fewer --threads"
+    )
 
 
 def positive_int_list(text: str) -> tuple[int, ...]:

@@ -27,6 +27,7 @@ from microbench.argtypes import (
     check_flag,
     check_integer,
     check_integers,
+    check_name,
     check_text,
 )
 from microbench.errors import UserError
@@ -93,8 +94,8 @@ def _counts(name: str, values: int | Iterable[int]) -> tuple[int, ...]:
 
 # pdlsim.collective's options: the flags of ``pdlsim collective``, and how each is checked.
 COLLECTIVE_OPTIONS = {
-    "node": check_text, "gpus": check_integer, "network": check_text,
-    "hardware": check_text, "algorithm": check_text, "protocol": check_text,
+    "node": check_name, "gpus": check_integer, "network": check_name,
+    "hardware": check_name, "algorithm": check_name, "protocol": check_name,
 }  # fmt: skip
 
 
@@ -112,7 +113,7 @@ def predict(
     :class:`Profile`; the packaged default if None). ``trace`` writes a Chrome trace of the
     simulated timeline. Returns the ``pdlsim predict --json`` document."""
     cfg = _config(workload, cluster or Cluster.cpus(1), batch, profile, options)
-    return run_prediction(cfg, trace=None if trace is None else check_text("trace", trace))
+    return run_prediction(cfg, trace=None if trace is None else check_name("trace", trace))
 
 
 def collective(
@@ -153,6 +154,9 @@ def sweep(
             raise UserError(
                 f"sweep: {name} must be a non-empty list of positive integers, got {min(values)}"
             )
+        if len(set(values)) != len(values):  # as the command line's lists: each value once
+            twice = next(v for v in values if values.count(v) > 1)
+            raise UserError(f"sweep: {name} lists {twice} twice; give each value once")
     threads = check_integer("threads", threads)
     profile, _ = resolve_profile(profile)
     if check_flag("gpus", gpus):

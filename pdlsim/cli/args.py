@@ -1,5 +1,8 @@
 """Argument types of the ``pdlsim`` command line: each turns one string into a value or
-an ``argparse.ArgumentTypeError`` that argparse prints as a one-line usage error."""
+an ``argparse.ArgumentTypeError`` that argparse prints as a one-line usage error.
+
+Lists are checked whole here, when the flags are parsed: an empty item or a repeated one
+(``1,,2``, ``cnn,cnn``) is refused before any work, not found by a stage minutes later."""
 
 from __future__ import annotations
 
@@ -48,3 +51,17 @@ def int_list(text: str) -> tuple[int, ...]:
     if list(values) != sorted(set(values)):
         raise argparse.ArgumentTypeError(f"list values in ascending order, once each: '{text}'")
     return values
+
+
+def name_list(text: str) -> str:
+    """'mlp, cnn' -> 'mlp,cnn': comma-separated names (workloads, presets), none empty, each
+    once; the spaces around them dropped. Kept as text: the commands split it themselves."""
+    names = [part.strip() for part in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated names like mlp,cnn, with none empty, got '{text}'"
+        )
+    twice = next((name for name in names if names.count(name) > 1), None)
+    if twice is not None:
+        raise argparse.ArgumentTypeError(f"'{twice}' is listed twice in '{text}'; list it once")
+    return ",".join(names)

@@ -9,8 +9,8 @@ from pathlib import Path
 from microbench.cli import path_argument
 from microbench.errors import UserError
 from microbench.fileio import new_run_dir
-from pdlsim.cli.args import int_list
-from pdlsim.cli.options import given
+from microbench.options import given
+from pdlsim.cli.args import int_list, name_list
 
 
 def add_bench_parser(commands: argparse._SubParsersAction) -> None:
@@ -42,6 +42,7 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> None:
     )
     bench.add_argument(
         "--model",
+        type=name_list,
         default="mlp,cnn",
         metavar="NAME|PATH,...",
         help="workloads whose layers, steps and step jitter to time (mlp,cnn)",

@@ -21,7 +21,7 @@ _CPU_SUITE_FLAGS = ("quick", "procs", "threads")
 
 
 def run_layer_times_command(args: argparse.Namespace) -> int:
-    from pdlsim.cli.options import given
+    from microbench.options import given
 
     for dest in _CPU_SUITE_FLAGS:
         flag = given(args, dest)

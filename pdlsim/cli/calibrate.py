@@ -16,7 +16,7 @@ from pathlib import Path
 from microbench.cli import file_path_argument, path_argument
 from microbench.errors import UserError
 from microbench.fileio import check_writable, new_run_dir
-from pdlsim.cli.args import int_list, positive_int, seed
+from pdlsim.cli.args import int_list, name_list, positive_int, seed
 from pdlsim.cli.bench import checked_bench_threads, run_cpu_bench
 
 
@@ -58,7 +58,8 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--procs", type=int_list, default=(1, 2), metavar="P,...", help="for bench")
     p.add_argument("--threads", type=int_list, default=None, metavar="T,...", help="for bench")
-    p.add_argument("--model", default="mlp,cnn", metavar="NAME|PATH,...", help="for bench")
+    p.add_argument("--model", type=name_list, default="mlp,cnn", metavar="NAME|PATH,...",
+                   help="for bench")  # fmt: skip
     p.add_argument(
         "--batch", type=int_list, default=(16, 32, 64), metavar="B,...", help="for bench"
     )

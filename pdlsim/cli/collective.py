@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from microbench.errors import UserError
+from microbench.options import given
 from pdlsim.cli.args import positive_int
 
 __all__ = ["add_collective_parser", "parse_nccl_size"]
@@ -74,6 +75,12 @@ def _sizes(args: argparse.Namespace) -> list[int]:
     from microbench.sizes import SizeError, size_range
 
     if args.size is not None:
+        for dest in ("minbytes", "maxbytes", "stepfactor"):
+            flag = given(args, dest)
+            if flag:
+                raise UserError(
+                    f"--size gives one size, {flag} a range (-b/-e/-f): give one of the two"
+                )
         size = parse_nccl_size(args.size)
         if size < 1:
             raise UserError("--size must be at least 1 byte")

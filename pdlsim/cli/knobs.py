@@ -126,6 +126,9 @@ def vary(
     ``progress(done, total)`` after each prediction."""
     import pandas as pd
 
+    from pdlsim.prediction.build import check_config
+    from pdlsim.prediction.checks import MAX_PREDICTIONS
+
     if predict is None:
         from pdlsim.prediction.core import run_prediction as predict
     seen = [name for name, _, _ in knobs]
@@ -133,6 +136,17 @@ def vary(
     if twice:
         raise UserError(f"--vary {sorted(twice)[0]} is given twice; list all its values once")
     total = 1 + sum(len(values) for _, values, _ in knobs)
+    if total > MAX_PREDICTIONS:
+        raise UserError(
+            f"--vary asks for {total:,} predictions; give at most {MAX_PREDICTIONS:,} values "
+            "in all, or split it into several sweeps"
+        )
+    for name, values, spellings in knobs:  # a bad value is refused before the first prediction
+        for value, spelling in zip(values, spellings, strict=True):
+            try:
+                check_config(replace(base, **{KNOBS[name].field: value}))
+            except UserError as exc:
+                raise UserError(f"--vary {name}={spelling}: {exc}") from None
     rows = [_row("baseline", "", predict(base))]
     for name, values, spellings in knobs:
         for value, spelling in zip(values, spellings, strict=True):

@@ -23,6 +23,7 @@ from microbench.boundary import (
 )
 from microbench.cli import under_launcher
 from microbench.errors import UserError
+from microbench.options import register_once_actions
 from microbench.threads import quiet_idle_blas_threads, thread_environment_problem
 from pdlsim import __version__
 from pdlsim.cli.args import positive_int
@@ -30,7 +31,6 @@ from pdlsim.cli.bench import add_bench_parser
 from pdlsim.cli.calibrate import add_calibrate_parser
 from pdlsim.cli.collective import add_collective_parser
 from pdlsim.cli.hardware import add_hardware_parser
-from pdlsim.cli.options import register_once_actions
 from pdlsim.cli.predict import add_predict_parser
 from pdlsim.cli.sweep import add_sweep_parser
 from pdlsim.cli.train import add_train_parser
@@ -40,7 +40,7 @@ from pdlsim.train.launch import Stopped
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (with a pointer to --help), exit status 2, and
-    an option given twice with different values is one (:mod:`pdlsim.cli.options`)."""
+    an option given twice with different values is one (:mod:`microbench.options`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -8,14 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from microbench.cli import file_path_argument
 from microbench.errors import UserError
-from microbench.fileio import check_writable
+from microbench.options import given
 from pdlsim.cli.args import positive_int, seed
-from pdlsim.cli.options import given
 from pdlsim.cli.predict_options import (
     add_checkpoint_options,
     add_parallel_options,
@@ -275,15 +273,7 @@ def run_predict_command(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     cfg = config_from_args(args)
     trace = None if args.trace is None else str(args.trace)
-    if trace is not None:
-        check_writable(trace, "file", "--trace")
-        folder = Path(trace).parent
-        if not folder.is_dir():  # a mistyped folder is not created silently
-            raise UserError(
-                f"--trace {trace}: the folder {folder} does not exist; create it, or give "
-                "a file in an existing folder"
-            )
-    out = run_prediction(cfg, trace=trace)
+    out = run_prediction(cfg, trace=trace)  # refuses a trace file it cannot write, first
     warning = cores_warning(cfg)
     if warning:
         print(warning, file=sys.stderr)

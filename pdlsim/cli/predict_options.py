@@ -8,15 +8,15 @@ import math
 from typing import Any
 
 from pdlsim.cli.args import positive_int
-from pdlsim.prediction.checks import PARALLEL_MODES, SCHEDULES
+from pdlsim.prediction.checks import (
+    MAX_CORES_PER_SOCKET,
+    MAX_SOCKETS,
+    MAX_WATTS,
+    PARALLEL_MODES,
+    SCHEDULES,
+)
 from pdlsim.prediction.energy import CPU_POWER_PRESET, POWER_PRESETS
 from pdlsim.prediction.reliability import DEFAULT_LATENCY, DEFAULT_RESTART, DEFAULT_WRITE_RATE
-
-# Above these a figure is a typo: no socket or GPU draws 100 kW, no node holds 16 sockets or
-# a socket a thousand cores.
-MAX_WATTS = 1e5
-MAX_SOCKETS = 16
-MAX_CORES_PER_SOCKET = 1024
 
 
 def _watts_pair(flag: str, unit: str) -> Any:

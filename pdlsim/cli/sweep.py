@@ -9,12 +9,14 @@ from dataclasses import replace
 from typing import Any
 
 from microbench.cli import path_argument
+from microbench.errors import UserError
 from microbench.fileio import atomic_write_all, check_writable, encode_text
 from pdlsim.cli.args import int_list
 from pdlsim.cli.knobs import KNOBS, parse_vary, run_vary
 from pdlsim.cli.predict import add_common_options, check_flags, config_from_args, cores_warning
 from pdlsim.cli.progress import Progress
 from pdlsim.prediction.build import check_config
+from pdlsim.prediction.checks import MAX_PREDICTIONS
 from pdlsim.prediction.config import PredictConfig
 from pdlsim.prediction.core import run_prediction
 
@@ -28,6 +30,13 @@ def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...]
     import pandas as pd
 
     gpu = base.gpus > 0
+    count = len(nodes) * len(per_node) * len(batches)
+    if count > MAX_PREDICTIONS:
+        raise UserError(
+            f"the sweep asks for {count:,} configurations ({len(nodes):,} node counts x "
+            f"{len(per_node):,} per node x {len(batches):,} batches); give at most "
+            f"{MAX_PREDICTIONS:,}, or split it into several sweeps"
+        )
     configs = [
         replace(base, nodes=n, batch=batch, **{"gpus" if gpu else "procs_per_node": q})
         for n in nodes

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 from microbench.cli import path_argument, under_launcher
 from microbench.errors import UserError
 from microbench.fileio import check_writable, new_run_dir
+from microbench.options import given
 from microbench.threads import oversubscription, set_threads, size_numba_pool, too_many_threads
 from pdlsim.cli.args import non_negative_float, positive_int, seed
-from pdlsim.cli.options import given
 from pdlsim.cli.train_summary import finish_run
 from pdlsim.prediction.epoch import DATASET_SAMPLES, OTHER_DATASET_SAMPLES
 from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig
@@ -118,12 +118,20 @@ def add_train_parser(commands: Any) -> None:
 
 
 MAX_LR = 1000.0  # a learning rate, or a weight decay, beyond any that trains
+# Passes over the data: long trainings run hundreds; a count with extra zeros would run (and
+# write records) until stopped, --max-steps capping each epoch, not the epochs.
+MAX_EPOCHS = 100_000
 
 
 def config_from_args(args: argparse.Namespace, procs: int) -> TrainConfig:
     optimizer, momentum = _optimizer(args)
     if momentum >= 1.0:
         raise UserError(f"--momentum must be below 1, got {momentum}")
+    if args.epochs > MAX_EPOCHS:
+        raise UserError(
+            f"--epochs must be at most {MAX_EPOCHS:,}, got {args.epochs:,}; to train on more "
+            "data per epoch, give --samples"
+        )
     if args.lr == 0:
         raise UserError("--lr must be above 0")
     if args.lr > MAX_LR:

@@ -11,9 +11,9 @@ from microbench.cli import path_argument
 from microbench.errors import UserError
 from microbench.fileio import new_run_dir, removed_if_empty_on_failure
 from microbench.threads import too_many_threads
-from pdlsim.cli.args import int_list, positive_int, seed
+from pdlsim.cli.args import int_list, name_list, positive_int, seed
 from pdlsim.prediction.checks import MAX_BATCH
-from pdlsim.validate.run import GPU_CHOICES, ValidateConfig, run_validation
+from pdlsim.validate.plan import GPU_CHOICES, ValidateConfig  # no numpy: parsing stays light
 
 __all__ = ["add_validate_parser", "run_validate_command"]
 
@@ -32,7 +32,8 @@ def add_validate_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--repeats", type=positive_int, default=None, help="launches each (3; quick 2)")
     p.add_argument("--steps", type=positive_int, default=None, help="min steps per launch (40; 20)")
-    p.add_argument("--models", default="mlp,cnn", metavar="NAME,...", help="workloads (mlp,cnn)")
+    p.add_argument("--models", type=name_list, default="mlp,cnn", metavar="NAME,...",
+                   help="workloads (mlp,cnn)")  # fmt: skip
     p.add_argument("--batches", default=None, metavar="B,...", help="batches per rank (16,32,64)")
     p.add_argument("--modes", default=None, metavar="PxT,...", help="e.g. 1x1,2x1 (all five)")
     p.add_argument(
@@ -95,7 +96,7 @@ def _parse_modes(text: str) -> tuple[tuple[int, int], ...]:
 def _run_published(args: argparse.Namespace) -> int:
     import json
 
-    from pdlsim.cli.options import given
+    from microbench.options import given
     from pdlsim.validate.published import format_published, score_published
 
     dests = ("quick", "profile", "repeats", "steps", "models", "batches", "modes", "gpu", "seed",
@@ -171,6 +172,8 @@ def run_validate_command(args: argparse.Namespace) -> int:
         **extra,
     )
     with removed_if_empty_on_failure(made):  # refused before its first file: no empty folder
+        from pdlsim.validate.run import run_validation  # numpy, records: once it runs
+
         report = run_validation(cfg, log=lambda s: print(s, file=sys.stderr))
     print(format_report(report))
     if args.breakdown:

@@ -7,6 +7,13 @@
   ``--latency-scale``, ``--slow-factor`` and ``--speeds`` beyond a factor of
   :data:`MAX_FACTOR` either way, or buckets above :data:`MAX_BUCKET_MB`. A typo (``1e300``)
   would otherwise price steps of 1e300 seconds.
+* **Simulations that would run for hours**: more than :data:`MAX_ITERATIONS` simulated steps
+  or :data:`MAX_SAMPLES` band samples (each one a short simulation of its own). The mean step
+  settles within hundreds of steps; a count with extra zeros is refused at once, not after
+  hours of simulating.
+* **Power figures out of any real machine's range** (the Python API's values, which no flag
+  parser has checked): watts above :data:`MAX_WATTS`, more than :data:`MAX_SOCKETS` sockets
+  or :data:`MAX_CORES_PER_SOCKET` cores per socket.
 * **A step larger than the epoch**: the global batch (samples per step) above the workload's
   epoch (:mod:`pdlsim.prediction.epoch`, or ``--dataset-samples``) is no training run.
 * **A layout that does not fit in memory**: the bytes per rank against the GPU preset's memory,
@@ -23,16 +30,20 @@ from typing import Any
 
 from microbench.errors import UserError
 from microbench.machine import usable_memory_bytes
-from pdlsim.costmodel.presets import MAX_GPUS_PER_NODE
+from pdlsim.costmodel.presets import MAX_GPUS_PER_NODE, MAX_WATTS
 
 __all__ = [
     "MAX_BUCKET_MB",
+    "MAX_CORES_PER_SOCKET",
     "MAX_FACTOR",
     "MAX_SYNC_EVERY",
     "MAX_GPUS_PER_NODE",
     "MAX_NODES",
+    "MAX_PREDICTIONS",
     "MAX_PROCS_PER_NODE",
+    "MAX_SOCKETS",
     "MAX_THREADS",
+    "MAX_WATTS",
     "DEFAULT_SCHEDULE",
     "PARALLEL_MODES",
     "SCHEDULES",
@@ -41,6 +52,7 @@ __all__ = [
     "check_epoch",
     "check_factors",
     "check_memory",
+    "check_power",
     "layerwise_mode",
     "samples_per_step",
 ]
@@ -49,11 +61,19 @@ MAX_NODES = 1_000_000  # above the largest machines built (tens of thousands of 
 MAX_PROCS_PER_NODE = 1024  # CPU ranks: a few hundred cores per node at most
 MAX_THREADS = 1024
 MAX_BATCH = 2**24  # samples per rank: above it arrays outgrow memory before anything is learnt
-MAX_ITERATIONS = 10**7
-MAX_SAMPLES = 10**6  # band samples
+# Simulated steps: 10,000 take seconds, 100,000 about a minute (the band adds --samples x 20).
+MAX_ITERATIONS = 100_000
+MAX_SAMPLES = 10_000  # band samples, each a simulation of min(--iterations, 20) steps
 MAX_FACTOR = 1e6  # a what-if that scales a link or a rank a million-fold (either way) is a typo
 MAX_BUCKET_MB = 2.0**20  # 1 TiB: past any model's gradients (and any collective's size)
 MAX_SYNC_EVERY = 1000  # local SGD periods run to hundreds of steps; the simulator plays whole ones
+# Predictions one sweep (or one --vary) makes: each takes a fraction of a second to seconds, so
+# a list with extra zeros would run for days; it is refused before the first.
+MAX_PREDICTIONS = 1000
+# Above these a figure is a typo: no node holds 16 sockets or a socket a thousand cores (nor
+# draws MAX_WATTS, 100 kW, per socket or GPU).
+MAX_SOCKETS = 16
+MAX_CORES_PER_SOCKET = 1024
 
 
 def check_bounds(cfg: Any) -> None:
@@ -70,6 +90,8 @@ def check_bounds(cfg: Any) -> None:
         ("--stages", cfg.stages or 1, 1, MAX_PROCS_PER_NODE * MAX_NODES),
         ("--microbatches", cfg.microbatches or 1, 1, MAX_BATCH),
         ("--sync-every", cfg.sync_every, 1, MAX_SYNC_EVERY),
+        ("--grad-accum", cfg.grad_accum, 1, MAX_BATCH),
+        ("--step-time-accum", cfg.step_time_accum or 1, 1, MAX_BATCH),
     )
     for flag, value, least, most in checks:
         if value < least:
@@ -83,6 +105,30 @@ def check_bounds(cfg: Any) -> None:
             f"got {cfg.bucket_mb:g}"
         )
     check_factors(cfg)
+    check_power(cfg)
+
+
+def check_power(cfg: Any) -> None:
+    """The power model's figures (:mod:`pdlsim.prediction.energy`) within a real machine's:
+    ``--cpu-watts``/``--gpu-watts`` as 0 <= IDLE <= BUSY <= :data:`MAX_WATTS`,
+    ``--node-other-watts`` up to it, ``--cpu-sockets`` within :data:`MAX_SOCKETS` x
+    :data:`MAX_CORES_PER_SOCKET`."""
+    for flag, pair in (("--cpu-watts", cfg.cpu_watts), ("--gpu-watts", cfg.gpu_watts)):
+        if pair is not None and not 0 <= pair[0] <= pair[1] <= MAX_WATTS:
+            raise UserError(
+                f"{flag} must be IDLE,BUSY watts with 0 <= IDLE <= BUSY <= {MAX_WATTS:,.0f} "
+                f"(e.g. 80,270), got {pair[0]:g},{pair[1]:g}"
+            )
+    other = cfg.node_other_watts
+    if other is not None and not 0 <= other <= MAX_WATTS:
+        raise UserError(f"--node-other-watts must be from 0 to {MAX_WATTS:,.0f}, got {other:g}")
+    if cfg.cpu_sockets is not None:
+        sockets, cores = cfg.cpu_sockets
+        if not (1 <= sockets <= MAX_SOCKETS and 1 <= cores <= MAX_CORES_PER_SOCKET):
+            raise UserError(
+                f"--cpu-sockets must be SOCKETSxCORES from 1x1 to "
+                f"{MAX_SOCKETS}x{MAX_CORES_PER_SOCKET}, got {sockets}x{cores}"
+            )
 
 
 def check_factors(cfg: Any) -> None:

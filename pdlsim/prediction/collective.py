@@ -11,12 +11,13 @@ from microbench.errors import UserError
 from pdlsim.costmodel.gpu_fabric import collective_band, fabric_of
 from pdlsim.costmodel.presets import DEFAULT_NODE_PRESET, load_hardware
 from pdlsim.prediction.checks import MAX_NODES
-from pdlsim.sim.nccl import NCCL_OPS
+from pdlsim.sim.nccl import NCCL_OPS, PROTOCOLS
 
 __all__ = ["collective_document"]
 
 
 MAX_COLLECTIVE_BYTES = 2**40  # one GPU's buffer: more than any GPU's memory is a typo
+MAX_SIZES = 10_000  # rows of one table: nccl-tests' whole 1 B..1 TiB range by 2 is 41
 
 
 def collective_document(
@@ -37,7 +38,14 @@ def collective_document(
         raise UserError(f"unknown collective '{op}'; known: {', '.join(NCCL_OPS)}")
     if not 1 <= nodes <= MAX_NODES:
         raise UserError(f"--nodes must be 1 to {MAX_NODES:,}, got {nodes:,}")
+    if protocol is not None and protocol not in PROTOCOLS:
+        raise UserError(f"unknown protocol '{protocol}'; known: {', '.join(PROTOCOLS)}")
     sizes = [int(size) for size in sizes]
+    if len(sizes) > MAX_SIZES:
+        raise UserError(
+            f"{len(sizes):,} sizes asked; give at most {MAX_SIZES:,} (a range with a larger "
+            "step factor, or a few sizes)"
+        )
     if sizes and max(sizes) > MAX_COLLECTIVE_BYTES:
         raise UserError(
             f"a collective's size must be at most {MAX_COLLECTIVE_BYTES:,} bytes (1 TiB, past any "

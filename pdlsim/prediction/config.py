@@ -14,9 +14,9 @@ from microbench.argtypes import (
     check_flag,
     check_integer,
     check_integers,
+    check_name,
     check_number,
     check_numbers,
-    check_text,
 )
 from microbench.errors import UserError
 from pdlsim.costmodel.presets import MAX_TIME_S, RATE_RANGE_BYTES_PER_S
@@ -141,16 +141,17 @@ class PredictConfig:
 
 # What a setting of each declared type must be (microbench.argtypes), so that a script's
 # ``batch="32"`` or ``overlap="no"`` is one line naming the setting, not a failure deep in the
-# simulator or a wrong value taken. ``model`` and ``profile`` are checked where they are loaded
-# (Workload.load, resolve_profile).
+# simulator or a wrong value taken; a text setting may not be empty (``network=""`` would else
+# be taken as no network given, the default). ``model`` and ``profile`` are checked where they
+# are loaded (Workload.load, resolve_profile).
 _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "int": check_integer,
     "int | None": check_integer,
     "float": check_number,
     "float | None": check_number,
     "bool": check_flag,
-    "str": lambda name, v: check_text(name, v, _EXAMPLES.get(name, "")),
-    "str | None": lambda name, v: check_text(name, v, _EXAMPLES.get(name, "")),
+    "str": lambda name, v: check_name(name, v, _EXAMPLES.get(name, "")),
+    "str | None": lambda name, v: check_name(name, v, _EXAMPLES.get(name, "")),
     "tuple[float, float] | None": lambda name, v: check_numbers(name, v, 2),
     "tuple[int, int] | None": lambda name, v: check_integers(name, v, 2),
     "tuple[float, ...] | None": check_numbers,

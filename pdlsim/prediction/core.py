@@ -21,9 +21,11 @@ the step time.
 from __future__ import annotations
 
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
+from microbench.fileio import check_writable
 from pdlsim.prediction.build import build, check_config
 from pdlsim.prediction.checks import layerwise_mode
 from pdlsim.prediction.config import PredictConfig
@@ -42,14 +44,32 @@ if TYPE_CHECKING:  # the heavy modules are imported where used: building the par
 __all__ = [
     "DATASET_SAMPLES",
     "check_config",
+    "check_trace_path",
     "run_prediction",
 ]
 
 BAND_ITERATIONS = 20
 
 
+def check_trace_path(trace: str) -> None:
+    """Refuse a ``--trace`` file that cannot be written, before any simulating: a place that
+    is no file (:func:`~microbench.fileio.check_writable`), or one in a folder that does not
+    exist (a mistyped folder is not created silently). The command line and the Python API
+    (``pdlsim.predict(trace=...)``) both pass here."""
+    check_writable(trace, "file", "--trace")
+    folder = Path(trace).parent
+    if not folder.is_dir():
+        raise UserError(
+            f"--trace {trace}: the folder {folder} does not exist; create it, or give a file "
+            "in an existing folder"
+        )
+
+
 def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, Any]:
-    """Predict one configuration: the JSON object ``pdlsim predict --json`` prints."""
+    """Predict one configuration: the JSON object ``pdlsim predict --json`` prints; with
+    ``trace``, a Chrome trace of its timeline written there (:func:`check_trace_path`)."""
+    if trace is not None:
+        check_trace_path(trace)
     if layerwise_mode(cfg):  # model or pipeline parallelism, or inference
         return run_layerwise(cfg, trace, BAND_ITERATIONS)
 

@@ -1,9 +1,14 @@
 """argparse actions that remember which options the user gave, and refuse contradictions.
 
+Both command lines register them (``pdlsim``'s parser and ``python -m microbench``'s
+:class:`microbench.cli.Parser`), so a flag given twice means the same thing in either.
+
 argparse keeps the last of two values silently (``--pinned --pageable``, ``--nodes 2 --nodes
 4``) and cannot tell a value given from its default. The store actions here record every
 option given (:func:`given`), so that commands can refuse a flag their mode would ignore, and
-make a second, different value of the same setting a usage error (one line, exit 2).
+make a second, different value of the same setting a usage error (one line, exit 2). An option
+given an empty text (``--network ''``) is one too: commands read a missing value as "take the
+default" (``name or default``), so an empty one would be dropped without a word.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ class _Once:
                 option: str | None) -> None:  # fmt: skip
         if option is None:  # a positional argument: given by definition
             return
+        if isinstance(value, str) and not value.strip():
+            parser.error(f"{option} is given an empty value: give one, or drop {option}")
         seen = getattr(namespace, _GIVEN, None)
         if seen is None:
             seen = {}

@@ -1,0 +1,178 @@
+"""Bad command-line values, flag combinations and API arguments: each class is refused where it
+originates (the shared parser or check), in one line, before any work.
+
+* an option given an empty text is refused, not taken as "not given" (the default);
+* counts that would keep the simulator, a sweep or a training run busy for hours are refused
+  at once, not after minutes;
+* the Python API refuses what the flag parsers refuse (power figures, empty names, a missing
+  trace folder, a repeated sweep value, an unknown protocol), as the project's UserError;
+* ``python -m microbench`` refuses a repeated flag and a thread count past the machine, as
+  ``pdlsim`` does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import pdlsim
+from microbench.__main__ import main as microbench_main
+from microbench.argtypes import ArgumentTypeError
+from microbench.errors import UserError
+from pdlsim.cli.knobs import parse_vary, vary
+from pdlsim.cli.sweep import sweep
+from pdlsim.prediction.checks import MAX_PREDICTIONS, check_bounds
+from pdlsim.prediction.config import PredictConfig
+from pdlsim.sim import Cluster
+from tests.conftest import pdlsim_here
+
+
+def _refused(result, *words: str) -> None:
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["predict", "--nodes", "2", "--gpus", "8", "--network", ""],
+        ["predict", "--nodes", "2", "--gpus", "8", "--node", " "],
+        ["predict", "--nodes", "2", "--gpus", "8", "--gpu-preset", ""],
+        ["collective", "allreduce", "--network", ""],
+        ["collective", "allreduce", "--node", ""],
+    ],
+)
+def test_an_empty_option_is_refused_not_taken_as_its_default(args):
+    flag = next(a for a in args if a.startswith("--") and args[args.index(a) + 1].strip() == "")
+    _refused(pdlsim_here(*args), flag, "empty")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--iterations", "100001"], "--iterations must be at most 100,000"),
+        (["--samples", "10001"], "--samples must be at most 10,000"),
+        (["--gpus", "8", "--grad-accum", "100000000"], "--grad-accum must be at most"),
+    ],
+)
+def test_a_simulation_that_would_run_for_hours_is_refused_at_once(args, message):
+    start = time.monotonic()
+    _refused(pdlsim_here("predict", "--nodes", "2", *args), message)
+    assert time.monotonic() - start < 30
+
+
+def test_a_sweep_of_more_configurations_than_a_day_holds_is_refused_before_the_first():
+    base = PredictConfig(iterations=2, samples=2)
+    with pytest.raises(UserError, match=f"give at most {MAX_PREDICTIONS:,}"):
+        sweep(base, tuple(range(1, MAX_PREDICTIONS + 2)), (1,), (32,))
+
+
+def test_a_bad_varied_value_is_refused_before_the_first_prediction():
+    calls = []
+    knobs = [parse_vary("bucket-mb=1,5"), parse_vary("sync-every=1,1000000")]
+    with pytest.raises(UserError, match="--vary sync-every=1000000: --sync-every must be at most"):
+        vary(PredictConfig(), knobs, predict=lambda cfg: calls.append(cfg))
+    assert calls == []  # nothing predicted for a sweep that cannot finish
+
+
+def test_one_size_and_a_range_of_sizes_together_are_refused():
+    _refused(pdlsim_here("collective", "allreduce", "--size", "8G", "-b", "1K"), "--size", "-b")
+    _refused(pdlsim_here("collective", "allreduce", "--size", "8G", "-f", "2"), "--size", "-f")
+
+
+@pytest.mark.parametrize("models", ["cnn,cnn", "mlp, mlp", "mlp,,cnn", "cnn,"])
+def test_a_list_of_names_with_a_repeat_or_a_gap_is_a_usage_error(models):
+    _refused(pdlsim_here("bench", "--model", models), "--model")
+    _refused(pdlsim_here("validate", "--models", models), "--models")
+
+
+def test_training_for_more_epochs_than_anyone_runs_is_refused_before_its_folder(tmp_path):
+    out = tmp_path / "run"
+    args = ["--epochs", "1" + "0" * 20, "--max-steps", "3", "--samples", "16", "--batch", "4"]
+    _refused(pdlsim_here("train", *args, "--out", str(out)), "--epochs must be at most")
+    assert not out.exists()
+
+
+# --- the Python API ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["network", "node", "gpu_preset", "algorithm", "hardware"])
+def test_an_empty_name_in_the_api_is_refused(name):
+    with pytest.raises(ArgumentTypeError, match=f"^{name} is empty"):
+        PredictConfig(gpus=8, **{name: ""})
+
+
+def test_an_empty_name_or_an_unknown_protocol_of_a_collective_is_refused():
+    with pytest.raises(UserError, match="node is empty"):
+        pdlsim.collective(node="")
+    with pytest.raises(UserError, match="unknown protocol 'LL'"):
+        pdlsim.collective(protocol="LL")  # was a KeyError from the tuning table
+    with pytest.raises(UserError, match="give at most"):
+        pdlsim.collective(sizes=range(1, 20_000))
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"cpu_sockets": (10**6, 4)}, "--cpu-sockets must be"),
+        ({"cpu_sockets": (0, 4)}, "--cpu-sockets must be"),
+        ({"cpu_watts": (300.0, 100.0)}, "--cpu-watts must be"),
+        ({"gpu_watts": (0.0, float("inf"))}, "--gpu-watts must be"),
+        ({"node_other_watts": float("nan")}, "--node-other-watts must be"),
+    ],
+)
+def test_power_figures_no_flag_would_take_are_refused_from_the_api(option, message):
+    with pytest.raises(UserError, match=message):
+        check_bounds(PredictConfig(**option))
+
+
+def test_a_cluster_that_makes_no_sense_is_a_user_error():
+    for make in (lambda: Cluster.gpus(0, 8), lambda: Cluster.cpus(1, 1, 0)):
+        with pytest.raises(UserError, match="at least 1"):
+            make()
+
+
+def test_a_trace_in_a_missing_folder_is_refused_and_no_folder_made(tmp_path):
+    trace = tmp_path / "missing" / "trace.json"
+    with pytest.raises(UserError, match="does not exist"):
+        pdlsim.predict("cnn", trace=str(trace), iterations=2, samples=2)
+    assert not trace.parent.exists()
+
+
+def test_a_value_listed_twice_in_an_api_sweep_is_refused():
+    with pytest.raises(UserError, match="nodes lists 2 twice"):
+        pdlsim.sweep("cnn", nodes=[2, 1, 2])
+
+
+# --- python -m microbench ---------------------------------------------------------------------
+
+
+def _microbench_refuses(capsys, args: list[str], *words: str) -> None:
+    try:
+        status = microbench_main(args)
+    except SystemExit as usage:  # argparse's errors
+        status = usage.code
+    assert status == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    for word in words:
+        assert word in err[0], err[0]
+
+
+def test_microbench_refuses_a_flag_given_twice_with_different_values(capsys, tmp_path):
+    args = ["jitter", "--batch", "4", "--batch", "8", "--out", str(tmp_path / "o")]
+    _microbench_refuses(capsys, args, "--batch is given twice")
+    _microbench_refuses(capsys, ["jitter", "--moment", "", "--out", str(tmp_path / "o")],
+                        "--moment", "empty")  # fmt: skip
+
+
+@pytest.mark.parametrize("command", [["jitter", "--threads", "100000"],
+                                     ["compute", "--threads", "1,100000"]])  # fmt: skip
+def test_microbench_refuses_more_threads_than_the_machine_runs(capsys, tmp_path, command):
+    out = tmp_path / "o"
+    _microbench_refuses(capsys, [*command, "--out", str(out)], "more than this machine can run")
+    assert not out.exists()
