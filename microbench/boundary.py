@@ -45,6 +45,11 @@ class Stopped(Exception):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
+    def __reduce__(self) -> tuple[type, tuple[int]]:
+        """Rebuilt from the signal number (``args`` holds its name): copies and pickles, as
+        exceptions crossing processes or ``copy`` are, give the same exception back."""
+        return type(self), (self.signum,)
+
 
 def raise_stopped(signum: int, frame: object) -> None:
     """A signal handler: raise :class:`Stopped` in the main thread."""

@@ -65,6 +65,18 @@ def test_sigterm_while_a_command_runs_processes_is_one_line(monkeypatch, capsys)
     assert capsys.readouterr().err == "pdlsim: stopped by SIGTERM\n"
 
 
+def test_a_stop_survives_a_copy_and_a_pickle():
+    """An exception is copied when it crosses a process (pickle) or a test's probe (copy):
+    ``Stopped`` comes back whole, not as "'SIGTERM' is not a valid Signals"."""
+    import copy
+    import pickle
+
+    for again in (copy.copy(Stopped(signal.SIGTERM)),
+                  pickle.loads(pickle.dumps(Stopped(signal.SIGHUP)))):  # fmt: skip
+        assert isinstance(again, Stopped) and str(again) in ("SIGTERM", "SIGHUP")
+    assert pickle.loads(pickle.dumps(Stopped(signal.SIGHUP))).signum == signal.SIGHUP
+
+
 def test_a_closed_stdout_is_no_traceback():
     result = subprocess.run(
         ["bash", "-c", f"'{sys.executable}' -m pdlsim workload show mlp >&-"],
