@@ -19,7 +19,12 @@ from typing import Any
 
 from microbench.errors import UserError
 
+# Samples per step on one rank, wherever a batch is given (a benchmark's, a prediction's): above
+# it the arrays outgrow any machine's memory before anything is learnt, so it is a typo.
+MAX_BATCH = 2**24
+
 __all__ = [
+    "MAX_BATCH",
     "ArgumentTypeError",
     "check_flag",
     "check_integer",

@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .argtypes import MAX_BATCH
 from .boundary import describe_failure, print_message
 from .errors import UserError
 from .fileio import new_run_dir, write_problem
@@ -31,6 +32,8 @@ if TYPE_CHECKING:  # only annotations: importing numpy here would come before BL
     from .sampling import SamplingPolicy
 
 __all__ = [
+    "MAX_REPEATS",
+    "MAX_SECONDS",
     "BenchmarkError",
     "Parser",
     "UsageError",
@@ -46,6 +49,7 @@ __all__ = [
     "path_argument",
     "policy_from_args",
     "positive_float",
+    "seconds",
     "start_mpi",
     "thread_level_name",
 ]
@@ -126,6 +130,13 @@ def file_path_argument(text: str) -> Path:
     return path
 
 
+# What a benchmark's own counts and durations may be: a million timed (or untimed) repetitions,
+# or a day, is past any measurement worth waiting for; beyond it a value is a typo with extra
+# zeros, which would keep the machine busy until someone stops it.
+MAX_REPEATS = 1_000_000
+MAX_SECONDS = 86_400.0
+
+
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
     try:
@@ -137,8 +148,18 @@ def positive_float(text: str) -> float:
     return value
 
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """argparse type: an integer >= ``minimum``."""
+def seconds(text: str) -> float:
+    """argparse type: a duration in seconds, > 0 and at most :data:`MAX_SECONDS` (a day)."""
+    value = positive_float(text)
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_SECONDS:,.0f} seconds (a day), got {text!r}"
+        )
+    return value
+
+
+def int_at_least(minimum: int, most: int | None = None) -> Callable[[str], int]:
+    """argparse type: an integer >= ``minimum`` (and <= ``most``, where given)."""
 
     def parse(text: str) -> int:
         try:
@@ -147,6 +168,8 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if most is not None and value > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most:,}, got {value:,}")
         return value
 
     return parse
@@ -220,7 +243,9 @@ def add_step_arguments(parser: argparse.ArgumentParser, per_rank: bool = False) 
         metavar="MODEL",
         help=f"workload preset ({', '.join(preset_names())}) or a workload JSON file (default mlp)",
     )
-    parser.add_argument("--batch", type=int_at_least(1), default=32, help="samples per step (32)")
+    parser.add_argument(
+        "--batch", type=int_at_least(1, MAX_BATCH), default=32, help="samples per step (32)"
+    )
     parser.add_argument(
         "--threads",
         type=int_at_least(1),
@@ -256,13 +281,13 @@ def add_step_count_arguments(
     one sample is."""
     parser.add_argument(
         "--samples",
-        type=int_at_least(1),
+        type=int_at_least(1, MAX_REPEATS),
         metavar="N",
         help=f"timed {what} (default {full[0]}, --quick {quick[0]})",
     )
     parser.add_argument(
         "--warmup",
-        type=int_at_least(1),
+        type=int_at_least(1, MAX_REPEATS),
         metavar="N",
         help=f"untimed steps first (default {full[1]}, --quick {quick[1]})",
     )
@@ -300,7 +325,7 @@ def add_sampling_arguments(
     )
     parser.add_argument(
         "--time-cap",
-        type=positive_float,
+        type=seconds,
         metavar="SECONDS",
         help="stop sampling a point after this long, warm-up included (default "
         f"{full.time_cap_s:g} s, --quick {quick.time_cap_s:g} s); the minimum sample count "

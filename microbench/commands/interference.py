@@ -9,6 +9,7 @@ import os
 import sys
 
 from ..cli import (
+    MAX_SECONDS,
     add_output_arguments,
     add_sampling_arguments,
     agree_on_usage,
@@ -72,7 +73,12 @@ def _milliseconds(text: str) -> tuple[float, ...]:
     items = [item.strip() for item in text.split(",")]
     if not all(items):
         raise argparse.ArgumentTypeError(f"empty item in {text!r}")
-    return tuple(positive_float(item) / 1e3 for item in items)
+    values = tuple(positive_float(item) / 1e3 for item in items)
+    if max(values) > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"a compute time must be at most {MAX_SECONDS * 1e3:,.0f} ms (a day), got {text!r}"
+        )
+    return values
 
 
 def _methods(text: str) -> tuple[str, ...]:

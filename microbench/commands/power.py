@@ -32,7 +32,7 @@ from ..cli import (
     add_step_arguments,
     checked_out_dir,
     path_argument,
-    positive_float,
+    seconds,
 )
 from ..power import EnergyReading
 
@@ -61,14 +61,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     for name, what in (("idle", "sleeping"), ("busy", "training")):
         parser.add_argument(
             f"--{name}-seconds",
-            type=positive_float,
+            type=seconds,
             metavar="S",
             help=f"seconds {what} (default {FULL[name + '_seconds']:g}, --quick "
             f"{QUICK[name + '_seconds']:g})",
         )
     parser.add_argument(
         "--interval",
-        type=positive_float,
+        type=seconds,
         metavar="S",
         help=f"seconds per sample (default {FULL['interval']:g}, --quick {QUICK['interval']:g})",
     )

@@ -45,6 +45,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..cli import (
+    MAX_REPEATS,
     UsageError,
     add_output_arguments,
     add_workloads_arguments,
@@ -95,14 +96,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument(
         "--samples",
-        type=int_at_least(1),
+        type=int_at_least(1, MAX_REPEATS),
         default=DEFAULT_SAMPLES,
         metavar="N",
         help=f"timed steps per workload (default {DEFAULT_SAMPLES})",
     )
     parser.add_argument(
         "--warmup",
-        type=int_at_least(1),
+        type=int_at_least(1, MAX_REPEATS),
         default=DEFAULT_WARMUP,
         metavar="N",
         help=f"untimed steps first (default {DEFAULT_WARMUP})",

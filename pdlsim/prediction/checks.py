@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from microbench.argtypes import MAX_BATCH
 from microbench.errors import UserError
 from microbench.machine import usable_memory_bytes
 from pdlsim.costmodel.presets import MAX_GPUS_PER_NODE, MAX_WATTS
@@ -60,7 +61,6 @@ __all__ = [
 MAX_NODES = 1_000_000  # above the largest machines built (tens of thousands of nodes)
 MAX_PROCS_PER_NODE = 1024  # CPU ranks: a few hundred cores per node at most
 MAX_THREADS = 1024
-MAX_BATCH = 2**24  # samples per rank: above it arrays outgrow memory before anything is learnt
 # Simulated steps: 10,000 take seconds, 100,000 about a minute (the band adds --samples x 20).
 MAX_ITERATIONS = 100_000
 MAX_SAMPLES = 10_000  # band samples, each a simulation of min(--iterations, 20) steps

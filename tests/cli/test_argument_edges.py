@@ -176,3 +176,22 @@ def test_microbench_refuses_more_threads_than_the_machine_runs(capsys, tmp_path,
     out = tmp_path / "o"
     _microbench_refuses(capsys, [*command, "--out", str(out)], "more than this machine can run")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        (["speed", "--samples", "100000000"], ("--samples", "at most 1,000,000")),
+        (["jitter", "--warmup", "10000000"], ("--warmup", "at most 1,000,000")),
+        (["jitter", "--batch", "100000000"], ("--batch", "at most 16,777,216")),
+        (["collectives", "--time-cap", "1e300"], ("--time-cap", "a day")),
+        (["power", "--busy-seconds", "1e9"], ("--busy-seconds", "a day")),
+        (["interference", "--compute-ms", "1,1e12"], ("--compute-ms", "a day")),
+    ],
+)
+def test_microbench_refuses_counts_and_durations_that_run_for_days(capsys, tmp_path, command,
+                                                                   words):  # fmt: skip
+    """A count or a duration with extra zeros would keep the machine busy until stopped."""
+    out = tmp_path / "o"
+    _microbench_refuses(capsys, [*command, "--out", str(out)], *words)
+    assert not out.exists()
