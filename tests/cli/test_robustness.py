@@ -237,8 +237,8 @@ def test_every_section_of_the_packaged_profiles_still_builds():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["predict", "--nodes", "2", "--model", ""], "the workload name is empty"),
-        (["predict", "--nodes", "2", "--profile", ""], "the profile name is empty"),
+        (["predict", "--nodes", "2", "--model", ""], "--model is given an empty value"),
+        (["predict", "--nodes", "2", "--profile", ""], "--profile is given an empty value"),
         (["sweep", "--nodes", "1", "--out", ""], "the path is empty"),
         (["predict", "--nodes", "2", "--trace", ""], "the path is empty"),
         (["train", "--out", ""], "the path is empty"),
