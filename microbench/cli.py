@@ -27,6 +27,7 @@ from .boundary import describe_failure, print_message
 from .errors import UserError
 from .fileio import new_run_dir, write_problem
 from .options import register_once_actions
+from .threads import MAX_THREADS_PER_CORE, available_cores, too_many_threads
 
 if TYPE_CHECKING:  # only annotations: importing numpy here would come before BLAS is set up
     from .sampling import SamplingPolicy
@@ -180,8 +181,6 @@ def thread_count_problem(args: argparse.Namespace) -> str | None:
     more threads per rank than this machine can run (:func:`microbench.threads.too_many_threads`,
     a count with extra zeros), which would else start that many threads and stall the machine
     instead of measuring it. Decided from argv alone, so every rank of a launch agrees."""
-    from .threads import MAX_THREADS_PER_CORE, available_cores, too_many_threads
-
     threads = getattr(args, "threads", None)
     if not threads:
         return None

@@ -207,11 +207,7 @@ class RecordWriter:
         self._bare = True  # this writer made the file, and it holds the header alone
 
     def _open_for_append(self, machine: Mapping[str, Any]) -> dict[str, Any]:
-        with open(self.path, encoding="utf-8", errors="replace") as f:
-            try:
-                header = _parse_header(self.path, f.readline())
-            except RecordsError as exc:
-                raise RecordsAppendError(exc.path, exc.line, exc.problem) from None
+        header = _append_header(self.path)
         _repair_tail(self.path)
         old_host, new_host = header["machine"].get("hostname"), machine.get("hostname")
         if old_host and new_host and old_host != new_host:
@@ -281,17 +277,24 @@ def append_problem(path: str | os.PathLike[str]) -> str | None:
     header of this schema and version, or it cannot be read), or None when they can: asked
     before a benchmark runs, so that its records are not lost at the end, and one line for the
     user (a :class:`RecordsError` escaped as a traceback)."""
-    path = Path(path)
     try:
-        with open(path, "rb") as f:
-            first = f.readline(1 << 20)
-        if first:
-            _parse_header(path, first.decode("utf-8", "replace"))
-    except RecordsError as exc:
-        return str(RecordsAppendError(exc.path, exc.line, exc.problem))
+        _append_header(Path(path))
+    except RecordsAppendError as exc:
+        return str(exc)
     except OSError as exc:
         return f"cannot append to {path} ({exc.strerror}); give another --out"
     return None
+
+
+def _append_header(path: Path) -> dict[str, Any]:
+    """The header of the existing records file ``path``, which records are to be appended to;
+    :class:`RecordsAppendError` when its first line is no header of this schema and version
+    (read up to 1 MiB: a header is a few KiB, and a file with no line breaks is no records)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        try:
+            return _parse_header(path, f.readline(1 << 20))
+        except RecordsError as exc:
+            raise RecordsAppendError(exc.path, exc.line, exc.problem) from None
 
 
 def _repair_tail(path: Path) -> None:
