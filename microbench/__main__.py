@@ -34,7 +34,7 @@ from .errors import UserError  # noqa: E402
 
 COMMANDS = (
     "collectives", "jitter", "interference", "compute", "copies", "power", "compression", "storage",
-    "speed", "kernels",
+    "speed", "kernels", "nodefill",
 )  # fmt: skip
 
 

@@ -158,7 +158,8 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
         ("copies", "host<->device copies"),
         ("compression", "gradient compression (fp16, top-k)"),
         ("storage", "checkpoint writes (atomic, fsynced) into the run directory"),
-    ):  # one process, one thread, records into ranks1/
+        ("nodefill", "one core's kernels as the node fills (1 process to every core)"),
+    ):  # one process, one thread (nodefill starts its own), records into ranks1/
         command = (sys.executable, *_microbench(name, "--out", ranks1, *quick))
         stages.append(Stage(name, label, command, ranks=1, threads=1))
     jitter_threads = min(plan.threads)

@@ -12,7 +12,7 @@ from tests.conftest import run_pdlsim
 def test_the_plan_runs_compute_once_and_mpi_stages_per_process_count(tmp_path):
     stages = plan_stages(BenchPlan(out=tmp_path, procs=(1, 2, 4), threads=(1, 2)))
     names = [s.name for s in stages]
-    assert names[:5] == ["kernels", "compute", "copies", "compression", "storage"]
+    assert names[:6] == ["kernels", "compute", "copies", "compression", "storage", "nodefill"]
     kernels = list(stages[0].command)
     assert kernels[kernels.index("kernels") + 1 :][:2] == ["--threads", "1,2"]
     assert "--model" not in kernels  # the sweep runs no workload
@@ -114,7 +114,7 @@ def test_speed_checks_are_spread_over_the_calibration_in_one_file(tmp_path):
     names = [s.name for s in stages]
     speed = [i for i, n in enumerate(names) if n.startswith("speed")]
     assert [names[i - 1] for i in speed] == [
-        "storage", "jitter-p1-cnn", "jitter-p2-cnn-m2", "jitter-p2-cnn-m3"
+        "nodefill", "jitter-p1-cnn", "jitter-p2-cnn-m2", "jitter-p2-cnn-m3"
     ]  # fmt: skip
     moments = []
     for k, i in enumerate(speed):
