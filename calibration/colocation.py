@@ -18,7 +18,14 @@ minutes apart, that ratio also carries whatever else the machine was doing meanw
 is one (the median over batches); between measured R, linear in R from 1 at one rank; above the
 largest measured R, the factor at that R (held, not extrapolated: an assumption the consumer
 reports); an unmeasured thread count takes the model's points at the measured ones, and an
-unmeasured model the median factor of the measured models at that R.
+unmeasured model the median factor of the measured models at that R. Where the calibration
+also ran the node-fill benchmark (:mod:`calibration.nodefill`), the factor above the largest
+measured R is carried on by the node's own slowdown instead of held:
+
+    factor(R) = factor(R_max) * max(1, S(R) / S(R_max)),
+
+the interval likewise from the kernels' range of S(R) (more busy cores never speed a core up,
+so a ratio below one, a noisy level, carries nothing).
 
 A **span** (:meth:`ColocationModel.add_moments`: ``pdlsim validate``'s 2-rank jitter checks
 between its training launches, one moment each) is the stretch of time the predictions are for.
@@ -40,6 +47,7 @@ import pandas as pd
 from scipy import stats
 
 from .drift import MIN_MOMENTS
+from .nodefill import NodeFill, fit_node_fill
 from .stats import Interval
 
 __all__ = ["ColocationModel", "ColocationPoint"]
@@ -120,9 +128,12 @@ class ColocationModel:
     def __init__(self, n_boot: int = 200, confidence: float = 0.95, seed: int = 0) -> None:
         self.n_boot, self.confidence, self.seed = n_boot, confidence, seed
         self.points_: list[ColocationPoint] = []
+        self.node_fill_: NodeFill | None = None
 
     def fit(self, df: pd.DataFrame) -> ColocationModel:
-        """From "jitter" measurement records (per-rank rows); no pair of R and 1: no points."""
+        """From "jitter" measurement records (per-rank rows; no pair of R and 1: no points)
+        and "nodefill" records where there are some."""
+        self.node_fill_ = fit_node_fill(df)
         rows = df[(df["type"] == "measurement") & (df["benchmark"] == "jitter")]
         missing = [f"params.{k}" for k in _KEYS if f"params.{k}" not in rows]
         if rows.empty or missing:
@@ -203,11 +214,27 @@ class ColocationModel:
         known = sorted(measured)
         if ranks_per_node >= known[-1]:
             value, low, high = measured[known[-1]]
-            return value, Interval(low, high)
+            carried = self.carried_by_node_fill(ranks_per_node)
+            if carried is None:
+                return value, Interval(low, high)
+            ratio, ratio_low, ratio_high = carried
+            return value * ratio, Interval(low * ratio_low, high * ratio_high)
         grid = np.array([1, *known], dtype=float)
         columns = np.array([(1.0, 1.0, 1.0), *(measured[r] for r in known)]).T
         value, low, high = (float(np.interp(ranks_per_node, grid, c)) for c in columns)
         return value, Interval(low, high)
+
+    def carried_by_node_fill(self, ranks_per_node: int) -> tuple[float, float, float] | None:
+        """``(ratio, low, high)`` by which the factor at the largest measured ranks per node
+        is carried to ``ranks_per_node`` above it (module docstring); None where nothing is
+        carried: no node fill measured, or not above the measured ranks."""
+        held = self.max_ranks_per_node
+        if self.node_fill_ is None or ranks_per_node <= held:
+            return None
+        base, _, _ = self.node_fill_.slowdown(held)
+        value, low, high = self.node_fill_.slowdown(ranks_per_node)
+        ratio = max(1.0, value / base)
+        return ratio, min(ratio, max(1.0, low / base)), max(ratio, high / base)
 
     def span_moments(self, model: str, threads: int) -> int:
         """The span moments behind :meth:`factor`'s points for ``model`` and ``threads`` (the
@@ -234,14 +261,21 @@ class ColocationModel:
         return {"n_points": len(self.points_), "max_interval_width": max(widths, default=None)}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "points": {p.label: p.to_dict() for p in self.points_},
             "confidence": self.confidence,
             "held_above_ranks_per_node": self.max_ranks_per_node,
         }
+        if self.node_fill_ is not None:
+            out["node_fill"] = self.node_fill_.to_dict()
+            del out["held_above_ranks_per_node"]
+            out["carried_above_ranks_per_node"] = self.max_ranks_per_node
+        return out
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ColocationModel:
         model = cls(confidence=float(doc.get("confidence", 0.95)))
         model.points_ = [ColocationPoint.from_dict(p) for p in doc["points"].values()]
+        if doc.get("node_fill") is not None:
+            model.node_fill_ = NodeFill.from_dict(doc["node_fill"])
         return model

@@ -37,7 +37,7 @@ _SECTIONS: dict[str, tuple[str, Callable[[int, int], Any], bool]] = {
     "transfer": ("copies", lambda n, s: TransferModel(n_boot=n, seed=s), False),
     "jitter": ("jitter", lambda n, s: JitterModel(n_boot=n, seed=s), True),
     "overlap": ("interference", lambda n, s: OverlapModel(n_boot=n, seed=s), False),
-    "colocation": ("jitter", lambda n, s: ColocationModel(n_boot=n, seed=s), False),
+    "colocation": ("jitter+nodefill", lambda n, s: ColocationModel(n_boot=n, seed=s), False),
     "drift": ("compute+jitter+speed", lambda n, s: DriftModel(), False),
     "compression": ("compression", lambda n, s: CompressionModel(n_boot=n, seed=s), False),
     "storage": ("storage", lambda n, s: StorageModel(n_boot=n, seed=s), False),

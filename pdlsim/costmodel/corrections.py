@@ -18,7 +18,7 @@ CORRECTIONS: dict[str, str] = {
     "interplay": "kernels run slower inside a step than alone, the caches holding the previous "
     "kernel's data (the same step benchmark, a factor per thread count)",
     "colocation": "ranks sharing a node slow each other's compute (the jitter step at 1 and at "
-    "P ranks per node)",
+    "P ranks per node; above P, carried by the node-fill benchmark's slowdown where measured)",
 }
 
 

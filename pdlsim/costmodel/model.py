@@ -40,7 +40,8 @@
   update phases add up to.
 * **Co-location.** CPU ranks sharing a node slow each other down (memory bandwidth, caches):
   compute is multiplied by the profile's measured co-location factor at ``ranks_per_node``
-  (:mod:`calibration.colocation`; held at the largest measured ranks per node beyond it).
+  (:mod:`calibration.colocation`; beyond the largest measured ranks per node, carried by the
+  node-fill slowdown where the profile measured it, else held).
 * **Drift.** The same step measured at several moments of the calibration
   (:mod:`calibration.drift`) gives the machine's typical speed and the spread around it. CPU
   compute is divided by exp(the compute stage's log-offset from typical), so a prediction
@@ -264,10 +265,16 @@ class ProfileCostModel(ComputeCost):
                 held = colocation.max_ranks_per_node
                 moments = colocation.span_moments(workload or "", 1)
                 source = f"{moments} span moments of " if moments else ""
+                carried = colocation.carried_by_node_fill(ranks_per_node)
+                above = f", held above {held}" if ranks_per_node > held else ""
+                if carried is not None:
+                    above = (
+                        f", carried above {held} by the node-fill slowdown "
+                        f"(x{carried[0]:.3f} from {held} to {ranks_per_node} busy cores)"
+                    )
                 prov["co-location"] = (
                     f"profile ({source}jitter at 1 and {held} ranks per node): x{factor:.3f} at "
-                    f"{ranks_per_node} per node"
-                    + (f", held above {held}" if ranks_per_node > held else "")
+                    f"{ranks_per_node} per node{above}"
                 )
         drift = profile.model("drift") if profile.models.get("drift") else None
         # the drift of the steps this prediction computes with: the host's, or the GPU steps'

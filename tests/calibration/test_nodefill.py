@@ -1,0 +1,134 @@
+"""The node-fill slowdown: known per-kernel slowdowns recovered from synthetic records, its
+law between and beyond the measured levels, and the co-location factor it carries above the
+ranks per node the jitter benchmark measured."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from calibration.colocation import ColocationModel
+from calibration.nodefill import NodeFill, fit_node_fill
+from calibration.profile import Profile
+from microbench.measurement import Measurement
+from microbench.records import RecordWriter, load_dataframe
+from pdlsim.prediction.config import resolve_profile
+from tests.calibration.test_colocation import _write_jitter
+from tests.conftest import run_pdlsim
+
+BASE_S = {"gemm": 2e-3, "stream": 60e-3, "calls": 0.08e-3}
+SLOWDOWN = {  # made-up slowdowns at 1, 2, 4 and 8 busy cores
+    "gemm": (1.0, 1.1, 1.2, 1.5),
+    "stream": (1.0, 1.2, 1.6, 2.4),
+    "calls": (1.0, 1.0, 1.1, 1.3),
+}
+LEVELS = (1, 2, 4, 8)
+
+
+def _write_fill(writer, rng, slowdown=SLOWDOWN, levels=LEVELS, outlier: float = 3.0) -> None:
+    """Three launches per level; the last launch of every level is ``outlier`` times slower
+    (a launch whose processes shared cores), which the median over launches must shrug off."""
+    for i, k in enumerate(levels):
+        for launch in range(3):
+            slower = outlier if launch == 2 and k > 1 else 1.0
+            for process in range(k):
+                for kernel, base in BASE_S.items():
+                    median = base * slowdown[kernel][i] * slower
+                    samples = median * rng.lognormal(0.0, 0.02, 51)
+                    params = {"kernel": kernel, "procs": k, "launch": launch, "process": process}
+                    writer.write(Measurement(samples, "nodefill", kernel, params).to_record())
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    run = tmp_path_factory.mktemp("nodefill")
+    rng = np.random.default_rng(2)
+    with RecordWriter(run / "nodefill.jsonl", {"hostname": "synthetic"}) as writer:
+        _write_fill(writer, rng)
+    with RecordWriter(run / "jitter.jsonl", {"hostname": "synthetic"}) as writer:
+        _write_jitter(writer, rng, "cnn", 1, 16e-3)
+        _write_jitter(writer, rng, "cnn", 2, 16e-3 * 1.25)
+    return load_dataframe(run, type="measurement")
+
+
+def test_recovers_each_kernels_slowdown_and_their_geometric_mean(records):
+    fill = fit_node_fill(records)
+    assert fill.levels == LEVELS
+    for kernel, expected in SLOWDOWN.items():
+        assert fill.kernels[kernel] == pytest.approx(expected, rel=0.02)
+    table = np.array(list(SLOWDOWN.values()))
+    assert fill.slowdowns == pytest.approx(np.exp(np.log(table).mean(axis=0)), rel=0.02)
+    assert fill.lows == pytest.approx(table.min(axis=0), rel=0.02)
+    assert fill.highs == pytest.approx(table.max(axis=0), rel=0.02)
+
+
+def test_interpolates_in_log_k_and_holds_above_the_largest_level():
+    fill = NodeFill((1, 2, 8), (1.0, 1.2, 1.8), (1.0, 1.1, 1.5), (1.0, 1.3, 2.0), {})
+    assert fill.slowdown(1) == (1.0, 1.0, 1.0)
+    assert fill.slowdown(4)[0] == pytest.approx(1.5)  # in log k, 4 is halfway from 2 to 8
+    assert fill.slowdown(64) == fill.slowdown(8) == (1.8, 1.5, 2.0)
+    assert NodeFill.from_dict(fill.to_dict()) == fill
+
+
+def test_no_one_process_level_gives_no_node_fill(tmp_path):
+    with RecordWriter(tmp_path / "nodefill.jsonl", {"hostname": "synthetic"}) as writer:
+        _write_fill(writer, np.random.default_rng(0), levels=(2, 4))
+    assert fit_node_fill(load_dataframe(tmp_path, type="measurement")) is None
+
+
+def test_the_colocation_factor_is_carried_above_the_jitters_ranks(records):
+    model = ColocationModel(n_boot=50).fit(records)
+    at_2, ci_2 = model.factor("cnn", 1, 2)
+    assert at_2 == pytest.approx(1.25, rel=0.02)
+    fill = model.node_fill_
+    for k in (4, 8, 16):
+        ratio = fill.slowdown(k)[0] / fill.slowdown(2)[0]
+        value, ci = model.factor("cnn", 1, k)
+        assert value == pytest.approx(at_2 * ratio)
+        assert ci.low <= value <= ci.high
+        assert ci.high > ci_2.high  # the kernels' range widens the interval
+    assert model.factor("cnn", 1, 16) == model.factor("cnn", 1, 8)  # the node has 8 cores
+    assert model.carried_by_node_fill(2) is None
+    doc = Profile(machine={}, models={"colocation": model.to_dict()}).to_dict()
+    again = ColocationModel.from_dict(doc["models"]["colocation"])
+    assert again.factor("cnn", 1, 8) == model.factor("cnn", 1, 8)
+
+
+def test_a_level_below_the_jitters_carries_nothing(records):
+    """A node-fill level that came out faster than the one below (a noisy launch set) does not
+    make more busy cores speed a core up: the factor is held."""
+    model = ColocationModel(n_boot=50).fit(records)
+    model.node_fill_ = NodeFill((1, 2, 4), (1.0, 1.5, 1.2), (1.0, 1.4, 1.1), (1.0, 1.6, 1.3), {})
+    assert model.factor("cnn", 1, 4)[0] == model.factor("cnn", 1, 2)[0]
+
+
+def test_without_node_fill_the_factor_is_held(records):
+    model = ColocationModel(n_boot=50).fit(records[records["benchmark"] == "jitter"])
+    assert model.node_fill_ is None
+    assert model.factor("cnn", 1, 8) == model.factor("cnn", 1, 2)
+    assert "node_fill" not in model.to_dict()
+
+
+def test_predict_carries_the_compute_and_says_so(tmp_path):
+    """Above the jitter's 2 ranks per node, a profile with a node fill multiplies every
+    rank's compute by S(R) / S(2) over the same profile without one, and its sources say so."""
+    doc = resolve_profile("xeon-2core")[0].to_dict()
+    held, carried = tmp_path / "held.json", tmp_path / "carried.json"
+    held.write_text(json.dumps(doc))
+    fill = NodeFill((1, 2, 4, 8), (1.0, 1.1, 1.3, 1.6), (1.0, 1.05, 1.2, 1.4),
+                    (1.0, 1.2, 1.5, 1.9), {})  # fmt: skip
+    doc["models"]["colocation"]["node_fill"] = fill.to_dict()
+    carried.write_text(json.dumps(doc))
+    out = {}
+    for path in (held, carried):
+        result = run_pdlsim("predict", "--nodes", "1", "--procs-per-node", "8", "--model", "cnn",
+                            "--profile", str(path), "--json", timeout=120)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        out[path] = json.loads(result.stdout)
+    ratio = out[carried]["breakdown"]["compute_s"] / out[held]["breakdown"]["compute_s"]
+    assert ratio == pytest.approx(1.6 / 1.1, rel=1e-9)
+    assert "held above 2" in out[held]["provenance"]["co-location"]
+    line = out[carried]["provenance"]["co-location"]
+    assert "carried above 2 by the node-fill slowdown (x1.455 from 2 to 8 busy cores)" in line
