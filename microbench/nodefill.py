@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["CALLS_ELEMENTS", "CALLS_PER_SAMPLE", "GEMM_N", "KERNELS", "fill", "levels",
-           "stream_elements"]  # fmt: skip
+__all__ = ["CALLS_ELEMENTS", "CALLS_PER_SAMPLE", "GEMM_N", "KERNELS", "NodeFillError", "fill",
+           "levels", "stream_elements"]  # fmt: skip
 
 KERNELS = ("gemm", "stream", "calls")
 GEMM_N = 512
@@ -39,6 +39,11 @@ CALLS_PER_SAMPLE = 200
 CALLS_ELEMENTS = 256
 WARMUP_CALLS = 3
 _ONE_THREAD = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+_REPORT_GRACE_S = 60.0  # beyond the timed seconds, for a process to start and report
+
+
+class NodeFillError(RuntimeError):
+    """The processes of one level could not be started or did not all report."""
 
 
 def levels(cores: int) -> list[int]:
@@ -79,6 +84,14 @@ def _kernel(name: str, elements: int) -> Callable[[], Any]:
 
 
 def _worker(barrier: Any, results: Any, seconds: float, elements: int) -> None:
+    try:
+        results.put(_timed_kernels(barrier, seconds, elements))
+    except Exception as exc:  # reported by the parent in one line, not as a child's traceback
+        barrier.abort()  # the others stop waiting for this one
+        results.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _timed_kernels(barrier: Any, seconds: float, elements: int) -> dict[str, list[float]]:
     out = {}
     for name in KERNELS:
         run = _kernel(name, elements)
@@ -93,7 +106,7 @@ def _worker(barrier: Any, results: Any, seconds: float, elements: int) -> None:
             samples.append(time.perf_counter() - start)
         out[name] = samples
         barrier.wait()  # and none starts the next while another still times this one
-    results.put(out)
+    return out
 
 
 @contextmanager
@@ -115,19 +128,37 @@ def fill(k: int, seconds: float, elements: int) -> list[dict[str, list[float]]]:
     """Every kernel's raw samples (seconds per call) from each of ``k`` processes run at once,
     ``seconds`` of timed calls per kernel after :data:`WARMUP_CALLS` untimed ones."""
     import multiprocessing as mp
+    import queue
 
     ctx = mp.get_context("spawn")
-    barrier, results = ctx.Barrier(k), ctx.Queue()
-    with _one_thread_children():
-        procs = [ctx.Process(target=_worker, args=(barrier, results, seconds, elements),
-                             daemon=True) for _ in range(k)]  # fmt: skip
-        for proc in procs:
-            proc.start()
+    procs: list[Any] = []
     try:
-        out = [results.get(timeout=120 + 10 * seconds) for _ in procs]
+        barrier, results = ctx.Barrier(k), ctx.Queue()
+        with _one_thread_children():
+            for _ in range(k):
+                procs.append(ctx.Process(target=_worker, daemon=True,
+                                         args=(barrier, results, seconds, elements)))  # fmt: skip
+                procs[-1].start()
+        out: list[dict[str, list[float]]] = []
+        deadline = time.monotonic() + _REPORT_GRACE_S + len(KERNELS) * seconds
+        while len(out) < k:
+            try:
+                item = results.get(timeout=0.5)
+            except queue.Empty:
+                failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if failed:
+                    raise NodeFillError(f"a process exited with status {failed[0]}") from None
+                if time.monotonic() > deadline:
+                    raise NodeFillError("a process did not report in time") from None
+                continue
+            if "error" in item:
+                raise NodeFillError(f"a process failed: {item['error']}")
+            out.append(item)
+    except OSError as exc:  # no semaphores or processes to be had here
+        raise NodeFillError(f"cannot start {k} processes ({exc})") from None
     finally:
         for proc in procs:
-            proc.join(timeout=30)
+            proc.join(timeout=5)
             if proc.is_alive():
                 proc.terminate()
     return out

@@ -13,7 +13,6 @@ import sys
 
 from ..cli import (
     MAX_REPEATS,
-    BenchmarkError,
     UsageError,
     add_output_arguments,
     checked_out_dir,
@@ -52,14 +51,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    import queue
-
     import numpy as np
 
     from ..cli import under_launcher
     from ..machine import machine_metadata
     from ..measurement import Measurement
-    from ..nodefill import KERNELS, WARMUP_CALLS, fill, levels, stream_elements
+    from ..nodefill import KERNELS, WARMUP_CALLS, NodeFillError, fill, levels, stream_elements
     from ..records import RecordWriter
     from ..reference import DEFAULT_LLC_BYTES, available_memory_bytes, last_level_cache_bytes
     from ..threads import available_cores
@@ -91,9 +88,11 @@ def run(args: argparse.Namespace) -> int:
             for launch in range(launches):
                 try:
                     results = fill(k, timed_s, elements)
-                except queue.Empty:
-                    raise BenchmarkError(f"nodefill: a process of {k} did not report (out "
-                                         "of memory?); give fewer --procs") from None  # fmt: skip
+                except NodeFillError as exc:
+                    print(f"nodefill: stopped at {k} processes: {exc}; the levels before it are "
+                          "kept, and a calibration holds its co-location above them",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                    return 0
                 for process, samples in enumerate(results):
                     for name in KERNELS:
                         params = {"kernel": name, "procs": k, "launch": launch,

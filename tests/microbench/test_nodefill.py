@@ -3,7 +3,11 @@ samples recorded; counts above the cores and launches under mpiexec refused in o
 
 from __future__ import annotations
 
-from microbench.nodefill import KERNELS, levels, stream_elements
+import time
+
+import pytest
+
+from microbench.nodefill import KERNELS, NodeFillError, fill, levels, stream_elements
 from microbench.records import read_records
 from tests.conftest import run_microbench
 
@@ -41,3 +45,12 @@ def test_more_processes_than_cores_are_refused_before_any_record(tmp_path):
     assert "more than the" in proc.stderr and "cores here" in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_process_that_fails_is_reported_at_once_not_waited_for():
+    """Stream arrays no machine has: each process fails at its allocation; fill says so within
+    seconds instead of waiting out its grace."""
+    start = time.monotonic()
+    with pytest.raises(NodeFillError, match="a process failed: .*Memory"):
+        fill(2, 0.01, 10**15)
+    assert time.monotonic() - start < 30
