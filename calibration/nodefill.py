@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from microbench.errors import UserError
+
 __all__ = ["NodeFill", "fit_node_fill"]
 
 _PARAMS = ("params.kernel", "params.procs", "params.launch", "params.process")
@@ -82,8 +84,15 @@ def fit_node_fill(df: pd.DataFrame) -> NodeFill | None:
     """The node-fill slowdowns of the "nodefill" records in ``df``; None without them or
     without a one-process level to measure against."""
     rows = df[(df["type"] == "measurement") & (df["benchmark"] == "nodefill")]
-    if rows.empty or any(p not in rows for p in _PARAMS):
+    if rows.empty:
         return None
+    for column in _PARAMS:  # their kinds are checked where the records are read
+        absent = rows[column].isna() if column in rows else pd.Series(True, index=rows.index)
+        if absent.any():
+            first = int(absent.to_numpy().argmax())
+            where = f"in {rows['source'].iloc[first]} " if "source" in rows else ""
+            raise UserError(f"a nodefill record {where}has no '{column}'; re-run "
+                            "'python -m microbench nodefill'")  # fmt: skip
     medians = rows.assign(
         median=[float(np.median(s)) for s in rows["samples"]],
         **{"params.procs": rows["params.procs"].astype(int)},

@@ -33,8 +33,9 @@ _TEXT_FIELDS = ("benchmark", "name")
 # a string, a null or a bool where a count belongs was a traceback deep in pandas or numpy, or
 # a fit on nonsense. A field a record leaves out is not checked here (the fitter that needs it
 # says so); fields not listed are not read.
-_COUNTS = ("base_n", "batch", "bytes", "elements", "flops", "k", "m", "n", "op_calls", "rank",
-           "ranks", "ranks_per_node", "threads", "total_bytes", "wire_bytes")  # fmt: skip
+_COUNTS = ("base_n", "batch", "bytes", "elements", "flops", "k", "launch", "m", "n", "op_calls",
+           "process", "procs", "rank", "ranks", "ranks_per_node", "threads", "total_bytes",
+           "wire_bytes")  # fmt: skip
 _TEXTS = ("device", "direction", "dtype", "kernel", "layout", "method", "model", "moment", "op",
           "operation", "phase", "statistic", "variant", "workload_json")  # fmt: skip
 _FLAGS = ("in_place", "oversubscribed", "pinned")

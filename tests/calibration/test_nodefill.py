@@ -5,13 +5,16 @@ ranks per node the jitter benchmark measured."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 
 from calibration.colocation import ColocationModel
 from calibration.nodefill import NodeFill, fit_node_fill
+from calibration.pipeline import load_measurements
 from calibration.profile import Profile
+from microbench.errors import UserError
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter, load_dataframe
 from pdlsim.prediction.config import resolve_profile
@@ -132,3 +135,23 @@ def test_predict_carries_the_compute_and_says_so(tmp_path):
     assert "held above 2" in out[held]["provenance"]["co-location"]
     line = out[carried]["provenance"]["co-location"]
     assert "carried above 2 by the node-fill slowdown (x1.455 from 2 to 8 busy cores)" in line
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"procs": "two"}, "'params.procs' must be a whole number >= 0, got 'two'"),
+        ({"launch": None}, "a nodefill record in nodefill.jsonl has no 'params.launch'"),
+    ],
+)
+def test_a_damaged_nodefill_record_is_named_in_one_line(tmp_path, change, message):
+    """As ``calibrate --from`` reads and fits them: a one-line UserError naming the field."""
+    with RecordWriter(tmp_path / "nodefill.jsonl", {"hostname": "synthetic"}) as writer:
+        _write_fill(writer, np.random.default_rng(3), levels=(1, 2))
+    lines = (tmp_path / "nodefill.jsonl").read_text().splitlines()
+    record = json.loads(lines[1])
+    record["params"].update(change)
+    lines[1] = json.dumps(record)
+    (tmp_path / "nodefill.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=re.escape(message)):
+        ColocationModel(n_boot=10).fit(load_measurements(tmp_path))
