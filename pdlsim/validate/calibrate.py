@@ -19,6 +19,7 @@ __all__ = [
     "CALIBRATION_PROCS",
     "STEAL_WARNING",
     "calibrate_now",
+    "calibrated_ranks",
     "check_gpu_choice",
     "gpu_configurations",
     "machine_difference",
@@ -58,6 +59,25 @@ def calibrate_now(cfg: Any, log: Any = print) -> Path:
     for line in inconsistent_steps(models["compute"].table_):
         log(f"pdlsim: warning: {line}")
     return profile.save(run_dir / "profile.json")
+
+
+def calibrated_ranks(profile: str) -> int:
+    """The most ranks per node the profile measured anything at: its collectives' process
+    counts (``"P/Q"``: P ranks, Q per node) and its co-location's ranks per node; the
+    calibration's own :data:`CALIBRATION_PROCS` where it says neither."""
+    from pdlsim.prediction.config import resolve_profile
+
+    prof, _ = resolve_profile(profile)
+    found: list[int] = []
+    collectives = (prof.models.get("collectives") or {}).get("collectives", {})
+    for op in collectives.values():
+        for count in (op.get("selection") or {}).get("process_counts", []):
+            ranks, _, per_node = str(count).partition("/")
+            if (per_node or ranks).isdigit():
+                found.append(int(per_node or ranks))
+    colocation = prof.models.get("colocation") or {}
+    found += [int(p["ranks_per_node"]) for p in (colocation.get("points") or {}).values()]
+    return max(found, default=max(CALIBRATION_PROCS))
 
 
 def machine_difference(measured_on: dict[str, Any], here: dict[str, Any]) -> str | None:

@@ -37,6 +37,7 @@ from pdlsim.validate.machine_speed import speed_line
 __all__ = [
     "COLUMNS",
     "build_rows",
+    "by_ranks",
     "format_breakdown",
     "format_ablation",
     "format_report",
@@ -184,6 +185,30 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def by_ranks(rows: list[dict[str, Any]], calibrated: int) -> dict[str, Any] | None:
+    """Each set's rows within the ``calibrated`` ranks per node and beyond them (every
+    validated row runs on one node), where any row is beyond: the extrapolation in ranks that
+    a calibration at 1-2 ranks on a many-core node makes, scored apart. None where none is."""
+    rows = [r for r in rows if not r["oversubscribed"]]
+    beyond = [r for r in rows if r["procs"] > calibrated]
+    if not beyond:
+        return None
+    out: dict[str, Any] = {
+        "calibrated_ranks_per_node": calibrated,
+        "beyond_ranks": sorted({r["procs"] for r in beyond}),
+    }
+    for key in (HELDOUT, IN_SAMPLE):
+        part = [r for r in rows if r["set"] == key]
+        out[key] = {
+            side: {**_stats(chosen), "median_band_width": _band_width(chosen)}
+            for side, chosen in (
+                ("within", [r for r in part if r["procs"] <= calibrated]),
+                ("beyond", [r for r in part if r["procs"] > calibrated]),
+            )
+        }
+    return out
+
+
 def ablation(
     rows: list[dict[str, Any]], others: dict[str, list[dict[str, Any]]], chosen: str
 ) -> list[dict[str, Any]]:
@@ -272,6 +297,22 @@ def _summary_line(title: str, s: dict[str, Any]) -> str:
     )
 
 
+def _ranks_lines(split: dict[str, Any] | None) -> list[str]:
+    """The summary lines of :func:`by_ranks`, held-out first; none without rows beyond."""
+    if not split:
+        return []
+    calibrated = split["calibrated_ranks_per_node"]
+    titles = {
+        "within": f"within the calibrated {calibrated} ranks per node",
+        "beyond": f"beyond them ({', '.join(map(str, split['beyond_ranks']))} ranks)",
+    }
+    return [
+        _summary_line(f"{key}, {title}", split[key][side])
+        for key in (HELDOUT, IN_SAMPLE)
+        for side, title in titles.items()
+    ]
+
+
 def format_ablation(table: list[dict[str, Any]]) -> str:
     """Each correction set's held-out and in-sample figures side by side."""
     lines = [
@@ -300,6 +341,7 @@ def format_report(report: dict[str, Any]) -> str:
             "held-out (workloads and batches the calibration never ran)", summary[HELDOUT]
         ),
         _summary_line("in-sample (the calibration's workloads and batches)", summary[IN_SAMPLE]),
+        *_ranks_lines(report.get("by_ranks")),
         "",
         f"profile {prov['profile']} (created {prov['created_utc']}; {prov['source']}; "
         f"calibration {prov.get('calibration', 'given')}; measured on {prov.get('measured_on')}); "

@@ -145,13 +145,14 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     from microbench.threads import available_cores
     from pdlsim.validate.calibrate import (
         calibrate_now,
+        calibrated_ranks,
         check_gpu_choice,
         gpu_configurations,
         profile_provenance,
     )
     from pdlsim.validate.checkpoint import validate_checkpoint
     from pdlsim.validate.machine_speed import machine_speed, probe
-    from pdlsim.validate.report import ablation, build_rows, summarize, write_outputs
+    from pdlsim.validate.report import ablation, build_rows, by_ranks, summarize, write_outputs
 
     check_out(cfg.out)
     if cfg.repeats < 1 or cfg.steps < 2:
@@ -233,6 +234,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         "machine_speed": machine_speed(probes),  # the machine's state, beside the results
         "elapsed_s": time.perf_counter() - started,
         "summary": summarize(rows),
+        "by_ranks": by_ranks(rows, calibrated_ranks(cfg.profile)),
         "ablation": table,
         "rows": rows,
         "checkpoint": validate_checkpoint(cfg, log),  # pdlsim.validate.checkpoint

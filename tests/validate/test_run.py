@@ -13,7 +13,8 @@ from microbench.errors import UserError
 from microbench.records import SCHEMA, SCHEMA_VERSION, TruncatedRecordWarning
 from microbench.workload import load_workload
 from pdlsim.cli.main import main
-from pdlsim.validate.report import COLUMNS, format_report
+from pdlsim.validate.calibrate import calibrated_ranks
+from pdlsim.validate.report import COLUMNS, by_ranks, format_report
 from pdlsim.validate.run import (
     RunSpec,
     ValidateConfig,
@@ -414,3 +415,31 @@ def test_a_profile_from_another_machine_is_flagged_before_the_runs(
     assert len(warnings) == 1 and log.index(warnings[0]) < 2  # before any run
     assert "CPU Imaginary CPU 9000 there" in warnings[0] and "cores 128 there" in warnings[0]
     assert f"warning: {prov['machine_warning']}" in format_report(report)
+
+
+def _row(set_: str, procs: int, error: float, oversubscribed: bool = False) -> dict:
+    return {"set": set_, "model": f"m{procs}", "procs": procs, "threads": 1, "batch": 8,
+            "parallel": "data", "device": "cpu", "prefetch": False, "inference": False,
+            "rel_error": error, "in_band": error < 0.2, "oversubscribed": oversubscribed,
+            "predicted_p50_s": 1.0, "predicted_p10_s": 0.9, "predicted_p90_s": 1.2}  # fmt: skip
+
+
+def test_rows_beyond_the_calibrated_ranks_are_scored_apart() -> None:
+    """The extrapolation in ranks per node gets its own lines, held-out first; a matrix
+    within the calibrated ranks (or only oversubscribed beyond them) gets none."""
+    held = [_row("held-out", p, e) for p, e in ((1, 0.02), (2, 0.06), (4, 0.3), (16, 0.5))]
+    rows = [*held, _row("in-sample", 2, 0.04), _row("in-sample", 8, 0.4)]
+    split = by_ranks(rows, 2)
+    assert split["beyond_ranks"] == [4, 8, 16]
+    within, beyond = split["held-out"]["within"], split["held-out"]["beyond"]
+    assert (within["configurations"], within["median_rel_error"]) == (2, pytest.approx(0.04))
+    assert (beyond["configurations"], beyond["worst_rel_error"]) == (2, 0.5)
+    assert beyond["in_band_fraction"] == 0.0
+    assert split["in-sample"]["beyond"]["configurations"] == 1
+    assert by_ranks(rows[:3], 4) is None
+    assert by_ranks([*rows[:2], _row("held-out", 4, 0.3, oversubscribed=True)], 2) is None
+
+
+def test_the_calibrated_ranks_are_the_profiles_largest() -> None:
+    assert calibrated_ranks("xeon-2core") == 2
+    assert calibrated_ranks("h100-16core") == 4  # its bench ran --procs 1,2,4
