@@ -48,6 +48,7 @@ from scipy import stats
 
 from .drift import MIN_MOMENTS
 from .nodefill import NodeFill, fit_node_fill
+from .profile_checks import FieldError
 from .stats import Interval
 
 __all__ = ["ColocationModel", "ColocationPoint"]
@@ -277,5 +278,8 @@ class ColocationModel:
         model = cls(confidence=float(doc.get("confidence", 0.95)))
         model.points_ = [ColocationPoint.from_dict(p) for p in doc["points"].values()]
         if doc.get("node_fill") is not None:
-            model.node_fill_ = NodeFill.from_dict(doc["node_fill"])
+            try:
+                model.node_fill_ = NodeFill.from_dict(doc["node_fill"])
+            except FieldError as exc:  # its field, as the profile's colocation section has it
+                raise exc.within("node_fill") from None
         return model

@@ -19,6 +19,10 @@ the largest ranks per node the jitter benchmark ran to more by ``S(R) / S(R_max)
 
 from __future__ import annotations
 
+import itertools
+import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +30,8 @@ import numpy as np
 import pandas as pd
 
 from microbench.errors import UserError
+
+from .profile_checks import FieldError, shown
 
 __all__ = ["NodeFill", "fit_node_fill"]
 
@@ -70,44 +76,109 @@ class NodeFill:
         }
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> NodeFill:
+    def from_dict(cls, doc: Any) -> NodeFill:
+        """The node fill :meth:`to_dict` wrote; :class:`FieldError` naming the field for one a
+        hand edit broke (:func:`_checked`), which :meth:`slowdown` would else turn into a
+        division by zero, an interpolation on unsorted levels or a silent wrong factor."""
+        if not isinstance(doc, Mapping):
+            raise FieldError("", f"must be an object, got {shown(doc)}")
+        levels = _levels(_field(doc, "levels"))
+        interval = _field(doc, "interval")
+        if not isinstance(interval, Mapping):
+            raise FieldError("interval", f"must be an object, got {shown(interval)}")
+        kernels = _field(doc, "kernels")
+        if not isinstance(kernels, Mapping):
+            raise FieldError("kernels", f"must be an object, got {shown(kernels)}")
+        slowdowns = _checked("slowdown", _field(doc, "slowdown"), levels)
+        lows = _checked("interval.low", _field(interval, "low", "interval"), levels)
+        highs = _checked("interval.high", _field(interval, "high", "interval"), levels)
+        for i, (value, low, high) in enumerate(zip(slowdowns, lows, highs, strict=True)):
+            slack = 1e-9 * high  # a geometric mean of equal slowdowns may round past them
+            if not low - slack <= value <= high + slack:
+                raise FieldError(f"slowdown[{i}]", f"{value!r} is outside its interval "
+                                 f"[{low!r}, {high!r}]")  # fmt: skip
         return cls(
-            tuple(int(v) for v in doc["levels"]),
-            tuple(float(v) for v in doc["slowdown"]),
-            tuple(float(v) for v in doc["interval"]["low"]),
-            tuple(float(v) for v in doc["interval"]["high"]),
-            {name: tuple(float(x) for x in v) for name, v in doc["kernels"].items()},
+            levels,
+            slowdowns,
+            lows,
+            highs,
+            {str(name): _checked(f"kernels.{name}", v, levels) for name, v in kernels.items()},
         )
+
+
+def _field(doc: Mapping[str, Any], key: str, within: str = "") -> Any:
+    if key not in doc:
+        raise FieldError(f"{within}.{key}" if within else key, "missing field")
+    return doc[key]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _list_of(field: str, values: Any, test: Any, kind: str) -> None:
+    """``values`` is a list whose every element passes ``test`` (else which one does not)."""
+    if not isinstance(values, list):
+        raise FieldError(field, f"must be a list, got {shown(values)}")
+    for i, value in enumerate(values):
+        if not test(value):
+            got = json.dumps(value) if value is None or _is_number(value) else shown(value)
+            raise FieldError(f"{field}[{i}]", f"must be {kind}, got {got}")
+
+
+def _levels(values: Any) -> tuple[int, ...]:
+    """Process counts as :func:`fit_node_fill` writes them: whole numbers from 1, ascending,
+    at least two (one level measures no slowdown)."""
+    _list_of("levels", values, lambda v: type(v) is int, "a whole number")
+    if len(values) < 2 or values[0] != 1:
+        raise FieldError("levels", f"must start at 1 and hold at least two counts, got {values}")
+    if any(b <= a for a, b in itertools.pairwise(values)):
+        raise FieldError("levels", f"must ascend, each count once, got {values}")
+    return tuple(values)
+
+
+def _checked(field: str, values: Any, levels: tuple[int, ...]) -> tuple[float, ...]:
+    """``values``: one finite slowdown > 0 per level, 1 at the first (one process against
+    itself)."""
+    _list_of(field, values, _is_number, "a number")
+    if len(values) != len(levels):
+        raise FieldError(field, f"holds {len(values)} values for the {len(levels)} levels; "
+                         "give one per level")  # fmt: skip
+    for i, value in enumerate(values):
+        if not (math.isfinite(value) and value > 0):
+            raise FieldError(f"{field}[{i}]", f"a slowdown must be > 0, got {value!r}")
+    if abs(values[0] - 1.0) > 1e-9:
+        raise FieldError(f"{field}[0]", f"the slowdown at 1 process is 1, got {values[0]!r}")
+    return tuple(float(v) for v in values)
 
 
 def fit_node_fill(df: pd.DataFrame) -> NodeFill | None:
     """The node-fill slowdowns of the "nodefill" records in ``df``; None without them or
-    without a one-process level to measure against."""
+    without a one-process level to measure against. A level that lacks a kernel measured at
+    one process (a run stopped while writing it) is left out; the others stand."""
     rows = df[(df["type"] == "measurement") & (df["benchmark"] == "nodefill")]
     if rows.empty:
         return None
     for column in _PARAMS:  # their kinds are checked where the records are read
         absent = rows[column].isna() if column in rows else pd.Series(True, index=rows.index)
-        if absent.any():
-            first = int(absent.to_numpy().argmax())
-            where = f"in {rows['source'].iloc[first]} " if "source" in rows else ""
-            raise UserError(f"a nodefill record {where}has no '{column}'; re-run "
-                            "'python -m microbench nodefill'")  # fmt: skip
+        _refuse_first(rows, absent, f"has no '{column}'")
     medians = rows.assign(
         median=[float(np.median(s)) for s in rows["samples"]],
         **{"params.procs": rows["params.procs"].astype(int)},
     )
+    _refuse_first(medians, medians["params.procs"] < 1, "has 'params.procs' below 1")
+    _refuse_first(medians, medians["median"] <= 0, "has a median call time of 0")
     per_launch = medians.groupby(list(_PARAMS[:3]))["median"].median()  # over processes
     typical = per_launch.groupby(level=[0, 1]).median()  # over launches
-    kernels: dict[str, tuple[float, ...]] = {}
-    levels = sorted({int(k) for k in typical.index.get_level_values(1)})
-    if levels[0] != 1 or len(levels) < 2:
+    at_one = sorted({str(n) for n, k in typical.index if k == 1})
+    if not at_one:
         return None
-    for kernel in sorted({str(n) for n in typical.index.get_level_values(0)}):
-        times = typical.xs(kernel, level=0)
-        if any(k not in times.index for k in levels):
-            return None
-        kernels[kernel] = tuple(float(times[k] / times[1]) for k in levels)
+    levels = sorted({int(k) for _, k in typical.index
+                     if all((n, k) in typical.index for n in at_one)})  # fmt: skip
+    if len(levels) < 2:
+        return None
+    kernels = {name: tuple(float(typical[(name, k)] / typical[(name, 1)]) for k in levels)
+               for name in at_one}  # fmt: skip
     table = np.array(list(kernels.values()))  # kernels x levels
     return NodeFill(
         tuple(levels),
@@ -116,3 +187,12 @@ def fit_node_fill(df: pd.DataFrame) -> NodeFill | None:
         tuple(float(v) for v in table.max(axis=0)),
         kernels,
     )
+
+
+def _refuse_first(rows: pd.DataFrame, wrong: pd.Series, problem: str) -> None:
+    """A one-line :class:`UserError` for the first of ``rows`` where ``wrong`` holds."""
+    if wrong.any():
+        first = int(wrong.to_numpy().argmax())
+        where = f"in {rows['source'].iloc[first]} " if "source" in rows else ""
+        raise UserError(f"a nodefill record {where}{problem}; re-run "
+                        "'python -m microbench nodefill'")  # fmt: skip

@@ -26,6 +26,7 @@ from microbench.errors import UserError
 
 __all__ = [
     "ITEM",
+    "FieldError",
     "NUMBER",
     "OTHER",
     "REQUIRED_MODEL_KEYS",
@@ -56,6 +57,20 @@ class ProfileError(UserError):
         where = f"{source}: {field}" if field else source
         message = f"{where}: {problem}" if where else problem
         super().__init__(message.replace("\n", " "))
+
+
+class FieldError(ValueError):
+    """Raised by a modeler's ``from_dict`` on a value it can read but must not use (levels out
+    of order, a slowdown of zero): ``field``, relative to the section, and the ``problem``;
+    :func:`calibration.profile_schema.explain_build_failure` names the profile and the path."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field, self.problem = field, problem
+        super().__init__(f"{field}: {problem}" if field else problem)
+
+    def within(self, key: str) -> FieldError:
+        """The same error, its field one level down in ``key``."""
+        return FieldError(_join(key, self.field) if self.field else key, self.problem)
 
 
 def _join(path: str, key: str | int) -> str:

@@ -26,6 +26,7 @@ from .profile_checks import (
     ITEM,
     NUMBER,
     OTHER,
+    FieldError,
     ProfileError,
     _is_number,
     _join,
@@ -169,9 +170,12 @@ def explain_build_failure(
     source: str, name: str, build: Callable[[Any], Any], section: Mapping[str, Any], exc: Exception
 ) -> ProfileError:
     """The :class:`ProfileError` for ``build(section)`` (a modeler's ``from_dict``) having
-    raised ``exc``: ``build`` runs again on a traced copy to find the field at fault."""
-    trail = _Trail()
+    raised ``exc``: ``build`` runs again on a traced copy to find the field at fault, unless
+    ``exc`` names it (:class:`~calibration.profile_checks.FieldError`)."""
     path = _join("models", name)
+    if isinstance(exc, FieldError):
+        return ProfileError(source, _join(path, exc.field) if exc.field else path, exc.problem)
+    trail = _Trail()
     try:
         build(_traced(section, path, trail))
     except BUILD_ERRORS:  # the same failure again, now with its trail

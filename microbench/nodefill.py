@@ -25,6 +25,8 @@ launches (:mod:`calibration.nodefill`).
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -83,29 +85,45 @@ def _kernel(name: str, elements: int) -> Callable[[], Any]:
     return calls
 
 
-def _worker(barrier: Any, results: Any, seconds: float, elements: int) -> None:
+def _worker(barrier: Any, results: Any, seconds: float, elements: int, parent: int) -> None:
+    # A terminal's Ctrl-C reaches the whole process group: the parent stops these (fill's
+    # finally), and a KeyboardInterrupt here would print one child traceback each.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        results.put(_timed_kernels(barrier, seconds, elements))
+        results.put(_timed_kernels(barrier, seconds, elements, parent))
+    except _Orphaned:
+        pass  # nobody is left to report to
+    except threading.BrokenBarrierError:  # another process failed (it reports why) or hung
+        results.put({"broken": True})
     except Exception as exc:  # reported by the parent in one line, not as a child's traceback
         barrier.abort()  # the others stop waiting for this one
         results.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
-def _timed_kernels(barrier: Any, seconds: float, elements: int) -> dict[str, list[float]]:
+class _Orphaned(Exception):
+    """The parent is gone (killed outright, so its finally never ran): stop measuring."""
+
+
+def _timed_kernels(
+    barrier: Any, seconds: float, elements: int, parent: int
+) -> dict[str, list[float]]:
     out = {}
+    wait_s = _REPORT_GRACE_S + len(KERNELS) * seconds  # a sibling killed: stop waiting for it
     for name in KERNELS:
         run = _kernel(name, elements)
         for _ in range(WARMUP_CALLS):
             run()
-        barrier.wait()  # every process starts each kernel together
+        barrier.wait(wait_s)  # every process starts each kernel together
         samples: list[float] = []
         end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
+        while not samples or time.perf_counter() < end:  # at least one, however short
             start = time.perf_counter()
             run()
             samples.append(time.perf_counter() - start)
+            if os.getppid() != parent:
+                raise _Orphaned
         out[name] = samples
-        barrier.wait()  # and none starts the next while another still times this one
+        barrier.wait(wait_s)  # and none starts the next while another still times this one
     return out
 
 
@@ -132,15 +150,17 @@ def fill(k: int, seconds: float, elements: int) -> list[dict[str, list[float]]]:
 
     ctx = mp.get_context("spawn")
     procs: list[Any] = []
+    out: list[dict[str, list[float]]] = []
     try:
         barrier, results = ctx.Barrier(k), ctx.Queue()
         with _one_thread_children():
             for _ in range(k):
                 procs.append(ctx.Process(target=_worker, daemon=True,
-                                         args=(barrier, results, seconds, elements)))  # fmt: skip
+                                         args=(barrier, results, seconds, elements,
+                                               os.getpid())))  # fmt: skip
                 procs[-1].start()
-        out: list[dict[str, list[float]]] = []
         deadline = time.monotonic() + _REPORT_GRACE_S + len(KERNELS) * seconds
+        broken = 0  # processes whose barrier broke: one that failed reports why, else all
         while len(out) < k:
             try:
                 item = results.get(timeout=0.5)
@@ -153,12 +173,28 @@ def fill(k: int, seconds: float, elements: int) -> list[dict[str, list[float]]]:
                 continue
             if "error" in item:
                 raise NodeFillError(f"a process failed: {item['error']}")
+            if "broken" in item:
+                broken += 1
+                if len(out) + broken == k:  # no process failed: they timed out waiting
+                    raise NodeFillError("the processes stopped waiting for each other")
+                continue
             out.append(item)
     except OSError as exc:  # no semaphores or processes to be had here
         raise NodeFillError(f"cannot start {k} processes ({exc})") from None
     finally:
+        _stop(procs, finished=len(out) == k)
+    return out
+
+
+def _stop(procs: list[Any], finished: bool) -> None:
+    """Reap ``procs``: those that reported exit by themselves; on any other way out (a failed
+    process, a signal, Ctrl-C) the rest are stopped at once, not waited for one by one."""
+    if not finished:
         for proc in procs:
-            proc.join(timeout=5)
             if proc.is_alive():
                 proc.terminate()
-    return out
+    for proc in procs:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)

@@ -13,6 +13,7 @@ import sys
 
 from ..cli import (
     MAX_REPEATS,
+    BenchmarkError,
     UsageError,
     add_output_arguments,
     checked_out_dir,
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if under_launcher():
         raise UsageError("nodefill starts its own processes: run it without mpiexec")
     cores = available_cores()
-    procs = args.procs or tuple(levels(cores))
+    procs = tuple(sorted(args.procs or levels(cores)))  # each shown against the first
     if max(procs) > cores:
         raise UsageError(f"--procs {max(procs)} is more than the {cores} cores here; the "
                          "benchmark measures busy cores, not time-sharing: give at most "
@@ -89,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
                 try:
                     results = fill(k, timed_s, elements)
                 except NodeFillError as exc:
+                    if k == procs[0] and launch == 0:  # not one record: a failed run, exit 1
+                        raise BenchmarkError(f"{exc}; nothing was measured") from None
                     print(f"nodefill: stopped at {k} processes: {exc}; the levels before it are "
                           "kept, and a calibration holds its co-location above them",
                           file=sys.stderr, flush=True)  # fmt: skip

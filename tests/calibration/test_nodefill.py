@@ -155,3 +155,87 @@ def test_a_damaged_nodefill_record_is_named_in_one_line(tmp_path, change, messag
     (tmp_path / "nodefill.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(UserError, match=re.escape(message)):
         ColocationModel(n_boot=10).fit(load_measurements(tmp_path))
+
+
+def _edited_profile(tmp_path, edit) -> str:
+    """The packaged profile with a node fill, ``edit`` applied to that section, as a file."""
+    doc = resolve_profile("xeon-2core")[0].to_dict()
+    fill = NodeFill((1, 2, 4), (1.0, 1.1, 1.3), (1.0, 1.05, 1.2), (1.0, 1.2, 1.5),
+                    {"gemm": (1.0, 1.1, 1.2)}).to_dict()  # fmt: skip
+    edit(fill)
+    doc["models"]["colocation"]["node_fill"] = fill
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "field", "problem"),
+    [
+        (lambda d: d.update(levels=[1, 4, 2]), "levels", "must ascend"),
+        (lambda d: d.update(levels=[2, 4, 8]), "levels", "must start at 1"),
+        (lambda d: d.update(levels=["1", "2", "4"]), "levels[0]", "must be a whole number"),
+        (lambda d: d.update(levels=[]), "levels", "must start at 1 and hold at least two"),
+        (lambda d: d.update(slowdown=[1.0, 1.1]), "slowdown", "holds 2 values for the 3 levels"),
+        (lambda d: d["slowdown"].__setitem__(1, 0.0), "slowdown[1]", "a slowdown must be > 0"),
+        (lambda d: d["slowdown"].__setitem__(2, -1.3), "slowdown[2]", "a slowdown must be > 0"),
+        (lambda d: d["interval"].update(low=[1.0, 1.5, 1.2]), "slowdown[1]", "1.1 is outside"),
+        (lambda d: d["kernels"].update(gemm=[1.0]), "kernels.gemm", "holds 1 values"),
+        (lambda d: d.update(interval=[1, 2]), "interval", "must be an object"),
+    ],
+)
+def test_a_damaged_node_fill_in_a_profile_is_named_in_one_line(
+    tmp_path, pdlsim_cli, edit, field, problem
+):
+    """Levels out of order, lists of unequal length, a slowdown of zero or below: exit 2 and
+    one line naming the profile and the field, never a traceback or a silent wrong factor."""
+    path = _edited_profile(tmp_path, edit)
+    result = pdlsim_cli("predict", "--nodes", "1", "--procs-per-node", "8", "--model", "cnn",
+                        "--profile", path)  # fmt: skip
+    assert result.returncode == 2, result.stdout
+    errors = [line for line in result.stderr.splitlines() if "warning" not in line]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"{path}: models.colocation.node_fill.{field}: {problem}" in errors[0]
+
+
+def _edited_records(tmp_path, edit) -> None:
+    with RecordWriter(tmp_path / "nodefill.jsonl", {"hostname": "synthetic"}) as writer:
+        _write_fill(writer, np.random.default_rng(4), levels=(1, 2, 4, 8))
+    lines = (tmp_path / "nodefill.jsonl").read_text().splitlines()
+    kept = [lines[0]]
+    for line in lines[1:]:
+        record = edit(json.loads(line))
+        if record is not None:
+            kept.append(json.dumps(record))
+    (tmp_path / "nodefill.jsonl").write_text("\n".join(kept) + "\n")
+
+
+def test_a_level_missing_a_kernel_is_left_out_not_the_whole_fill(tmp_path):
+    """A run stopped while writing level 4 leaves it without its stream records: levels 1, 2
+    and 8 still give the node fill (it was None, and the factor held, before)."""
+
+    def drop(record):
+        params = record["params"]
+        return None if (params["kernel"], params["procs"]) == ("stream", 4) else record
+
+    _edited_records(tmp_path, drop)
+    fill = fit_node_fill(load_measurements(tmp_path))
+    assert fill is not None and fill.levels == (1, 2, 8)
+    assert fill.kernels["stream"] == pytest.approx((1.0, 1.2, 2.4), rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: r["params"].update(procs=0) if r["params"]["procs"] == 2 else None,
+         "a nodefill record in nodefill.jsonl has 'params.procs' below 1"),
+        (lambda r: r.update(samples=[0.0] * 5) if r["params"]["procs"] == 1 else None,
+         "a nodefill record in nodefill.jsonl has a median call time of 0"),
+    ],
+)  # fmt: skip
+def test_nodefill_records_no_fill_can_come_from_are_refused_in_one_line(tmp_path, edit, message):
+    """A level of 0 processes (was: no node fill, silently) and a median call time of 0 (was:
+    a slowdown of 0, inf or NaN in the profile) are refused, naming the file."""
+    _edited_records(tmp_path, lambda record: (edit(record), record)[1])
+    with pytest.raises(UserError, match=re.escape(message)):
+        ColocationModel(n_boot=10).fit(load_measurements(tmp_path))
