@@ -228,12 +228,13 @@ class ColocationModel:
     def carried_by_node_fill(self, ranks_per_node: int) -> tuple[float, float, float] | None:
         """``(ratio, low, high)`` by which the factor at the largest measured ranks per node
         is carried to ``ranks_per_node`` above it (module docstring); None where nothing is
-        carried: no node fill measured, or not above the measured ranks."""
+        carried: no node fill measured, none measured above those ranks, or not above them."""
         held = self.max_ranks_per_node
-        if self.node_fill_ is None or ranks_per_node <= held:
-            return None
-        base, _, _ = self.node_fill_.slowdown(held)
-        value, low, high = self.node_fill_.slowdown(ranks_per_node)
+        fill = self.node_fill_
+        if fill is None or ranks_per_node <= held or fill.levels[-1] <= held:
+            return None  # nothing measured beyond the jitter's ranks (a 2-core node, say)
+        base, _, _ = fill.slowdown(held)
+        value, low, high = fill.slowdown(ranks_per_node)
         ratio = max(1.0, value / base)
         return ratio, min(ratio, max(1.0, low / base)), max(ratio, high / base)
 

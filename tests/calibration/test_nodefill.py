@@ -107,6 +107,15 @@ def test_a_level_below_the_jitters_carries_nothing(records):
     assert model.factor("cnn", 1, 4)[0] == model.factor("cnn", 1, 2)[0]
 
 
+def test_a_node_fill_no_larger_than_the_jitters_ranks_carries_nothing(records):
+    """A 2-core node's fill ends where its jitter does: above it the factor is held, and the
+    source line says so, not "carried by x1.000"."""
+    model = ColocationModel(n_boot=50).fit(records)
+    model.node_fill_ = NodeFill((1, 2), (1.0, 1.3), (1.0, 1.2), (1.0, 1.4), {})
+    assert model.carried_by_node_fill(4) is None
+    assert model.factor("cnn", 1, 4) == model.factor("cnn", 1, 2)
+
+
 def test_without_node_fill_the_factor_is_held(records):
     model = ColocationModel(n_boot=50).fit(records[records["benchmark"] == "jitter"])
     assert model.node_fill_ is None
