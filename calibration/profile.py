@@ -18,6 +18,7 @@ the file, the field and the problem. Saving is atomic (temporary file and rename
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib
 import json
@@ -190,7 +191,9 @@ class Profile:
         return f"{self.created_utc[:10]} on {where}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The document, a copy: a caller that edits it (a test making a variant of a packaged
+        profile, say) must not change this profile, which its loader may share."""
+        return copy.deepcopy({
             "schema": SCHEMA,
             "schema_version": self.schema_version,
             "created_utc": self.created_utc,
@@ -199,7 +202,7 @@ class Profile:
             "sources": [s.to_dict() for s in self.sources],
             "models": self.models,
             "fit_quality": self.fit_quality,
-        }
+        })  # fmt: skip
 
     @classmethod
     def from_dict(cls, doc: Any, source: str = "profile", *, by_example: bool = True) -> Profile:
