@@ -18,6 +18,7 @@ from .boundary import (  # noqa: E402
     Stopped,
     describe_failure,
     flush_stdout,
+    one_line_warnings,
     say,
     silence_stdout,
     silence_stdout_if_broken,
@@ -71,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     if threads:
         size_numba_pool(max(threads) if isinstance(threads, (list, tuple)) else threads)
     try:
-        with stopped_by_signals(enabled=not under_launcher()):  # a rank: its launcher's
-            status = int(args.run(args))
+        with stopped_by_signals(enabled=not under_launcher()), one_line_warnings(prog):
+            status = int(args.run(args))  # a rank's signals are its launcher's
         return status if flush_stdout(prog) else 2
     except UserError as e:  # UsageError, and any other user error raised on the way
         if current_rank() == 0:

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "Stopped",
     "describe_failure",
     "flush_stdout",
+    "one_line_warnings",
     "raise_stopped",
     "say",
     "silence_stdout",
@@ -122,6 +124,27 @@ def say(prog: str, line: str) -> None:
         print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
     except OSError:
         pass
+
+
+@contextlib.contextmanager
+def one_line_warnings(prog: str) -> Iterator[None]:
+    """Warnings raised inside (a records file's cut-off last line removed before appending,
+    NumPy's) as one line each on stderr, ``PROG: warning: MESSAGE``, instead of Python's two
+    (the file and line, then the source line that raised it)."""
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+             line: Any = None) -> None:  # fmt: skip
+        try:
+            print(f"{prog}: warning: {message}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
+
+    saved = warnings.showwarning
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = saved
 
 
 def silence_stdout() -> None:

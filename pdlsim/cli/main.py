@@ -14,6 +14,7 @@ from typing import Any
 from microbench.boundary import (
     describe_failure,
     flush_stdout,
+    one_line_warnings,
     print_message,
     replace_unencodable_output,
     say,
@@ -125,8 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         problem = thread_environment_problem()
         if problem is not None:
             raise UserError(problem)
-        with stopped_by_signals(enabled=not under_launcher()):  # a rank: its launcher's
-            status = int(args.handler(args) or 0)
+        with stopped_by_signals(enabled=not under_launcher()), one_line_warnings("pdlsim"):
+            status = int(args.handler(args) or 0)  # a rank's signals are its launcher's
         return status if flush_stdout("pdlsim") else 2
     except UserError as exc:
         say("pdlsim", str(exc))

@@ -178,3 +178,17 @@ def test_a_run_that_measured_nothing_fails_in_one_line(tmp_path, no_inherited_ra
     err = capsys.readouterr().err
     assert "failed: cannot start 1 processes" in err and "nothing was measured" in err
     assert err.count("\n") == 1
+
+
+def test_appending_past_a_cut_off_line_warns_in_one_line(tmp_path):
+    """A records file whose last line a killed writer cut off: the line is removed before
+    appending, and the command says so in one line, not Python's file:line and source line."""
+    out = tmp_path / "run"
+    args = ("nodefill", "--procs", "1", "--launches", "1", "--seconds", "0.02", "--out", str(out))
+    assert run_microbench(*args, timeout=120).returncode == 0
+    path = out / "nodefill.jsonl"
+    path.write_bytes(path.read_bytes()[:-20])
+    proc = run_microbench(*args, "--append", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"python -m microbench nodefill: warning: {path}: removed a truncated")
