@@ -409,7 +409,9 @@ def checked_out_dir(args: argparse.Namespace, records_file: str, comm: Any = Non
     if comm is None or comm.Get_rank() == 0:
         try:
             out = args.out or default_out_dir()
-            problem = out_dir_problem(out, records_file, args.append)
+            command = getattr(args, "command", None)  # python -m microbench COMMAND
+            problem = out_dir_problem(out, records_file, args.append,
+                                      f"microbench {command}" if command else None)  # fmt: skip
         except UserError as exc:  # no default directory could be made
             problem = str(exc)
         except OSError as exc:  # a name too long, say: decided here, so every rank leaves
@@ -424,8 +426,11 @@ def checked_out_dir(args: argparse.Namespace, records_file: str, comm: Any = Non
     return out
 
 
-def out_dir_problem(out: Path, file_name: str, append: bool) -> str | None:
-    """Why ``out/file_name`` cannot be written as a new records file (None when it can)."""
+def out_dir_problem(
+    out: Path, file_name: str, append: bool, command: str | None = None
+) -> str | None:
+    """Why ``out/file_name`` cannot be written as a new records file, or appended to by
+    ``command`` (None when it can)."""
     problem = write_problem(out, "dir")
     if problem is not None:
         return f"--out {problem}"
@@ -439,7 +444,7 @@ def out_dir_problem(out: Path, file_name: str, append: bool) -> str | None:
     if target.exists():
         from .records import append_problem  # here: records imports numpy (see above)
 
-        return append_problem(target)
+        return append_problem(target, command)
     return None
 
 

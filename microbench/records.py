@@ -272,17 +272,23 @@ class RecordWriter:
         self.close(failed=exc_type is not None)
 
 
-def append_problem(path: str | os.PathLike[str]) -> str | None:
+def append_problem(path: str | os.PathLike[str], command: str | None = None) -> str | None:
     """Why records cannot be appended to the existing file ``path`` (its first line is no
-    header of this schema and version, or it cannot be read), or None when they can: asked
-    before a benchmark runs, so that its records are not lost at the end, and one line for the
-    user (a :class:`RecordsError` escaped as a traceback)."""
+    header of this schema and version, it cannot be read, or its header says another
+    ``command`` wrote it), or None when they can: asked before a benchmark runs, so that its
+    records are not lost at the end, and one line for the user (a :class:`RecordsError`
+    escaped as a traceback)."""
     try:
-        _append_header(Path(path))
+        header = _append_header(Path(path))
     except RecordsAppendError as exc:
         return str(exc)
     except OSError as exc:
         return f"cannot append to {path} ({exc.strerror}); give another --out"
+    run = header.get("run")
+    wrote = run.get("command") if isinstance(run, dict) else None
+    if command is not None and isinstance(wrote, str) and wrote != command:
+        return (f"{path} holds the records of '{wrote}', not of '{command}'; give another "
+                "--out, or append to that command's own file")  # fmt: skip
     return None
 
 

@@ -20,6 +20,7 @@ from microbench.records import (
     load_dataframe,
     read_records,
 )
+from tests.conftest import run_microbench
 
 MACHINE = {"hostname": "node01", "cpu_model": "Test CPU", "logical_cores": 8, "gpus": []}
 RUN = {"command": "pdlsim bench", "settings": {"threads": 2}}
@@ -293,3 +294,22 @@ def test_appending_to_a_file_that_is_no_records_file_is_one_line(tmp_path):
     loop = tmp_path / "loop.jsonl"
     loop.symlink_to(loop)
     assert "a link that leads to no file" in out_dir_problem(tmp_path, "loop.jsonl", append=False)
+
+
+def test_appending_to_another_commands_records_is_refused_before_any_work(tmp_path):
+    """A jitter records file under nodefill's name took nodefill's records without a word;
+    the header's command must be the one appending (a file with no command in its header,
+    written by another tool, is not judged)."""
+    out = tmp_path / "run"
+    args = ("nodefill", "--procs", "1", "--launches", "1", "--seconds", "0.02", "--out", str(out))
+    with RecordWriter(out / "nodefill.jsonl", {"hostname": "h"}, {"command": "microbench jitter"}):
+        pass
+    before = (out / "nodefill.jsonl").read_bytes()
+    proc = run_microbench(*args, "--append", timeout=120)
+    assert proc.returncode == 2
+    assert "holds the records of 'microbench jitter', not of 'microbench nodefill'" in proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert (out / "nodefill.jsonl").read_bytes() == before
+    with RecordWriter(tmp_path / "other.jsonl", {"hostname": "h"}):
+        pass
+    assert out_dir_problem(tmp_path, "other.jsonl", True, "microbench nodefill") is None
