@@ -31,7 +31,7 @@ import pandas as pd
 
 from microbench.errors import UserError
 
-from .profile_checks import FieldError, shown
+from .profile_checks import FieldError, _is_number, shown
 
 __all__ = ["NodeFill", "fit_node_fill"]
 
@@ -110,10 +110,6 @@ def _field(doc: Mapping[str, Any], key: str, within: str = "") -> Any:
     if key not in doc:
         raise FieldError(f"{within}.{key}" if within else key, "missing field")
     return doc[key]
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _list_of(field: str, values: Any, test: Any, kind: str) -> None:

@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .threads import thread_env
+
 __all__ = ["CALLS_ELEMENTS", "CALLS_PER_SAMPLE", "GEMM_N", "KERNELS", "NodeFillError", "fill",
            "levels", "stream_elements"]  # fmt: skip
 
@@ -40,7 +42,6 @@ GEMM_N = 512
 CALLS_PER_SAMPLE = 200
 CALLS_ELEMENTS = 256
 WARMUP_CALLS = 3
-_ONE_THREAD = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 _REPORT_GRACE_S = 60.0  # beyond the timed seconds, for a process to start and report
 
 
@@ -129,9 +130,10 @@ def _timed_kernels(
 
 @contextmanager
 def _one_thread_children() -> Iterator[None]:
-    """Spawned processes read these at start: one BLAS and OpenMP thread each."""
-    saved = {name: os.environ.get(name) for name in _ONE_THREAD}
-    os.environ.update(dict.fromkeys(_ONE_THREAD, "1"))
+    """Spawned processes read these at start: one BLAS, OpenMP and numba thread each."""
+    one = thread_env(1)
+    saved = {name: os.environ.get(name) for name in one}
+    os.environ.update(one)
     try:
         yield
     finally:

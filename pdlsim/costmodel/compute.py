@@ -50,6 +50,7 @@ class ComputeCost(CostHooks):
     assumptions: Any  # name -> costmodel.presets.Assumption: figures taken where unmeasured
     _ops_cache: dict[tuple[Any, ...], float]
     _pin_cache: dict[tuple[str, str, int, int, str], float]
+    _colocation_cache: dict[tuple[str, int, int], tuple[float, Any]]
 
     def assumed(self, name: str) -> float:
         """The value this model takes for assumption ``name``
@@ -116,7 +117,10 @@ class ComputeCost(CostHooks):
             return 1.0
         if self.colocation is None:
             return 1.0
-        value, ci = self.colocation.factor(self.workload or "", threads, self.ranks_per_node)
+        key = (self.workload or "", threads, self.ranks_per_node)
+        if key not in self._colocation_cache:  # a lookup per layer call otherwise: the same
+            self._colocation_cache[key] = self.colocation.factor(*key)
+        value, ci = self._colocation_cache[key]
         return moved(value, ci, self.colocation_z, 1.0)
 
     def compute_time(

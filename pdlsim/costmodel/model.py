@@ -153,6 +153,11 @@ class ProfileCostModel(ComputeCost):
     _pin_cache: dict[tuple[str, str, int, int, str], float] = field(
         default_factory=dict, repr=False
     )
+    # (workload, threads, ranks per node) -> the co-location model's (factor, interval): the
+    # band's draws move it by colocation_z, so every draw may share it
+    _colocation_cache: dict[tuple[str, int, int], tuple[float, Any]] = field(
+        default_factory=dict, repr=False
+    )
     kernels: KernelCompute | None = None  # CPU compute from the profile's kernel tables
     corrections: frozenset[str] = frozenset(CORRECTIONS)
     description: Workload | None = None  # the workload itself, where given

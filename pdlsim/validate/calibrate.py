@@ -75,8 +75,9 @@ def calibrated_ranks(profile: str) -> int:
             ranks, _, per_node = str(count).partition("/")
             if (per_node or ranks).isdigit():
                 found.append(int(per_node or ranks))
-    colocation = prof.models.get("colocation") or {}
-    found += [int(p["ranks_per_node"]) for p in (colocation.get("points") or {}).values()]
+    colocation = prof.model("colocation") if prof.models.get("colocation") else None
+    if colocation is not None and colocation.points_:
+        found.append(colocation.max_ranks_per_node)
     return max(found, default=max(CALIBRATION_PROCS))
 
 

@@ -175,14 +175,17 @@ def _band_width(rows: list[dict[str, Any]]) -> float | None:
     return float(np.median(widths)) if widths else None
 
 
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """:func:`_stats` and the median band width (P90 - P10) / P50."""
+    return {**_stats(rows), "median_band_width": _band_width(rows)}
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Held-out and in-sample apart, rows that fit the cores; each with the median band width
-    (P90 - P10) / P50."""
-    out = {}
-    for key in (HELDOUT, IN_SAMPLE):
-        part = [r for r in rows if r["set"] == key and not r["oversubscribed"]]
-        out[key] = {**_stats(part), "median_band_width": _band_width(part)}
-    return out
+    """Held-out and in-sample apart, rows that fit the cores (:func:`_summary`)."""
+    return {
+        key: _summary([r for r in rows if r["set"] == key and not r["oversubscribed"]])
+        for key in (HELDOUT, IN_SAMPLE)
+    }
 
 
 def by_ranks(rows: list[dict[str, Any]], calibrated: int) -> dict[str, Any] | None:
@@ -200,11 +203,8 @@ def by_ranks(rows: list[dict[str, Any]], calibrated: int) -> dict[str, Any] | No
     for key in (HELDOUT, IN_SAMPLE):
         part = [r for r in rows if r["set"] == key]
         out[key] = {
-            side: {**_stats(chosen), "median_band_width": _band_width(chosen)}
-            for side, chosen in (
-                ("within", [r for r in part if r["procs"] <= calibrated]),
-                ("beyond", [r for r in part if r["procs"] > calibrated]),
-            )
+            "within": _summary([r for r in part if r["procs"] <= calibrated]),
+            "beyond": _summary([r for r in part if r["procs"] > calibrated]),
         }
     return out
 
