@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from microbench.boundary import Stopped
 from microbench.cli import path_argument
 from microbench.errors import UserError
 from microbench.fileio import new_run_dir, removed_if_empty_on_failure
@@ -111,6 +112,19 @@ def _run_published(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kept(out: Path) -> str:
+    """What an interrupted validation leaves (docs/validation.md, "Interrupted"): no report,
+    and the records of every launch that finished (its ``summary.json`` written last)."""
+    done = len(list((out / "runs").glob("*/r*/summary.json")))
+    if not done:
+        return "no report was written and no launch had finished; validate again"
+    return (
+        f"no report was written; the {done} launch(es) that finished are in {out / 'runs'} "
+        "(each with its summary.json; a folder without one was cut off); validate again into "
+        "a new --out"
+    )
+
+
 def run_validate_command(args: argparse.Namespace) -> int:
     from pdlsim.validate.report import format_breakdown, format_report
 
@@ -174,7 +188,14 @@ def run_validate_command(args: argparse.Namespace) -> int:
     with removed_if_empty_on_failure(made):  # refused before its first file: no empty folder
         from pdlsim.validate.run import run_validation  # numpy, records: once it runs
 
-        report = run_validation(cfg, log=lambda s: print(s, file=sys.stderr))
+        try:
+            report = run_validation(cfg, log=lambda s: print(s, file=sys.stderr))
+        except KeyboardInterrupt:
+            print(f"pdlsim: interrupted; {_kept(cfg.out)}", file=sys.stderr)
+            return 130
+        except Stopped as stopped:  # SIGTERM or SIGHUP (pdlsim.cli.main)
+            print(f"pdlsim: stopped by {stopped}; {_kept(cfg.out)}", file=sys.stderr)
+            return 128 + stopped.signum
     print(format_report(report))
     if args.breakdown:
         print(format_breakdown(report["rows"]))

@@ -30,6 +30,7 @@ __all__ = [
     "ValidateConfig",
     "ablation_sets",
     "check_unseen",
+    "draw_heldout",
     "heldout_matrix",
     "plan_matrix",
     "steps_for",
@@ -173,14 +174,10 @@ def heldout_matrix(cfg: ValidateConfig, cores: int) -> tuple[list[RunSpec], list
     drawn from :data:`HELDOUT_BATCHES` less the calibration's, in every mode of ``cfg.modes``
     that fits the cores; with "model" in ``cfg.parallel``, the first two also split layer-wise
     over 2 ranks (training). Returns the configurations and one line for each mode refused
-    because it does not fit the cores."""
-    import numpy as np
-
+    because it does not fit the cores, and for each layer-wise row that cannot run (a network
+    too short to split, one core): listed in the open, never dropped silently."""
     from microbench.nn.sliced import check_splittable
-    from microbench.randomnets import random_workloads
 
-    rng = np.random.default_rng(cfg.seed + 1)
-    batches = [b for b in HELDOUT_BATCHES if b not in cfg.batches]
     folder = cfg.out / "workloads"
     folder.mkdir(parents=True, exist_ok=True)
     modes = cfg.modes if "data" in cfg.parallel else ((1, 1),)
@@ -191,22 +188,42 @@ def heldout_matrix(cfg: ValidateConfig, cores: int) -> tuple[list[RunSpec], list
         if p * t > cores
     ]
     specs = []
-    drawn = random_workloads(cfg.seed, cfg.heldout_workloads, HELDOUT_KINDS)
-    for i, workload in enumerate(drawn):
+    for i, (workload, chosen) in enumerate(draw_heldout(cfg)):
         path = folder / f"{workload.name}.json"
         atomic_write_text(path, json.dumps(workload.to_dict(), indent=1) + "\n")
-        chosen = sorted(int(b) for b in rng.choice(batches, cfg.heldout_batches, replace=False))
         for batch in chosen:
             specs += [
                 RunSpec(str(path), p, t, batch, heldout=True) for p, t in modes if p * t <= cores
             ]
-        if "model" in cfg.parallel and i < 2 and cores >= 2:
+        if "model" in cfg.parallel and i < 2:
             try:
                 check_splittable(workload, 2)
-            except UserError:
+            except UserError as exc:  # the drawn network has too few layers to split
+                refused.append(f"{workload.name} model-parallel (P=2): {exc}")
+                continue
+            if cores < 2:
+                refused.append(f"{workload.name} model-parallel (P=2): 2 ranks on {cores} core")
                 continue
             specs.append(RunSpec(str(path), 2, 1, chosen[0], "model", heldout=True))
     return specs, refused
+
+
+def draw_heldout(cfg: ValidateConfig) -> list[tuple[Any, tuple[int, ...]]]:
+    """The held-out workloads drawn from ``cfg.seed`` (:func:`microbench.randomnets.
+    random_workloads`), each with its ``cfg.heldout_batches`` batches drawn from
+    :data:`HELDOUT_BATCHES` less the calibration's; nothing written, so that the draw can be
+    checked (names, memory, the profile) before any work."""
+    import numpy as np
+
+    from microbench.randomnets import random_workloads
+
+    rng = np.random.default_rng(cfg.seed + 1)
+    batches = [b for b in HELDOUT_BATCHES if b not in cfg.batches]
+    drawn = random_workloads(cfg.seed, cfg.heldout_workloads, HELDOUT_KINDS)
+    return [
+        (w, tuple(sorted(int(b) for b in rng.choice(batches, cfg.heldout_batches, replace=False))))
+        for w in drawn
+    ]
 
 
 def mark_unseen(profile: str, specs: list[RunSpec]) -> list[RunSpec]:

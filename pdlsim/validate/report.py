@@ -265,9 +265,23 @@ def write_outputs(report: dict[str, Any], out: Path) -> list[str]:
     plots = [str(p) for p in plot_validation([_plot_row(r) for r in rows], out)]
     files = [str(csv_path), str(out / "validation.json"), *plots]
     doc = {"schema": "pdlsim.validation", "schema_version": 1, **report, "files": files}
-    text = json.dumps(doc, indent=2, default=_jsonable, allow_nan=True)
+    # Strict JSON: a figure that is no number (a speedup without a serial row, NaN; an error
+    # against nothing, inf) is null, which every JSON reader parses; NaN and Infinity are not
+    # JSON, and jq, JavaScript and most others refuse the whole file over one.
+    text = json.dumps(_finite(doc), indent=2, default=_jsonable, allow_nan=False)
     atomic_write_text(out / "validation.json", text)
     return files
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every float that is not finite (numpy's too) replaced by None."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, (float, np.floating)) and not np.isfinite(value):
+        return None
+    return value
 
 
 def _jsonable(value: Any) -> Any:

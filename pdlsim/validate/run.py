@@ -46,12 +46,11 @@ import math
 import os
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
-from microbench.fileio import check_writable
 from pdlsim.train.config import warmup_steps
+from pdlsim.validate.checks import check_before_work, check_out
 from pdlsim.validate.measure import measure_launch, measured_step_times, summarize_launches
 from pdlsim.validate.plan import (
     GPU_CHOICES,
@@ -70,6 +69,7 @@ __all__ = [  # the plan's names too: what a caller of validate needs in one plac
     "RunSpec",
     "ValidateConfig",
     "ablation_sets",
+    "check_out",
     "check_unseen",
     "heldout_matrix",
     "launch_rounds",
@@ -126,15 +126,23 @@ def predict_spec(
 
     grad_mb = load_workload(spec.model).gradient_bytes / 2**20
     profile = _frozen_profile(cfg.profile) if cfg.profile is not None else None
+    gpu = spec.device == "gpu"
+    # Only the settings that apply: the prediction refuses a GPU setting on CPU ranks and
+    # "no overlap" where nothing overlaps (model parallel, inference) as the flags would.
+    where: dict[str, Any] = (
+        {"gpus": 1, "pinned": spec.prefetch, "prefetch": spec.prefetch}
+        if gpu
+        else {"procs_per_node": spec.procs, "threads": spec.threads}
+    )
+    if spec.parallel == "data" and not spec.inference:
+        where["overlap"] = False  # pdlsim train: one bucket, reduced after the backward
     pcfg = PredictConfig(
-        nodes=1, gpus=int(spec.device == "gpu"), procs_per_node=spec.procs,
-        threads=spec.threads, model=spec.model, batch=spec.batch, profile=profile,
-        bucket_mb=math.ceil(grad_mb) + 1.0, overlap=False, iterations=50,
+        nodes=1, model=spec.model, batch=spec.batch, profile=profile,
+        bucket_mb=math.ceil(grad_mb) + 1.0, iterations=50,
         samples=samples or cfg.band_samples,
         cpu_sockets=(1, available_cores()),  # this machine: one socket of its cores
         parallel=spec.parallel, inference=spec.inference,
-        pinned=spec.prefetch, prefetch=spec.prefetch,
-        corrections=corrections or cfg.corrections,
+        corrections=corrections or cfg.corrections, **where,
     )  # fmt: skip
     return run_prediction(pcfg)
 
@@ -154,9 +162,7 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
     from pdlsim.validate.machine_speed import machine_speed, probe
     from pdlsim.validate.report import ablation, build_rows, by_ranks, summarize, write_outputs
 
-    check_out(cfg.out)
-    if cfg.repeats < 1 or cfg.steps < 2:
-        raise UserError("--repeats must be at least 1 and --steps at least 2")
+    check_before_work(cfg)  # pdlsim.validate.checks: all it can know, before any work
     if cfg.gpu not in GPU_CHOICES:
         raise UserError(f"--gpu: expected one of {', '.join(GPU_CHOICES)}, got '{cfg.gpu}'")
     problem = check_gpu_choice(cfg.gpu)  # before the calibration: "on" without a GPU
@@ -171,11 +177,11 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         log(f"pdlsim: warning: {provenance['machine_warning']}")
     cores = available_cores()
     heldout, refused = heldout_matrix(cfg, cores)
+    planned = plan_matrix(cfg, gpu=gpu_configurations(cfg.gpu, cfg.profile, log))
     specs = heldout + mark_unseen(cfg.profile, [
-        spec
-        for spec in plan_matrix(cfg, gpu=gpu_configurations(cfg.gpu, cfg.profile, log))
-        if not spec.oversubscribed(cores)  # refused in the open, with the held-out ones
+        spec for spec in planned if not spec.oversubscribed(cores)
     ])  # fmt: skip
+    refused += _refused_rows(planned, cores, cfg.modes)  # in the open, with the held-out ones
     check_unseen(cfg.profile, [s for s in specs if s.heldout])
     for line in refused:
         log(f"pdlsim: not run: {line}")
@@ -246,13 +252,14 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
 ABLATION_SAMPLES = 10  # band samples of the other correction sets' predictions
 
 
-def check_out(out: Path) -> None:
-    """Refuse an output that is a file, holds runs already, or holds a FIFO or a device where
-    the report goes (it would be replaced by a plain file)."""
-    check_writable(out, "dir", "--out")
-    for name in ("validation.csv", "validation.json", "parity.png"):
-        check_writable(out / name, "file", "--out")
-    if any(
-        (out / d).exists() and any((out / d).iterdir()) for d in ("runs", "calibration", "speed")
-    ):
-        raise UserError(f"--out {out} already holds runs; choose a new directory")
+def _refused_rows(
+    planned: list[RunSpec], cores: int, modes: tuple[tuple[int, int], ...]
+) -> list[str]:
+    """One line for each planned configuration too wide for the cores that no refused mode's
+    line names already (the model-parallel rows' own P = 2 on one core)."""
+    return [
+        f"{spec.label} (P x T = {spec.procs * spec.threads} threads on {cores} cores)"
+        for spec in planned
+        if spec.oversubscribed(cores)
+        and not (spec.parallel == "data" and (spec.procs, spec.threads) in modes)
+    ]
