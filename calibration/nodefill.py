@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -151,7 +152,9 @@ def _checked(field: str, values: Any, levels: tuple[int, ...]) -> tuple[float, .
 def fit_node_fill(df: pd.DataFrame) -> NodeFill | None:
     """The node-fill slowdowns of the "nodefill" records in ``df``; None without them or
     without a one-process level to measure against. A level that lacks a kernel measured at
-    one process (a run stopped while writing it) is left out; the others stand."""
+    one process (a run stopped while writing it) is left out, and so is a launch whose
+    ``process`` records disagree with its ``procs`` (:func:`_whole_launches`); the others
+    stand."""
     rows = df[(df["type"] == "measurement") & (df["benchmark"] == "nodefill")]
     if rows.empty:
         return None
@@ -164,6 +167,7 @@ def fit_node_fill(df: pd.DataFrame) -> NodeFill | None:
     )
     _refuse_first(medians, medians["params.procs"] < 1, "has 'params.procs' below 1")
     _refuse_first(medians, medians["median"] <= 0, "has a median call time of 0")
+    medians = _whole_launches(medians)
     per_launch = medians.groupby(list(_PARAMS[:3]))["median"].median()  # over processes
     typical = per_launch.groupby(level=[0, 1]).median()  # over launches
     at_one = sorted({str(n) for n, k in typical.index if k == 1})
@@ -183,6 +187,29 @@ def fit_node_fill(df: pd.DataFrame) -> NodeFill | None:
         tuple(float(v) for v in table.max(axis=0)),
         kernels,
     )
+
+
+def _whole_launches(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` without the launches whose ``process`` records are not one set of processes 0
+    to procs - 1: a launch stopped while writing, or records of another count mixed in, whose
+    median over processes would stand for a fill level it did not measure. Each is left out
+    with a one-line warning naming its file, as a level missing a kernel is left out
+    (:func:`fit_node_fill`); the others stand."""
+    keep = pd.Series(True, index=rows.index)
+    for (kernel, procs, launch), group in rows.groupby(list(_PARAMS[:3]), sort=True):
+        found = sorted(set(group["params.process"].astype(int)))
+        if found == list(range(procs)):
+            continue
+        keep[group.index] = False
+        where = f" in {group['source'].iloc[0]}" if "source" in group else ""
+        listed = ", ".join(map(str, found[:4])) + (", ..." if len(found) > 4 else "")
+        warnings.warn(
+            f"nodefill{where}: kernel {kernel} at procs {procs}, launch {launch} holds records "
+            f"of {len(found)} process(es) ({listed}), not of processes 0 to {procs - 1}; that "
+            "launch is left out (re-run 'python -m microbench nodefill' to measure it)",
+            stacklevel=3,
+        )
+    return rows[keep]
 
 
 def _refuse_first(rows: pd.DataFrame, wrong: pd.Series, problem: str) -> None:

@@ -6,7 +6,9 @@ edited by hand or written by another tool could lack ``benchmark`` (a ``KeyError
 pandas), hold ``samples`` that are not a list of numbers (a numpy conversion error) or negative
 times (fitted silently into a profile that predicts nonsense). And a directory that pools the
 records of two different machines would fit one profile to both. Each is refused here with
-one line naming the file, the record and what to fix.
+one line naming the file, the record and what to fix. So is a value no measurement can have:
+a count of ranks or threads of 0 or past any machine (a traceback deep in numpy, or a fit that
+allocates petabytes), a time of more than a day, or a collective no cost formula knows.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from calibration.formulas import ALGORITHMS
 from microbench.errors import UserError
 
 __all__ = ["MACHINE_IDENTITY", "check_measurements", "check_one_machine"]
@@ -41,29 +44,65 @@ _TEXTS = ("device", "direction", "dtype", "kernel", "layout", "method", "model",
 _FLAGS = ("in_place", "oversubscribed", "pinned")
 _NUMBERS = ("compute_s_target", "density", "resolution_s", "shift")
 
+# What a count can physically be (inclusive); a count not named here: 0 to 2**53, where a
+# float64 still holds every whole number. Processes past 2**24 (16.7 million, twice the
+# largest machine's cores) or threads past 2**16 are no machine's, and a fitter allocates per
+# rank; a message or buffer past a pebibyte is no benchmark's.
+_PROCESSES = 1 << 24
+_COUNT_RANGES: dict[str, tuple[int, int]] = {
+    **dict.fromkeys(("ranks", "procs", "ranks_per_node"), (1, _PROCESSES)),
+    **dict.fromkeys(("rank", "process"), (0, _PROCESSES - 1)),
+    "threads": (1, 1 << 16),
+    "batch": (1, 1 << 31),
+    **dict.fromkeys(("bytes", "total_bytes", "wire_bytes", "elements"), (0, 1 << 50)),
+}
+_COUNT_DEFAULT = (0, 1 << 53)
+# Seconds no single timed sample of a benchmark lasts (the longest stage runs minutes).
+MAX_SAMPLE_S = 86_400.0
+# Values a text field of a benchmark must take, where a fitter looks each one up.
+_VOCABULARY: dict[tuple[str, str], tuple[str, ...]] = {
+    ("collectives", "op"): tuple(ALGORITHMS),
+    ("copies", "direction"): ("h2d", "d2h"),
+}
+
 
 def _record(frame: pd.DataFrame, row: int, where: str) -> str:
-    """The ``row``-th record of ``frame`` as an error names it: its file, and its place among
-    that file's measurement records."""
+    """The ``row``-th record of ``frame`` as an error names it: its file and line, and its
+    place among that file's measurement records."""
     if "source" in frame:
         source = f"{where}/{frame['source'].iloc[row]}"
         nth = int(frame.groupby("source", sort=False).cumcount().iloc[row]) + 1
     else:
         source, nth = where, row + 1
+    line = frame["source_line"].iloc[row] if "source_line" in frame else None
+    if line is not None and not _absent(line):
+        source = f"{source}:{int(line)}"
     named = " ".join(str(frame[c].iloc[row]) for c in _TEXT_FIELDS if c in frame)
     return f"{source}: measurement record {nth} ({named or 'unnamed'})"
 
 
-def _bad_sample(samples: Any) -> str | None:
-    """Why ``samples`` is no list of times (None when it is one)."""
+def _bad_sample(samples: Any, limit: float) -> str | None:
+    """Why ``samples`` is no list of values from 0 to ``limit`` (None when it is one)."""
     if not isinstance(samples, list) or not samples:
         return f"'samples' must be a non-empty list of times, got {str(samples)[:40]}"
-    for value in samples:
+    for i, value in enumerate(samples):
         if not isinstance(value, numbers.Real) or isinstance(value, bool):
-            return f"'samples' holds {str(value)[:40]!r}, not a number"
+            return f"'samples[{i}]' holds {str(value)[:40]!r}, not a number"
         if not (math.isfinite(value) and value >= 0):
-            return f"'samples' holds {value}: times must be finite and >= 0"
+            return f"'samples[{i}]' holds {value}: times must be finite and >= 0"
+        if value > limit:
+            return (f"'samples[{i}]' holds {value:g} s: no timed sample lasts more than a day "
+                    f"({limit:g} s)")  # fmt: skip
     return None
+
+
+def _limits(frame: pd.DataFrame) -> pd.Series:
+    """Per record, the largest sample it may hold: :data:`MAX_SAMPLE_S` for a time (unit "s",
+    or no unit), none for the watts and joules of the power benchmark."""
+    if "unit" not in frame:
+        return pd.Series(MAX_SAMPLE_S, index=frame.index)
+    seconds = frame["unit"].isna() | (frame["unit"] == "s")
+    return seconds.map({True: MAX_SAMPLE_S, False: math.inf})
 
 
 def check_measurements(frame: pd.DataFrame, where: str) -> None:
@@ -71,6 +110,11 @@ def check_measurements(frame: pd.DataFrame, where: str) -> None:
     string ``benchmark`` and ``name``, ``params`` as an object and ``samples`` as a non-empty
     list of finite, non-negative numbers; a one-line :class:`UserError` for the first that
     does not."""
+    nested = [c for c in frame if c.startswith("samples.")]  # an object json_normalize split
+    if nested:
+        row = int(np.flatnonzero(frame[nested].notna().any(axis=1).to_numpy())[0])
+        raise UserError(f"{_record(frame, row, where)}: 'samples' must be a non-empty list of "
+                        "times, got an object; re-run the benchmark")  # fmt: skip
     for column in (*_TEXT_FIELDS, "samples"):
         if column not in frame:
             raise UserError(
@@ -94,11 +138,12 @@ def check_measurements(frame: pd.DataFrame, where: str) -> None:
             row = int(np.flatnonzero(wrong.to_numpy())[0])
             raise UserError(f"{_record(frame, row, where)}: 'params' must be an object; re-run it")
     _check_params(frame, where)
-    samples = frame["samples"]
-    if _all_times(samples):
+    _check_vocabulary(frame, where)
+    samples, limits = frame["samples"], _limits(frame)
+    if _all_times(samples, limits):
         return
-    for row, value in enumerate(samples):
-        problem = _bad_sample(value)
+    for row, (value, limit) in enumerate(zip(samples, limits, strict=True)):
+        problem = _bad_sample(value, limit)
         if problem is not None:
             raise UserError(f"{_record(frame, row, where)}: {problem}; re-run the benchmark")
 
@@ -115,8 +160,14 @@ def _is_count(value: Any) -> bool:
     return _is_number(value) and math.isfinite(value) and value >= 0 and float(value).is_integer()
 
 
+def _count_test(key: str) -> tuple[Any, str]:
+    """The test of the count ``key`` (:data:`_COUNT_RANGES`) and how an error words it."""
+    low, high = _COUNT_RANGES.get(key, _COUNT_DEFAULT)
+    return (lambda v: _is_count(v) and low <= v <= high), f"a whole number from {low} to {high:,}"
+
+
 _KINDS: dict[str, tuple[Any, str]] = {
-    **{key: (_is_count, "a whole number >= 0") for key in _COUNTS},
+    **{key: _count_test(key) for key in _COUNTS},
     **{key: (lambda v: isinstance(v, str) and bool(v), "a non-empty string") for key in _TEXTS},
     **{key: (lambda v: isinstance(v, (bool, np.bool_)), "true or false") for key in _FLAGS},
     **{key: (lambda v: _is_number(v) and math.isfinite(v), "a number") for key in _NUMBERS},
@@ -134,15 +185,33 @@ def _whole_column_fine(column: pd.Series, key: str) -> bool:
         if pd.api.types.infer_dtype(column, skipna=True) not in ("string", "empty"):
             return False
         return bool((column.dropna().str.len() > 0).all())
+    low, high = _COUNT_RANGES.get(key, _COUNT_DEFAULT)
     if kind in "iu":
-        return key in _NUMBERS or bool((column >= 0).all())
+        return key in _NUMBERS or bool(((column >= low) & (column <= high)).all())
     if kind != "f":
         return False
     values = column.to_numpy()
     values = values[~np.isnan(values)]
     if not np.isfinite(values).all():
         return False
-    return key in _NUMBERS or bool(((values >= 0) & (values == np.floor(values))).all())
+    whole = (values >= low) & (values <= high) & (values == np.floor(values))
+    return key in _NUMBERS or bool(whole.all())
+
+
+def _check_vocabulary(frame: pd.DataFrame, where: str) -> None:
+    """Each text field of :data:`_VOCABULARY` holds one of its benchmark's known values."""
+    for (benchmark, key), known in _VOCABULARY.items():
+        column = f"params.{key}"
+        if column not in frame:
+            continue
+        wrong = (frame["benchmark"] == benchmark) & frame[column].notna()
+        wrong &= ~frame[column].isin(known)
+        if wrong.any():
+            row = int(np.flatnonzero(wrong.to_numpy())[0])
+            raise UserError(
+                f"{_record(frame, row, where)}: '{column}' must be one of {', '.join(known)}, "
+                f"got {frame[column].iloc[row]!r}; re-run the benchmark"
+            )
 
 
 def _check_params(frame: pd.DataFrame, where: str) -> None:
@@ -163,17 +232,16 @@ def _check_params(frame: pd.DataFrame, where: str) -> None:
             )
 
 
-def _all_times(samples: pd.Series) -> bool:
-    """The quick check of every sample at once: all lists of finite numbers >= 0."""
+def _all_times(samples: pd.Series, limits: pd.Series) -> bool:
+    """The quick check of every sample at once: all lists of finite numbers from 0 to their
+    record's limit (numpy would read the string "1" as a number, and a bool as one)."""
     if not samples.map(lambda v: isinstance(v, list) and len(v) > 0).all():
         return False
-    try:
-        flat = np.fromiter(itertools.chain.from_iterable(samples), dtype=float)
-    except (TypeError, ValueError):
+    if not all(type(v) in (float, int) for v in itertools.chain.from_iterable(samples)):
         return False
-    if any(isinstance(v, bool) for v in itertools.chain.from_iterable(samples)):
-        return False
-    return bool(np.all(np.isfinite(flat)) and np.all(flat >= 0))
+    flat = np.fromiter(itertools.chain.from_iterable(samples), dtype=float)
+    limit = np.repeat(limits.to_numpy(dtype=float), samples.map(len).to_numpy())
+    return bool(np.all(np.isfinite(flat)) and np.all(flat >= 0) and np.all(flat <= limit))
 
 
 def check_one_machine(frame: pd.DataFrame, where: str) -> None:

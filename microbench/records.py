@@ -367,9 +367,14 @@ def read_records(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dic
     :class:`TruncatedRecordWarning`; any other bad line, a missing or foreign header and an
     unknown schema version raise :class:`RecordsError`. Blank lines are ignored.
     """
-    path = Path(path)
+    header, numbered = _read_numbered(Path(path))
+    return header, [record for _, record in numbered]
+
+
+def _read_numbered(path: Path) -> tuple[dict[str, Any], list[tuple[int, dict[str, Any]]]]:
+    """:func:`read_records`, each record with its line number (for errors that name it)."""
     header: dict[str, Any] | None = None
-    records: list[dict[str, Any]] = []
+    records: list[tuple[int, dict[str, Any]]] = []
     pending: tuple[int, str] | None = None  # a bad line: fatal unless nothing follows it
     with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, text in enumerate(f, start=1):
@@ -389,7 +394,7 @@ def read_records(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dic
                 raise RecordsError(path, lineno, "record is not a JSON object with a string 'type'")
             if record["type"] == "header":
                 raise RecordsError(path, lineno, "a second header (were files concatenated?)")
-            records.append(record)
+            records.append((lineno, record))
     if header is None:
         raise RecordsError(path, 1, f"empty file: no {SCHEMA} header")
     if pending is not None:
@@ -406,21 +411,38 @@ def _natural_key(path: Path) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.as_posix())]
 
 
+_RECORD_START = re.compile(rb'\s*\{\s*"type"\s*:')  # how every records line begins
+
+
 def is_records_file(path: Path) -> bool:
     """Whether a file found in a directory is a records file; other JSON Lines files (an
     Extra-P export, say) are skipped with a warning instead of failing the whole load, and so
-    is anything that is not a regular file (opening a FIFO would wait for a writer forever)."""
+    is anything that is not a regular file (opening a FIFO would wait for a writer forever).
+
+    A records file whose header was damaged (cut off mid-line, or its first line lost, so that
+    a record comes first) is no "other" file: skipping it would drop a benchmark's records from
+    a calibration with no more than a note. Its first line still shows what it is (a ``"type"``
+    field, or the schema's name), and it is refused with a :class:`RecordsError` naming the
+    file and line 1."""
     if not path.is_file():
         warnings.warn(f"{path}: not a regular file, skipped", stacklevel=3)
         return False
     with path.open("rb") as handle:
-        first = handle.readline()
+        first = handle.readline(1 << 20)  # a header is a few KiB
     try:
         header = loads(first)
     except ValueError:
         header = None
     if isinstance(header, dict) and header.get("schema") == SCHEMA:
         return True
+    if isinstance(header, dict) and isinstance(header.get("type"), str):
+        kind = header["type"]
+        problem = "a header of another schema" if kind == "header" else f"a {kind!r} record"
+        raise RecordsError(path, 1, f"no {SCHEMA} header (line 1 is {problem}: the header "
+                           "was lost or replaced)")  # fmt: skip
+    if header is None and (SCHEMA.encode() in first or _RECORD_START.match(first)):
+        raise RecordsError(path, 1, f"damaged {SCHEMA} header (line 1 is cut off or not "
+                           "JSON)")  # fmt: skip
     warnings.warn(f"{path}: not a {SCHEMA} file, skipped", stacklevel=3)
     return False
 
@@ -431,7 +453,8 @@ def load_dataframe(path_or_dir: str | os.PathLike[str], type: str | None = None)
     One row per record (only those of ``type`` when given), nested fields flattened with dots
     (``params.nbytes``), raw ``samples`` kept as list cells, plus a ``source`` column (the file's
     path relative to the directory, e.g. ``ranks2/collectives.jsonl``) and the header's machine
-    metadata as ``machine.*`` columns. ``source`` and
+    metadata as ``machine.*`` columns, and ``source_line``, the record's line in its file (for
+    errors that name it). ``source``, ``source_line`` and
     ``machine.*`` are the loader's: a record's own fields of those names are replaced. Files
     are read in natural order (rank2 before rank10).
     """
@@ -455,16 +478,18 @@ def load_dataframe(path_or_dir: str | os.PathLike[str], type: str | None = None)
         raise FileNotFoundError(f"{path}: no such file or directory")
     frames = []
     for file in files:
-        header, records = read_records(file)
+        header, numbered = _read_numbered(file)
         if type is not None:
-            records = [r for r in records if r["type"] == type]
-        if not records:
+            numbered = [(n, r) for n, r in numbered if r["type"] == type]
+        if not numbered:
             continue
-        frame = pd.json_normalize(records, sep=".")
+        frame = pd.json_normalize([r for _, r in numbered], sep=".")
         machine = pd.json_normalize([header["machine"]], sep=".").add_prefix("machine.")
         machine = machine.iloc[[0] * len(frame)].reset_index(drop=True)
-        frame = frame.drop(columns=[c for c in frame.columns if c in machine or c == "source"])
+        ours = ("source", "source_line")
+        frame = frame.drop(columns=[c for c in frame.columns if c in machine or c in ours])
         frame.insert(len(frame.columns), "source", file.relative_to(root).as_posix())
+        frame.insert(len(frame.columns), "source_line", [n for n, _ in numbered])
         frames.append(pd.concat([frame, machine], axis=1))
     if not frames:
         return pd.DataFrame(columns=["type", "source"])

@@ -74,16 +74,24 @@ def _run_dirs(text: str) -> tuple[Path, ...]:
 
 
 def run_calibrate_command(args: argparse.Namespace) -> int:
-    if args.out is not None:  # before the benchmarks, so that their fits are not lost at the end
-        check_writable(args.out, "file", "--out")
-        check_writable(args.out.parent / "extrap.jsonl", "file", "--out", "(written beside it)")
     for extra in args.kernels_from:  # before the benchmarks, like --out
         if not extra.is_dir():
             raise UserError(f"--kernels-from {extra}: no such directory of records")
+    if args.from_dir is not None and not args.from_dir.is_dir():
+        raise UserError(f"--from {args.from_dir}: no such directory of records")
+    # The profile and the Extra-P file beside it, probed before the benchmarks and the fits
+    # (so that their work is not lost at the end, and the profile is not replaced when the
+    # file beside it cannot be written); --from's default, RUN_DIR/profile.json, as well.
+    default = None if args.out or not args.from_dir else args.from_dir / "profile.json"
+    for path, flag, what in (
+        (args.out, "--out", ""),
+        (default, "--from", "(where the profile goes without --out)"),
+    ):
+        if path is not None:
+            check_writable(path, "file", flag, what)
+            check_writable(path.parent / "extrap.jsonl", "file", flag, "(written beside it)")
     if args.from_dir is not None:
         run_dir = args.from_dir
-        if not run_dir.is_dir():
-            raise UserError(f"--from {run_dir}: no such directory of records")
     else:
         checked_bench_threads(args)  # bad input fails before a run folder is made
         run_dir = new_run_dir(Path("runs") / "calibrate")

@@ -290,6 +290,13 @@ def restore(
         raise CheckpointError(
             ckpt.path, f"position step {ckpt.step} is past the epoch's {steps} steps"
         )
+    done = [entry["steps"] for entry in ckpt.header["epochs"]]
+    wrong = next((i for i, n in enumerate(done) if n != steps), None)
+    if steps is not None and wrong is not None:
+        raise CheckpointError(
+            ckpt.path, f"epochs[{wrong}].steps is {done[wrong]}, but this run's epochs take "
+            f"{steps} steps (was it edited?)"
+        )  # fmt: skip
     missing = [name for name in phases if name not in ckpt.header["epoch_sums"]["phases_s"]]
     if missing:
         raise CheckpointError(ckpt.path, f"epoch_sums' phases_s lacks {', '.join(missing)}")

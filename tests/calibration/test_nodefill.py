@@ -149,7 +149,7 @@ def test_predict_carries_the_compute_and_says_so(tmp_path):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"procs": "two"}, "'params.procs' must be a whole number >= 0, got 'two'"),
+        ({"procs": "two"}, "'params.procs' must be a whole number from 1 to 16,777,216, got 'two'"),
         ({"launch": None}, "a nodefill record in nodefill.jsonl has no 'params.launch'"),
     ],
 )
@@ -237,7 +237,8 @@ def test_a_level_missing_a_kernel_is_left_out_not_the_whole_fill(tmp_path):
     ("edit", "message"),
     [
         (lambda r: r["params"].update(procs=0) if r["params"]["procs"] == 2 else None,
-         "a nodefill record in nodefill.jsonl has 'params.procs' below 1"),
+         "nodefill.jsonl:11: measurement record 10 (nodefill gemm): 'params.procs' must be a "
+         "whole number from 1 to"),
         (lambda r: r.update(samples=[0.0] * 5) if r["params"]["procs"] == 1 else None,
          "a nodefill record in nodefill.jsonl has a median call time of 0"),
     ],

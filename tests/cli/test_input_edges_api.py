@@ -146,14 +146,14 @@ GOOD = {"type": "measurement", "benchmark": "compute", "name": "gemm", "unit": "
         ({"benchmark": 3}, "record 2 .*'benchmark' must be a non-empty string"),
         ({"samples": "abc"}, "'samples' must be a non-empty list of times"),
         ({"samples": []}, "'samples' must be a non-empty list of times"),
-        ({"samples": [1.0, -2.0]}, "'samples' holds -2.0: times must be finite and >= 0"),
-        ({"samples": [1.0, [2.0]]}, "'samples' holds '\\[2.0\\]', not a number"),
-        ({"samples": [1.0, True]}, "'samples' holds 'True', not a number"),
+        ({"samples": [1.0, -2.0]}, "'samples\\[1\\]' holds -2.0: times must be finite and >= 0"),
+        ({"samples": [1.0, [2.0]]}, "'samples\\[1\\]' holds '\\[2.0\\]', not a number"),
+        ({"samples": [1.0, True]}, "'samples\\[1\\]' holds 'True', not a number"),
         ({"params": 5}, "'params' must be an object"),
         # a params field of the wrong kind was a traceback in a fitter's astype(int)
-        ({"params": {"m": "64"}}, "'params.m' must be a whole number >= 0, got '64'"),
+        ({"params": {"m": "64"}}, "'params.m' must be a whole number from 0 to .*, got '64'"),
         ({"params": {"m": 64, "threads": True}}, "'params.threads' must be a whole number"),
-        ({"params": {"m": 64.5}}, "'params.m' must be a whole number >= 0, got 64.5"),
+        ({"params": {"m": 64.5}}, "'params.m' must be a whole number from 0 to .*, got 64.5"),
         ({"params": {"m": 64, "device": 3}}, "'params.device' must be a non-empty string"),
         ({"params": {"m": 64, "pinned": "yes"}}, "'params.pinned' must be true or false"),
     ],
@@ -164,7 +164,7 @@ def test_calibrate_refuses_measurement_records_of_the_wrong_shape(tmp_path, chan
     with pytest.raises(UserError, match=match) as info:
         load_measurements(tmp_path)
     _one_line(info)
-    assert "ranks1/compute.jsonl: measurement record 2 (" in str(info.value)
+    assert "ranks1/compute.jsonl:3: measurement record 2 (" in str(info.value)
 
 
 def test_a_collective_record_without_a_field_the_others_have_is_one_line(tmp_path):
@@ -233,9 +233,26 @@ def _edit_newest(run: Path, tmp_path: Path, edit) -> Path:
 @pytest.mark.parametrize(
     ("edit", "match"),
     [
-        (lambda h, m: h.update(position=[1, 0, 4]), "position needs integer epoch"),
-        (lambda h, m: h["position"].update(step=-3), "position needs integer epoch"),
-        (lambda h, m: h["position"].update(step=10**6), "position step 1000000 is past"),
+        (lambda h, m: h.update(position=[1, 0, 4]), "position is not an object"),
+        (lambda h, m: h["position"].update(step=-3), "position.step must be a whole number >= 0"),
+        (lambda h, m: h["position"].update(step=10**6), "position.step 1000000 is past"),
+        # fields past what the run can have been: a global_step of 10**17 was resumed (Adam's
+        # step count, dropout's seeds), negative times and accuracies past 1 were carried on
+        (
+            lambda h, m: h["position"].update(global_step=10**17),
+            r"position.global_step must be the 4 steps done \(1 finished epoch\(s\) and step 0\), "
+            "got 100000000000000000",
+        ),
+        (lambda h, m: h["position"].update(global_step=3), "position.global_step must be the 4"),
+        (lambda h, m: h["epochs"][0].update(steps=10**17), "position.global_step must be the 10"),
+        (lambda h, m: h["epochs"][0].update(epoch=5), r"epochs\[0\] must be epoch 0"),
+        (
+            lambda h, m: h["epochs"][0].update(test_accuracy=1.5),
+            r"epochs\[0\].test_accuracy must be from 0 to 1, got 1.5",
+        ),
+        (lambda h, m: h["epochs"][0].update(time_s=-1.0), r"epochs\[0\].time_s must be >= 0"),
+        (lambda h, m: h["epoch_sums"].update(elapsed_s=-2.0), "epoch_sums.elapsed_s must be >= 0"),
+        (lambda h, m: h["epoch_sums"].update(correct=1e300), "epoch_sums must be 0 at step 0"),
         (lambda h, m: h["position"].update(epoch=10**6), "1 finished epoch"),
         (lambda h, m: h.update(config=[1]), "config is not an object"),
         (lambda h, m: h["epoch_sums"].pop("loss"), "epoch_sums needs finite numbers"),
