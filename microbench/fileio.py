@@ -4,7 +4,9 @@ Every output goes through :func:`atomic_write_text` or :func:`atomic_write_bytes
 file beside the target, then a rename, so a full disk or a kill leaves the old file (or none),
 never a torn or empty one. Only regular files and new names are written: renaming onto a FIFO
 or a device would replace it with a plain file, which is never what a user pointing an output
-at one meant.
+at one meant. A link to a regular file is written through (the file it leads to is replaced,
+the link kept), as a shell's ``>`` writes it; :func:`write_problem` refuses a read-only file
+up front rather than rename over it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,19 @@ def special_kind(path: str | Path) -> str | None:
     except (OSError, ValueError):  # ValueError: a NUL byte in the name
         return None
     return next((kind for test, kind in _KINDS if test(mode)), None)
+
+
+def written_path(path: str | Path) -> Path:
+    """Where writing ``path`` puts the data: the file a link leads to when ``path`` is a link
+    to a regular file (as ``>`` and an editor write through it; a rename onto the link would
+    replace the link with a plain file and leave its target stale), else ``path`` itself."""
+    path = Path(path)
+    try:
+        if path.is_symlink() and path.is_file():
+            return Path(os.path.realpath(path))
+    except (OSError, ValueError):  # a name too long, a NUL: the write reports it
+        pass
+    return path
 
 
 def _staged(path: Path, data: bytes) -> str:
@@ -118,7 +133,8 @@ def atomic_write_all(files: Mapping[Path, bytes], durable: bool = False) -> None
     with signals_deferred():
         try:
             for path, data in files.items():
-                staged.append((_staged(Path(path), data), Path(path)))
+                target = written_path(path)  # through a link, not over it
+                staged.append((_staged(target, data), target))
             for tmp, path in staged:
                 os.replace(tmp, path)
         except BaseException:
@@ -279,25 +295,29 @@ def write_problem(path: str | Path, kind: str = "dir") -> str | None:
         raise ValueError(f"kind must be 'dir' or 'file', got {kind!r}")
     if not str(path):
         return "is empty; give a name"
-    path = Path(path)
+    shown = path = Path(path)
+    if kind == "file":
+        path = written_path(path)  # a link to a file: the file it leads to is what is written
+        if path.is_file() and not os.access(path, os.W_OK):
+            return f"{shown} is read-only; make it writable (chmod u+w) or give another name"
     if kind == "dir" and path.exists() and not path.is_dir():
-        return f"{path} is {special_kind(path) or 'a file'}; give a directory"
+        return f"{shown} is {special_kind(path) or 'a file'}; give a directory"
     if kind == "file" and path.is_dir():
-        return f"{path} is a directory; give a file name"
+        return f"{shown} is a directory; give a file name"
     special = special_kind(path) if kind == "file" else None
     if special is not None:
-        return f"{path} is {special}, not a regular file; give a new file name"
+        return f"{shown} is {special}, not a regular file; give a new file name"
     for place in (path, *path.parents) if kind == "dir" else path.parents:
         if place.is_symlink() and not place.exists():  # mkdir there: EEXIST, or ELOOP
-            return f"{path}: {place} is a link to nowhere (or a loop), not a directory"
+            return f"{shown}: {place} is a link to nowhere (or a loop), not a directory"
     start = path if kind == "dir" else path.parent
     existing = next((p for p in (start, *start.parents) if p.exists()), Path("."))
     if not existing.is_dir():
-        return f"{path}: {existing} is a file, not a directory"
+        return f"{shown}: {existing} is a file, not a directory"
     try:
         fd, probe = tempfile.mkstemp(dir=existing, prefix=".pdlsim-write-probe-")
     except OSError as exc:
-        return f"{path}: cannot write in {existing} ({exc.strerror}); give a writable place"
+        return f"{shown}: cannot write in {existing} ({exc.strerror}); give a writable place"
     os.close(fd)
     os.unlink(probe)
     return None

@@ -16,6 +16,7 @@ message is the one line the command line prints.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import fields, replace
 from pathlib import Path
@@ -33,8 +34,9 @@ from microbench.argtypes import (
 from microbench.errors import UserError
 from microbench.workload import Workload
 from pdlsim.cli.sweep import sweep as _sweep
+from pdlsim.prediction.checks import unused_inter_node
 from pdlsim.prediction.collective import collective_document
-from pdlsim.prediction.config import PredictConfig, resolve_profile
+from pdlsim.prediction.config import PredictConfig, check_not_an_input, resolve_profile
 from pdlsim.prediction.core import run_prediction
 from pdlsim.sim import Cluster
 
@@ -113,6 +115,11 @@ def predict(
     :class:`Profile`; the packaged default if None). ``trace`` writes a Chrome trace of the
     simulated timeline. Returns the ``pdlsim predict --json`` document."""
     cfg = _config(workload, cluster or Cluster.cpus(1), batch, profile, options)
+    if trace is not None and isinstance(workload, (str, Path)):  # cfg holds it loaded: no path
+        check_not_an_input(replace(cfg, model=str(workload)), check_name("trace", trace), "--trace")
+    unused = unused_inter_node(cfg, cfg.nodes)  # a sweep's one-node rows are not warned of
+    if unused is not None:
+        warnings.warn(unused, UserWarning, stacklevel=2)
     return run_prediction(cfg, trace=None if trace is None else check_name("trace", trace))
 
 

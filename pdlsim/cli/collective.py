@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from typing import Any
 
 from microbench.errors import UserError
@@ -123,5 +124,9 @@ def format_table(doc: dict[str, Any]) -> str:
 
 def _cmd_collective(args: argparse.Namespace) -> int:
     doc = collective_table(args)
+    if args.network is not None and args.nodes == 1:  # the node's own links carry it all
+        from pdlsim.prediction.checks import single_node_note
+
+        print(f"pdlsim: warning: {single_node_note('--network')}", file=sys.stderr)
     print(json.dumps(doc, indent=1) if args.json else format_table(doc))
     return 0

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
 from microbench.fileio import atomic_write_all, encode_text
+from pdlsim.cli.args import positive_int
 from pdlsim.cli.predict_options import compression_arg, positive_number
 
 if TYPE_CHECKING:
@@ -34,12 +35,6 @@ def _on_off(text: str) -> bool:
     if text not in ("on", "off"):
         raise argparse.ArgumentTypeError(f"expected on or off, got '{text}'")
     return text == "on"
-
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
-    return int(text)
 
 
 def _balance(text: str) -> str:
@@ -62,10 +57,10 @@ KNOBS: dict[str, Knob] = {
     "overlap": Knob("overlap", _on_off, "on,off"),
     "prefetch": Knob("prefetch", _on_off, "on,off"),
     "compression": Knob("compression", compression_arg, "none,fp16,topk:0.01"),
-    "sync-every": Knob("sync_every", _positive_int, "steps, e.g. 1,2,4,8"),
+    "sync-every": Knob("sync_every", positive_int, "steps, e.g. 1,2,4,8"),
     "network-scale": Knob("network_scale", positive_number, "bandwidth factors, e.g. 0.5,2"),
     "latency-scale": Knob("latency_scale", positive_number, "latency factors, e.g. 0.5,2"),
-    "nodes": Knob("nodes", _positive_int, "node counts, e.g. 8,16,32"),
+    "nodes": Knob("nodes", positive_int, "node counts, e.g. 8,16,32"),
     "balance": Knob("balance", _balance, "static,proportional"),
 }
 

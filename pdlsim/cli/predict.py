@@ -21,6 +21,12 @@ from pdlsim.cli.predict_options import (
     add_whatif_options,
     positive_number,
 )
+from pdlsim.prediction.checks import (
+    GPU_SETTINGS,
+    gpu_only_error,
+    single_node_note,
+    unused_inter_node,
+)
 from pdlsim.prediction.config import PredictConfig, resolve_profile
 from pdlsim.prediction.core import run_prediction
 from pdlsim.prediction.energy import format_energy
@@ -53,11 +59,6 @@ def cores_warning(cfg: PredictConfig) -> str | None:
     return None
 
 
-# Options that describe GPU ranks: refused for CPU ranks.
-GPU_ONLY = ("gpu_preset", "node", "step_time", "step_time_accum", "mfu", "layer_times", "pinned",
-            "prefetch")  # fmt: skip
-
-
 def check_flags(args: argparse.Namespace, gpus: bool) -> list[str]:
     """Refuse a flag the configuration would ignore (one line, exit 2); the warnings (for
     stderr, once, before the work) where one flag refines another."""
@@ -70,32 +71,37 @@ def check_flags(args: argparse.Namespace, gpus: bool) -> list[str]:
                     "(or --gpus for CPU ranks)"
                 )
     else:
-        for dest in GPU_ONLY:
+        for dest in GPU_SETTINGS:  # given, even at its default: the config check misses those
             flag = given(args, dest)
             if flag:
-                raise UserError(
-                    f"{flag} describes GPU ranks, and this configuration has none: add --gpus G "
-                    f"or drop {flag}"
-                )
-    no_overlap = given(args, "overlap")
-    if no_overlap and (args.parallel != "data" or args.inference):
-        raise UserError(
-            f"{no_overlap} is for data-parallel training (gradient buckets overlapping the "
-            "backward); model, pipeline and inference overlap nothing: drop it"
-        )
+                raise gpu_only_error(flag)
     network, bw, lat = (given(args, d) for d in ("network", "inter_bw", "inter_lat"))
     if network and bw and lat:
         raise UserError(
             "--inter-bw and --inter-lat replace every figure of --network: drop --network, or "
             "one of --inter-bw/--inter-lat to keep its other figure"
         )
+    warnings = _one_node_warnings(args)
     if network and (bw or lat):
         kept = "latency" if bw else "bandwidth"
-        return [
+        warnings.append(
             f"pdlsim: warning: {bw or lat} replaces the {'bandwidth' if bw else 'latency'} of "
             f"--network {args.network}; its {kept} is kept"
-        ]
-    return []
+        )
+    return warnings
+
+
+def _one_node_warnings(args: argparse.Namespace) -> list[str]:
+    """Inter-node settings (flags, or ``--vary`` of a network knob) that change nothing
+    because no configuration reaches a second node (predict's --nodes, sweep's largest,
+    --vary nodes): said on stderr, so that the report's network is not taken as priced."""
+    nodes = args.nodes if isinstance(args.nodes, int) else max(args.nodes)
+    varied = {name: values for name, values, _ in getattr(args, "vary", None) or ()}
+    nodes = max((nodes, *varied.get("nodes", ())))
+    notes = [unused_inter_node(args, nodes)]
+    notes += [single_node_note(f"--vary {name}") for name in ("network-scale", "latency-scale")
+              if name in varied and nodes == 1]  # fmt: skip
+    return [f"pdlsim: warning: {note}" for note in notes if note]
 
 
 def fmt_s(seconds: float) -> str:

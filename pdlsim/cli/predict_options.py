@@ -37,18 +37,17 @@ def _watts_pair(flag: str, unit: str) -> Any:
 
 
 def _sockets(text: str) -> tuple[int, int]:
-    sockets, _, cores = text.lower().partition("x")
-    if (
-        not (sockets.strip().isdigit() and cores.strip().isdigit())
-        or min(int(sockets), int(cores)) < 1
-        or int(sockets) > MAX_SOCKETS
-        or int(cores) > MAX_CORES_PER_SOCKET
-    ):
+    sockets_text, _, cores_text = text.lower().partition("x")
+    try:  # int(), not str.isdigit(): '²' is a digit to isdigit and no number to int
+        sockets, cores = int(sockets_text), int(cores_text)
+    except ValueError:
+        sockets = cores = 0
+    if not (1 <= sockets <= MAX_SOCKETS and 1 <= cores <= MAX_CORES_PER_SOCKET):
         raise argparse.ArgumentTypeError(
             f"expected SOCKETSxCORES per node, e.g. 2x40 (2 sockets of 40 cores; at most "
             f"{MAX_SOCKETS}x{MAX_CORES_PER_SOCKET}), got '{text}'"
         )
-    return int(sockets), int(cores)
+    return sockets, cores
 
 
 def _watts(text: str) -> float:

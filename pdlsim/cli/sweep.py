@@ -17,7 +17,7 @@ from pdlsim.cli.predict import add_common_options, check_flags, config_from_args
 from pdlsim.cli.progress import Progress
 from pdlsim.prediction.build import check_config
 from pdlsim.prediction.checks import MAX_PREDICTIONS
-from pdlsim.prediction.config import PredictConfig
+from pdlsim.prediction.config import PredictConfig, check_not_an_input
 from pdlsim.prediction.core import run_prediction
 
 
@@ -99,9 +99,15 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     if warning and not gpus:
         print(warning, file=sys.stderr)
     check_writable(args.out, "dir", "--out", "for sweep.csv and the plot")
+    if not args.out.parent.is_dir():  # the folder itself is made; a mistyped path above it is not
+        raise UserError(
+            f"--out {args.out}: the folder {args.out.parent} does not exist; create it, or give "
+            "--out in an existing folder"
+        )
     names = ("knobs.csv", "knob_ranking.csv") if args.vary else ("sweep.csv", "scaling.png")
     for name in names:  # a FIFO or a device there would be replaced, not written to
         check_writable(args.out / name, "file", "--out")
+        check_not_an_input(cfg, args.out / name, "--out")
     if args.vary:
         return run_vary(args, cfg, Progress("sweep --vary", "predictions"))
     progress = Progress("sweep", "configurations")

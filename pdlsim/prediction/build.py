@@ -20,7 +20,13 @@ from pdlsim.costmodel.presets import (
     load_hardware,
 )
 from pdlsim.costmodel.training import Training
-from pdlsim.prediction.checks import check_bounds, check_epoch, check_memory, layerwise_mode
+from pdlsim.prediction.checks import (
+    check_applicable,
+    check_bounds,
+    check_epoch,
+    check_memory,
+    layerwise_mode,
+)
 from pdlsim.prediction.config import PredictConfig, parse_rate, parse_time, resolve_profile
 from pdlsim.prediction.epoch import dataset_samples
 from pdlsim.prediction.gpu_layers import with_layer_times
@@ -96,6 +102,7 @@ def check_config(cfg: PredictConfig) -> Workload:
 
     check_bounds(cfg)
     layerwise_mode(cfg)
+    check_applicable(cfg)
     workload = Workload.load(cfg.model, cfg.tokens)
     check_epoch(cfg, dataset_samples(workload.name, cfg.dataset_samples))
     return workload

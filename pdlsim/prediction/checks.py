@@ -16,6 +16,11 @@
   or :data:`MAX_CORES_PER_SOCKET` cores per socket.
 * **A step larger than the epoch**: the global batch (samples per step) above the workload's
   epoch (:mod:`pdlsim.prediction.epoch`, or ``--dataset-samples``) is no training run.
+* **A setting the configuration would ignore** (:func:`check_applicable`): a GPU ranks'
+  setting on CPU ranks, ``overlap=False`` where nothing overlaps, a proportional balance of
+  ranks that all run at one speed. The command line refuses the flags themselves
+  (:func:`pdlsim.cli.predict.check_flags`); this check holds for the Python API and for
+  ``pdlsim sweep --vary`` too, whose values no flag parser has seen.
 * **A layout that does not fit in memory**: the bytes per rank against the GPU preset's memory,
   or for CPU ranks against the profile's host memory shared by the ranks of a node (skipped
   where the profile does not say). ``--allow-oversubscribed-memory`` predicts it anyway.
@@ -26,6 +31,7 @@ and what to change.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from microbench.argtypes import MAX_BATCH
@@ -48,13 +54,18 @@ __all__ = [
     "DEFAULT_SCHEDULE",
     "PARALLEL_MODES",
     "SCHEDULES",
+    "GPU_SETTINGS",
+    "check_applicable",
     "check_bounds",
+    "gpu_only_error",
     "check_cluster",
     "check_epoch",
     "check_factors",
     "check_memory",
     "check_power",
     "layerwise_mode",
+    "single_node_note",
+    "unused_inter_node",
     "samples_per_step",
 ]
 
@@ -106,6 +117,83 @@ def check_bounds(cfg: Any) -> None:
         )
     check_factors(cfg)
     check_power(cfg)
+
+
+# Settings that describe GPU ranks, by the flag that sets them away from their default: CPU
+# ranks would ignore them, and a prediction that silently drops a setting is a wrong answer.
+GPU_SETTINGS = {
+    "gpu_preset": "--gpu-preset", "node": "--node", "step_time": "--step-time",
+    "step_time_accum": "--step-time-accum", "mfu": "--mfu", "layer_times": "--layer-times",
+    "pinned": "--pageable", "prefetch": "--prefetch", "gpu_watts": "--gpu-watts",
+}  # fmt: skip
+
+
+def gpu_only_error(flag: str) -> UserError:
+    """The one line that refuses a GPU ranks' ``flag`` on CPU ranks."""
+    return UserError(
+        f"{flag} describes GPU ranks, and this configuration has none: add --gpus G or drop {flag}"
+    )
+
+
+def check_applicable(cfg: Any) -> None:
+    """Refuse a setting of ``cfg`` that differs from its default where the configuration
+    ignores it: GPU settings (:data:`GPU_SETTINGS`) on CPU ranks, CPU ranks' processes and
+    threads on GPU ranks, no overlap where nothing overlaps (model, pipeline, inference), a
+    proportional balance without ranks of other speeds. Config-level, so that the Python API
+    and ``sweep --vary`` values are held to what the command line's flags are."""
+    defaults = {f.name: f.default for f in fields(cfg)}
+    if cfg.gpus == 0:
+        for name, flag in GPU_SETTINGS.items():
+            if getattr(cfg, name) != defaults[name]:
+                raise gpu_only_error(flag)
+    else:
+        for name in ("procs_per_node", "threads"):
+            if getattr(cfg, name) != defaults[name]:
+                flag = "--" + name.replace("_", "-")
+                raise UserError(
+                    f"{flag} is for CPU ranks; with --gpus every GPU is one rank: drop {flag} "
+                    "(or --gpus for CPU ranks)"
+                )
+    if not cfg.overlap and (cfg.parallel != "data" or cfg.inference):
+        raise UserError(
+            "--no-overlap is for data-parallel training (gradient buckets overlapping the "
+            "backward); model, pipeline and inference overlap nothing: drop it"
+        )
+    if cfg.balance == "proportional" and not (cfg.speeds or cfg.slow_ranks):
+        raise UserError(
+            "--balance proportional splits the batch by rank speed, and every rank runs at one "
+            "speed: add --slow-ranks K --slow-factor F or --speeds, or drop --balance"
+        )
+
+
+# Settings of the links between nodes, by their flags, with the value that leaves them unset.
+INTER_NODE_SETTINGS = {
+    "network": ("--network", None), "inter_bw": ("--inter-bw", None),
+    "inter_lat": ("--inter-lat", None), "network_scale": ("--network-scale", 1.0),
+    "latency_scale": ("--latency-scale", 1.0),
+}  # fmt: skip
+
+
+def unused_inter_node(settings: Any, nodes: int) -> str | None:
+    """Why an inter-node network setting of ``settings`` (a config or parsed flags) changes
+    nothing, when every configuration has one node (``nodes``, the most of them): one node has
+    no links to other nodes. None when there is none such. A warning, not a refusal: a scaling
+    study loops over node counts from 1 with the same flags. (A sweep that reaches two nodes
+    uses it in its larger rows.)"""
+    if nodes != 1:  # a count below 1 is check_bounds' to refuse
+        return None
+    for name, (flag, unset) in INTER_NODE_SETTINGS.items():
+        if getattr(settings, name, unset) != unset:
+            return single_node_note(flag)
+    return None
+
+
+def single_node_note(flag: str) -> str:
+    """What is said of an inter-node ``flag`` where there is one node."""
+    return (
+        f"{flag} describes the network between nodes, and one node has none: it changes "
+        "nothing here (give --nodes 2 or more to use it)"
+    )
 
 
 def check_power(cfg: Any) -> None:

@@ -183,6 +183,34 @@ def checked_types(cfg: PredictConfig) -> dict[str, Any]:
     return changed
 
 
+# The settings that may name an input file, by their flags: an output must not be one of them.
+INPUT_FILES = {
+    "model": "--model", "profile": "--profile", "network": "--network", "node": "--node",
+    "gpu_preset": "--gpu-preset", "hardware": "--hardware", "layer_times": "--layer-times",
+}  # fmt: skip
+
+
+def check_not_an_input(cfg: PredictConfig, output: str | os.PathLike[str], flag: str) -> None:
+    """Refuse ``output`` (given as ``flag``) when it is one of ``cfg``'s input files, by any
+    name (a link, ``./``, another spelling): writing it would replace the workload, profile or
+    preset the result was computed from, and a rerun would then read the output instead."""
+    for name, input_flag in INPUT_FILES.items():
+        value = getattr(cfg, name)
+        if isinstance(value, (str, os.PathLike)) and _same_file(value, output):
+            raise UserError(
+                f"{flag} {os.fspath(output)} is the {input_flag} file {os.fspath(value)}: "
+                f"writing it would replace that input; give {flag} another name"
+            )
+
+
+def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether ``a`` and ``b`` are one existing file (False when either is none)."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # missing, unreadable, or a NUL in a name
+        return False
+
+
 # The profile a prediction uses without --profile: the first of these that is packaged (else
 # the first packaged one). The 2-core Xeon VM's, which the README's examples print (its kernel
 # tables and step terms price any workload); epyc-2core and h100-16core are there for --profile.

@@ -28,7 +28,7 @@ from microbench.errors import UserError
 from microbench.fileio import check_writable
 from pdlsim.prediction.build import build, check_config
 from pdlsim.prediction.checks import layerwise_mode
-from pdlsim.prediction.config import PredictConfig
+from pdlsim.prediction.config import PredictConfig, check_not_an_input
 from pdlsim.prediction.document import band_step_times, prediction_document
 from pdlsim.prediction.epoch import DATASET_SAMPLES, dataset_samples
 from pdlsim.prediction.layerwise import run_layerwise
@@ -51,12 +51,15 @@ __all__ = [
 BAND_ITERATIONS = 20
 
 
-def check_trace_path(trace: str) -> None:
+def check_trace_path(trace: str, cfg: PredictConfig | None = None) -> None:
     """Refuse a ``--trace`` file that cannot be written, before any simulating: a place that
-    is no file (:func:`~microbench.fileio.check_writable`), or one in a folder that does not
-    exist (a mistyped folder is not created silently). The command line and the Python API
-    (``pdlsim.predict(trace=...)``) both pass here."""
+    is no file (:func:`~microbench.fileio.check_writable`), one in a folder that does not
+    exist (a mistyped folder is not created silently), or one of ``cfg``'s input files (the
+    trace would replace the workload or profile it was computed from). The command line and
+    the Python API (``pdlsim.predict(trace=...)``) both pass here."""
     check_writable(trace, "file", "--trace")
+    if cfg is not None:
+        check_not_an_input(cfg, trace, "--trace")
     folder = Path(trace).parent
     if not folder.is_dir():
         raise UserError(
@@ -69,7 +72,7 @@ def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, An
     """Predict one configuration: the JSON object ``pdlsim predict --json`` prints; with
     ``trace``, a Chrome trace of its timeline written there (:func:`check_trace_path`)."""
     if trace is not None:
-        check_trace_path(trace)
+        check_trace_path(trace, cfg)
     if layerwise_mode(cfg):  # model or pipeline parallelism, or inference
         return run_layerwise(cfg, trace, BAND_ITERATIONS)
 
