@@ -25,7 +25,9 @@ measured R is carried on by the node's own slowdown instead of held:
     factor(R) = factor(R_max) * max(1, S(R) / S(R_max)),
 
 the interval likewise from the kernels' range of S(R) (more busy cores never speed a core up,
-so a ratio below one, a noisy level, carries nothing).
+so a ratio below one, a noisy level, carries nothing). The node fill's stragglers, the slowest
+process over the median one, are carried the same way (:meth:`ColocationModel.straggler`): the
+factor above is every rank's, the straggler one rank's more, which the others wait for.
 
 A **span** (:meth:`ColocationModel.add_moments`: ``pdlsim validate``'s 2-rank jitter checks
 between its training launches, one moment each) is the stretch of time the predictions are for.
@@ -39,6 +41,7 @@ docs/evidence.md, "Co-location").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
@@ -229,12 +232,31 @@ class ColocationModel:
         """``(ratio, low, high)`` by which the factor at the largest measured ranks per node
         is carried to ``ranks_per_node`` above it (module docstring); None where nothing is
         carried: no node fill measured, none measured above those ranks, or not above them."""
+        fill = self.node_fill_
+        return None if fill is None else self._carried(fill.slowdown, ranks_per_node)
+
+    def straggler(self, ranks_per_node: int) -> tuple[float, float, float] | None:
+        """``(ratio, low, high)``: how many times slower than the others the slowest of
+        ``ranks_per_node`` ranks runs, above the largest measured ranks per node: the node
+        fill's stragglers carried as its slowdown is, ``max(1, T(R) / T(R_max))``; None where
+        nothing is carried (as :meth:`carried_by_node_fill`, or a node fill without them)."""
+        fill = self.node_fill_
+        if fill is None or fill.stragglers is None:
+            return None
+        return self._carried(fill.straggler, ranks_per_node)  # type: ignore[arg-type]
+
+    def _carried(
+        self, series: Callable[[int], tuple[float, float, float]], ranks_per_node: int
+    ) -> tuple[float, float, float] | None:
+        """A node-fill ``series`` at ``ranks_per_node`` over its value at the largest ranks per
+        node measured here, at least 1 (more busy cores never speed a core up); None at or
+        below those ranks, or where the fill measured nothing above them (a 2-core node)."""
         held = self.max_ranks_per_node
         fill = self.node_fill_
         if fill is None or ranks_per_node <= held or fill.levels[-1] <= held:
-            return None  # nothing measured beyond the jitter's ranks (a 2-core node, say)
-        base, _, _ = fill.slowdown(held)
-        value, low, high = fill.slowdown(ranks_per_node)
+            return None
+        base, _, _ = series(held)
+        value, low, high = series(ranks_per_node)
         ratio = max(1.0, value / base)
         return ratio, min(ratio, max(1.0, low / base)), max(ratio, high / base)
 

@@ -13,6 +13,15 @@ three kinds of work, so its own slowdown lies between theirs, and where it lies 
 range is the part this benchmark cannot say. Between measured k, :meth:`NodeFill.slowdown`
 interpolates in log k; above the largest, it holds the largest.
 
+**Stragglers.** A full node does not slow its processes alike: the scheduler's placement, a
+core shared with the host or another tenant, leave one process persistently slower than the
+rest, and a synchronous step waits for it. Per kernel, level and launch, the slowest process's
+median call time over the median process's; over launches, their median; over kernels, the
+geometric mean ``T(k)`` with the kernels' range as its interval (:meth:`NodeFill.straggler`,
+the same interpolation). A prediction slows one rank by ``T(R) / T(R_max)`` above the jitter
+benchmark's ranks per node (:meth:`calibration.colocation.ColocationModel.straggler`): below
+them the jitter benchmark's own steps already hold whatever straggling two ranks show.
+
 :class:`calibration.colocation.ColocationModel` carries its measured co-location factor from
 the largest ranks per node the jitter benchmark ran to more by ``S(R) / S(R_max)``.
 """
@@ -42,28 +51,38 @@ _PARAMS = ("params.kernel", "params.procs", "params.launch", "params.process")
 @dataclass(frozen=True)
 class NodeFill:
     """``levels`` (process counts) and, per level, the node's slowdown and its kernels' range;
-    ``kernels``: each kernel's slowdown per level."""
+    ``kernels``: each kernel's slowdown per level; ``stragglers``: per level, the slowest
+    process over the median one and its kernels' range, as ``(values, lows, highs)`` (None in a
+    profile fitted before stragglers were read from the records)."""
 
     levels: tuple[int, ...]
     slowdowns: tuple[float, ...]
     lows: tuple[float, ...]
     highs: tuple[float, ...]
     kernels: dict[str, tuple[float, ...]]
+    stragglers: tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]] | None = None
 
     def slowdown(self, k: int) -> tuple[float, float, float]:
         """``(S, low, high)`` at ``k`` busy cores: 1 at one core or fewer, interpolated in log k
         between measured levels, the largest level's above it."""
+        return self._at(k, (self.slowdowns, self.lows, self.highs))
+
+    def straggler(self, k: int) -> tuple[float, float, float] | None:
+        """``(T, low, high)``: the slowest of ``k`` busy cores' processes over the median one,
+        interpolated as :meth:`slowdown`; None without stragglers in the profile."""
+        return None if self.stragglers is None else self._at(k, self.stragglers)
+
+    def _at(self, k: int, series: tuple[tuple[float, ...], ...]) -> tuple[float, float, float]:
         if k <= 1:
             return 1.0, 1.0, 1.0
         x = np.log(np.asarray(self.levels, dtype=float))
         at = np.log(min(float(k), float(self.levels[-1])))
         return tuple(  # type: ignore[return-value]
-            float(np.interp(at, x, np.asarray(v, dtype=float)))
-            for v in (self.slowdowns, self.lows, self.highs)
+            float(np.interp(at, x, np.asarray(v, dtype=float))) for v in series
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "levels": list(self.levels),
             "slowdown": list(self.slowdowns),
             "interval": {
@@ -75,6 +94,15 @@ class NodeFill:
             "law": "S(k) = geometric mean of the kernels' median slowdowns at k busy cores "
             "over one; log-k interpolation, held above the largest k",
         }
+        if self.stragglers is not None:
+            value, low, high = self.stragglers
+            out["straggler"] = {
+                "value": list(value),
+                "interval": {"low": list(low), "high": list(high), "of": "the kernels' range"},
+                "law": "T(k) = geometric mean over kernels of the median over launches of the "
+                "slowest process's median call time over the median process's at k busy cores",
+            }
+        return out
 
     @classmethod
     def from_dict(cls, doc: Any) -> NodeFill:
@@ -104,7 +132,31 @@ class NodeFill:
             lows,
             highs,
             {str(name): _checked(f"kernels.{name}", v, levels) for name, v in kernels.items()},
+            _stragglers(doc["straggler"], levels) if doc.get("straggler") is not None else None,
         )
+
+
+def _stragglers(doc: Any, levels: tuple[int, ...]) -> tuple[tuple[float, ...], ...]:
+    """The ``straggler`` field :meth:`NodeFill.to_dict` wrote: per level, a ratio of at least
+    1 (the slowest process over the median one) inside its interval."""
+    if not isinstance(doc, Mapping):
+        raise FieldError("straggler", f"must be an object, got {shown(doc)}")
+    interval = _field(doc, "interval", "straggler")
+    if not isinstance(interval, Mapping):
+        raise FieldError("straggler.interval", f"must be an object, got {shown(interval)}")
+    series = (
+        _checked("straggler.value", _field(doc, "value", "straggler"), levels),
+        _checked("straggler.interval.low", _field(interval, "low", "straggler.interval"), levels),
+        _checked(
+            "straggler.interval.high", _field(interval, "high", "straggler.interval"), levels
+        ),  # fmt: skip
+    )
+    for i, (value, low, high) in enumerate(zip(*series, strict=True)):
+        slack = 1e-9 * high
+        if not (low >= 1.0 - 1e-9 and low - slack <= value <= high + slack):
+            raise FieldError(f"straggler.value[{i}]", f"{value!r} must be at least 1 and inside "
+                             f"its interval [{low!r}, {high!r}]")  # fmt: skip
+    return series
 
 
 def _field(doc: Mapping[str, Any], key: str, within: str = "") -> Any:
@@ -168,8 +220,10 @@ def fit_node_fill(df: pd.DataFrame) -> NodeFill | None:
     _refuse_first(medians, medians["params.procs"] < 1, "has 'params.procs' below 1")
     _refuse_first(medians, medians["median"] <= 0, "has a median call time of 0")
     medians = _whole_launches(medians)
-    per_launch = medians.groupby(list(_PARAMS[:3]))["median"].median()  # over processes
+    by_launch = medians.groupby(list(_PARAMS[:3]))["median"]
+    per_launch = by_launch.median()  # over processes
     typical = per_launch.groupby(level=[0, 1]).median()  # over launches
+    spread = (by_launch.max() / per_launch).groupby(level=[0, 1]).median()  # slowest / median
     at_one = sorted({str(n) for n, k in typical.index if k == 1})
     if not at_one:
         return None
@@ -180,12 +234,15 @@ def fit_node_fill(df: pd.DataFrame) -> NodeFill | None:
     kernels = {name: tuple(float(typical[(name, k)] / typical[(name, 1)]) for k in levels)
                for name in at_one}  # fmt: skip
     table = np.array(list(kernels.values()))  # kernels x levels
-    return NodeFill(
-        tuple(levels),
-        tuple(float(v) for v in np.exp(np.log(table).mean(axis=0))),
-        tuple(float(v) for v in table.min(axis=0)),
-        tuple(float(v) for v in table.max(axis=0)),
-        kernels,
+    slowest = np.array([[float(spread[(name, k)]) for k in levels] for name in at_one])
+    return NodeFill(tuple(levels), *_geomean_and_range(table), kernels, _geomean_and_range(slowest))
+
+
+def _geomean_and_range(table: np.ndarray) -> tuple[tuple[float, ...], ...]:
+    """Per level (column), the kernels' (rows') geometric mean, minimum and maximum."""
+    return tuple(
+        tuple(float(v) for v in row)
+        for row in (np.exp(np.log(table).mean(axis=0)), table.min(axis=0), table.max(axis=0))
     )
 
 

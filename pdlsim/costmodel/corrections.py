@@ -19,6 +19,9 @@ CORRECTIONS: dict[str, str] = {
     "kernel's data (the same step benchmark, a factor per thread count)",
     "colocation": "ranks sharing a node slow each other's compute (the jitter step at 1 and at "
     "P ranks per node; above P, carried by the node-fill benchmark's slowdown where measured)",
+    "stragglers": "above the ranks per node the jitter step ran, one rank of a busy node runs "
+    "slower than the others, which wait for it (the node-fill benchmark's slowest process "
+    "over its median one, carried from those ranks)",
 }
 
 

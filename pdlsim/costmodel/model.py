@@ -93,6 +93,7 @@ from pdlsim.costmodel.compute import ComputeCost
 from pdlsim.costmodel.corrections import CORRECTIONS
 from pdlsim.costmodel.gpu_fabric import efficiencies, fabric_of
 from pdlsim.costmodel.kernels import TERMS, KernelCompute
+from pdlsim.costmodel.node_sharing import Straggler, colocation_source, node_straggler
 from pdlsim.costmodel.oppins import OpPins
 from pdlsim.costmodel.presets import (
     ASSUMPTIONS,
@@ -166,6 +167,7 @@ class ProfileCostModel(ComputeCost):
     node: NodePreset | None = None  # GPU ranks: the node their collectives run in (NCCL)
     network: NetworkPreset | None = None  # the NICs' network (its figures: ``inter``)
     allgather_fit: CollectiveModel | None = None  # CPU ranks: the profile's measured allgather
+    straggler: Straggler | None = None  # CPU ranks above the measured ranks per node
 
     @classmethod
     def from_profile(
@@ -260,27 +262,13 @@ class ProfileCostModel(ComputeCost):
         scale = StepScale.from_table(getattr(compute, "table_", []))
         compute_device = "gpu" if device == "gpu" and has_gpu_compute else "cpu"
         colocation = profile.model("colocation") if profile.models.get("colocation") else None
+        straggler = None
+        if device == "cpu" and "stragglers" in corrections:
+            straggler = node_straggler(colocation, ranks_per_node)
         if "colocation" not in corrections:
             colocation = None
         if device == "cpu" and ranks_per_node > 1:
-            if colocation is None or not colocation.points_:
-                prov["co-location"] = "not measured: ranks of a node assumed not to slow each other"
-            else:
-                factor, _ = colocation.factor(workload or "", 1, ranks_per_node)
-                held = colocation.max_ranks_per_node
-                moments = colocation.span_moments(workload or "", 1)
-                source = f"{moments} span moments of " if moments else ""
-                carried = colocation.carried_by_node_fill(ranks_per_node)
-                above = f", held above {held}" if ranks_per_node > held else ""
-                if carried is not None:
-                    above = (
-                        f", carried above {held} by the node-fill slowdown "
-                        f"(x{carried[0]:.3f} from {held} to {ranks_per_node} busy cores)"
-                    )
-                prov["co-location"] = (
-                    f"profile ({source}jitter at 1 and {held} ranks per node): x{factor:.3f} at "
-                    f"{ranks_per_node} per node{above}"
-                )
+            prov["co-location"] = colocation_source(colocation, workload or "", ranks_per_node)
         drift = profile.model("drift") if profile.models.get("drift") else None
         # the drift of the steps this prediction computes with: the host's, or the GPU steps'
         # where the profile timed the GPU (calibration.drift); a data sheet's GPU has none
@@ -332,6 +320,7 @@ class ProfileCostModel(ComputeCost):
             allgather_fit=(
                 profile.model("collectives").models_.get("allgather") if device == "cpu" else None
             ),
+            straggler=straggler,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------ collectives

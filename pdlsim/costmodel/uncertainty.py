@@ -96,7 +96,7 @@ def perturbed_cost(
 ) -> Any:
     """A :class:`~pdlsim.costmodel.model.ProfileCostModel` with every fitted parameter drawn in its
     interval, every assumption (:data:`pdlsim.costmodel.presets.ASSUMPTIONS`) in its range, and new
-    draws of the measured steps, co-location and drift (see
+    draws of the measured steps, co-location, a straggler and drift (see
     :mod:`pdlsim.costmodel.model`); ``stratum`` (i, K): the drift from stratum i of K
     (:func:`drift_draw`), the kernel tables' errors from a Latin hypercube over the K
     (:meth:`pdlsim.costmodel.kernels.KernelCompute.drawn`)."""
@@ -145,7 +145,7 @@ def perturbed_cost(
         for name, a in cost.assumptions.items()
     }
     jitter = None if cost.jitter is None else cost.jitter.perturbed(rng)
-    return replace(
+    drawn = replace(
         cost,
         compute=compute,
         intra_regimes=regimes,
@@ -161,6 +161,9 @@ def perturbed_cost(
         _ops_cache={},
         _pin_cache={},
     )
+    if cost.straggler is None:  # drawn last: the other draws stay as they were without one
+        return drawn
+    return replace(drawn, straggler=cost.straggler.drawn(rng))
 
 
 def drift_draw(

@@ -169,6 +169,7 @@ def build(
     if not given:
         cost, given = with_given_step(cfg, scenario, cost, workload)
     cost = replace(cost, provenance={**cost.provenance, **given})
+    cluster, cost = with_straggler(cfg, cluster, cost)
     provenance = {"profile": profile_name, "measured": profile.measured_on, **cost.provenance}
     if gpu is not None:
         provenance["gpu_preset"] = f"{gpu.name} ({gpu.kind}: {gpu.source})"
@@ -182,6 +183,22 @@ def build(
     check_memory(cfg, need["total"], cluster.device, cost.gpu, profile.machine,
                  cluster.ranks_per_node)  # fmt: skip
     return cluster, scenario, cost, provenance, need
+
+
+def with_straggler(
+    cfg: PredictConfig, cluster: Cluster, cost: ProfileCostModel
+) -> tuple[Cluster, ProfileCostModel]:
+    """The cluster with its straggler (:mod:`pdlsim.costmodel.node_sharing`) where the cost
+    model carries one and the ranks are data parallel; the layer-wise models assume identical
+    ranks, so there the cost model drops it and says so."""
+    if cost.straggler is None:
+        return cluster, cost
+    straggler, line = cost.straggler, cost.straggler.source()
+    if layerwise_mode(cfg):
+        straggler = None
+        line = "not applied: " + line.split(";")[0] + "; the layer-wise models take ranks alike"
+    cost = replace(cost, straggler=straggler, provenance={**cost.provenance, "stragglers": line})
+    return (cluster if straggler is None else replace(cluster, straggler=straggler.factor)), cost
 
 
 def check_kernels_timed(

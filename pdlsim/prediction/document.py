@@ -33,18 +33,20 @@ def band_step_times(
 ) -> list[float]:
     """The band's step times: ``samples`` runs of ``run(cluster, scenario, cost)``, each with
     a perturbed cost model (:meth:`~pdlsim.costmodel.model.ProfileCostModel.perturbed`, run i with
-    the machine's speed drawn from stratum i of ``samples``) and its own jitter seed, over
-    ``iterations`` steps."""
+    the machine's speed drawn from stratum i of ``samples``; its straggler's draw slows the
+    cluster's last rank) and its own jitter seed, over ``iterations`` steps."""
     import numpy as np
 
     short = replace(scenario, iterations=iterations)
     rng = np.random.default_rng(seed)
-    return [
-        run(
-            cluster, replace(short, seed=seed + 1 + i), cost.perturbed(rng, stratum=(i, samples))
-        ).step_time_s
-        for i in range(samples)
-    ]
+    times = []
+    for i in range(samples):
+        drawn = cost.perturbed(rng, stratum=(i, samples))
+        ranks = cluster if drawn.straggler is None else replace(
+            cluster, straggler=drawn.straggler.factor
+        )  # fmt: skip
+        times.append(run(ranks, replace(short, seed=seed + 1 + i), drawn).step_time_s)
+    return times
 
 
 def prediction_document(

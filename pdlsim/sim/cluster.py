@@ -38,8 +38,8 @@ What-ifs (all off by default):
   backward alone (with their copies unless prefetched), played as one block ahead of the
   last, whose backward the buckets' allreduces overlap as without accumulation: one
   allreduce per optimizer step, not per micro-batch.
-* **Heterogeneous ranks** (``Cluster.speeds``, ``Scenario.balance``): see
-  :mod:`pdlsim.sim.ranks`; :func:`class_plans` gives each class of ranks its own plan.
+* **Heterogeneous ranks** (``Cluster.speeds``, ``Cluster.straggler``, ``Scenario.balance``):
+  see :mod:`pdlsim.sim.ranks`; :func:`class_plans` gives each class of ranks its own plan.
 """
 
 from __future__ import annotations
@@ -80,13 +80,16 @@ class Cluster:
     ``threads_per_rank`` threads on a ``device`` of kind ``"cpu"`` or ``"gpu"``.
 
     ``speeds``: one relative speed per rank (node-major; 1.0 = the cost model's device, 0.5 =
-    twice as slow), None when all ranks are alike (:mod:`pdlsim.sim.ranks`)."""
+    twice as slow), None when all ranks are alike (:mod:`pdlsim.sim.ranks`). ``straggler``:
+    how many times slower than its speed the last rank computes, a rank no one can tell in
+    advance (a busy node's slowest process), so a proportional split does not plan for it."""
 
     nodes: int
     ranks_per_node: int = 1
     threads_per_rank: int = 1
     device: Device = "cpu"
     speeds: tuple[float, ...] | None = None
+    straggler: float = 1.0
 
     def __post_init__(self) -> None:
         counts = {"nodes": self.nodes, "ranks_per_node": self.ranks_per_node,
@@ -113,6 +116,11 @@ class Cluster:
             bad = [s for s in self.speeds if not (s > 0 and math.isfinite(s))]
             if bad:
                 raise ConfigError(f"rank speeds must be finite and > 0, got {bad[0]}")
+        straggler = check_numbers("straggler", (self.straggler,))[0]
+        if not (math.isfinite(straggler) and straggler >= 1.0):
+            raise ConfigError(f"a straggler is finite and at least 1 (times slower), got "
+                              f"{straggler!r}")  # fmt: skip
+        object.__setattr__(self, "straggler", float(straggler))
 
     @classmethod
     def gpus(cls, nodes: int, gpus_per_node: int) -> Cluster:

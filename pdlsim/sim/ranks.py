@@ -11,6 +11,10 @@ the pace. ``proportional``: the same global batch (``batch_per_rank`` x P) split
 to speed, by largest remainders so that the integer batches sum exactly (:func:`split_batch`);
 each rank's compute is then the cost model's at its own batch, divided by its speed.
 
+**Stragglers.** ``Cluster.straggler = x`` runs the last rank x times slower than its speed:
+the slowest process of a busy node, which the others wait for. The proportional split does not
+see it (no one can tell in advance which process will lag), only the compute does.
+
 **Classes.** Ranks with the same (speed, batch) behave alike; the engines simulate one
 representative per class (:class:`RankLayout`), rank 0's class first: rank 0 is the rank whose
 breakdown is reported, so put slow ranks last (``--slow-ranks`` does) to see what they cost a
@@ -52,6 +56,9 @@ class _ClusterLike(Protocol):
 
     @property
     def speeds(self) -> tuple[float, ...] | None: ...
+
+    @property
+    def straggler(self) -> float: ...
 
 
 class _ScenarioLike(Protocol):
@@ -123,8 +130,10 @@ def rank_layout(cluster: _ClusterLike, scenario: _ScenarioLike) -> RankLayout:
             )
     else:
         batches = np.full(p, scenario.batch_per_rank, dtype=np.int64)
-    if cluster.speeds is None and scenario.balance == "static":
+    if cluster.speeds is None and scenario.balance == "static" and cluster.straggler == 1.0:
         return RankLayout((RankClass(1.0, scenario.batch_per_rank, p, 0),), np.zeros(p, int))
+    speeds = speeds.copy()
+    speeds[-1] /= cluster.straggler
     keys: dict[tuple[float, int], int] = {}
     of_rank = np.empty(p, dtype=int)
     for r, key in enumerate(zip(speeds.tolist(), batches.tolist(), strict=True)):

@@ -78,7 +78,7 @@ FLOAT_BYTES = 4
 
 def check_layerwise(cluster: Cluster, scenario: Scenario, what: str) -> None:
     """Refuse the data-parallel what-ifs the layer-wise models do not represent."""
-    if cluster.speeds is not None:
+    if cluster.speeds is not None or cluster.straggler != 1.0:
         raise ConfigError(f"{what} assumes identical ranks; rank speeds are for data parallelism")
     if scenario.compression is not None:
         raise ConfigError(f"gradient compression is for data parallelism, not {what}")

@@ -44,16 +44,21 @@ def _write_fill(writer, rng, slowdown=SLOWDOWN, levels=LEVELS, outlier: float = 
                     writer.write(Measurement(samples, "nodefill", kernel, params).to_record())
 
 
+def fill_and_jitter(run, rng, write_fill, factor_at_2: float):
+    """Measurements of a node fill (``write_fill(writer, rng)``) and of the jitter step of the
+    CNN at 1 and 2 ranks per node, 2 being ``factor_at_2`` times slower, written in ``run``."""
+    with RecordWriter(run / "nodefill.jsonl", {"hostname": "synthetic"}) as writer:
+        write_fill(writer, rng)
+    with RecordWriter(run / "jitter.jsonl", {"hostname": "synthetic"}) as writer:
+        _write_jitter(writer, rng, "cnn", 1, 16e-3)
+        _write_jitter(writer, rng, "cnn", 2, 16e-3 * factor_at_2)
+    return load_dataframe(run, type="measurement")
+
+
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     run = tmp_path_factory.mktemp("nodefill")
-    rng = np.random.default_rng(2)
-    with RecordWriter(run / "nodefill.jsonl", {"hostname": "synthetic"}) as writer:
-        _write_fill(writer, rng)
-    with RecordWriter(run / "jitter.jsonl", {"hostname": "synthetic"}) as writer:
-        _write_jitter(writer, rng, "cnn", 1, 16e-3)
-        _write_jitter(writer, rng, "cnn", 2, 16e-3 * 1.25)
-    return load_dataframe(run, type="measurement")
+    return fill_and_jitter(run, np.random.default_rng(2), _write_fill, 1.25)
 
 
 def test_recovers_each_kernels_slowdown_and_their_geometric_mean(records):

@@ -200,3 +200,32 @@ def test_bad_heterogeneity_flags_are_one_line_and_exit_2(profile_path, args, cap
     assert status == 2, args
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_straggler_is_its_last_rank_slowed_but_not_planned_for():
+    """``Cluster.straggler = x`` computes as ``speeds`` with the last rank at 1/x in either
+    engine; a proportional split follows the given speeds only (no one knows in advance which
+    rank will lag), so the straggler keeps its full batch."""
+    cost = compressing_cost()
+    scenario = Scenario(CNN, 32, overlap=False, iterations=3, jitter=False)
+    straggling = Cluster(4, 2, straggler=1.6)
+    by_speed = Cluster(4, 2, speeds=(1.0,) * 7 + (1 / 1.6,))
+    for engine in (simulate, predict):
+        assert engine(straggling, scenario, cost).step_time_s == pytest.approx(
+            engine(by_speed, scenario, cost).step_time_s, rel=1e-12
+        )
+    slow_node = Cluster(4, 2, speeds=SLOW_NODE, straggler=1.6)
+    split = rank_layout(slow_node, Scenario(CNN, 32, balance="proportional"))
+    planned = rank_layout(
+        Cluster(4, 2, speeds=SLOW_NODE), Scenario(CNN, 32, balance="proportional")
+    )
+    batches = [split.classes[c].batch for c in split.of_rank]
+    assert batches == [planned.classes[c].batch for c in planned.of_rank]
+    assert split.classes[split.of_rank[-1]].speed == pytest.approx(0.5 / 1.6)
+    assert not rank_layout(Cluster(4, 2, straggler=1.0), scenario).heterogeneous
+
+
+@pytest.mark.parametrize("bad", [0.5, float("nan"), float("inf"), "2"])
+def test_a_straggler_below_one_or_not_a_number_is_refused(bad):
+    with pytest.raises((ConfigError, TypeError), match="straggler"):
+        Cluster(2, 2, straggler=bad)
