@@ -88,7 +88,7 @@ def launcher_rank() -> int:
     """This process's rank as the launcher set it in the environment; 0 outside a launcher."""
     for name in _RANK_ENV_VARS:
         value = os.environ.get(name, "")
-        if value.isdigit():
+        if value.isdecimal():
             return int(value)
     return 0
 
@@ -197,7 +197,7 @@ def thread_count_problem(args: argparse.Namespace) -> str | None:
 def positive_int_list(text: str) -> tuple[int, ...]:
     """argparse type: a comma-separated list of distinct integers >= 1."""
     items = [item.strip() for item in text.split(",")]
-    if not all(item.isdigit() for item in items):
+    if not all(item.isdecimal() for item in items):
         raise argparse.ArgumentTypeError(
             f"expected a comma-separated list of positive integers, got {text!r}"
         )

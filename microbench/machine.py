@@ -209,9 +209,9 @@ def _gpus() -> list[dict[str, Any]] | None:
         index, name, memory_mib, driver = fields
         gpus.append(
             {
-                "index": int(index) if index.isdigit() else None,
+                "index": int(index) if index.isdecimal() else None,
                 "name": name,
-                "memory_total_bytes": int(memory_mib) * 2**20 if memory_mib.isdigit() else None,
+                "memory_total_bytes": int(memory_mib) * 2**20 if memory_mib.isdecimal() else None,
                 "driver_version": driver,
             }
         )

@@ -408,7 +408,7 @@ def _read_numbered(path: Path) -> tuple[dict[str, Any], list[tuple[int, dict[str
 
 def _natural_key(path: Path) -> list[Any]:
     """Sort key that puts rank2.jsonl before rank10.jsonl (and ranks2/ before ranks10/)."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.as_posix())]
+    return [int(part) if part.isdecimal() else part for part in re.split(r"(\d+)", path.as_posix())]
 
 
 _RECORD_START = re.compile(rb'\s*\{\s*"type"\s*:')  # how every records line begins

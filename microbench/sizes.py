@@ -75,7 +75,7 @@ def parse_sizes(text: str, *, multiple_of: int = 1, minimum: int = 1) -> tuple[i
         elif len(parts) in (2, 3):
             low, high = parse_size(parts[0]), parse_size(parts[1])
             factor_text = parts[2].strip() if len(parts) == 3 else "2"
-            if not factor_text.isdigit():
+            if not factor_text.isdecimal():
                 raise SizeError(f"bad range {item.strip()!r}: the factor must be an integer")
             if high < low:
                 raise SizeError(f"sizes out of order: range {item.strip()!r} ends below its start")

@@ -27,7 +27,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def _nonnegative_int(text: str) -> int:
-    if not text.strip().isdigit():
+    if not text.strip().isdecimal():
         raise argparse.ArgumentTypeError(f"expected a GPU index (0, 1, ...), got {text!r}")
     return int(text)
 

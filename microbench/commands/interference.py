@@ -94,7 +94,7 @@ def _methods(text: str) -> tuple[str, ...]:
 
 
 def _threads(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not text.isdecimal() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return int(text)
 

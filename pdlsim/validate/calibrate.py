@@ -73,7 +73,7 @@ def calibrated_ranks(profile: str) -> int:
     for op in collectives.values():
         for count in (op.get("selection") or {}).get("process_counts", []):
             ranks, _, per_node = str(count).partition("/")
-            if (per_node or ranks).isdigit():
+            if (per_node or ranks).isdecimal():
                 found.append(int(per_node or ranks))
     colocation = prof.model("colocation") if prof.models.get("colocation") else None
     if colocation is not None and colocation.points_:

@@ -57,6 +57,7 @@ def test_size_lists_parse(text, expected):
         ("8,,16", "empty item"),
         ("6", "multiple of 4"),
         ("-8", "bad size"),
+        ("8:1KiB:\u00b2", "factor"),  # a digit to str.isdigit, no number to int
     ],
 )
 def test_bad_size_lists_say_what_is_wrong_in_one_line(text, problem):
@@ -312,3 +313,22 @@ def test_microbench_runs_without_pdlsim_calibration_scipy_or_pandas(tmp_path):
     header, records = read_records(tmp_path / "collectives.jsonl")
     assert header["run"]["settings"]["mpi_thread_level"] == "single"
     assert [r["name"] for r in records] == ["barrier"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["collectives", "--sizes", "1KiB:1MiB:\u00b2"], "the factor must be an integer"),
+        (["interference", "--threads", "\u00b2"], "must be a positive integer, got"),
+        (["copies", "--gpu", "\u00b2"], "expected a GPU index (0, 1, ...), got"),
+    ],
+)
+def test_a_superscript_digit_is_named_as_no_number(argv, said, tmp_path):
+    """'²' is a digit to str.isdigit and no number to int: every integer flag of the
+    microbenchmarks checks with isdecimal, so it gets the flag's own message (not argparse's
+    bare 'invalid value' from int's ValueError)."""
+    from tests.conftest import run_microbench
+
+    result = run_microbench(*argv, "--out", str(tmp_path / "out"), timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and said in result.stderr
