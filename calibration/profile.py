@@ -64,6 +64,10 @@ SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = (1,)
 MODEL_NAMES = tuple(REQUIRED_MODEL_KEYS)
 
+# Sections earlier versions wrote that this one reads past (in-place step measurements, the
+# per-workload jitter models): a profile holding them still loads, and they change nothing.
+RETIRED_MODELS = ("insitu", "jitter_models")
+
 # Extra-P style name registry: model section -> "module:Class" with from_dict (and fit).
 MODELERS: dict[str, str] = {
     "collectives": "calibration.communication:CollectiveModels",
@@ -271,6 +275,12 @@ def _check_document(source: str, doc: Any, by_example: bool = True) -> None:
         _check_source(source, f"sources[{i}]", item)
     check_tree(source, doc["machine"], "machine")
     check_models(source, doc["models"], reference_fields() if by_example else None)
+    unknown = [m for m in doc["models"] if m not in MODELERS and m not in RETIRED_MODELS]
+    if unknown:  # a typo ("colocaton") would leave the model out of every prediction
+        raise ProfileError(
+            source, f"models.{unknown[0]}", f"unknown model section; this pdlsim reads "
+            f"{', '.join(MODELERS)} (is it misspelt?)"
+        )  # fmt: skip
     quality = doc.get("fit_quality") or {}
     if not isinstance(quality, Mapping):
         raise ProfileError(source, "fit_quality", "must be an object")

@@ -280,3 +280,18 @@ def test_packaged_profiles_pass_the_check_by_example_so_loading_them_by_name_ski
     for name in profile_module.packaged_profile_names():  # each passes the check it skips
         path = Path(profile_module.__file__).parent / "profiles" / f"{name}.json"
         Profile.from_dict(json.loads(path.read_text()), name, by_example=True)
+
+
+def test_an_unknown_model_section_is_named_and_a_retired_one_is_read_past(profile, tmp_path):
+    """A misspelt section ("colocaton") would leave its model out of every prediction, so it
+    is refused in one line; sections earlier versions wrote ("insitu") still load."""
+    doc = copy.deepcopy(profile.to_dict())
+    doc["models"]["colocaton"] = {"points": {}}
+    file = tmp_path / "typo.json"
+    file.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match=re.escape("models.colocaton: unknown model section")):
+        load_profile(file)
+    del doc["models"]["colocaton"]
+    doc["models"]["insitu"] = {"points": []}
+    file.write_text(json.dumps(doc))
+    assert "insitu" in load_profile(file).models
