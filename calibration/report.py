@@ -43,6 +43,7 @@ def parameter_rows(models: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
             if "min_bytes" in node and "max_bytes" in node:  # a message-size regime
                 where += f"[{_bytes(node['min_bytes'])}..{_bytes(node['max_bytes'])}"
                 where += f" {node['algorithm']}]" if node.get("algorithm") else "]"
+            yield from _series_rows(node, where)
             intervals = node.get("intervals")
             if isinstance(intervals, Mapping):
                 for name, interval in intervals.items():
@@ -74,6 +75,27 @@ def parameter_rows(models: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
             yield from walk(
                 model.get("collectives", model) if section == "collectives" else model, section
             )
+
+
+def _series_rows(node: Mapping[str, Any], where: str) -> Iterator[dict[str, Any]]:
+    """The node fill's series (``levels``, each series per level with its interval of lists:
+    the slowdown S(k) and the straggler T(k)), one row per level above one process."""
+    levels = node.get("levels")
+    if not (isinstance(levels, list) and "slowdown" in node):
+        return
+    series = [("slowdown", node["slowdown"], node.get("interval"))]
+    straggler = node.get("straggler")
+    if isinstance(straggler, Mapping):
+        series.append(("straggler", straggler.get("value"), straggler.get("interval")))
+    for name, values, interval in series:
+        if not (isinstance(values, list) and isinstance(interval, Mapping)):
+            continue
+        for i, (k, value) in enumerate(zip(levels, values, strict=False)):
+            if k == 1:
+                continue  # one process against itself: 1 by definition
+            low, high = interval["low"][i], interval["high"][i]
+            yield {"where": where, "parameter": f"{name}[{k} procs]", "value": value,
+                   "low": low, "high": high, "unit": "x (the kernels' range)"}  # fmt: skip
 
 
 def quality_rows(fit_quality: Mapping[str, Any]) -> Iterator[dict[str, Any]]:

@@ -148,3 +148,18 @@ def test_a_damaged_straggler_in_a_profile_is_named_in_one_line(tmp_path, value, 
     errors = [line for line in result.stderr.splitlines() if "warning" not in line]
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
     assert f"models.colocation.node_fill.{problem}" in errors[0]
+
+
+def test_the_calibration_report_lists_the_node_fill_per_level(records):
+    """calibrate's parameter table shows S(k) and T(k) above one process, with the kernels'
+    range (not a confidence interval, and it says so)."""
+    from calibration.report import parameter_rows
+
+    model = ColocationModel(n_boot=20).fit(records)
+    rows = {r["parameter"]: r for r in parameter_rows({"colocation": model.to_dict()})}
+    fill = model.node_fill_
+    assert set(rows) >= {"slowdown[4 procs]", "slowdown[8 procs]", "straggler[8 procs]"}
+    assert "slowdown[1 procs]" not in rows
+    eight = rows["straggler[8 procs]"]
+    assert (eight["value"], eight["low"], eight["high"]) == tuple(fill.straggler(8))
+    assert eight["unit"] == "x (the kernels' range)"
