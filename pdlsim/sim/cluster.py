@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from microbench.argtypes import check_integer, check_numbers
+from microbench.argtypes import check_integer, check_number, check_numbers
 from microbench.workload import Workload
 from pdlsim.costmodel.training import Training
 
@@ -116,7 +116,7 @@ class Cluster:
             bad = [s for s in self.speeds if not (s > 0 and math.isfinite(s))]
             if bad:
                 raise ConfigError(f"rank speeds must be finite and > 0, got {bad[0]}")
-        straggler = check_numbers("straggler", (self.straggler,))[0]
+        straggler = check_number("straggler", self.straggler)
         if not (math.isfinite(straggler) and straggler >= 1.0):
             raise ConfigError(f"a straggler is finite and at least 1 (times slower), got "
                               f"{straggler!r}")  # fmt: skip
