@@ -17,9 +17,9 @@ from calibration.profile import Profile
 from microbench.errors import UserError
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter, load_dataframe
-from pdlsim.prediction.config import resolve_profile
+from pdlsim.prediction.config import PredictConfig, resolve_profile
+from pdlsim.prediction.core import run_prediction
 from tests.calibration.test_colocation import _write_jitter
-from tests.conftest import run_pdlsim
 
 BASE_S = {"gemm": 2e-3, "stream": 60e-3, "calls": 0.08e-3}
 SLOWDOWN = {  # made-up slowdowns at 1, 2, 4 and 8 busy cores
@@ -139,11 +139,9 @@ def test_predict_carries_the_compute_and_says_so(tmp_path):
     doc["models"]["colocation"]["node_fill"] = fill.to_dict()
     carried.write_text(json.dumps(doc))
     out = {}
-    for path in (held, carried):
-        result = run_pdlsim("predict", "--nodes", "1", "--procs-per-node", "8", "--model", "cnn",
-                            "--profile", str(path), "--json", timeout=120)  # fmt: skip
-        assert result.returncode == 0, result.stderr
-        out[path] = json.loads(result.stdout)
+    for path in (held, carried):  # as predict --json prints it, in this process
+        cfg = PredictConfig(model="cnn", nodes=1, procs_per_node=8, profile=str(path), samples=4)
+        out[path] = run_prediction(cfg)
     ratio = out[carried]["breakdown"]["compute_s"] / out[held]["breakdown"]["compute_s"]
     assert ratio == pytest.approx(1.6 / 1.1, rel=1e-9)
     assert "held above 2" in out[held]["provenance"]["co-location"]

@@ -11,11 +11,11 @@ import pytest
 
 from calibration.colocation import ColocationModel
 from calibration.nodefill import NodeFill, fit_node_fill
+from microbench.errors import UserError
 from microbench.measurement import Measurement
 from pdlsim.prediction.config import PredictConfig, resolve_profile
 from pdlsim.prediction.core import run_prediction
 from tests.calibration.test_nodefill import fill_and_jitter
-from tests.conftest import run_pdlsim
 
 BASE_S = {"gemm": 2e-3, "stream": 60e-3, "calls": 0.08e-3}
 LEVELS = (1, 4, 8)
@@ -137,17 +137,17 @@ def test_layer_wise_ranks_take_no_straggler_and_say_so(tmp_path):
     ],
 )
 def test_a_damaged_straggler_in_a_profile_is_named_in_one_line(tmp_path, value, problem):
+    """As predict loads the profile (the command line prints this one line, exit 2, as for
+    the node fill's other fields in test_nodefill)."""
     stragglers = ((1.0, 1.2, 1.5, 1.8), (1.0, 1.0, 1.3, 1.5), (1.0, 1.3, 1.7, 2.2))
     path = _profile_with(tmp_path, stragglers)
     doc = json.loads(open(path).read())
     doc["models"]["colocation"]["node_fill"]["straggler"]["value"] = value
     open(path, "w").write(json.dumps(doc))
-    result = run_pdlsim("predict", "--nodes", "1", "--procs-per-node", "8", "--model", "cnn",
-                        "--profile", path, timeout=120)  # fmt: skip
-    assert result.returncode == 2, result.stdout
-    errors = [line for line in result.stderr.splitlines() if "warning" not in line]
-    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert f"models.colocation.node_fill.{problem}" in errors[0]
+    with pytest.raises(UserError) as caught:
+        _predict(path, 8)
+    assert f"models.colocation.node_fill.{problem}" in str(caught.value)
+    assert "\n" not in str(caught.value)
 
 
 def test_the_calibration_report_lists_the_node_fill_per_level(records):
