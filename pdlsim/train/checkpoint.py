@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import zipfile
 from dataclasses import dataclass, field
@@ -166,10 +167,24 @@ def _check_header(path: Path, doc: Any) -> dict[str, Any]:
     missing = [key for key in _HEADER_KEYS if key not in doc]
     if missing:
         raise CheckpointError(path, f"header lacks {', '.join(missing)}")
+    if _diverged(doc):
+        raise CheckpointError(
+            path, "the run had diverged when it was written (its loss is not finite), so its "
+            "weights are no state to continue from; train afresh with a lower --lr"
+        )  # fmt: skip
     problem = header_problem(doc)
     if problem is not None:
         raise CheckpointError(path, f"{problem} (was it edited?)")
     return doc
+
+
+def _diverged(doc: dict[str, Any]) -> bool:
+    """Whether the training loop had recorded a non-finite loss (its warning "the run
+    diverged") by the time ``doc`` was written: in a finished epoch or the running one."""
+    sums = doc.get("epoch_sums")
+    losses = [e.get("loss") for e in doc.get("epochs") or [] if isinstance(e, dict)]
+    losses.append(sums.get("loss") if isinstance(sums, dict) else None)
+    return any(isinstance(x, float) and not math.isfinite(x) for x in losses)
 
 
 def _header_json(path: Path, text: str) -> Any:

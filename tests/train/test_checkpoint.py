@@ -99,6 +99,17 @@ def test_damaged_or_foreign_checkpoints_are_refused_with_the_file_named(tmp_path
         latest_checkpoint(tmp_path / "nowhere")
 
 
+def test_a_checkpoint_of_a_diverged_run_says_so_not_that_it_was_edited(tmp_path):
+    """The training loop records a nan loss when a run diverges (and warns then): its
+    checkpoints hold no state to continue from, and resuming says why."""
+    header = _header(5)
+    header["epoch_sums"]["loss"] = float("nan")
+    path = save_checkpoint(tmp_path, header, np.full(4, np.nan, np.float32), {})
+    with pytest.raises(CheckpointError, match="the run had diverged") as caught:
+        load_checkpoint(path)
+    assert "edited" not in str(caught.value) and "lower --lr" in str(caught.value)
+
+
 def test_a_resume_with_other_settings_names_every_difference():
     config = TrainConfig(model="mlp", batch_per_rank=16, seed=0, epochs=3)
     workload = load_workload("mlp").to_dict()
