@@ -212,9 +212,11 @@ def by_ranks(rows: list[dict[str, Any]], calibrated: int) -> dict[str, Any] | No
 def ablation(
     rows: list[dict[str, Any]], others: dict[str, list[dict[str, Any]]], chosen: str
 ) -> list[dict[str, Any]]:
-    """The summary of each correction set: the rows' own (``chosen``) and every set in
-    ``others`` (name -> its predictions, in row order), held-out and in-sample apart."""
-    table = [{"corrections": chosen, **summarize(rows)}]
+    """The summary of each correction set in ``others`` (name -> its predictions, in row
+    order), held-out and in-sample apart. The chosen set is scored from its entry there when it
+    has one, predicted again as the others are: a band from fewer draws is narrower, so only
+    sets drawn alike compare; from the rows' own predictions otherwise."""
+    table = [] if chosen in others else [{"corrections": chosen, **summarize(rows)}]
     for name, predictions in others.items():
         moved = []
         for r, pred in zip(rows, predictions, strict=True):

@@ -136,3 +136,6 @@ def test_summaries_keep_heldout_and_in_sample_apart_and_rescore_each_correction_
     assert [t["corrections"] for t in table] == ["all", "none"]
     assert table[1][HELDOUT]["median_rel_error"] == 0.0
     assert table[1][IN_SAMPLE]["median_rel_error"] == pytest.approx(0.5)
+    again = ablation(rows, {"all": other, "none": other}, "all")  # the chosen set redrawn too
+    assert [t["corrections"] for t in again] == ["all", "none"]
+    assert again[0] == {**table[1], "corrections": "all"}
