@@ -352,6 +352,7 @@ def format_ablation(table: list[dict[str, Any]]) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
     prov, summary, held = report["provenance"], report["summary"], report["heldout"]
+    width = max([12, *(len(r["model"]) for r in report["rows"])])  # whole names: none alike
     lines = [
         _summary_line(
             "held-out (workloads and batches the calibration never ran)", summary[HELDOUT]
@@ -372,13 +373,13 @@ def format_report(report: dict[str, Any]) -> str:
         f"speedup = {report['speedup']}",
         *filter(None, [speed_line(report.get("machine_speed"))]),
         "",
-        f"{'set':9} {'model':12} {'mode':12} {'P':>2} {'T':>2} {'batch':>5} "
+        f"{'set':9} {'model':{width}} {'mode':12} {'P':>2} {'T':>2} {'batch':>5} "
         f"{'meas ms':>8} {'[min..max]':>19} {'pred P50':>8} {'[P10..P90]':>19} "
         f"{'err':>6} {'band':>4} {'S meas':>6} {'S pred':>6} {'steal':>5}",
     ]
     for r in report["rows"]:
         lines.append(
-            f"{r['set']:9} {r['model'][:12]:12} {_mode(r):12} {r['procs']:>2} {r['threads']:>2} "
+            f"{r['set']:9} {r['model']:{width}} {_mode(r):12} {r['procs']:>2} {r['threads']:>2} "
             f"{r['batch']:>5} {_ms(r['measured_s'])} "
             f"[{_ms(r['measured_low_s'])}..{_ms(r['measured_high_s'])}] "
             f"{_ms(r['predicted_p50_s'])} "

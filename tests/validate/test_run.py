@@ -107,6 +107,17 @@ def test_the_report_leads_with_the_heldout_figures(tiny: tuple[Path, dict]) -> N
     assert any(line.startswith("corrections ") and "held-out" in line for line in lines)
 
 
+def test_the_table_prints_whole_workload_names(tiny: tuple[Path, dict]) -> None:
+    """Two files named alike for twelve characters stay apart in the printed table."""
+    _, report = tiny
+    rows = [{**r, "model": f"my-long-workload-{i}"} for i, r in enumerate(report["rows"])]
+    lines = format_report({**report, "rows": rows}).splitlines()
+    table = [line for line in lines if "my-long-workload-" in line]
+    assert [line.split()[1] for line in table] == [r["model"] for r in rows]
+    at = next(line for line in lines if line.startswith("set ")).index(" mode") + 1
+    assert all(line[at - 1] == " " and line[at] != " " for line in table)  # columns aligned
+
+
 def _node_joules(row: dict, step_s: float, compute_s: float) -> float:
     """Joules per step of one node under validate's power model (one socket of this machine's
     cores) for a step and its compute time."""
