@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         base: dict[str, float] = {}
         for k in procs:
             medians: dict[str, list[float]] = {name: [] for name in KERNELS}
+            slowest: dict[str, list[float]] = {name: [] for name in KERNELS}  # per launch
             for launch in range(launches):
                 try:
                     results = fill(k, timed_s, elements)
@@ -105,10 +106,14 @@ def run(args: argparse.Namespace) -> int:
                                         stop_reason="time_cap")  # fmt: skip
                         w.write(m.to_record(clock="perf_counter"))
                         medians[name].append(float(np.median(samples[name])))
+                for name in KERNELS:  # this launch's slowest process over its median one
+                    launch_medians = medians[name][-len(results) :]
+                    slowest[name].append(max(launch_medians) / float(np.median(launch_medians)))
             typical = {name: float(np.median(v)) for name, v in medians.items()}
             base = base or typical
             if not args.quiet:
-                cells = ", ".join(f"{n} {1e3 * typical[n]:.3f} ms (x{typical[n] / base[n]:.2f})"
+                cells = ", ".join(f"{n} {1e3 * typical[n]:.3f} ms (x{typical[n] / base[n]:.2f}, "
+                                  f"slowest x{float(np.median(slowest[n])):.2f})"
                                   for n in KERNELS)  # fmt: skip
                 print(f"nodefill: {k} processes: {cells}", flush=True)
     return 0

@@ -37,6 +37,7 @@ def test_every_process_of_every_launch_is_recorded(tmp_path):
                           "--out", str(out), timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "nodefill: 2 processes: gemm" in proc.stdout
+    assert proc.stdout.count("slowest x") == 2 * len(KERNELS)  # the straggler, per kernel
     records = [r for r in read_records(out / "nodefill.jsonl")[1] if r["type"] == "measurement"]
     keys = sorted((r["params"]["procs"], r["params"]["launch"], r["params"]["process"], r["name"])
                   for r in records)  # fmt: skip
