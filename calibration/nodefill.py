@@ -112,51 +112,48 @@ class NodeFill:
         if not isinstance(doc, Mapping):
             raise FieldError("", f"must be an object, got {shown(doc)}")
         levels = _levels(_field(doc, "levels"))
-        interval = _field(doc, "interval")
-        if not isinstance(interval, Mapping):
-            raise FieldError("interval", f"must be an object, got {shown(interval)}")
         kernels = _field(doc, "kernels")
         if not isinstance(kernels, Mapping):
             raise FieldError("kernels", f"must be an object, got {shown(kernels)}")
-        slowdowns = _checked("slowdown", _field(doc, "slowdown"), levels)
-        lows = _checked("interval.low", _field(interval, "low", "interval"), levels)
-        highs = _checked("interval.high", _field(interval, "high", "interval"), levels)
-        for i, (value, low, high) in enumerate(zip(slowdowns, lows, highs, strict=True)):
-            slack = 1e-9 * high  # a geometric mean of equal slowdowns may round past them
-            if not low - slack <= value <= high + slack:
-                raise FieldError(f"slowdown[{i}]", f"{value!r} is outside its interval "
-                                 f"[{low!r}, {high!r}]")  # fmt: skip
+        straggler = doc.get("straggler")
+        if straggler is not None and not isinstance(straggler, Mapping):
+            raise FieldError("straggler", f"must be an object, got {shown(straggler)}")
         return cls(
             levels,
-            slowdowns,
-            lows,
-            highs,
+            *_series(doc, "slowdown", levels),
             {str(name): _checked(f"kernels.{name}", v, levels) for name, v in kernels.items()},
-            _stragglers(doc["straggler"], levels) if doc.get("straggler") is not None else None,
+            None if straggler is None else _series(straggler, "value", levels, "straggler", 1.0),
         )
 
 
-def _stragglers(doc: Any, levels: tuple[int, ...]) -> tuple[tuple[float, ...], ...]:
-    """The ``straggler`` field :meth:`NodeFill.to_dict` wrote: per level, a ratio of at least
-    1 (the slowest process over the median one) inside its interval."""
-    if not isinstance(doc, Mapping):
-        raise FieldError("straggler", f"must be an object, got {shown(doc)}")
-    interval = _field(doc, "interval", "straggler")
+def _series(
+    doc: Mapping[str, Any],
+    key: str,
+    levels: tuple[int, ...],
+    within: str = "",
+    at_least: float | None = None,
+) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """``(values, lows, highs)`` of a per-level series as :meth:`NodeFill.to_dict` writes it:
+    ``doc[key]`` beside ``doc["interval"]``'s ``low`` and ``high``, each value inside its
+    interval (and, given ``at_least``, its interval not below that: a straggler is never
+    faster than the median process)."""
+    at = f"{within}." if within else ""
+    interval = _field(doc, "interval", within)
     if not isinstance(interval, Mapping):
-        raise FieldError("straggler.interval", f"must be an object, got {shown(interval)}")
-    series = (
-        _checked("straggler.value", _field(doc, "value", "straggler"), levels),
-        _checked("straggler.interval.low", _field(interval, "low", "straggler.interval"), levels),
-        _checked(
-            "straggler.interval.high", _field(interval, "high", "straggler.interval"), levels
-        ),  # fmt: skip
-    )
-    for i, (value, low, high) in enumerate(zip(*series, strict=True)):
-        slack = 1e-9 * high
-        if not (low >= 1.0 - 1e-9 and low - slack <= value <= high + slack):
-            raise FieldError(f"straggler.value[{i}]", f"{value!r} must be at least 1 and inside "
-                             f"its interval [{low!r}, {high!r}]")  # fmt: skip
-    return series
+        raise FieldError(f"{at}interval", f"must be an object, got {shown(interval)}")
+    values = _checked(at + key, _field(doc, key, within), levels)
+    lows = _checked(f"{at}interval.low", _field(interval, "low", f"{at}interval"), levels)
+    highs = _checked(f"{at}interval.high", _field(interval, "high", f"{at}interval"), levels)
+    for i, (value, low, high) in enumerate(zip(values, lows, highs, strict=True)):
+        slack = 1e-9 * high  # a geometric mean of equal values may round past them
+        inside = low - slack <= value <= high + slack
+        if at_least is None and not inside:
+            raise FieldError(f"{at}{key}[{i}]", f"{value!r} is outside its interval "
+                             f"[{low!r}, {high!r}]")  # fmt: skip
+        if at_least is not None and not (inside and low >= at_least - 1e-9):
+            raise FieldError(f"{at}{key}[{i}]", f"{value!r} must be at least {at_least:g} and "
+                             f"inside its interval [{low!r}, {high!r}]")  # fmt: skip
+    return values, lows, highs
 
 
 def _field(doc: Mapping[str, Any], key: str, within: str = "") -> Any:
@@ -217,7 +214,6 @@ def fit_node_fill(df: pd.DataFrame) -> NodeFill | None:
         median=[float(np.median(s)) for s in rows["samples"]],
         **{"params.procs": rows["params.procs"].astype(int)},
     )
-    _refuse_first(medians, medians["params.procs"] < 1, "has 'params.procs' below 1")
     _refuse_first(medians, medians["median"] <= 0, "has a median call time of 0")
     medians = _whole_launches(medians)
     by_launch = medians.groupby(list(_PARAMS[:3]))["median"]

@@ -331,6 +331,18 @@ def check_writable(path: str | Path, kind: str, flag: str, purpose: str = "") ->
         raise UserError(f"{flag} {problem}{' ' + purpose if purpose else ''}")
 
 
+def check_folder_exists(path: str | Path, flag: str, what: str) -> None:
+    """Refuse ``path`` (given as ``flag``) whose folder does not exist: only the last name may
+    be new, so a mistyped folder above it is not created silently. ``what`` is what to give
+    instead, in an existing folder ("a file", "--out")."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise UserError(
+            f"{flag} {path}: the folder {folder} does not exist; create it, or give {what} in an "
+            "existing folder"
+        )
+
+
 def new_run_dir(parent: str | Path, prefix: str = "") -> Path:
     """Create and return a fresh run directory ``parent/<prefix><UTC date-time>``, with ``-2``,
     ``-3``, ... added when that name is taken.

@@ -106,3 +106,22 @@ def no_inherited_rank(monkeypatch):
 @pytest.fixture
 def pdlsim_cli():
     return pdlsim_here
+
+
+def one_line(info: pytest.ExceptionInfo) -> str:
+    """The message of a raised error, asserted to be one line (what the command line prints)."""
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.fixture
+def no_simulation(monkeypatch):
+    """Any simulation fails the test: refusals come first."""
+
+    def boom(*args, **kwargs):
+        raise AssertionError("simulated before refusing")
+
+    monkeypatch.setattr("pdlsim.sim.simulate", boom)
+    monkeypatch.setattr("pdlsim.sim.tensor.simulate_tensor", boom)
+    monkeypatch.setattr("pdlsim.sim.pipeline_engine.simulate_pipeline", boom)

@@ -10,7 +10,7 @@ from typing import Any
 
 from microbench.cli import path_argument
 from microbench.errors import UserError
-from microbench.fileio import atomic_write_all, check_writable, encode_text
+from microbench.fileio import atomic_write_all, check_folder_exists, check_writable, encode_text
 from pdlsim.cli.args import int_list
 from pdlsim.cli.knobs import KNOBS, parse_vary, run_vary
 from pdlsim.cli.predict import add_common_options, check_flags, config_from_args, cores_warning
@@ -99,11 +99,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     if warning and not gpus:
         print(warning, file=sys.stderr)
     check_writable(args.out, "dir", "--out", "for sweep.csv and the plot")
-    if not args.out.parent.is_dir():  # the folder itself is made; a mistyped path above it is not
-        raise UserError(
-            f"--out {args.out}: the folder {args.out.parent} does not exist; create it, or give "
-            "--out in an existing folder"
-        )
+    check_folder_exists(args.out, "--out", "--out")  # the folder itself is made, not above it
     names = ("knobs.csv", "knob_ranking.csv") if args.vary else ("sweep.csv", "scaling.png")
     for name in names:  # a FIFO or a device there would be replaced, not written to
         check_writable(args.out / name, "file", "--out")

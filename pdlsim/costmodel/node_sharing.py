@@ -47,14 +47,18 @@ class Straggler:
     def drawn(self, rng: np.random.Generator) -> Straggler:
         return replace(self, z=float(rng.standard_normal()))
 
-    def source(self) -> str:
-        """The provenance line of a prediction that applies it."""
-        return (
+    def source(self, applied: bool = True) -> str:
+        """The provenance line of a prediction, which applies it or (layer-wise models, which
+        take identical ranks) does not."""
+        measured = (
             f"profile's node fill: the slowest of {self.ranks_per_node} ranks per node "
             f"x{self.ratio:.3f} [{self.interval.low:.3f}, {self.interval.high:.3f}] over the "
             f"others (carried from {self.held_ranks_per_node} to {self.ranks_per_node} busy "
-            "cores); one rank runs that much slower"
+            "cores)"
         )
+        if not applied:
+            return f"not applied: {measured}; the layer-wise models take ranks alike"
+        return f"{measured}; one rank runs that much slower"
 
 
 def node_straggler(colocation: Any, ranks_per_node: int) -> Straggler | None:

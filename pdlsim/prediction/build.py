@@ -193,10 +193,9 @@ def with_straggler(
     ranks, so there the cost model drops it and says so."""
     if cost.straggler is None:
         return cluster, cost
-    straggler, line = cost.straggler, cost.straggler.source()
-    if layerwise_mode(cfg):
-        straggler = None
-        line = "not applied: " + line.split(";")[0] + "; the layer-wise models take ranks alike"
+    applied = not layerwise_mode(cfg)
+    line = cost.straggler.source(applied)
+    straggler = cost.straggler if applied else None
     cost = replace(cost, straggler=straggler, provenance={**cost.provenance, "stragglers": line})
     return (cluster if straggler is None else replace(cluster, straggler=straggler.factor)), cost
 

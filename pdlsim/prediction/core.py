@@ -21,11 +21,10 @@ the step time.
 from __future__ import annotations
 
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
-from microbench.fileio import check_writable
+from microbench.fileio import check_folder_exists, check_writable
 from pdlsim.prediction.build import build, check_config
 from pdlsim.prediction.checks import layerwise_mode
 from pdlsim.prediction.config import PredictConfig, check_not_an_input
@@ -60,12 +59,7 @@ def check_trace_path(trace: str, cfg: PredictConfig | None = None) -> None:
     check_writable(trace, "file", "--trace")
     if cfg is not None:
         check_not_an_input(cfg, trace, "--trace")
-    folder = Path(trace).parent
-    if not folder.is_dir():
-        raise UserError(
-            f"--trace {trace}: the folder {folder} does not exist; create it, or give a file "
-            "in an existing folder"
-        )
+    check_folder_exists(trace, "--trace", "a file")
 
 
 def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from microbench.reference import available_memory_bytes
+from microbench import reference
 from microbench.workload import Workload
 from pdlsim.train.dataset import DataError, Dataset, check_counts
 from pdlsim.train.token_data import synthetic_next_tokens, synthetic_tokens
@@ -353,13 +353,24 @@ def load_dataset(
     return _fit_shape(data, workload)
 
 
-def _check_fits_memory(workload: Workload, n_samples: int) -> None:
-    """A DataError, before any allocation, where ``n_samples`` synthetic samples would take
-    more than :data:`_DATA_MEMORY_SHARE` of the memory this process may still use (a large
-    network's images would otherwise push the machine into swap)."""
-    available = available_memory_bytes()
+def synthetic_overflow(workload: Workload, n_samples: int) -> tuple[int, int] | None:
+    """``(bytes needed, bytes available)`` where ``n_samples`` synthetic samples of
+    ``workload`` would take more than :data:`_DATA_MEMORY_SHARE` of the memory this process may
+    still use (a large network's images would otherwise push the machine into swap); None
+    where they fit, or the memory is not known. ``pdlsim validate`` asks it of every launch
+    before the first."""
+    available = reference.available_memory_bytes()
     need = n_samples * math.prod(workload.input_shape) * 4
     if available is not None and need > _DATA_MEMORY_SHARE * available:
+        return need, available
+    return None
+
+
+def _check_fits_memory(workload: Workload, n_samples: int) -> None:
+    """A DataError, before any allocation, where :func:`synthetic_overflow` says so."""
+    overflow = synthetic_overflow(workload, n_samples)
+    if overflow is not None:
+        need, available = overflow
         fit = max(1, int(_DATA_MEMORY_SHARE * available) // (math.prod(workload.input_shape) * 4))
         raise DataError(
             f"{n_samples} synthetic samples of {workload.name}'s input "

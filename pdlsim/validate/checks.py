@@ -16,7 +16,6 @@ line before the calibration (ten minutes) or the first launch, never found at th
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +36,6 @@ __all__ = [
 # Launches per configuration: each round launches every configuration once (80 or so, minutes
 # per round), so 1,000 rounds are weeks; the bound keeps a typo from planning forever.
 MAX_REPEATS = 1_000
-# Of the memory available, what one launch's synthetic samples may take: pdlsim train's rule
-# (pdlsim/train/data.py), checked here for every launch before the first.
-DATA_MEMORY_SHARE = 0.5
 REPORT_FILES = ("validation.csv", "validation.json", "parity.png")
 FOLDERS = ("runs", "workloads", "calibration")  # what a validation writes under OUT
 PREVIOUS = ("runs", "workloads", "calibration", "speed")  # a non-empty one: a validation was here
@@ -114,16 +110,14 @@ def check_names(cfg: Any, drawn: list[tuple[Any, tuple[int, ...]]]) -> None:
 def check_memory(cfg: Any, drawn: list[tuple[Any, tuple[int, ...]]]) -> None:
     """Every launch trains one epoch of at least ``steps`` x its global batch synthetic
     samples (:func:`~pdlsim.validate.plan.steps_for` never asks fewer); refuse the run where a
-    workload's largest launch would not fit :data:`DATA_MEMORY_SHARE` of the memory available,
-    as that launch would, minutes in. Only the launches that run count: modes that fit the
-    cores."""
-    from microbench.reference import available_memory_bytes
+    workload's largest launch would not fit memory by ``pdlsim train``'s own rule
+    (:func:`pdlsim.train.data.synthetic_overflow`), as that launch would, minutes in. Only
+    the launches that run count: modes that fit the cores."""
     from microbench.threads import available_cores
     from microbench.workload import load_workload
+    from pdlsim.train.data import synthetic_overflow
+    from pdlsim.validate.measure import launch_samples
 
-    available = available_memory_bytes()
-    if available is None:
-        return
     cores = available_cores()
     fits = [p for p, t in cfg.modes if p * t <= cores] if "data" in cfg.parallel else []
     ranks = max(fits, default=1)
@@ -131,9 +125,10 @@ def check_memory(cfg: Any, drawn: list[tuple[Any, tuple[int, ...]]]) -> None:
     largest = [(load_workload(m), batch * ranks) for m in cfg.models]
     largest += [(w, max(batches) * ranks) for w, batches in drawn]
     for workload, global_batch in largest:
-        samples = max(cfg.steps * global_batch, 256)  # as pdlsim.validate.measure.launch_train
-        need = samples * math.prod(workload.input_shape) * 4
-        if need > DATA_MEMORY_SHARE * available:
+        samples = launch_samples(cfg.steps, global_batch)
+        overflow = synthetic_overflow(workload, samples)
+        if overflow is not None:
+            need, available = overflow
             raise UserError(
                 f"--steps {cfg.steps}: a launch of {workload.name} at a global batch of "
                 f"{global_batch} trains {samples:,} synthetic samples, {need / 2**30:.1f} GiB, "

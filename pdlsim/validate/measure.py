@@ -76,12 +76,18 @@ def measured_memory(run_dir: Path) -> dict[str, int]:
     }
 
 
+def launch_samples(steps: int, global_batch: int) -> int:
+    """The synthetic samples a launch of ``steps`` steps trains on: one epoch of them, and
+    never fewer than 256."""
+    return max(steps * global_batch, 256)
+
+
 def launch_train(spec: RunSpec, steps: int, run_dir: Path, extra: tuple[str, ...] = ()) -> None:
     """One ``pdlsim train`` launch of ``spec`` (and ``extra`` flags) into ``run_dir``."""
     from pdlsim.train.launch import run_supervised
 
     global_batch = spec.batch * (1 if spec.parallel == "model" else spec.procs)
-    samples = max(steps * global_batch, 256)
+    samples = launch_samples(steps, global_batch)
     command = [
         sys.executable, "-m", "pdlsim", "train", "--model", spec.model,
         "--procs", str(spec.procs), "--threads", str(spec.threads), "--batch", str(spec.batch),

@@ -20,7 +20,7 @@ from calibration.pipeline import load_measurements
 from microbench.errors import UserError
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter
-from tests.conftest import run_pdlsim
+from tests.conftest import one_line, run_pdlsim
 
 MACHINE = {"cpu_model": "AMD EPYC", "logical_cores": 2, "arch": "x86_64"}
 GOOD = {"type": "measurement", "benchmark": "compute", "name": "gemm", "unit": "s",
@@ -34,12 +34,6 @@ def _records(path: Path, records: list[dict]) -> None:
     with RecordWriter(path, machine=MACHINE) as writer:
         for record in records:
             writer.write(record)
-
-
-def _one_line(info: pytest.ExceptionInfo) -> str:
-    message = str(info.value)
-    assert "\n" not in message
-    return message
 
 
 @pytest.mark.parametrize(
@@ -96,7 +90,7 @@ def test_measurement_values_no_machine_has_are_named_by_file_line_and_field(
     _records(tmp_path / "ranks1" / "compute.jsonl", [GOOD, {**GOOD, **change}])
     with pytest.raises(UserError) as info:
         load_measurements(tmp_path)
-    message = _one_line(info)
+    message = one_line(info)
     assert "ranks1/compute.jsonl:3: measurement record 2 (compute gemm): " in message
     assert f"{field} " in message and problem in message
 
@@ -116,7 +110,7 @@ def test_power_records_in_watts_are_not_held_to_the_bound_on_times(tmp_path):
         ({"bytes": 2**55}, "'params.bytes' must be a whole number from 0 to"),
     ],
 )
-def test_collective_records_no_machine_measures_are_one_line(tmp_path, params, problem):
+def test_collective_records_no_machine_measures_areone_line(tmp_path, params, problem):
     """An unknown op was a ValueError traceback in the algorithm fit; 10**17 ranks a numpy
     allocation of 355 PiB; 0 ranks was fitted."""
     bad = {**COLLECTIVE, "params": {**COLLECTIVE["params"], **params}}

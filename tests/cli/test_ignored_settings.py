@@ -15,15 +15,6 @@ from pdlsim.cli.main import main
 QUICK = ["--samples", "2", "--iterations", "2"]
 
 
-@pytest.fixture
-def no_simulation(monkeypatch):
-    def boom(*args, **kwargs):
-        raise AssertionError("simulated before refusing")
-
-    monkeypatch.setattr("pdlsim.sim.simulate", boom)
-    monkeypatch.setattr("pdlsim.sim.tensor.simulate_tensor", boom)
-
-
 def _refused(capsys, argv: list[str]) -> str:
     try:
         status = main(argv)

@@ -23,16 +23,10 @@ from pdlsim.prediction.config import CHECKED_ELSEWHERE, PredictConfig, checked_t
 from pdlsim.train.checkpoint import latest_checkpoint
 from pdlsim.train.checkpoint_header import EPOCH_FIELDS, header_problem
 from pdlsim.train.loop import EpochResult
-from tests.conftest import run_pdlsim
+from tests.conftest import one_line, run_pdlsim
 
 FAST = {"samples": 2, "iterations": 3}
 C = pdlsim.Cluster
-
-
-def _one_line(exc: pytest.ExceptionInfo) -> str:
-    message = str(exc.value)
-    assert "\n" not in message
-    return message
 
 
 @pytest.mark.parametrize(
@@ -83,7 +77,7 @@ def test_an_argument_of_the_wrong_type_is_one_line_naming_it(call, match):
     with pytest.raises(ArgumentTypeError, match=match) as info:
         call()
     assert isinstance(info.value, UserError) and isinstance(info.value, TypeError)
-    _one_line(info)
+    one_line(info)
 
 
 def test_numpy_integers_and_whole_floats_are_taken_as_the_integers_they_are():
@@ -120,7 +114,7 @@ def test_a_name_that_would_break_a_one_line_error_is_refused(name, match):
     layers = [{"kind": "dense", "units": 10}, {"kind": "softmax_cross_entropy"}]
     with pytest.raises(UserError, match=match) as info:
         Workload.load({"name": name, "input_shape": [8], "layers": layers})
-    _one_line(info)
+    one_line(info)
     named = [{**layers[0], "name": name}, layers[1]]
     with pytest.raises(UserError, match=f"layer 0 \\(dense\\): 'name'.*{match}"):
         Workload.load({"name": "ok", "input_shape": [8], "layers": named})
@@ -163,11 +157,11 @@ def test_calibrate_refuses_measurement_records_of_the_wrong_shape(tmp_path, chan
     _records(tmp_path / "ranks1" / "compute.jsonl", [GOOD, bad])
     with pytest.raises(UserError, match=match) as info:
         load_measurements(tmp_path)
-    _one_line(info)
+    one_line(info)
     assert "ranks1/compute.jsonl:3: measurement record 2 (" in str(info.value)
 
 
-def test_a_collective_record_without_a_field_the_others_have_is_one_line(tmp_path):
+def test_a_collective_record_without_a_field_the_others_have_isone_line(tmp_path):
     """A record that left out (or nulled) ``ranks`` was an IntCastingNaNError traceback."""
     good = {"type": "measurement", "benchmark": "collectives", "name": "allreduce", "unit": "s",
             "params": {"op": "allreduce", "bytes": 8, "ranks": 2}, "samples": [1e-5]}  # fmt: skip
@@ -175,7 +169,7 @@ def test_a_collective_record_without_a_field_the_others_have_is_one_line(tmp_pat
     _records(tmp_path / "ranks2" / "collectives.jsonl", [good, bad])
     with pytest.raises(UserError, match="lack params.ranks in ranks2/collectives.jsonl") as info:
         collective_points(load_measurements(tmp_path))
-    _one_line(info)
+    one_line(info)
 
 
 def test_calibrate_refuses_records_without_a_benchmark_field_at_all(tmp_path):
@@ -263,7 +257,7 @@ def _edit_newest(run: Path, tmp_path: Path, edit) -> Path:
         (lambda h, m: m["params"].__setitem__(0, np.nan), "params hold values that are not"),
     ],
 )
-def test_a_resume_from_an_edited_checkpoint_is_one_line(trained, tmp_path, edit, match):
+def test_a_resume_from_an_edited_checkpoint_isone_line(trained, tmp_path, edit, match):
     copy = _edit_newest(trained, tmp_path, edit)
     result = run_pdlsim("train", *TRAIN, "--epochs", "3", "--resume", "--out", str(copy),
                         timeout=60)  # fmt: skip

@@ -23,18 +23,6 @@ def _refused(capsys, *args: str) -> str:
     return err
 
 
-@pytest.fixture
-def no_simulation(monkeypatch):
-    """Any simulation fails the test: refusals come first."""
-
-    def boom(*args, **kwargs):
-        raise AssertionError("simulated before refusing")
-
-    monkeypatch.setattr("pdlsim.sim.simulate", boom)
-    monkeypatch.setattr("pdlsim.sim.tensor.simulate_tensor", boom)
-    monkeypatch.setattr("pdlsim.sim.pipeline_engine.simulate_pipeline", boom)
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
