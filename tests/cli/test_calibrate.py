@@ -30,6 +30,17 @@ def quick_bench_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess
     return out, result
 
 
+@pytest.fixture(scope="module")
+def calibrated_run(quick_bench_run, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A copy of the quick bench run calibrated once on calibrate's defaults: the profile,
+    report plots and Extra-P file land in the run directory. Shared, because a calibration
+    takes 10-25 s here and the tests below read the same one."""
+    run_dir = tmp_path_factory.mktemp("calibrated") / "run"
+    shutil.copytree(quick_bench_run[0], run_dir)
+    result = run_pdlsim("calibrate", "--from", str(run_dir), "--bootstrap", "5", timeout=300)
+    return run_dir, result
+
+
 def test_quick_bench_runs_every_stage_and_keeps_every_record(quick_bench_run):
     out, result = quick_bench_run
     assert result.returncode == 0, result.stderr + result.stdout
@@ -53,22 +64,12 @@ def test_quick_bench_runs_every_stage_and_keeps_every_record(quick_bench_run):
 
 
 def test_calibrate_from_a_bench_run_writes_a_profile_report_plots_and_extrap(
-    quick_bench_run, tmp_path
+    quick_bench_run, calibrated_run
 ):
-    run_dir, bench = quick_bench_run
-    assert bench.returncode == 0, bench.stderr
-    profile_path = tmp_path / "out" / "profile.json"
-    result = run_pdlsim(
-        "calibrate",
-        "--from",
-        str(run_dir),
-        "--out",
-        str(profile_path),
-        "--bootstrap",
-        "20",
-        timeout=300,
-    )
+    assert quick_bench_run[1].returncode == 0, quick_bench_run[1].stderr
+    run_dir, result = calibrated_run
     assert result.returncode == 0, result.stderr
+    profile_path = run_dir / "profile.json"
     profile = load_profile(profile_path)
     doc = profile.to_dict()
     assert doc["schema"] == "pdlsim.profile" and doc["schema_version"] == 1
@@ -88,8 +89,8 @@ def test_calibrate_from_a_bench_run_writes_a_profile_report_plots_and_extrap(
     assert "collectives.allreduce" in result.stdout and "95% interval" in result.stdout
     assert format_report(doc) in result.stdout
     for name in ("collectives.png", "compute.png", "jitter.png"):
-        assert (tmp_path / "out" / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    lines = (tmp_path / "out" / "extrap.jsonl").read_text().splitlines()
+        assert (run_dir / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = (run_dir / "extrap.jsonl").read_text().splitlines()
     assert lines and all("params" in json.loads(line) for line in lines[1:3])
 
 
@@ -150,27 +151,31 @@ def test_unreadable_record_directories_are_one_line_errors(tmp_path, make, messa
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-def test_calibrating_the_same_run_twice_reads_only_records(quick_bench_run, tmp_path):
+def test_calibrating_the_same_run_twice_reads_only_records(calibrated_run, tmp_path):
     """The profile, plots and Extra-P file land in the run directory by default; a second
     calibration of that directory must skip them, not choke on them."""
+    assert calibrated_run[1].returncode == 0, calibrated_run[1].stderr
     run_dir = tmp_path / "run"
-    shutil.copytree(quick_bench_run[0], run_dir)
-    for _ in range(2):
-        result = run_pdlsim("calibrate", "--from", str(run_dir), "--bootstrap", "10", timeout=300)
-        assert result.returncode == 0, result.stderr
-    assert (run_dir / "profile.json").exists() and (run_dir / "extrap.jsonl").exists()
+    shutil.copytree(calibrated_run[0], run_dir)
+    first = json.loads((run_dir / "profile.json").read_text())
+    result = run_pdlsim("calibrate", "--from", str(run_dir), "--bootstrap", "5", timeout=300)
+    assert result.returncode == 0, result.stderr
     assert "extrap.jsonl: not a pdlsim.records file, skipped" in result.stdout
+    second = json.loads((run_dir / "profile.json").read_text())
+    assert second["models"] == first["models"]  # the same records, the same fits
 
 
-def test_kernel_sweeps_of_earlier_runs_pool_into_the_kernel_model_alone(quick_bench_run, tmp_path):
+def test_kernel_sweeps_of_earlier_runs_pool_into_the_kernel_model_alone(
+    quick_bench_run, calibrated_run, tmp_path
+):
     run_dir, _ = quick_bench_run
+    assert calibrated_run[1].returncode == 0, calibrated_run[1].stderr
     earlier = tmp_path / "earlier"
     shutil.copytree(run_dir / "ranks1", earlier / "ranks1")  # a second moment's sweep
-    one, two = tmp_path / "one.json", tmp_path / "two.json"
-    for out, extra in ((one, ()), (two, ("--kernels-from", str(earlier)))):
-        done = run_pdlsim("calibrate", "--from", str(run_dir), *extra, "--out", str(out),
-                          "--bootstrap", "5", timeout=300)  # fmt: skip
-        assert done.returncode == 0, done.stderr
+    one, two = calibrated_run[0] / "profile.json", tmp_path / "two.json"
+    done = run_pdlsim("calibrate", "--from", str(run_dir), "--kernels-from", str(earlier),
+                      "--out", str(two), "--bootstrap", "5", timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
     a, b = (json.loads(p.read_text()) for p in (one, two))
     for threads, terms in a["models"]["kernels"]["step_terms"].items():
         pooled = b["models"]["kernels"]["step_terms"][threads]["points"]
