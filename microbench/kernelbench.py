@@ -340,8 +340,9 @@ def run_kernels(
                 results += _run_step(plan, params, make, *args, writer, progress)
                 continue
             fn = make(*args)
-            fn()  # compiles a numba variant, first-touches a view: never in a sample
             gemm = name.startswith("gemm")
+            if not gemm or not plan.policy.warmup:  # a GEMM compiles nothing and its pool
+                fn()  # is filled: its warm-up suffices; a loop's first call compiles, untimed
             before = let_blas_threads_sleep if gemm and threads > 1 else None
             m = measure(timed(fn, before=before), plan.policy, benchmark="kernels", name=name,
                         params=params)  # fmt: skip
