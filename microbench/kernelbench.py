@@ -333,6 +333,7 @@ def run_kernels(
     for threads in plan.threads:
         set_threads(threads)
         points = _points(plan, threads, pool)
+        compiled: set[tuple[str, int]] = set()  # (loop variant, len(dims)) called already
         if status is not None:
             status(f"kernels at {threads} thread(s): {len(points)} points")
         for name, params, (make, *args) in points:
@@ -341,8 +342,14 @@ def run_kernels(
                 continue
             fn = make(*args)
             gemm = name.startswith("gemm")
-            if not gemm or not plan.policy.warmup:  # a GEMM compiles nothing and its pool
-                fn()  # is filled: its warm-up suffices; a loop's first call compiles, untimed
+            # A loop variant's first call compiles it (or loads it from numba's cache) and, at
+            # several threads, starts numba's pool: untimed, outside the time cap too. Operands
+            # are filled when a point is made, so after that a point's own warm-up is all it
+            # needs (a GEMM compiles nothing).
+            signature = None if gemm else (params["variant"], len(params["dims"]))
+            if not plan.policy.warmup or (signature is not None and signature not in compiled):
+                fn()
+                compiled.add(signature)
             before = let_blas_threads_sleep if gemm and threads > 1 else None
             m = measure(timed(fn, before=before), plan.policy, benchmark="kernels", name=name,
                         params=params)  # fmt: skip
