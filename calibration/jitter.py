@@ -39,6 +39,7 @@ for reading), ``checks``, ``quality``.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -52,7 +53,7 @@ from microbench.errors import UserError
 from .splice import Spliced
 from .stats import Interval, fit_quality
 
-__all__ = ["FAMILIES", "JitterModel"]
+__all__ = ["FAMILIES", "JitterModel", "frozen_family"]
 
 # name -> (scipy distribution, fixed arguments for fit, parameter names as stored)
 FAMILIES: dict[str, tuple[Any, dict[str, float], tuple[str, ...]]] = {
@@ -68,11 +69,20 @@ SYNC_TABLE_RANKS = tuple(2**k for k in range(11))
 _CONFIG_KEYS = ("params.model", "params.batch", "params.threads", "params.ranks")
 
 
-def _frozen(family: str, params: dict[str, float]) -> Any:
-    dist, fixed, _ = FAMILIES[family]
+def frozen_family(family: str, params: dict[str, float]) -> Any:
+    """The scipy distribution of ``family`` at ``params`` (as stored in a profile), frozen.
+    Freezing builds a new distribution object, docstrings included (about a millisecond), and
+    a prediction asks for the same few distributions hundreds of times: made once per value."""
+    return _frozen(family, tuple(sorted((k, float(v)) for k, v in params.items())))
+
+
+@functools.lru_cache(maxsize=512)
+def _frozen(family: str, params: tuple[tuple[str, float], ...]) -> Any:
+    dist, fixed, names = FAMILIES[family]
+    p = dict(params)
     if family == "normal":
-        return dist(loc=params["loc"], scale=params["scale"])
-    return dist(params[FAMILIES[family][2][0]], loc=fixed["floc"], scale=params["scale"])
+        return dist(loc=p["loc"], scale=p["scale"])
+    return dist(p[names[0]], loc=fixed["floc"], scale=p["scale"])
 
 
 def _mle(family: str, x: np.ndarray) -> dict[str, float]:
@@ -149,7 +159,7 @@ class JitterModel:
         self.candidates_ = {}
         for family in self.families:
             params = _mle(family, x)
-            frozen = _frozen(family, params)
+            frozen = frozen_family(family, params)
             loglik = float(np.sum(frozen.logpdf(x)))
             ks = stats.kstest(x, frozen.cdf)
             self.candidates_[family] = {
@@ -164,7 +174,7 @@ class JitterModel:
         self.params_ = dict(self.candidates_[self.family_]["params"])
         self.intervals_ = self._bootstrap(x)
         probs = np.asarray(QUANTILE_PROBS)
-        fitted_q = _frozen(self.family_, self.params_).ppf(probs)
+        fitted_q = frozen_family(self.family_, self.params_).ppf(probs)
         self.quality_ = fit_quality(np.quantile(x, probs), fitted_q).to_dict()
         self.checks_ = []
         self.scale_, self.moments_ = 1.0, []
@@ -264,7 +274,7 @@ class JitterModel:
         family's tail above (module docstring), before ``scale``."""
         p0 = self.empirical_max_ranks_
         switch = 1.0 - 1.0 / p0 if p0 > 1 else 0.0
-        return Spliced(self.atoms_, _frozen(self.family_, self.params_), switch)
+        return Spliced(self.atoms_, frozen_family(self.family_, self.params_), switch)
 
     def with_sync(self, ranks: int, fraction: float) -> JitterModel:
         """A copy whose sync at ``ranks`` ranks is ``fraction`` of the median step (its
@@ -291,7 +301,7 @@ class JitterModel:
         elif source == "empirical":
             raw = rng.choice(self.atoms_, size=size, replace=True)
         elif source == "fitted":
-            raw = _frozen(self.family_, self.params_).rvs(size=size, random_state=rng)
+            raw = frozen_family(self.family_, self.params_).rvs(size=size, random_state=rng)
         else:
             raise ValueError(f"source must be 'model', 'fitted' or 'empirical', got {source!r}")
         return self.scaled(raw)

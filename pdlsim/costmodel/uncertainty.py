@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from calibration.jitter import FAMILIES, JitterModel
+from calibration.jitter import JitterModel, frozen_family
 from calibration.roofline import SCALARS, Roofline
 from calibration.stats import Interval
 
@@ -48,11 +48,7 @@ class ProfileJitter:
     model: JitterModel
 
     def _dist(self) -> Any:
-        dist, fixed, names = FAMILIES[self.model.family_]
-        p = self.model.params_
-        if self.model.family_ == "normal":
-            return dist(loc=p["loc"], scale=p["scale"])
-        return dist(p[names[0]], loc=fixed["floc"], scale=p["scale"])
+        return frozen_family(self.model.family_, self.model.params_)
 
     def sample(self, rng: np.random.Generator, size: Any) -> np.ndarray:
         return np.asarray(self.model.sample(rng, size), dtype=float)
