@@ -42,6 +42,8 @@ class BenchPlan:
     batches: tuple[int, ...] = (16, 32, 64)  # per-rank batches the compute kernels are timed at
     quick: bool = False
     gpu_batches: tuple[int, ...] | None = None  # on a GPU (None: microbench compute's default)
+    skip: tuple[str, ...] = ()  # one-process stages not to run: copies, compression, storage,
+    # nodefill (a caller that reads no model of theirs)
 
     @property
     def jitter_batch(self) -> int:
@@ -160,6 +162,8 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
         ("storage", "checkpoint writes (atomic, fsynced) into the run directory"),
         ("nodefill", "one core's kernels as the node fills (1 process to every core)"),
     ):  # one process, one thread (nodefill starts its own), records into ranks1/
+        if name in plan.skip:
+            continue
         command = (sys.executable, *_microbench(name, "--out", ranks1, *quick))
         stages.append(Stage(name, label, command, ranks=1, threads=1))
     jitter_threads = min(plan.threads)

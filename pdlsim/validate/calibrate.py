@@ -24,6 +24,7 @@ __all__ = [
     "gpu_configurations",
     "machine_difference",
     "profile_provenance",
+    "unread_stages",
 ]
 
 STEAL_WARNING = 0.05  # CPU steal above which a measurement is flagged
@@ -35,6 +36,7 @@ def calibrate_now(cfg: Any, log: Any = print) -> Path:
     from calibration.optable import inconsistent_steps
     from calibration.pipeline import fit_profile
     from microbench.compute import GPU_BATCHES
+    from microbench.threads import available_cores
     from pdlsim.cli.bench_suite import BenchPlan, run_bench
 
     run_dir = cfg.out / "calibration"
@@ -43,6 +45,7 @@ def calibrate_now(cfg: Any, log: Any = print) -> Path:
         out=run_dir, model=",".join(cfg.models), procs=CALIBRATION_PROCS, threads=threads,
         batches=tuple(sorted(set(cfg.batches))), quick=cfg.quick,
         gpu_batches=tuple(sorted(set(GPU_BATCHES) | set(cfg.batches))),  # where a GPU is
+        skip=unread_stages(cfg.modes, available_cores()),
     )  # fmt: skip
     log(f"calibrating from microbenchmarks into {run_dir} ...")
     result = run_bench(plan, progress=sys.stderr)
@@ -59,6 +62,14 @@ def calibrate_now(cfg: Any, log: Any = print) -> Path:
     for line in inconsistent_steps(models["compute"].table_):
         log(f"pdlsim: warning: {line}")
     return profile.save(run_dir / "profile.json")
+
+
+def unread_stages(modes: Any, cores: int) -> tuple[str, ...]:
+    """The benchmark stages whose models no validated prediction reads: gradient compression
+    (no configuration compresses), and the node fill unless a configuration that fits the
+    ``cores`` runs more ranks than the calibration (its straggler term starts above them)."""
+    ranks = max((p for p, t in modes if p * t <= cores), default=1)
+    return ("compression",) + (("nodefill",) if ranks <= max(CALIBRATION_PROCS) else ())
 
 
 def calibrated_ranks(profile: str) -> int:

@@ -30,6 +30,20 @@ def test_the_plan_runs_compute_once_and_mpi_stages_per_process_count(tmp_path):
     assert compute[compute.index("--batch") + 1] == "16,32,64"
 
 
+def test_a_caller_skips_the_one_process_stages_it_reads_nothing_of(tmp_path):
+    """validate's calibration: no compression on this machine; the node fill only where a
+    validated configuration runs more ranks per node than the calibration measured."""
+    from pdlsim.validate.calibrate import unread_stages
+
+    modes = ((1, 1), (1, 2), (2, 1), (2, 2), (4, 1))
+    assert unread_stages(modes, cores=2) == ("compression", "nodefill")  # 2x2, 4x1 refused
+    assert unread_stages(modes, cores=16) == ("compression",)  # 4 ranks: the straggler term
+    stages = plan_stages(BenchPlan(out=tmp_path, skip=unread_stages(modes, cores=2)))
+    names = [s.name for s in stages]
+    assert names[:4] == ["kernels", "compute", "copies", "storage"]
+    assert "speed-1" in names and "collectives-p2" in names
+
+
 def test_the_jitter_step_of_every_model_at_every_process_count_in_one_file(tmp_path):
     """At one rank one run; at P >= 2 three labelled moments spread over the bench (two after
     the collectives, one after everything), each a third of one run's samples;
