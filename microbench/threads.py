@@ -8,6 +8,9 @@ threads busy-wait), so every process sets its thread count on purpose instead of
 
 from __future__ import annotations
 
+import ctypes
+import glob
+import importlib.util
 import os
 import sys
 import time
@@ -153,7 +156,7 @@ def set_threads(threads: int) -> None:
     inner = [
         lib.filepath
         for lib in controller.lib_controllers
-        if os.path.realpath(lib.filepath).startswith(inner_dir)
+        if inner_dir and os.path.realpath(lib.filepath).startswith(inner_dir)
     ]
     if inner:
         _blas_limiters.append(controller.select(filepath=inner).limit(limits=1))
@@ -176,11 +179,17 @@ def set_threads(threads: int) -> None:
 
 def _numbas_blas_dir() -> str:
     """The folder of the BLAS library that numba's ``np.dot`` binds to, the one scipy ships
-    (``scipy.linalg.cython_blas``, loaded here so that the limits reach it)."""
-    import scipy
-    import scipy.linalg.cython_blas  # noqa: F401 - loads the library
-
-    return os.path.realpath(os.path.join(os.path.dirname(scipy.__file__), os.pardir, "scipy.libs"))
+    (``scipy.linalg.cython_blas`` links it), with that library loaded here so that the limits
+    reach it. Loaded on its own (milliseconds, where importing ``scipy.linalg`` takes 0.2 s of
+    every training launch); when numba later imports ``cython_blas``, the loader finds the
+    library already in the process and uses it. "" without scipy."""
+    spec = importlib.util.find_spec("scipy")
+    if spec is None or spec.origin is None:
+        return ""
+    folder = os.path.join(os.path.dirname(spec.origin), os.pardir, "scipy.libs")
+    for path in sorted(glob.glob(os.path.join(folder, "*openblas*.so*"))):
+        ctypes.CDLL(path)
+    return os.path.realpath(folder)
 
 
 # How many threads per core a run on this machine may ask for before it is refused: far past
