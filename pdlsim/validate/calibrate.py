@@ -31,8 +31,9 @@ STEAL_WARNING = 0.05  # CPU steal above which a measurement is flagged
 CALIBRATION_PROCS = (1, 2)  # calibrate with up to 2 ranks; the matrix also predicts 4
 
 
-def calibrate_now(cfg: Any, log: Any = print) -> Path:
-    """Benchmark this machine now and fit a profile: ``OUT/calibration/profile.json``."""
+def calibrate_now(cfg: Any, log: Any = print) -> tuple[Path, list[str]]:
+    """Benchmark this machine now and fit a profile: ``OUT/calibration/profile.json``, and what
+    disturbed the measurements (each also logged), for the report to carry beside the result."""
     from calibration.optable import inconsistent_steps
     from calibration.pipeline import fit_profile
     from microbench.compute import GPU_BATCHES
@@ -52,16 +53,19 @@ def calibrate_now(cfg: Any, log: Any = print) -> Path:
     if not result.ok:
         failed = ", ".join(s.name for s in result.stages if s.status != "ok")
         raise UserError(f"calibration benchmarks failed ({failed}); see {run_dir / 'logs'}")
-    steals = [s.steal for s in result.stages if s.steal is not None]
-    if steals and max(steals) > STEAL_WARNING:
-        log(
-            f"pdlsim: warning: the hypervisor took up to {max(steals):.0%} of the CPU during "
-            "calibration: its figures carry the neighbours' load"
+    warnings = []
+    stolen = {s.name: s.steal for s in result.stages if s.steal is not None}
+    if stolen and max(stolen.values()) > STEAL_WARNING:
+        worst = max(stolen, key=stolen.__getitem__)
+        warnings.append(
+            f"the hypervisor took up to {stolen[worst]:.0%} of the CPU during calibration "
+            f"({worst}): its figures carry the neighbours' load"
         )
     profile, models = fit_profile(run_dir, n_boot=50 if cfg.quick else 200)
-    for line in inconsistent_steps(models["compute"].table_):
+    warnings += inconsistent_steps(models["compute"].table_)
+    for line in warnings:
         log(f"pdlsim: warning: {line}")
-    return profile.save(run_dir / "profile.json")
+    return profile.save(run_dir / "profile.json"), warnings
 
 
 def unread_stages(modes: Any, cores: int) -> tuple[str, ...]:

@@ -364,6 +364,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"calibration {prov.get('calibration', 'given')}; measured on {prov.get('measured_on')}); "
         f"corrections: {prov['corrections']}",
         *([f"warning: {prov['machine_warning']}"] if prov.get("machine_warning") else []),
+        *[f"warning: {line}" for line in prov.get("calibration_warnings", ())],
         f"held-out set: seed {held['seed']}, {len(held['workloads'])} random workloads, "
         f"batches {','.join(map(str, held['batches']))}",
         *[f"not run: {line}" for line in held["refused"]],

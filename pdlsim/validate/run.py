@@ -170,9 +170,13 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         raise UserError(problem)
     started = time.perf_counter()  # what the user waits for: the calibration included
     calibrated_now = cfg.profile is None
+    disturbed: list[str] = []
     if calibrated_now:
-        cfg = replace(cfg, profile=str(calibrate_now(cfg, log)))
+        path, disturbed = calibrate_now(cfg, log)
+        cfg = replace(cfg, profile=str(path))
     provenance = profile_provenance(cfg.profile, calibrated_now)
+    if disturbed:  # the machine's state while the profile was measured, beside the result
+        provenance["calibration_warnings"] = disturbed
     if "machine_warning" in provenance:  # before the runs, so the user can stop them
         log(f"pdlsim: warning: {provenance['machine_warning']}")
     cores = available_cores()

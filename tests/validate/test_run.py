@@ -373,9 +373,9 @@ def test_elapsed_counts_the_calibration(tmp_path: Path, monkeypatch: pytest.Monk
     clock = SimpleNamespace(perf_counter=lambda: time.perf_counter() + hour_s[0])
     monkeypatch.setattr(pdlsim.validate.run, "time", clock)
 
-    def hour_long_calibration(cfg: ValidateConfig, log: object) -> str:
+    def hour_long_calibration(cfg: ValidateConfig, log: object) -> tuple[str, list[str]]:
         hour_s[0] = 3600.0
-        return PROFILE
+        return PROFILE, ["the hypervisor took up to 11% of the CPU during calibration (speed-1)"]
 
     monkeypatch.setattr(validate_calibrate, "calibrate_now", hour_long_calibration)
     cfg = ValidateConfig(
@@ -386,6 +386,9 @@ def test_elapsed_counts_the_calibration(tmp_path: Path, monkeypatch: pytest.Monk
     report = run_validation(cfg, log=lambda s: None)
     assert 3600.0 < report["elapsed_s"] < 3600.0 + 300.0
     assert report["provenance"]["profile"] == PROFILE
+    # what disturbed the calibration stays with the result, in the JSON and the text report
+    (warning,) = report["provenance"]["calibration_warnings"]
+    assert f"warning: {warning}" in format_report(report)
 
 
 def test_machine_difference_names_what_differs_and_ignores_what_is_unknown() -> None:
