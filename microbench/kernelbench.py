@@ -38,7 +38,8 @@ workloads, batches and thread counts it never ran:
   factor by which kernels run slower inside a step than alone.
 
 Points run in a shuffled order (seeded), so that a slow spell of a shared machine lands on
-scattered shapes rather than on one neighbourhood of the grid. Each point is sampled under
+scattered shapes rather than on one neighbourhood of the grid, and the thread counts take
+turns in blocks of points, so that it lands on every count alike. Each point is sampled under
 :mod:`microbench.sampling` and written as one record at once.
 
 Record params (benchmark "kernels"; all carry ``threads``):
@@ -209,6 +210,9 @@ class KernelPlan:
     step_rounds: int = STEP_ROUNDS  # (step, calls alone) samples of each
 
 
+TURN_POINTS = 25  # points a thread count runs before the next count takes its turn
+
+
 class _Pool:
     """A few large float32 buffers, filled once; a point's arrays are views into them, so the
     sweep allocates and fills nothing per point."""
@@ -290,7 +294,9 @@ def _loop_points(plan: KernelPlan, threads: int) -> list[tuple[str, str, tuple[i
 # ----------------------------------------------------------------------------------- run
 
 
-def _points(plan: KernelPlan, threads: int, pool: _Pool) -> list[tuple[str, dict, Any]]:
+def _units(plan: KernelPlan, threads: int, pool: _Pool) -> list[list[tuple[str, dict, Any]]]:
+    """The points at ``threads`` in their shuffled order, in units that run one right after
+    the other (a stride triple; else a single point)."""
     base = {"threads": threads}
     units: list[list[tuple[str, dict, Any]]] = []  # a stride triple is one unit: side by side
 
@@ -316,7 +322,7 @@ def _points(plan: KernelPlan, threads: int, pool: _Pool) -> list[tuple[str, dict
                   "op_calls": len(op_calls(workload))}  # fmt: skip
         units.append([("step", params, (workload, batch))])
     order = np.random.default_rng(plan.seed + threads).permutation(len(units))
-    return [point for i in order for point in units[i]]
+    return [units[i] for i in order]
 
 
 def run_kernels(
@@ -327,35 +333,57 @@ def run_kernels(
 ) -> list[Measurement]:
     """Time every point of ``plan`` at each of its thread counts; each record is written to
     ``writer`` as soon as it is measured (``progress``: a line per point; ``status``: a line
-    per thread count)."""
+    per thread count).
+
+    The thread counts take turns, a block of about :data:`TURN_POINTS` points each, their
+    blocks sized so that all end together: a slow spell of a shared machine then lands on every
+    count alike, and the ratios between them (how a kernel scales with threads) are measured
+    side by side rather than minutes apart."""
     pool = _Pool(MAX_ELEMENTS, 6, plan.seed)
-    results: list[Measurement] = []
-    for threads in plan.threads:
-        set_threads(threads)
-        points = _points(plan, threads, pool)
-        compiled: set[tuple[str, int]] = set()  # (loop variant, len(dims)) called already
+    queues = {threads: _units(plan, threads, pool) for threads in plan.threads}
+    for threads, units in queues.items():
         if status is not None:
-            status(f"kernels at {threads} thread(s): {len(points)} points")
-        for name, params, (make, *args) in points:
-            if name == "step":
-                results += _run_step(plan, params, make, *args, writer, progress)
-                continue
-            fn = make(*args)
-            gemm = name.startswith("gemm")
-            # A loop variant's first call compiles it (or loads it from numba's cache) and, at
-            # several threads, starts numba's pool: untimed, outside the time cap too. Operands
-            # are filled when a point is made, so after that a point's own warm-up is all it
-            # needs (a GEMM compiles nothing).
-            signature = None if gemm else (params["variant"], len(params["dims"]))
-            if not plan.policy.warmup or (signature is not None and signature not in compiled):
-                fn()
-                compiled.add(signature)
-            before = let_blas_threads_sleep if gemm and threads > 1 else None
-            m = measure(timed(fn, before=before), plan.policy, benchmark="kernels", name=name,
-                        params=params)  # fmt: skip
-            results.append(m)
-            report_point(m, writer, progress, _label(name, params), policy=plan.policy.to_dict())
+            status(f"kernels at {threads} thread(s): {sum(map(len, units))} points")
+    lengths = [len(units) for units in queues.values()]  # no count sits a turn out:
+    turns = max(1, min(math.ceil(max(lengths) / TURN_POINTS), min(lengths)))
+    compiled: dict[int, set[tuple[str, int]]] = {t: set() for t in queues}  # (variant, len(dims))
+    results: list[Measurement] = []
+    for turn in range(turns):
+        for threads, units in queues.items():
+            set_threads(threads)
+            for unit in units[len(units) * turn // turns : len(units) * (turn + 1) // turns]:
+                for point in unit:
+                    results += _run_point(plan, threads, point, compiled[threads], writer,
+                                          progress)  # fmt: skip
     return results
+
+
+def _run_point(
+    plan: KernelPlan,
+    threads: int,
+    point: tuple[str, dict[str, Any], Any],
+    compiled: set[tuple[str, int]],
+    writer: RecordWriter | None,
+    progress: TextIO | None,
+) -> list[Measurement]:
+    name, params, (make, *args) = point
+    if name == "step":
+        return _run_step(plan, params, make, *args, writer, progress)
+    fn = make(*args)
+    gemm = name.startswith("gemm")
+    # A loop variant's first call compiles it (or loads it from numba's cache) and, at several
+    # threads, starts numba's pool: untimed, outside the time cap too. Operands are filled when
+    # a point is made, so after that a point's own warm-up is all it needs (a GEMM compiles
+    # nothing).
+    signature = None if gemm else (params["variant"], len(params["dims"]))
+    if not plan.policy.warmup or (signature is not None and signature not in compiled):
+        fn()
+        compiled.add(signature)
+    before = let_blas_threads_sleep if gemm and threads > 1 else None
+    m = measure(timed(fn, before=before), plan.policy, benchmark="kernels", name=name,
+                params=params)  # fmt: skip
+    report_point(m, writer, progress, _label(name, params), policy=plan.policy.to_dict())
+    return [m]
 
 
 def _run_step(

@@ -4,6 +4,7 @@ left out; it travels through a profile to predict."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable
@@ -60,6 +61,27 @@ def test_any_workloads_calls_are_priced(sweep, name):
         for call in step_calls(workload, 7, 1):
             seconds = model.call_s(call, 1)
             assert np.isfinite(seconds) and seconds > 0, call
+
+
+def test_thread_counts_take_turns_so_a_slow_spell_lands_on_each(monkeypatch):
+    """Each count runs blocks of about TURN_POINTS points in turn, sized so that the counts end
+    together, and every point of each is measured once, at its own count."""
+    import dataclasses
+
+    import microbench.kernelbench as kernelbench
+
+    monkeypatch.setattr(kernelbench, "TURN_POINTS", 7)
+    set_to: list[int] = []
+    monkeypatch.setattr(kernelbench, "set_threads", set_to.append)
+    plan = dataclasses.replace(TINY, threads=(1, 2), step_networks=0)
+    done = [m.params["threads"] for m in run_kernels(plan, None)]
+    runs = [len(list(g)) for _, g in itertools.groupby(done)]
+    assert set_to[:4] == [1, 2, 1, 2] and len(set_to) == len(runs)
+    assert max(runs) <= 7 + 2 and len(runs) >= 4  # a stride triple is not split
+    assert done.count(1) > 7 and done.count(2) > 7
+    halves = done[: len(done) // 2], done[len(done) // 2 :]
+    for t in (1, 2):  # spread over the whole sweep, not one count after the other
+        assert abs(halves[0].count(t) - halves[1].count(t)) <= 7
 
 
 def test_data_dependent_loops_read_fresh_data_each_call():
