@@ -65,6 +65,7 @@ loads with its deviations and offset recomputed from the medians it kept.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,7 @@ from scipy import stats
 from microbench.jitter import FORWARD_NAME
 from microbench.op_records import INFERENCE_WITH_GATHER, STEP_WITH_GATHER
 
+from .profile_checks import FieldError, shown
 from .stats import Interval
 
 __all__ = ["COMPUTE_MOMENT", "DriftModel"]
@@ -241,12 +243,30 @@ class DriftModel:
         model = cls()
         model.sigma_ = float(doc["sigma"])
         model.interval_ = Interval.from_dict(doc["intervals"]["sigma"])
-        model.medians_ = {k: dict(v) for k, v in doc.get("medians_s", {}).items()}
-        forwards = doc.get("forward_medians_s", {})
-        model.forward_medians_ = {k: dict(v) for k, v in forwards.items()}
+        model.medians_ = _medians(doc.get("medians_s", {}), "medians_s")
+        model.forward_medians_ = _medians(doc.get("forward_medians_s", {}), "forward_medians_s")
         model.span_moments_ = set(doc.get("span_moments", []))
         model._derive()  # the stored derived fields are for readers; the medians decide
         return model
+
+
+def _medians(doc: Any, field: str) -> dict[str, dict[str, float]]:
+    """``medians_s`` as :meth:`DriftModel.to_dict` wrote it: per step, per moment, a median
+    above 0 (as :func:`_add` keeps them; a zero would be divided by when a step is priced), else
+    a :class:`FieldError` naming the field."""
+    if not isinstance(doc, Mapping):
+        raise FieldError(field, f"must be an object, got {shown(doc)}")
+    out: dict[str, dict[str, float]] = {}
+    for key, moments in doc.items():
+        if not isinstance(moments, Mapping):
+            raise FieldError(f"{field}.{key}", f"must be an object, got {shown(moments)}")
+        for moment, median in moments.items():
+            if isinstance(median, bool) or not isinstance(median, (int, float)) or median <= 0:
+                raise FieldError(
+                    f"{field}.{key}.{moment}", f"a median time must be > 0, got {median!r}"
+                )
+        out[key] = {moment: float(median) for moment, median in moments.items()}
+    return out
 
 
 def _add(into: dict[str, dict[str, float]], key: str, where: str, median_s: float) -> None:

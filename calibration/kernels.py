@@ -68,6 +68,7 @@ from .gemm_alias import AliasLaw
 from .gemm_regimes import SmallGemm, small_gemm_rules
 from .kernel_tables import GemmTable
 from .loop_table import LoopTable
+from .profile_checks import FieldError
 from .stats import fit_quality, robust_rms
 from .step_terms import StepTerms, fit_step_terms
 
@@ -314,11 +315,13 @@ class KernelModel:
             for layout, by_threads in doc["gemm"].items()
             for t, table in by_threads.items()
         }
-        model.loops_ = {
-            (variant, int(t)): LoopTable.from_dict(table)
-            for variant, by_threads in doc["loops"].items()
-            for t, table in by_threads.items()
-        }
+        model.loops_ = {}
+        for variant, by_threads in doc["loops"].items():
+            for t, table in by_threads.items():
+                try:
+                    model.loops_[(variant, int(t))] = LoopTable.from_dict(table)
+                except FieldError as exc:  # its field, as the profile's kernels section has it
+                    raise exc.within(f"loops.{variant}.{t}") from None
         model.steps_ = {
             int(t): StepTerms.from_dict(terms) for t, terms in doc.get("step_terms", {}).items()
         }

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .kernel_tables import VECTOR_FLOATS, five_digits
+from .profile_checks import FieldError
 
 __all__ = ["LoopTable"]
 
@@ -149,9 +150,27 @@ class LoopTable:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> LoopTable:
-        points = [
-            (e, int(c["run"]), t)
-            for c in doc["curves"]
-            for e, t in zip(c["elements"], c["time_s"], strict=True)
-        ]
+        """The table :meth:`to_dict` wrote. A run or a size that no loop has (zero, a fraction
+        of a run) is a :class:`FieldError` naming its field (``curves[2].run``)."""
+        points = []
+        for i, c in enumerate(doc["curves"]):
+            run = _count(c["run"], f"curves[{i}].run", "a run")
+            pairs = zip(c["elements"], c["time_s"], strict=True)
+            for j, (e, t) in enumerate(pairs):
+                points.append((_count(e, f"curves[{i}].elements[{j}]", "a size"), run, t))
         return cls.from_points(points)
+
+
+MAX_COUNT = 2**53  # elements or a run of one loop: past any array, and exact as a float
+
+
+def _count(value: Any, field: str, what: str) -> int:
+    """``value`` as a whole count from 1 to :data:`MAX_COUNT`, else a :class:`FieldError`."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 1 <= value <= MAX_COUNT
+        or value != int(value)
+    ):
+        raise FieldError(field, f"{what} is a whole number from 1 to 2**53, got {value!r}")
+    return int(value)

@@ -4,7 +4,9 @@ A profile is written by pdlsim but may be edited, copied between machines or tru
 simulator must never run on nonsense. The checks are generic, so that a model section written
 by any modeler is covered without this module importing it:
 
-* every number is finite (JSON has no NaN, but Python's reader accepts ``NaN`` and ``Infinity``);
+* every number is finite (JSON has no NaN, but Python's reader accepts ``NaN`` and ``Infinity``)
+  and at most :data:`MAX_MAGNITUDE` either way (``1e300`` read as a count is no number numpy
+  takes);
 * units in names carry the rules: names ending in ``_bytes_per_s`` or ``flops_per_s`` are
   throughputs and must be > 0; other names ending in ``_s`` or ``_s_per_byte`` are times and
   must be >= 0 (a negative latency is a failed fit, not a fast network);
@@ -12,7 +14,9 @@ by any modeler is covered without this module importing it:
   ``"<name>_interval"`` or ``"<stem>_ci"`` (``alpha_ci`` belongs to ``alpha_s``), an
   ``"intervals": {"<name>": ...}`` mapping next to the values, or one ``{"value", "low",
   "high"}`` object; an interval is ``{"low", "high", ...}`` or ``[low, high]``;
-* each model section has the keys its consumer reads (:data:`REQUIRED_MODEL_KEYS`).
+* each model section has the keys its consumer reads (:data:`REQUIRED_MODEL_KEYS`);
+* with an example (the packaged profiles' fields), a number where they only hold numbers and a
+  string where they only hold strings.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ __all__ = [
     "OTHER",
     "REQUIRED_MODEL_KEYS",
     "ProfileError",
+    "TEXT",
     "check_models",
     "check_tree",
     "shown",
@@ -46,6 +51,10 @@ REQUIRED_MODEL_KEYS: dict[str, tuple[str, ...]] = {
     "overlap": ("methods",),
 }
 NULLABLE_MODELS = frozenset({"transfer"})
+# The largest number a profile holds, either way: a node's FLOP rate is 1e16, a count past
+# 1e18 no longer fits the integers numpy computes with (the JSON reader's limit on whole
+# numbers, microbench.fileio.MAX_INT_DIGITS, is the same).
+MAX_MAGNITUDE = 1e18
 _REL_TOL = 1e-9  # intervals are compared with this slack for float rounding
 
 
@@ -158,26 +167,28 @@ def _check_intervals(source: str, path: str, node: Mapping[str, Any]) -> None:
 
 
 # Keys of an example trie (:func:`calibration.profile_schema.reference_fields`) that are not
-# field names: a number was seen here, something else was seen here, and list elements.
-NUMBER, OTHER, ITEM = object(), object(), "[]"
+# field names: a number was seen here, a string was seen here, something else (an object, a
+# list, a boolean) was seen here, and list elements.
+NUMBER, TEXT, OTHER, ITEM = object(), object(), object(), "[]"
 
 
 def check_tree(
     source: str, node: Any, path: str = "", name: str = "", example: Mapping | None = None
 ) -> None:
     """Walk ``node``: numbers finite and signed as their names say, intervals contain values,
-    and, with an ``example`` trie, a number wherever the example only ever has numbers.
+    and, with an ``example`` trie, a number wherever the example only ever has numbers and a
+    string wherever it only ever has strings (a list there would fail deep in the simulator).
 
     ``name`` is the key the node sits under (list items inherit their list's name, so that
     ``"time_s": [..]`` checks every element as a time).
     """
+    _check_kind(source, path, node, example)
     if _is_number(node):
         if not math.isfinite(node):
             raise ProfileError(source, path, f"{node!r} is not a finite number")
+        _check_size(source, path, node)
         _check_unit(source, path, name, node)
         return
-    if node is not None and example is not None and NUMBER in example and OTHER not in example:
-        raise ProfileError(source, path, f"expected a number, got {shown(node)}")
     if isinstance(node, Mapping):
         for key, item in node.items():
             if not isinstance(key, str):
@@ -186,15 +197,39 @@ def check_tree(
             check_tree(source, item, _join(path, key), key, sub)
         _check_intervals(source, path, node)
     elif isinstance(node, (list, tuple)):
+        sub = example.get(ITEM) if example is not None else None
         if _numbers_only(node) and all(map(math.isfinite, node)):
+            if node:
+                _check_kind(source, _join(path, 0), node[0], sub)
+            if node:
+                _check_size(source, _join(path, 0), max(node, key=abs))
             if node and (low := min(node)) <= 0:  # the sign rule, on the smallest value
                 _check_unit(source, _join(path, node.index(low)), name, low)
             return  # a long table of numbers is checked without a call per value
-        sub = example.get(ITEM) if example is not None else None
         for i, item in enumerate(node):
             check_tree(source, item, _join(path, i), name, sub)
     elif node is not None and not isinstance(node, str):
         raise ProfileError(source, path, f"unexpected value of type {type(node).__name__}")
+
+
+def _check_size(source: str, path: str, value: float) -> None:
+    """``value`` within :data:`MAX_MAGNITUDE` either way (a count read as ``int(1e300)`` would
+    be past the integers numpy takes)."""
+    if abs(value) > MAX_MAGNITUDE:
+        raise ProfileError(
+            source, path, f"{value!r} is past any measured figure (at most 1e18 either way)"
+        )
+
+
+def _check_kind(source: str, path: str, node: Any, example: Mapping | None) -> None:
+    """``node`` (not null) of the kind the ``example`` trie only ever has at its field: a
+    number, or a string."""
+    if node is None or example is None or OTHER in example:
+        return
+    if NUMBER in example and TEXT not in example and not _is_number(node):
+        raise ProfileError(source, path, f"expected a number, got {shown(node)}")
+    if TEXT in example and NUMBER not in example and not isinstance(node, str):
+        raise ProfileError(source, path, f"expected a string, got {shown(node)}")
 
 
 def shown(value: Any) -> str:

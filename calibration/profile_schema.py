@@ -6,9 +6,10 @@ generic checks stand in for one, so that a hand-edited or truncated profile fail
 ``<file>: <field path>: <problem>`` instead of a ``KeyError`` deep in a modeler:
 
 * by example: a field that is a number in every packaged reference profile that has it must be
-  a number (or null) in any profile (:func:`reference_fields`, walked by
-  :func:`calibration.profile_checks.check_tree`), which catches ``"abc"`` where a latency
-  goes even when the value is only read much later, by the simulator;
+  a number (or null) in any profile, and one that is a string there a string (or null)
+  (:func:`reference_fields`, walked by :func:`calibration.profile_checks.check_tree`), which
+  catches ``"abc"`` where a latency goes, or ``[]`` where a method's name goes, even when the
+  value is only read much later, by the simulator;
 * by tracing: when a modeler's ``from_dict`` fails, it is run once more on a copy of its
   section that records every field it reads, and the last field read (or the one it missed)
   is named (:func:`explain_build_failure`).
@@ -26,6 +27,7 @@ from .profile_checks import (
     ITEM,
     NUMBER,
     OTHER,
+    TEXT,
     FieldError,
     ProfileError,
     _is_number,
@@ -42,7 +44,7 @@ BUILD_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError)
 
 def _grow(trie: dict, node: Any) -> None:
     """Add ``node``'s fields to ``trie``: one level per key (list elements share ``ITEM``),
-    each level marked with what was seen there (``NUMBER``, ``OTHER``)."""
+    each level marked with what was seen there (``NUMBER``, ``TEXT``, ``OTHER``)."""
     if isinstance(node, Mapping):
         trie[OTHER] = True
         for key, item in node.items():
@@ -58,6 +60,8 @@ def _grow(trie: dict, node: Any) -> None:
             _grow(child, item)
     elif type(node) in (int, float):  # not bool: JSON's true and false are no numbers
         trie[NUMBER] = True
+    elif isinstance(node, str):
+        trie[TEXT] = True
     elif node is not None:
         trie[OTHER] = True
 

@@ -26,6 +26,7 @@ from calibration.profile_checks import check_tree
 from calibration.profile_schema import reference_fields
 from microbench.errors import UserError
 from microbench.records import load_dataframe, read_records
+from pdlsim.cli.main import main
 from tests.calibration.test_compute_model import write_records
 from tests.calibration.test_jitter_model import lognormal_table, write_jitter
 from tests.calibration.test_overlap_model import write_interference
@@ -295,3 +296,51 @@ def test_an_unknown_model_section_is_named_and_a_retired_one_is_read_past(profil
     doc["models"]["insitu"] = {"points": []}
     file.write_text(json.dumps(doc))
     assert "insitu" in load_profile(file).models
+
+
+_LOOP = ("models", "kernels", "loops", "adam", "2", "curves", 0)
+_PACKAGED_DAMAGE = {  # each passed loading and failed deep inside a prediction
+    "a list for a method's name": (
+        ("models", "overlap", "points", 0, "method"),
+        [],
+        "models.overlap.points[0].method: expected a string, got list",
+    ),
+    "a number for a method's name": (
+        ("models", "overlap", "points", 0, "method"),
+        -1e-9,
+        "models.overlap.points[0].method: expected a string, got float",
+    ),
+    "a run of 1e300": ((*_LOOP, "run"), 1e300, "curves[0].run: 1e+300 is past any measured"),
+    "a size of 1e300": ((*_LOOP, "elements", 0), 1e300, "elements[0]: 1e+300 is past any"),
+    "half a run": ((*_LOOP, "run"), 0.5, "loops.adam.2.curves[0].run: a run is a whole number"),
+    "a median of 0": (
+        ("models", "drift", "medians_s", "mlp-b16-t1", "check 2 of 4"),
+        0,
+        "models.drift.medians_s.mlp-b16-t1.check 2 of 4: a median time must be > 0, got 0",
+    ),
+    "a median of text": (  # the packaged profiles only hold numbers there
+        ("models", "drift", "medians_s", "mlp-b16-t1", "compute step"),
+        "fast",
+        'medians_s.mlp-b16-t1.compute step: expected a number, got "fast"',
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_PACKAGED_DAMAGE))
+def test_a_damaged_packaged_profile_is_one_line_before_any_simulation(tmp_path, capsys, case):
+    """A hand-edited copy of a packaged profile: a value of the wrong kind where the packaged
+    profiles only hold strings, a number past any measurement, or a median of zero (divided
+    by) is refused in one line naming the field, exit status 2, not a TypeError or a
+    ZeroDivisionError from the model that reads it."""
+    path, value, message = _PACKAGED_DAMAGE[case]
+    packaged = Path(profile_module.__file__).parent / "profiles" / "xeon-2core.json"
+    doc = json.loads(packaged.read_text())
+    _set(doc, path, value)
+    file = tmp_path / "edited.json"
+    file.write_text(json.dumps(doc))
+    argv = ["predict", "--nodes", "2", "--profile", str(file), "--iterations", "3"]
+    assert main([*argv, "--samples", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("pdlsim: error: ") and f"{file}: models." in err, err
+    assert message in err, err
