@@ -25,6 +25,7 @@ from pdlsim.prediction.checks import (
     check_bounds,
     check_epoch,
     check_memory,
+    check_work,
     layerwise_mode,
 )
 from pdlsim.prediction.config import PredictConfig, parse_rate, parse_time, resolve_profile
@@ -104,6 +105,7 @@ def check_config(cfg: PredictConfig) -> Workload:
     layerwise_mode(cfg)
     check_applicable(cfg)
     workload = Workload.load(cfg.model, cfg.tokens)
+    check_work(cfg, len(workload.layers), workload.name)
     check_epoch(cfg, dataset_samples(workload.name, cfg.dataset_samples))
     return workload
 

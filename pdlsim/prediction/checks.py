@@ -8,9 +8,10 @@
   :data:`MAX_FACTOR` either way, or buckets above :data:`MAX_BUCKET_MB`. A typo (``1e300``)
   would otherwise price steps of 1e300 seconds.
 * **Simulations that would run for hours**: more than :data:`MAX_ITERATIONS` simulated steps
-  or :data:`MAX_SAMPLES` band samples (each one a short simulation of its own). The mean step
-  settles within hundreds of steps; a count with extra zeros is refused at once, not after
-  hours of simulating.
+  or :data:`MAX_SAMPLES` band samples (each one a short simulation of its own), or more than
+  :data:`MAX_LAYER_STEPS` layer steps in all (:func:`check_work`: a deep network multiplies
+  counts that are each in range). The mean step settles within hundreds of steps; a count with
+  extra zeros is refused at once, not after hours of simulating.
 * **Power figures out of any real machine's range** (the Python API's values, which no flag
   parser has checked): watts above :data:`MAX_WATTS`, more than :data:`MAX_SOCKETS` sockets
   or :data:`MAX_CORES_PER_SOCKET` cores per socket.
@@ -43,6 +44,7 @@ __all__ = [
     "MAX_BUCKET_MB",
     "MAX_CORES_PER_SOCKET",
     "MAX_FACTOR",
+    "MAX_LAYER_STEPS",
     "MAX_SYNC_EVERY",
     "MAX_GPUS_PER_NODE",
     "MAX_NODES",
@@ -61,6 +63,7 @@ __all__ = [
     "check_cluster",
     "check_epoch",
     "check_factors",
+    "check_work",
     "check_memory",
     "check_power",
     "layerwise_mode",
@@ -75,6 +78,12 @@ MAX_THREADS = 1024
 # Simulated steps: 10,000 take seconds, 100,000 about a minute (the band adds --samples x 20).
 MAX_ITERATIONS = 100_000
 MAX_SAMPLES = 10_000  # band samples, each a simulation of min(--iterations, 20) steps
+BAND_ITERATIONS = 20  # the steps of each band sample, at most (pdlsim.prediction.core)
+# Layer steps one prediction may simulate (a layer's forward and backward on one step of one
+# simulation, per micro-batch in a pipeline): the simulator plays tens of thousands a second on
+# a small machine, so this is minutes. The step and sample counts above are each in range for a
+# small network, but a deep one (thousands of layers) multiplies them into hours.
+MAX_LAYER_STEPS = 10_000_000
 MAX_FACTOR = 1e6  # a what-if that scales a link or a rank a million-fold (either way) is a typo
 MAX_BUCKET_MB = 2.0**20  # 1 TiB: past any model's gradients (and any collective's size)
 MAX_SYNC_EVERY = 1000  # local SGD periods run to hundreds of steps; the simulator plays whole ones
@@ -103,6 +112,7 @@ def check_bounds(cfg: Any) -> None:
         ("--sync-every", cfg.sync_every, 1, MAX_SYNC_EVERY),
         ("--grad-accum", cfg.grad_accum, 1, MAX_BATCH),
         ("--step-time-accum", cfg.step_time_accum or 1, 1, MAX_BATCH),
+        ("--seed", cfg.seed, 0, None),  # the Python API's: numpy refuses a negative one deep down
     )
     for flag, value, least, most in checks:
         if value < least:
@@ -242,6 +252,32 @@ def samples_per_step(cfg: Any) -> int:
     if cfg.parallel == "pipeline":
         return max(1, ranks // (cfg.stages or 1)) * cfg.batch
     return ranks * cfg.batch * getattr(cfg, "grad_accum", 1)
+
+
+def check_work(cfg: Any, layers: int, name: str) -> None:
+    """Refuse a prediction of more than :data:`MAX_LAYER_STEPS` layer steps: the run and the
+    one-device baseline of ``--iterations`` steps each, and ``--samples`` band runs of
+    min(``--iterations``, :data:`BAND_ITERATIONS`), each rounded up to whole local SGD periods,
+    over the ``layers`` of workload ``name`` (and each pipeline micro-batch)."""
+    k = cfg.sync_every
+
+    def whole_periods(steps: int) -> int:
+        return -(-steps // k) * k + 1  # and the warm-up step
+
+    steps = 2 * whole_periods(cfg.iterations)
+    steps += cfg.samples * whole_periods(min(cfg.iterations, BAND_ITERATIONS))
+    micro = (cfg.microbatches or 1) if cfg.parallel == "pipeline" else 1
+    work = layers * steps * micro
+    if work > MAX_LAYER_STEPS:
+        what = f" x {micro:,} micro-batches" if micro > 1 else ""
+        fewer = ["--iterations", "--samples"] + ["--microbatches"] * (micro > 1)
+        fewer += ["--sync-every"] * (k > 1)
+        raise UserError(
+            f"{steps:,} simulated steps of the {layers:,} layers of workload {name}{what} are "
+            f"{work:,} layer steps, more than the {MAX_LAYER_STEPS:,} a prediction simulates "
+            f"in minutes; give a smaller {', '.join(fewer[:-1])} or {fewer[-1]} (the mean "
+            "step settles within hundreds of steps)"
+        )
 
 
 def check_epoch(cfg: Any, dataset: int) -> None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from microbench.errors import UserError
 from microbench.fileio import check_folder_exists, check_writable
 from pdlsim.prediction.build import build, check_config
-from pdlsim.prediction.checks import layerwise_mode
+from pdlsim.prediction.checks import BAND_ITERATIONS, layerwise_mode
 from pdlsim.prediction.config import PredictConfig, check_not_an_input
 from pdlsim.prediction.document import band_step_times, prediction_document
 from pdlsim.prediction.epoch import DATASET_SAMPLES, dataset_samples
@@ -46,8 +46,6 @@ __all__ = [
     "check_trace_path",
     "run_prediction",
 ]
-
-BAND_ITERATIONS = 20
 
 
 def check_trace_path(trace: str, cfg: PredictConfig | None = None) -> None:

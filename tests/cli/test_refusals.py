@@ -34,6 +34,15 @@ def _refused(capsys, *args: str) -> str:
         (["--batch", "40000"], "a step takes 80,000 samples, more than the epoch's 50,000"),
         (["--gpus", "4", "--batch", "16000", "--parallel", "pipeline", "--stages", "2",
           "--microbatches", "4"], "a step takes 64,000 samples"),  # 4 replicas of 16,000
+        # each count in range, their product hours of simulating
+        (["--model", "bert-large", "--gpus", "8", "--iterations", "100000"],
+         "200,422 simulated steps of the 248 layers of workload bert-large are 49,704,656 layer "
+         "steps, more than the 10,000,000"),
+        (["--samples", "10000", "--sync-every", "1000"],
+         "give a smaller --iterations, --samples or --sync-every"),
+        (["--gpus", "4", "--parallel", "pipeline", "--stages", "4", "--microbatches", "100000",
+          "--batch", "100000", "--model", "mlp", "--dataset-samples", "10000000"],
+         "workload mlp x 100,000 micro-batches are 373,200,000 layer steps"),
     ],
 )  # fmt: skip
 def test_out_of_range_configurations_are_refused_before_simulating(
@@ -42,6 +51,19 @@ def test_out_of_range_configurations_are_refused_before_simulating(
     nodes = [] if "--nodes" in args else ["--nodes", "2"]
     err = _refused(capsys, "predict", *nodes, *args)
     assert message in err
+
+
+def test_a_workload_of_many_layers_is_refused_before_hours_of_simulating(
+    capsys, no_simulation, tmp_path
+):
+    """20,000 layers at the default 100 steps and 20 band samples: 12 million layer steps."""
+    layers = [{"kind": "dense", "units": 4}, *[{"kind": "relu"}] * 20_000]
+    layers += [{"kind": "dense", "units": 2}, {"kind": "softmax_cross_entropy"}]
+    deep = tmp_path / "deep.json"
+    deep.write_text(json.dumps({"name": "deep", "input_shape": [8], "layers": layers}))
+    err = _refused(capsys, "predict", "--nodes", "2", "--model", str(deep))
+    assert "622 simulated steps of the 20,003 layers of workload deep" in err
+    assert "give a smaller --iterations or --samples" in err
 
 
 def test_a_layout_that_does_not_fit_a_gpu_is_refused_unless_asked_for(capsys, no_simulation):
