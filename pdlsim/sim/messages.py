@@ -63,44 +63,56 @@ def allgather_algorithm(nbytes: float, ranks: int) -> str:
 
 
 @lru_cache(maxsize=1024)
-def _pattern(name: str, ranks: int) -> tuple[tuple[float, tuple[int, ...]], ...]:
-    """Per step: the fraction of the total each rank sends and each rank's partner."""
+def _pattern(name: str, ranks: int) -> tuple[tuple[float, np.ndarray, int], ...]:
+    """Per run of identical steps: the fraction of the total each rank sends, each rank's
+    partner, and how many steps in a row do so. The ring's P - 1 steps are one run: a step
+    per rank, each classified over all P ranks, would take P^2 operations (hours for a
+    million ranks)."""
     src = np.arange(ranks)
     if name == "ring":
-        return ((1.0 / ranks, tuple((src + 1) % ranks)),) * (ranks - 1)
+        return ((1.0 / ranks, _frozen((src + 1) % ranks), ranks - 1),)
     steps = []
     distance = 1
     while distance < ranks:
         if name == "recursive_doubling":
-            steps.append((distance / ranks, tuple(src ^ distance)))
+            steps.append((distance / ranks, _frozen(src ^ distance), 1))
         else:  # bruck
             blocks = min(distance, ranks - distance)
-            steps.append((blocks / ranks, tuple((src - distance) % ranks)))
+            steps.append((blocks / ranks, _frozen((src - distance) % ranks), 1))
         distance <<= 1
     return tuple(steps)
 
 
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """``array``, read-only: :func:`_pattern`'s cache hands the same one to every caller."""
+    array.flags.writeable = False
+    return array
+
+
+@lru_cache(maxsize=256)
 def allgather_steps(nbytes: float, nodes: int, ranks_per_node: int) -> tuple[str, tuple[Step, ...]]:
-    """The algorithm and its steps (identical consecutive steps merged into repeats)."""
+    """The algorithm and its steps (identical consecutive steps merged into repeats); kept for
+    the next layer, band sample or step of the same size (each call looks at every rank)."""
     ranks = nodes * ranks_per_node
     name = allgather_algorithm(nbytes, ranks)
     if ranks == 1 or nbytes <= 0:
         return name, ()
     node_of = np.arange(ranks) // ranks_per_node
     steps: list[Step] = []
-    for fraction, partners in _pattern(name, ranks):
-        dst = np.asarray(partners)
+    for fraction, dst, repeat in _pattern(name, ranks):
         cross = node_of != node_of[dst]
         level = "inter" if cross.any() else "intra"
         flows = int(np.bincount(node_of[cross], minlength=nodes).max()) if cross.any() else 1
-        step = Step(fraction * nbytes, level, 0.0, flows, 1, f"allgather {name}")
+        step = Step(fraction * nbytes, level, 0.0, flows, repeat, f"allgather {name}")
         last = steps[-1] if steps else None
         if last is not None and (last.nbytes, last.level, last.flows) == (
             step.nbytes,
             step.level,
             step.flows,
         ):
-            steps[-1] = Step(last.nbytes, last.level, 0.0, last.flows, last.repeat + 1, last.phase)
+            steps[-1] = Step(
+                last.nbytes, last.level, 0.0, last.flows, last.repeat + repeat, last.phase
+            )
         else:
             steps.append(step)
     return name, tuple(steps)

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from microbench.workload import LayerInfo, sliced_dense, split_columns
+from microbench.workload import LayerInfo, sliced_dense
 
 from .cluster import LABEL_BYTES_PER_SAMPLE, Cluster, ConfigError, Scenario
 from .cost import CostModel, Placement, max_of_draws
@@ -141,6 +141,14 @@ def _group_placement(cluster: Cluster, ranks: int, algorithm: str | None) -> Pla
     raise ConfigError(f"tensor parallelism over {ranks} of {cluster.ranks} ranks is not modelled")
 
 
+def _slice_widths(units: int, parts: int) -> list[tuple[int, int]]:
+    """The widths of :func:`~microbench.workload.split_columns`' non-empty slices, each with how
+    many ranks hold one that wide: at most two, however many ranks (a list of a million slices
+    per layer would take longer than the simulation)."""
+    base, extra = divmod(units, parts)
+    return [(w, n) for w, n in ((base + 1, extra), (base, parts - extra)) if w > 0 and n > 0]
+
+
 def build_tensor_plan(
     cluster: Cluster,
     scenario: Scenario,
@@ -181,9 +189,8 @@ def build_tensor_plan(
             nbytes = float(batch * info.output_shape[0] * FLOAT_BYTES)
             name, timed = allgather_schedule(cost, nbytes, placement)
             seconds = sum(t.duration_s for t in timed) + sum(
-                cost.slice_copy_time(batch, hi - lo, threads, device)
-                for lo, hi in split_columns(info.output_shape[0], p)
-                if hi > lo
+                count * cost.slice_copy_time(batch, width, threads, device)
+                for width, count in _slice_widths(info.output_shape[0], p)
             )
             ops.append(TensorOp("allgather", info.name, "forward", seconds, nbytes, name))
     if not inference:

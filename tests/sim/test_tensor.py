@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
-from microbench.workload import Workload, load_workload
+from microbench.workload import Workload, load_workload, split_columns
 from pdlsim.cli.main import main
 from pdlsim.prediction.config import PredictConfig
 from pdlsim.prediction.core import run_prediction
@@ -203,6 +203,29 @@ def test_a_gather_is_the_allgather_then_one_copy_per_ranks_slice():
     )
     without = build_tensor_plan(cluster, Scenario(workload, batch), base)
     assert gather.time_s - without.comm_s("allgather") == pytest.approx(copies)
+
+
+def test_a_million_ranks_are_planned_in_seconds_with_every_slice_and_ring_step_counted():
+    """The ring allgather's P - 1 steps and each gather's P slice copies were looked at one by
+    one, each over all P ranks: P^2 operations, hours for --nodes 1000 --procs-per-node 1024."""
+    workload = Workload.from_dict(
+        {"name": "odd", "input_shape": [6], "layers": [
+            {"kind": "dense", "units": 10}, {"kind": "softmax_cross_entropy"}]}
+    )  # fmt: skip
+    base, batch = example_cost(), 8
+    for ranks in (3, 16):  # 4, 3, 3 columns; ten ranks of one column and six of none
+        plan = build_tensor_plan(
+            Cluster.cpus(1, ranks), Scenario(workload, batch), TimedCopies(base)
+        )
+        (gather,) = [op for op in plan.ops if op.kind == "allgather"]
+        copies = sum(batch * (hi - lo) * 1e-9 for lo, hi in split_columns(10, ranks))
+        expect = allgather_time(base, gather.nbytes, Placement(1, ranks)) + copies
+        assert gather.time_s == pytest.approx(expect, rel=1e-12)
+    name, timed = allgather_schedule(base, 4e6, Placement(1000, 1024))
+    assert name == "ring" and sum(t.step.repeat for t in timed) == 1000 * 1024 - 1
+    assert len(timed) <= 2  # the ring's steps as one run, not a million looked at one by one
+    plan = build_tensor_plan(Cluster.cpus(64, 64), Scenario(MLP, 8), base)
+    assert plan.comm_s("allgather") > 0
 
 
 def test_simulator_and_closed_form_agree_without_jitter():
