@@ -88,9 +88,9 @@ def _known(options: Mapping[str, Any], known: Iterable[str]) -> None:
 
 
 def _counts(name: str, values: int | Iterable[int]) -> tuple[int, ...]:
-    """One integer or a non-empty list of them, as a tuple of ints."""
-    if isinstance(values, (int, float)) or type(values).__module__ == "numpy":
-        return (check_integer(name, values),)
+    """One integer or a non-empty list of them (a numpy array too), as a tuple of ints."""
+    if not isinstance(values, Iterable) or getattr(values, "ndim", None) == 0:
+        return (check_integer(name, values),)  # a number, numpy's or a 0-d array
     return check_integers(name, values)
 
 

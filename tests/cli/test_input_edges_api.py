@@ -93,6 +93,21 @@ def test_numpy_integers_and_whole_floats_are_taken_as_the_integers_they_are():
     assert cfg.checkpoint_every == "100"
 
 
+def test_numpy_arrays_are_taken_as_the_lists_they_hold():
+    """``np.arange`` for the node counts was "nodes must be an integer, got ndarray"."""
+    rows = pdlsim.collective("allreduce", np.array([2**10, 2**20]), nodes=2)["rows"]
+    assert [row["size_bytes"] for row in rows] == [2**10, 2**20]
+    table = pdlsim.sweep("mlp", nodes=np.arange(1, 3), batches=np.array([16]), **FAST)
+    assert list(table["nodes"]) == [1, 2] and list(table["batch"]) == [16, 16]
+
+
+def test_a_negative_seed_from_a_script_is_named():
+    """No flag parser has seen it: numpy's own "expected non-negative integer" named nothing."""
+    with pytest.raises(UserError, match="^--seed must be at least 0, got -1$") as info:
+        pdlsim.predict("mlp", seed=-1, **FAST)
+    one_line(info)
+
+
 def test_every_setting_of_a_prediction_has_its_type_checked():
     checked = {f.name for f in fields(PredictConfig)} - CHECKED_ELSEWHERE
     assert checked_types(PredictConfig()) == {}  # the defaults are canonical already
