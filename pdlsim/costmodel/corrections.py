@@ -32,9 +32,14 @@ def parse_corrections(text: str) -> frozenset[str]:
         return frozenset(CORRECTIONS)
     if text == "none":
         return frozenset()
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CORRECTIONS]
-    if unknown or not names:
+    names = [n.strip() for n in text.split(",")]
+    if "" in names and text:
+        raise UserError(
+            f"correction list {text!r} has an empty name (two commas, or one at an end); "
+            f"name each of {', '.join(CORRECTIONS)} once"
+        )
+    unknown = [n for n in names if n and n not in CORRECTIONS]
+    if unknown or not any(names):
         raise UserError(
             f"unknown correction(s) {', '.join(unknown) or repr(text)}; use none, all or a "
             f"comma-separated list of {', '.join(CORRECTIONS)}"

@@ -44,8 +44,10 @@ def parse_rate(text: str, flag: str = "") -> float:
     :data:`RATE_RANGE_BYTES_PER_S`; ``flag`` names the option in an error."""
     where = f"{flag}: " if flag else ""
     m = _RATE.match(text)
-    if not m or float(m.group(1)) <= 0:
+    if not m:
         raise UserError(f"{where}expected a bandwidth like 25GB/s or 100Gb/s, got '{text}'")
+    if float(m.group(1)) <= 0:
+        raise UserError(f"{where}a bandwidth must be above 0, got '{text}'")
     value = float(m.group(1)) * _PREFIX[m.group(2)]
     rate = value if m.group(3) == "B" else value / 8
     low, high = RATE_RANGE_BYTES_PER_S

@@ -46,11 +46,11 @@ def parse_compression(text: str | None) -> tuple[str, float | None] | None:
     ("topk", 0.05); ``"topk"`` -> ("topk", 0.01). Anything else: :class:`ConfigError`."""
     if text is None or text == "none":
         return None
-    name, _, value = text.partition(":")
-    if name == "fp16" and not value:
+    name, sep, value = text.partition(":")
+    if name == "fp16" and not sep:
         return "fp16", None
     if name == "topk":
-        if not value:
+        if not sep:
             return "topk", DEFAULT_TOPK_DENSITY
         try:
             density = float(value)

@@ -143,7 +143,7 @@ def test_the_profiles_storage_model_prices_checkpoints_when_no_flags_say(tmp_pat
         ("parse_time", "1e300h", "out of range"),
         ("parse_rate", "1e400GB/s", "out of range"),
         ("parse_rate", "1e-300GB/s", "out of range"),  # a 300-digit step time
-        ("parse_rate", "0GB/s", "expected a bandwidth like"),
+        ("parse_rate", "0GB/s", "a bandwidth must be above 0, got '0GB/s'"),
         ("parse_rate", "1..2GB/s", "expected a bandwidth like"),  # no number float() reads
         ("parse_time", "1.2.3ms", "expected a time like"),
     ],

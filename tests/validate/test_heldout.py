@@ -109,6 +109,9 @@ def test_corrections_parse_and_ablations_take_each_out():
     assert parse_corrections("glue, colocation") == {"glue", "colocation"}
     with pytest.raises(UserError, match="unknown correction"):
         parse_corrections("glue,magic")
+    for text in ("glue,,interplay", "glue,", ","):  # a typo, not a shorter list
+        with pytest.raises(UserError, match="has an empty name"):
+            parse_corrections(text)
     sets = ablation_sets("all")
     assert {"all", "none"} <= set(sets) and len(sets) == 2 + len(CORRECTIONS)
     assert parse_corrections(sets["all - glue"]) == frozenset(CORRECTIONS) - {"glue"}
