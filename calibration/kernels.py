@@ -88,6 +88,19 @@ def _first(rows: pd.DataFrame, column: str) -> str | None:
     return str(values.iloc[0]) if len(values) else None
 
 
+def _without_retimed_firsts(gemm: pd.DataFrame) -> pd.DataFrame:
+    """``gemm`` less each point its sweep timed again (``retimed``: it had stalled, see
+    :func:`microbench.kernelbench.run_kernels`): the re-timing stands in for it."""
+    if "params.retimed" not in gemm or not gemm["params.retimed"].eq(True).any():
+        return gemm
+    keys = ["source", "params.layout", "params.threads", *_GEMM_DIMS]
+    again = gemm["params.retimed"].eq(True).to_numpy()
+    rows = list(gemm[keys].itertuples(index=False, name=None))
+    redone = {row for row, retimed in zip(rows, again, strict=True) if retimed}
+    superseded = [not r and row in redone for row, r in zip(rows, again, strict=True)]
+    return gemm[~np.array(superseded, dtype=bool)]
+
+
 def _medians(rows: pd.DataFrame) -> np.ndarray:
     return np.array([float(np.median(s)) for s in rows["samples"]])
 
@@ -127,7 +140,7 @@ class KernelModel:
         rows = measured[measured["benchmark"] == "kernels"]
         if rows.empty:
             raise UserError("no kernel sweep records to fit the kernel model from")
-        gemm = rows[rows["name"] == "gemm"]
+        gemm = _without_retimed_firsts(rows[rows["name"] == "gemm"])
         small = small_gemm_rules(*(_first(gemm, f"machine.blas.{k}") for k in _BLAS_KEYS))
         self.gemm_: dict[tuple[str, int], GemmTable] = {}
         triples = rows[rows["name"] == "gemm_alias"]

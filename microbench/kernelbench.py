@@ -39,7 +39,9 @@ workloads, batches and thread counts it never ran:
 
 Points run in a shuffled order (seeded), so that a slow spell of a shared machine lands on
 scattered shapes rather than on one neighbourhood of the grid, and the thread counts take
-turns in blocks of points, so that it lands on every count alike. Each point is sampled under
+turns in blocks of points, so that it lands on every count alike. A GEMM above one thread
+far slower than at one thread stalled on a descheduled core and is timed again at the end
+(``retimed``; the kernel model takes that record instead). Each point is sampled under
 :mod:`microbench.sampling` and written as one record at once.
 
 Record params (benchmark "kernels"; all carry ``threads``):
@@ -211,6 +213,10 @@ class KernelPlan:
 
 
 TURN_POINTS = 25  # points a thread count runs before the next count takes its turn
+# A GEMM above one thread slower than this many times itself at one thread, plus this, waited
+# for a descheduled core and is timed again (run_kernels).
+STALL_FACTOR = 2.0
+STALL_ALLOWANCE_S = 100e-6
 
 
 class _Pool:
@@ -355,7 +361,51 @@ def run_kernels(
                 for point in unit:
                     results += _run_point(plan, threads, point, compiled[threads], writer,
                                           progress)  # fmt: skip
-    return results
+    return results + _retime_stalled(plan, queues, results, writer, progress)
+
+
+def _retime_stalled(
+    plan: KernelPlan,
+    queues: dict[int, list[list[tuple[str, dict[str, Any], Any]]]],
+    results: list[Measurement],
+    writer: RecordWriter | None,
+    progress: TextIO | None,
+) -> list[Measurement]:
+    """Time again, now, each GEMM point above one thread that took more than
+    :data:`STALL_FACTOR` x the same GEMM at one thread plus :data:`STALL_ALLOWANCE_S`: more
+    threads share the work, and their wake-up costs tens of microseconds, so such a point
+    waited for a descheduled core (a few milliseconds of a shared machine's steal stall every
+    sample of a short point, which all fall within a millisecond). Its record is written again
+    with ``retimed: true``, which the kernel model takes in place of the first."""
+    alone = {
+        _gemm_key(m.params): m.median
+        for m in results
+        if m.name == "gemm" and m.params["threads"] == 1
+    }
+    points = {
+        (threads, _gemm_key(point[1])): point
+        for threads, units in queues.items()
+        for unit in units
+        for point in unit
+        if point[0] == "gemm"
+    }
+    stalled = [
+        m for m in results
+        if m.name == "gemm" and m.params["threads"] > 1 and _gemm_key(m.params) in alone
+        and m.median > STALL_FACTOR * alone[_gemm_key(m.params)] + STALL_ALLOWANCE_S
+    ]  # fmt: skip
+    out: list[Measurement] = []
+    for threads in sorted({m.params["threads"] for m in stalled}):
+        set_threads(threads)
+        for m in (m for m in stalled if m.params["threads"] == threads):
+            name, params, make = points[(threads, _gemm_key(m.params))]
+            point = (name, {**params, "retimed": True}, make)
+            out += _run_point(plan, threads, point, set(), writer, progress)
+    return out
+
+
+def _gemm_key(params: dict[str, Any]) -> tuple[Any, ...]:
+    return params["layout"], params["m"], params["n"], params["k"]
 
 
 def _run_point(

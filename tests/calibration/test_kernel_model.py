@@ -71,6 +71,7 @@ def test_thread_counts_take_turns_so_a_slow_spell_lands_on_each(monkeypatch):
     import microbench.kernelbench as kernelbench
 
     monkeypatch.setattr(kernelbench, "TURN_POINTS", 7)
+    monkeypatch.setattr(kernelbench, "STALL_FACTOR", math.inf)  # no point timed again
     set_to: list[int] = []
     monkeypatch.setattr(kernelbench, "set_threads", set_to.append)
     plan = dataclasses.replace(TINY, threads=(1, 2), step_networks=0)
@@ -82,6 +83,44 @@ def test_thread_counts_take_turns_so_a_slow_spell_lands_on_each(monkeypatch):
     halves = done[: len(done) // 2], done[len(done) // 2 :]
     for t in (1, 2):  # spread over the whole sweep, not one count after the other
         assert abs(halves[0].count(t) - halves[1].count(t)) <= 7
+
+
+def test_a_two_thread_gemm_that_stalled_is_timed_again_and_the_retiming_stands(
+    monkeypatch, tmp_path
+):
+    """A point at two threads 50x its one-thread time (it waited for a descheduled core) is
+    timed again after the sweep; the kernel model prices the shape from the re-timing."""
+    import dataclasses
+
+    import microbench.kernelbench as kernelbench
+
+    stalled = ("nn", 16, 256, 16)
+    real = kernelbench.measure
+
+    def measure(repetition, policy, **labels):
+        m = real(repetition, policy, **labels)
+        p = labels["params"]
+        if (
+            labels["name"] == "gemm"
+            and p["threads"] == 2
+            and not p.get("retimed")
+            and ((p["layout"], p["m"], p["n"], p["k"]) == stalled)
+        ):
+            return dataclasses.replace(m, samples=m.samples * 50 + 1e-3)
+        return m
+
+    monkeypatch.setattr(kernelbench, "measure", measure)
+    plan = dataclasses.replace(TINY, threads=(1, 2), step_networks=0)
+    out = tmp_path / "run"
+    with RecordWriter(out / "kernels.jsonl", machine_metadata(), {"command": "test"}) as writer:
+        done = run_kernels(plan, writer)
+    again = [m for m in done if m.params.get("retimed")]
+    assert stalled in [(m.params["layout"], m.params["m"], m.params["n"], m.params["k"])
+                       for m in again if m.params["threads"] == 2]  # fmt: skip
+    assert all(m.params["threads"] == 2 and m.name == "gemm" for m in again)
+    model = KernelModel().fit(load_dataframe(out, type="measurement"))
+    call = KernelCall("gemm_nn", stalled[1:], 0, "forward")
+    assert model.call_s(call, 2) < 2 * model.call_s(call, 1) + 1e-4
 
 
 def test_data_dependent_loops_read_fresh_data_each_call():
