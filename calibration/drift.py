@@ -75,7 +75,7 @@ from scipy import stats
 from microbench.jitter import FORWARD_NAME
 from microbench.op_records import INFERENCE_WITH_GATHER, STEP_WITH_GATHER
 
-from .profile_checks import FieldError, shown
+from .profile_checks import FieldError, is_number, shown
 from .stats import Interval
 
 __all__ = ["COMPUTE_MOMENT", "DriftModel"]
@@ -261,7 +261,7 @@ def _medians(doc: Any, field: str) -> dict[str, dict[str, float]]:
         if not isinstance(moments, Mapping):
             raise FieldError(f"{field}.{key}", f"must be an object, got {shown(moments)}")
         for moment, median in moments.items():
-            if isinstance(median, bool) or not isinstance(median, (int, float)) or median <= 0:
+            if not is_number(median) or median <= 0:
                 raise FieldError(
                     f"{field}.{key}.{moment}", f"a median time must be > 0, got {median!r}"
                 )

@@ -93,12 +93,11 @@ def _without_retimed_firsts(gemm: pd.DataFrame) -> pd.DataFrame:
     :func:`microbench.kernelbench.run_kernels`): the re-timing stands in for it."""
     if "params.retimed" not in gemm or not gemm["params.retimed"].eq(True).any():
         return gemm
-    keys = ["source", "params.layout", "params.threads", *_GEMM_DIMS]
+    keys = pd.MultiIndex.from_frame(
+        gemm[["source", "params.layout", "params.threads", *_GEMM_DIMS]]
+    )
     again = gemm["params.retimed"].eq(True).to_numpy()
-    rows = list(gemm[keys].itertuples(index=False, name=None))
-    redone = {row for row, retimed in zip(rows, again, strict=True) if retimed}
-    superseded = [not r and row in redone for row, r in zip(rows, again, strict=True)]
-    return gemm[~np.array(superseded, dtype=bool)]
+    return gemm[again | ~keys.isin(keys[again])]
 
 
 def _medians(rows: pd.DataFrame) -> np.ndarray:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .kernel_tables import VECTOR_FLOATS, five_digits
-from .profile_checks import FieldError
+from .profile_checks import FieldError, is_number
 
 __all__ = ["LoopTable"]
 
@@ -166,11 +166,6 @@ MAX_COUNT = 2**53  # elements or a run of one loop: past any array, and exact as
 
 def _count(value: Any, field: str, what: str) -> int:
     """``value`` as a whole count from 1 to :data:`MAX_COUNT`, else a :class:`FieldError`."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not 1 <= value <= MAX_COUNT
-        or value != int(value)
-    ):
+    if not is_number(value) or not 1 <= value <= MAX_COUNT or value != int(value):
         raise FieldError(field, f"{what} is a whole number from 1 to 2**53, got {value!r}")
     return int(value)

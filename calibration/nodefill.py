@@ -41,7 +41,7 @@ import pandas as pd
 
 from microbench.errors import UserError
 
-from .profile_checks import FieldError, _is_number, shown
+from .profile_checks import FieldError, is_number, shown
 
 __all__ = ["NodeFill", "fit_node_fill"]
 
@@ -168,7 +168,7 @@ def _list_of(field: str, values: Any, test: Any, kind: str) -> None:
         raise FieldError(field, f"must be a list, got {shown(values)}")
     for i, value in enumerate(values):
         if not test(value):
-            got = json.dumps(value) if value is None or _is_number(value) else shown(value)
+            got = json.dumps(value) if value is None or is_number(value) else shown(value)
             raise FieldError(f"{field}[{i}]", f"must be {kind}, got {got}")
 
 
@@ -186,7 +186,7 @@ def _levels(values: Any) -> tuple[int, ...]:
 def _checked(field: str, values: Any, levels: tuple[int, ...]) -> tuple[float, ...]:
     """``values``: one finite slowdown > 0 per level, 1 at the first (one process against
     itself)."""
-    _list_of(field, values, _is_number, "a number")
+    _list_of(field, values, is_number, "a number")
     if len(values) != len(levels):
         raise FieldError(field, f"holds {len(values)} values for the {len(levels)} levels; "
                          "give one per level")  # fmt: skip

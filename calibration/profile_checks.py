@@ -38,6 +38,7 @@ __all__ = [
     "TEXT",
     "check_models",
     "check_tree",
+    "is_number",
     "shown",
 ]
 
@@ -88,13 +89,14 @@ def _join(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A plain JSON number: an int or a float, not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _numbers_only(items: list | tuple) -> bool:
     """Whether every element is a plain JSON number (int or float, not bool)."""
-    return all(map(_is_number, items))
+    return all(map(is_number, items))
 
 
 def _check_unit(source: str, field: str, name: str, value: float) -> None:
@@ -114,7 +116,7 @@ def _interval_bounds(source: str, field: str, interval: Any) -> tuple[float, flo
         low, high = interval
     else:
         raise ProfileError(source, field, "an interval must be {low, high} or [low, high]")
-    if not (_is_number(low) and _is_number(high)):
+    if not (is_number(low) and is_number(high)):
         raise ProfileError(source, field, "interval bounds must be numbers")
     if low > high:
         raise ProfileError(source, field, f"interval low {low!r} is above high {high!r}")
@@ -123,7 +125,7 @@ def _interval_bounds(source: str, field: str, interval: Any) -> tuple[float, flo
 
 def _check_contains(source: str, field: str, value: Any, interval: Any) -> None:
     low, high = _interval_bounds(source, field, interval)
-    if not _is_number(value):
+    if not is_number(value):
         return
     slack = _REL_TOL * max(abs(low), abs(high), abs(value))
     if not low - slack <= value <= high + slack:
@@ -137,7 +139,7 @@ def _value_of(node: Mapping[str, Any], stem: str) -> str | None:
     key that is ``stem`` with a unit (``alpha_ci`` -> ``alpha_s``)."""
     if stem in node:
         return stem
-    found = [k for k, v in node.items() if k.startswith(stem + "_") and _is_number(v)]
+    found = [k for k, v in node.items() if k.startswith(stem + "_") and is_number(v)]
     return found[0] if len(found) == 1 else None
 
 
@@ -183,7 +185,7 @@ def check_tree(
     ``"time_s": [..]`` checks every element as a time).
     """
     _check_kind(source, path, node, example)
-    if _is_number(node):
+    if is_number(node):
         if not math.isfinite(node):
             raise ProfileError(source, path, f"{node!r} is not a finite number")
         _check_size(source, path, node)
@@ -201,10 +203,10 @@ def check_tree(
         if _numbers_only(node) and all(map(math.isfinite, node)):
             if node:
                 _check_kind(source, _join(path, 0), node[0], sub)
-            if node:
-                _check_size(source, _join(path, 0), max(node, key=abs))
-            if node and (low := min(node)) <= 0:  # the sign rule, on the smallest value
-                _check_unit(source, _join(path, node.index(low)), name, low)
+                big = max(node, key=abs)
+                _check_size(source, _join(path, node.index(big)), big)
+                if (low := min(node)) <= 0:  # the sign rule, on the smallest value
+                    _check_unit(source, _join(path, node.index(low)), name, low)
             return  # a long table of numbers is checked without a call per value
         for i, item in enumerate(node):
             check_tree(source, item, _join(path, i), name, sub)
@@ -226,7 +228,7 @@ def _check_kind(source: str, path: str, node: Any, example: Mapping | None) -> N
     number, or a string."""
     if node is None or example is None or OTHER in example:
         return
-    if NUMBER in example and TEXT not in example and not _is_number(node):
+    if NUMBER in example and TEXT not in example and not is_number(node):
         raise ProfileError(source, path, f"expected a number, got {shown(node)}")
     if TEXT in example and NUMBER not in example and not isinstance(node, str):
         raise ProfileError(source, path, f"expected a string, got {shown(node)}")

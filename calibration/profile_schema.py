@@ -30,9 +30,9 @@ from .profile_checks import (
     TEXT,
     FieldError,
     ProfileError,
-    _is_number,
     _join,
     _numbers_only,
+    is_number,
     shown,
 )
 
@@ -193,7 +193,7 @@ def explain_build_failure(
         null = _first_null(value, field) if "NoneType" in str(exc) else None
         if null is not None:  # read whole (a ** or a copy), so the trail stopped above it
             return ProfileError(source, null, "null where a value belongs")
-        if not _is_number(value) and isinstance(exc, (TypeError, ValueError)):
+        if not is_number(value) and isinstance(exc, (TypeError, ValueError)):
             return ProfileError(source, field, f"unusable value {shown(value)} ({exc})")
         return ProfileError(source, field, f"unusable ({type(exc).__name__}: {exc})")
     return ProfileError(source, path, f"unusable ({type(exc).__name__}: {exc})")

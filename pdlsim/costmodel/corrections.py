@@ -33,13 +33,13 @@ def parse_corrections(text: str) -> frozenset[str]:
     if text == "none":
         return frozenset()
     names = [n.strip() for n in text.split(",")]
-    if "" in names and text:
+    if len(names) > 1 and "" in names:
         raise UserError(
             f"correction list {text!r} has an empty name (two commas, or one at an end); "
             f"name each of {', '.join(CORRECTIONS)} once"
         )
-    unknown = [n for n in names if n and n not in CORRECTIONS]
-    if unknown or not any(names):
+    unknown = [n for n in names if n not in CORRECTIONS]
+    if unknown:
         raise UserError(
             f"unknown correction(s) {', '.join(unknown) or repr(text)}; use none, all or a "
             f"comma-separated list of {', '.join(CORRECTIONS)}"

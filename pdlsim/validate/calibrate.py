@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
+from microbench.threads import oversubscription
 
 __all__ = [
     "CALIBRATION_PROCS",
@@ -72,7 +73,7 @@ def unread_stages(modes: Any, cores: int) -> tuple[str, ...]:
     """The benchmark stages whose models no validated prediction reads: gradient compression
     (no configuration compresses), and the node fill unless a configuration that fits the
     ``cores`` runs more ranks than the calibration (its straggler term starts above them)."""
-    ranks = max((p for p, t in modes if p * t <= cores), default=1)
+    ranks = max((p for p, t in modes if oversubscription(p, t, cores) is None), default=1)
     return ("compression",) + (("nodefill",) if ranks <= max(CALIBRATION_PROCS) else ())
 
 
