@@ -4,6 +4,7 @@ left out; it travels through a profile to predict."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -43,6 +44,20 @@ TINY = KernelPlan(
     step_networks=2,
     step_rounds=2,
 )
+# TINY's GEMM grid and one shape of each loop kind, at one and two threads: the sweep's order at
+# two thread counts, in a second rather than TINY's ten.
+TWO_COUNTS = dataclasses.replace(
+    TINY,
+    threads=(1, 2),
+    gemm_ragged_dims=(),
+    gemm_partner_dims=(),
+    gemm_alias_n=(),
+    gemm_alias_mk=(),
+    loop_elements=(64,),
+    channel_runs=(1,),
+    im2col_shapes=((3, 1, 1),),
+    step_networks=0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,16 +81,13 @@ def test_any_workloads_calls_are_priced(sweep, name):
 def test_thread_counts_take_turns_so_a_slow_spell_lands_on_each(monkeypatch):
     """Each count runs blocks of about TURN_POINTS points in turn, sized so that the counts end
     together, and every point of each is measured once, at its own count."""
-    import dataclasses
-
     import microbench.kernelbench as kernelbench
 
     monkeypatch.setattr(kernelbench, "TURN_POINTS", 7)
     monkeypatch.setattr(kernelbench, "STALL_FACTOR", math.inf)  # no point timed again
     set_to: list[int] = []
     monkeypatch.setattr(kernelbench, "set_threads", set_to.append)
-    plan = dataclasses.replace(TINY, threads=(1, 2), step_networks=0)
-    done = [m.params["threads"] for m in run_kernels(plan, None)]
+    done = [m.params["threads"] for m in run_kernels(TWO_COUNTS, None)]
     runs = [len(list(g)) for _, g in itertools.groupby(done)]
     assert set_to[:4] == [1, 2, 1, 2] and len(set_to) == len(runs)
     assert max(runs) <= 7 + 2 and len(runs) >= 4  # a stride triple is not split
@@ -90,8 +102,6 @@ def test_a_two_thread_gemm_that_stalled_is_timed_again_and_the_retiming_stands(
 ):
     """A point at two threads 50x its one-thread time (it waited for a descheduled core) is
     timed again after the sweep; the kernel model prices the shape from the re-timing."""
-    import dataclasses
-
     import microbench.kernelbench as kernelbench
 
     stalled = ("nn", 16, 256, 16)
@@ -110,10 +120,9 @@ def test_a_two_thread_gemm_that_stalled_is_timed_again_and_the_retiming_stands(
         return m
 
     monkeypatch.setattr(kernelbench, "measure", measure)
-    plan = dataclasses.replace(TINY, threads=(1, 2), step_networks=0)
     out = tmp_path / "run"
     with RecordWriter(out / "kernels.jsonl", machine_metadata(), {"command": "test"}) as writer:
-        done = run_kernels(plan, writer)
+        done = run_kernels(TWO_COUNTS, writer)
     again = [m for m in done if m.params.get("retimed")]
     assert stalled in [(m.params["layout"], m.params["m"], m.params["n"], m.params["k"])
                        for m in again if m.params["threads"] == 2]  # fmt: skip
