@@ -151,37 +151,30 @@ def test_unreadable_record_directories_are_one_line_errors(tmp_path, make, messa
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-def test_calibrating_the_same_run_twice_reads_only_records(calibrated_run, tmp_path):
+def test_calibrating_a_calibrated_run_again_reads_only_records_and_pools_earlier_sweeps(
+    calibrated_run, tmp_path
+):
     """The profile, plots and Extra-P file land in the run directory by default; a second
-    calibration of that directory must skip them, not choke on them."""
+    calibration of that directory skips them. A kernel sweep of an earlier run pools into the
+    kernel model alone: every other fit is the first calibration's."""
     assert calibrated_run[1].returncode == 0, calibrated_run[1].stderr
     run_dir = tmp_path / "run"
     shutil.copytree(calibrated_run[0], run_dir)
     first = json.loads((run_dir / "profile.json").read_text())
-    result = run_pdlsim("calibrate", "--from", str(run_dir), "--bootstrap", "5", timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert "extrap.jsonl: not a pdlsim.records file, skipped" in result.stdout
-    second = json.loads((run_dir / "profile.json").read_text())
-    assert second["models"] == first["models"]  # the same records, the same fits
-
-
-def test_kernel_sweeps_of_earlier_runs_pool_into_the_kernel_model_alone(
-    quick_bench_run, calibrated_run, tmp_path
-):
-    run_dir, _ = quick_bench_run
-    assert calibrated_run[1].returncode == 0, calibrated_run[1].stderr
     earlier = tmp_path / "earlier"
     shutil.copytree(run_dir / "ranks1", earlier / "ranks1")  # a second moment's sweep
-    one, two = calibrated_run[0] / "profile.json", tmp_path / "two.json"
     done = run_pdlsim("calibrate", "--from", str(run_dir), "--kernels-from", str(earlier),
-                      "--out", str(two), "--bootstrap", "5", timeout=300)  # fmt: skip
+                      "--bootstrap", "5", timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    a, b = (json.loads(p.read_text()) for p in (one, two))
-    for threads, terms in a["models"]["kernels"]["step_terms"].items():
-        pooled = b["models"]["kernels"]["step_terms"][threads]["points"]
+    assert "extrap.jsonl: not a pdlsim.records file, skipped" in done.stdout
+    second = json.loads((run_dir / "profile.json").read_text())
+    for threads, terms in first["models"]["kernels"]["step_terms"].items():
+        pooled = second["models"]["kernels"]["step_terms"][threads]["points"]
         assert len(pooled) == 2 * len(terms["points"])
-    assert any(s["path"].startswith(str(earlier)) for s in b["sources"])
-    assert a["models"]["collectives"] == b["models"]["collectives"]  # nothing else pooled
+    assert any(s["path"].startswith(str(earlier)) for s in second["sources"])
+    for name, fit in first["models"].items():
+        if name != "kernels":
+            assert second["models"][name] == fit, name  # the same records, the same fits
 
 
 def test_kernel_sweeps_from_elsewhere_are_one_line_errors_before_any_profile(
