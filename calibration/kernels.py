@@ -24,6 +24,10 @@ holds measured terms, each with a physical meaning and its own benchmark:
   BLAS kernel's boundary past the grid does not set the width of every band). A call priced
   ``d`` log units beyond its table carries ``beyond_sigma * d`` of log error
   (:meth:`KernelModel.beyond_sigma`), which the band adds to the step's.
+* **The law beyond the swept thread counts** (:attr:`KernelModel.thread_law_`,
+  :mod:`calibration.thread_law`): a call at more threads than the sweep ran follows Amdahl's
+  law from its two largest counts, with a log error per log unit of threads beyond them,
+  scored on the machine where the sweep ran three counts or more and assumed otherwise.
 
 **Its own generalisation** (:attr:`KernelModel.quality_`, the profile's fit quality): the
 tables' neighbour errors pooled per family (each grid point predicted from its neighbours,
@@ -40,7 +44,8 @@ are the same by construction.
      "gemm": {"<layout>": {"<threads>": GemmTable.to_dict()}},
      "loops": {"<variant>": {"<threads>": LoopTable.to_dict()}},
      "step_terms": {"<threads>": StepTerms.to_dict()},
-     "beyond_sigma_per_log": {"gemm": float, "loops": float}}
+     "beyond_sigma_per_log": {"gemm": float, "loops": float},
+     "thread_law": {"sigma_per_log": float, "points": int, "source": "scored" | "assumed"}}
 
 ``quality_dict()`` (the profile's ``fit_quality.kernels``)::
 
@@ -54,7 +59,8 @@ are the same by construction.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -68,9 +74,10 @@ from .gemm_alias import AliasLaw
 from .gemm_regimes import SmallGemm, small_gemm_rules
 from .kernel_tables import GemmTable
 from .loop_table import LoopTable
-from .profile_checks import FieldError
+from .profile_checks import FieldError, is_number
 from .stats import fit_quality, robust_rms
 from .step_terms import StepTerms, fit_step_terms
+from .thread_law import ASSUMED_SIGMA_PER_LOG, extrapolate, score
 
 __all__ = ["KernelModel"]
 
@@ -124,6 +131,28 @@ def _alias_law(rows: pd.DataFrame, small: SmallGemm | None) -> AliasLaw | None:
     return AliasLaw.fit(triples) if triples else None
 
 
+# A sweep of fewer than three thread counts cannot score the thread law: its stated assumption.
+_ASSUMED_THREAD_LAW = {"sigma_per_log": ASSUMED_SIGMA_PER_LOG, "points": 0, "source": "assumed"}
+
+
+def _thread_law(doc: Any) -> dict[str, Any]:
+    """A profile's ``thread_law`` (a profile from before it: the assumption)."""
+    if doc is None:
+        return dict(_ASSUMED_THREAD_LAW)
+    sigma = doc.get("sigma_per_log") if isinstance(doc, dict) else None
+    if not is_number(sigma) or not math.isfinite(sigma) or sigma < 0:
+        raise FieldError("thread_law.sigma_per_log", "must be a number >= 0")
+    return {**_ASSUMED_THREAD_LAW, **doc, "sigma_per_log": float(sigma)}
+
+
+def _at_counts(
+    tables: dict[tuple[str, int], Any], key: str, coordinates: Sequence[float]
+) -> Callable[[int], float]:
+    """``price(count)``: the seconds of ``key``'s table at that thread count at
+    ``coordinates``."""
+    return lambda threads: tables[(key, threads)].time_s(*coordinates)
+
+
 def _nearest_threads(have: Sequence[int], threads: int) -> int:
     below = [t for t in have if t <= threads]
     return max(below) if below else min(have)
@@ -169,6 +198,7 @@ class KernelModel:
         self.legacy_spread_: dict[str, float] | None = None
         self._score_tables()
         self._fit_beyond()
+        self._fit_thread_law()
         steps = rows[rows["name"].isin(["step", "step_alone"])]
         self.steps_, step_quality = fit_step_terms(steps, self._priced)
         if step_quality:
@@ -220,19 +250,49 @@ class KernelModel:
                 "median_distance_log": float(np.median(pairs[:, 1])),
             }
 
-    def beyond_sigma(self, call: KernelCall, threads: int) -> float:
-        """The log error ``call`` carries for being priced beyond its table's grid: its
-        family's :attr:`beyond_sigma_` times its distance (0 inside the grid, or for a profile
-        without the figure)."""
-        gemm = call.kernel.startswith("gemm_")
-        sigma = self.beyond_sigma_.get("gemm" if gemm else "loops", 0.0)
-        if not sigma:
-            return 0.0
-        if gemm:
-            return sigma * self._table(self.gemm_, call.kernel[5:], threads).beyond_log(*call.dims)
+    def _fit_thread_law(self) -> None:
+        """:attr:`thread_law_`: every table's points at its largest thread count priced from
+        the two counts below it, where the sweep ran three or more (module docstring)."""
+        cases = []
+        for tables in (self.gemm_, self.loops_):
+            for key in {k for k, _ in tables}:
+                counts = [t for k, t in tables if k == key]
+                top = tables[(key, max(counts))]
+                points = (
+                    top.points
+                    if isinstance(top, GemmTable)
+                    else [(e, run) for run, (elements, _) in top.curves.items() for e in elements]
+                )
+                cases += [(counts, _at_counts(tables, key, p)) for p in points]
+        sigma, points = score(cases)
+        self.thread_law_ = (
+            {"sigma_per_log": sigma, "points": points, "source": "scored"}
+            if points
+            else _ASSUMED_THREAD_LAW
+        )
+
+    def _call_table(
+        self, call: KernelCall, threads: int
+    ) -> tuple[dict[tuple[str, int], Any], str, tuple[float, ...], int]:
+        """The tables, key, table coordinates and thread count that price ``call`` (a serial
+        driver: one thread)."""
+        if call.kernel.startswith("gemm_"):
+            return self.gemm_, call.kernel[5:], tuple(call.dims), threads
         used = threads if call.parallel else 1
-        table = self._table(self.loops_, call.variant, used)
-        return sigma * table.beyond_log(*call_features(call.kernel, call.dims))
+        return self.loops_, call.variant, call_features(call.kernel, call.dims), used
+
+    def beyond_sigma(self, call: KernelCall, threads: int) -> float:
+        """The log error ``call`` carries for being priced beyond what was measured: its
+        family's :attr:`beyond_sigma_` times its distance beyond its table's grid (0 inside
+        it, or for a profile without the figure), and the thread law's sigma times its
+        distance beyond the swept thread counts, added in quadrature."""
+        tables, key, coordinates, used = self._call_table(call, threads)
+        family = "gemm" if tables is self.gemm_ else "loops"
+        sigma = self.beyond_sigma_.get(family, 0.0)
+        shape = sigma * self._table(tables, key, used).beyond_log(*coordinates) if sigma else 0.0
+        top = max(t for k, t in tables if k == key)
+        over = self.thread_law_["sigma_per_log"] * math.log(used / top) if used > top else 0.0
+        return float(math.hypot(shape, over))
 
     def step_terms(self, threads: int) -> StepTerms:
         """The step terms at ``threads`` (those of the nearest measured count below; none
@@ -291,13 +351,14 @@ class KernelModel:
         return tables[(key, _nearest_threads(have, threads))]
 
     def call_s(self, call: KernelCall, threads: int) -> float:
-        """Seconds of ``call`` alone at ``threads`` (a serial driver: its one-thread table)."""
-        if call.kernel.startswith("gemm_"):
-            m, n, k = call.dims
-            return self._table(self.gemm_, call.kernel[5:], threads).time_s(m, n, k)
-        elements, run = call_features(call.kernel, call.dims)
-        used = threads if call.parallel else 1
-        return self._table(self.loops_, call.variant, used).time_s(elements, run)
+        """Seconds of ``call`` alone at ``threads`` (a serial driver: its one-thread table);
+        above the swept thread counts, by Amdahl's law from the two largest
+        (:mod:`calibration.thread_law`)."""
+        tables, key, coordinates, used = self._call_table(call, threads)
+        have = [t for k, t in tables if k == key]
+        if len(have) >= 2 and used > max(have):
+            return extrapolate(_at_counts(tables, key, coordinates), have, used)
+        return self._table(tables, key, used).time_s(*coordinates)
 
     # ----------------------------------------------------------------------------- dicts
     def quality_dict(self) -> dict[str, Any]:
@@ -317,6 +378,7 @@ class KernelModel:
             "loops": loops,
             "step_terms": {str(t): terms.to_dict() for t, terms in sorted(self.steps_.items())},
             "beyond_sigma_per_log": dict(self.beyond_sigma_),
+            "thread_law": dict(self.thread_law_),
         }
 
     @classmethod
@@ -338,6 +400,7 @@ class KernelModel:
             int(t): StepTerms.from_dict(terms) for t, terms in doc.get("step_terms", {}).items()
         }
         model.beyond_sigma_ = {k: float(v) for k, v in doc.get("beyond_sigma_per_log", {}).items()}
+        model.thread_law_ = _thread_law(doc.get("thread_law"))
         glue = doc.get("glue")
         model.legacy_spread_ = None
         if glue and not model.steps_:  # a profile from before the step benchmark: its glue,

@@ -51,12 +51,27 @@ def cores_warning(cfg: PredictConfig) -> str | None:
     profile, _ = resolve_profile(cfg.profile)
     cores = profile.machine.get("cores_available") or profile.machine.get("physical_cores")
     used = cfg.procs_per_node * cfg.threads
-    if isinstance(cores, int) and used > cores:
-        return (
-            f"pdlsim: warning: {used} cores per node asked, the profile's machine has {cores}: "
-            "this predicts nodes like it with more cores"
+    if not isinstance(cores, int) or used <= cores:
+        return None
+    swept = swept_threads(profile.to_dict())
+    law = ""
+    if swept and cfg.threads > max(swept):
+        law = (
+            f"; each kernel beyond the {max(swept)} threads its sweep ran follows Amdahl's law "
+            "from its two largest thread counts, and the band widens with the distance"
         )
-    return None
+    return (
+        f"pdlsim: warning: {used} cores per node asked, the profile's machine has {cores}: "
+        f"this predicts nodes like it with more cores{law}"
+    )
+
+
+def swept_threads(profile: dict[str, Any]) -> list[int]:
+    """The thread counts of a profile's kernel sweep (none without a kernel model)."""
+    kernels = (profile.get("models") or {}).get("kernels") or {}
+    return sorted(
+        {int(t) for by_threads in (kernels.get("gemm") or {}).values() for t in by_threads}
+    )
 
 
 def check_flags(args: argparse.Namespace, gpus: bool) -> list[str]:
