@@ -287,9 +287,9 @@ class KernelModel:
         it, or for a profile without the figure), and the thread law's sigma times its
         distance beyond the swept thread counts, added in quadrature."""
         tables, key, coordinates, used = self._call_table(call, threads)
-        family = "gemm" if tables is self.gemm_ else "loops"
-        sigma = self.beyond_sigma_.get(family, 0.0)
-        shape = sigma * self._table(tables, key, used).beyond_log(*coordinates) if sigma else 0.0
+        table = self._table(tables, key, used)  # a kernel not measured: KeyError, as call_s
+        sigma = self.beyond_sigma_.get("gemm" if tables is self.gemm_ else "loops", 0.0)
+        shape = sigma * table.beyond_log(*coordinates) if sigma else 0.0
         top = max(t for k, t in tables if k == key)
         over = self.thread_law_["sigma_per_log"] * math.log(used / top) if used > top else 0.0
         return float(math.hypot(shape, over))
