@@ -10,9 +10,15 @@ import importlib
 import sys
 import traceback
 
-from .threads import quiet_idle_blas_threads, size_numba_pool
+from .threads import (
+    quiet_idle_blas_threads,
+    size_numba_pool,
+    thread_environment_problem,
+    unset_empty_thread_settings,
+)
 
 quiet_idle_blas_threads()  # before numpy loads: BLAS reads it once, and timings must match training
+unset_empty_thread_settings()  # before numba or an OpenMP runtime reads them
 
 from .boundary import (  # noqa: E402
     Stopped,
@@ -61,6 +67,14 @@ def _abort_mpi(status: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The environment's thread settings first: the commands' modules load numba, which refuses
+    # a bad one with a traceback. Every rank decides alike (the launcher hands each the same
+    # environment), rank 0 says.
+    problem = thread_environment_problem()
+    if problem is not None:
+        if current_rank() == 0:
+            say("python -m microbench", problem)
+        return 2
     args = build_parser().parse_args(argv)  # its messages are flushed as they are printed
     prog = f"python -m microbench {args.command}"
     threads = getattr(args, "threads", None)  # one count, or a list of them

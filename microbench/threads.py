@@ -71,6 +71,17 @@ def thread_environment_problem() -> str | None:
     return None
 
 
+def unset_empty_thread_settings() -> None:
+    """Remove the thread settings set to nothing (``OMP_NUM_THREADS=``) from this process's
+    environment, before any library reads them. They count as unset here
+    (:func:`thread_environment_problem`), but GNU OpenMP prints "Invalid value for environment
+    variable OMP_NUM_THREADS" when it loads and numba warns that it cannot parse one, in this
+    process and in every child that inherits it."""
+    for name in (*THREAD_ENV_VARS, "NUMBA_THREADING_LAYER"):
+        if name in os.environ and not os.environ[name].strip():
+            del os.environ[name]
+
+
 def thread_env(threads: int) -> dict[str, str]:
     """Environment entries that pin a child process to ``threads`` threads."""
     if threads < 1:

@@ -25,7 +25,11 @@ from microbench.boundary import (
 from microbench.cli import under_launcher
 from microbench.errors import UserError
 from microbench.options import register_once_actions
-from microbench.threads import quiet_idle_blas_threads, thread_environment_problem
+from microbench.threads import (
+    quiet_idle_blas_threads,
+    thread_environment_problem,
+    unset_empty_thread_settings,
+)
 from pdlsim import __version__
 from pdlsim.cli.args import positive_int
 from pdlsim.cli.bench import add_bench_parser
@@ -119,6 +123,7 @@ def _cmd_workload_list(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_idle_blas_threads()  # before anything imports numpy
+    unset_empty_thread_settings()  # before numba or an OpenMP runtime reads them
     replace_unencodable_output()
     parser = build_parser()
     args = parser.parse_args(argv)  # its messages are flushed as they are printed (_Parser)

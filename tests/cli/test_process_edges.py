@@ -5,6 +5,7 @@ never a traceback deep in a library."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 from microbench.threads import thread_environment_problem
 from pdlsim.cli import main as cli_main
 from pdlsim.train.launch import Stopped
-from tests.conftest import REPO, run_pdlsim
+from tests.conftest import REPO, run_microbench, run_pdlsim
 
 
 @pytest.mark.parametrize(
@@ -54,6 +55,31 @@ def test_a_bad_thread_setting_stops_a_command_before_its_work():
         "pdlsim: error: NUMBA_NUM_THREADS='0' is not a positive thread count; set a number or "
         "unset it"
     ]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("NUMBA_NUM_THREADS", "0"), ("NUMBA_THREADING_LAYER", "bogus")]
+)
+def test_a_bad_thread_setting_stops_a_microbench_stage_in_one_line(monkeypatch, name, value):
+    """``python -m microbench STAGE``, as a cluster job runs it without pdlsim, checked the
+    environment not at all: loading its stages' modules (numba), or the benchmark, died with a
+    traceback."""
+    monkeypatch.setenv(name, value)
+    result = run_microbench("collectives", "--help", timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"python -m microbench: error: {thread_environment_problem()}"
+    ]
+
+
+def test_a_thread_setting_set_to_nothing_is_unset_before_the_libraries_read_it(monkeypatch):
+    """It counts as unset, but stayed in the environment: GNU OpenMP printed "libgomp:
+    Invalid value for environment variable OMP_NUM_THREADS" into a training run, and numba a
+    warning for an empty NUMBA_NUM_THREADS, in pdlsim and in every process it starts."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "")
+    monkeypatch.setenv("NUMBA_NUM_THREADS", " ")
+    assert cli_main.main(["workload", "list"]) == 0
+    assert "OMP_NUM_THREADS" not in os.environ and "NUMBA_NUM_THREADS" not in os.environ
 
 
 def test_sigterm_while_a_command_runs_processes_is_one_line(monkeypatch, capsys):
