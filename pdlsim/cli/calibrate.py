@@ -15,7 +15,7 @@ from pathlib import Path
 
 from microbench.cli import file_path_argument, path_argument
 from microbench.errors import UserError
-from microbench.fileio import check_writable, new_run_dir
+from microbench.fileio import check_folder_exists, check_writable, new_run_dir
 from pdlsim.cli.args import int_list, name_list, positive_int, seed
 from pdlsim.cli.bench import checked_bench_threads, run_cpu_bench
 
@@ -79,9 +79,10 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
             raise UserError(f"--kernels-from {extra}: no such directory of records")
     if args.from_dir is not None and not args.from_dir.is_dir():
         raise UserError(f"--from {args.from_dir}: no such directory of records")
-    # The profile and the Extra-P file beside it, probed before the benchmarks and the fits
-    # (so that their work is not lost at the end, and the profile is not replaced when the
-    # file beside it cannot be written); --from's default, RUN_DIR/profile.json, as well.
+    # The profile, and the Extra-P file and plots folder beside it, probed before the
+    # benchmarks and the fits (so that their work is not lost at the end, and the profile is
+    # not replaced when what goes beside it cannot be written); --from's default,
+    # RUN_DIR/profile.json, as well.
     default = None if args.out or not args.from_dir else args.from_dir / "profile.json"
     for path, flag, what in (
         (args.out, "--out", ""),
@@ -89,7 +90,12 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     ):
         if path is not None:
             check_writable(path, "file", flag, what)
+            # a mistyped folder is refused now, not found missing at the write after the fits
+            check_folder_exists(path, flag, flag)
             check_writable(path.parent / "extrap.jsonl", "file", flag, "(written beside it)")
+            check_writable(path.parent / "plots", "dir", flag, "(for the fit plots beside it)")
+            _check_not_records(path, flag, path)
+            _check_not_records(path.parent / "extrap.jsonl", flag, path)
     if args.from_dir is not None:
         run_dir = args.from_dir
     else:
@@ -101,6 +107,27 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
             return status
     profile_path = args.out or run_dir / "profile.json"
     return _fit_and_write(run_dir, profile_path, args)
+
+
+def _check_not_records(path: Path, flag: str, given: Path) -> None:
+    """Refuse writing the profile (``given``) or the Extra-P file beside it over ``path`` when
+    that holds benchmark records (whole, or with a damaged header): a run's measurements,
+    often this calibration's own input (``--out RUN/ranks1/compute.jsonl``), would be replaced
+    by the fit of themselves, and lost."""
+    from microbench.records import SCHEMA, RecordsError, is_records_file
+
+    with warnings.catch_warnings():  # a file that is not one is the answer, not a note
+        warnings.simplefilter("ignore")
+        try:
+            records = is_records_file(path)
+        except RecordsError:
+            records = True
+    if records:
+        which = "" if path == given else f": the Extra-P file written beside it, {path},"
+        raise UserError(
+            f"{flag} {given}{which} holds benchmark records ({SCHEMA}); writing there would "
+            f"replace those measurements: give {flag} a file name of its own, e.g. profile.json"
+        )
 
 
 def _fit_and_write(run_dir: Path, profile_path: Path, args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ import pytest
 import pdlsim
 from microbench import fileio
 from microbench.errors import UserError
+from microbench.records import RecordWriter
 from pdlsim.cli.main import main
 
 WORKLOAD = {
@@ -112,3 +113,45 @@ def test_sweep_into_a_missing_folder_is_refused_and_nothing_made(capsys, tmp_pat
     err = _refused(capsys, ["sweep", "--nodes", "1,2", *QUICK, "--out", str(out)])
     assert f"the folder {out.parent} does not exist; create it" in err
     assert not out.parent.exists()
+
+
+def _compute_run(tmp_path: Path) -> Path:
+    """A run folder of one records file (compute only: the fits would refuse it, after the
+    checks of --out)."""
+    path = tmp_path / "run" / "ranks1" / "compute.jsonl"
+    path.parent.mkdir(parents=True)
+    with RecordWriter(path, machine={"cpu_model": "x", "logical_cores": 2, "arch": "x86_64"}) as w:
+        w.write({"type": "measurement", "benchmark": "compute", "name": "gemm", "unit": "s",
+                 "params": {"m": 64, "threads": 1}, "samples": [0.1, 0.2]})  # fmt: skip
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize(
+    ("out", "problem"),
+    [
+        ("missing/profile.json", "the folder {tmp}/missing does not exist"),
+        ("run/ranks1/compute.jsonl", "holds benchmark records (pdlsim.records)"),
+        ("run/ranks1/profile.json", "the Extra-P file written beside it"),
+        ("beside/profile.json", "{tmp}/beside/plots is a file; give a directory"),
+    ],
+)
+def test_a_profile_that_could_only_be_written_over_records_or_nowhere_is_refused_before_the_fits(
+    capsys, tmp_path, out, problem
+):
+    """``calibrate --out`` was probed only for being writable: a missing folder failed at the
+    write after every fit, a records file of the run itself (or one where the Extra-P file
+    goes beside it) was replaced by the profile, and a file where the plots folder goes failed
+    the run after the profile had replaced the old one."""
+    run = _compute_run(tmp_path)
+    records = run / "ranks1" / "compute.jsonl"
+    kept = records.read_bytes()
+    if out.endswith("ranks1/profile.json"):
+        records.rename(run / "ranks1" / "extrap.jsonl")
+    (tmp_path / "beside").mkdir()
+    (tmp_path / "beside" / "plots").write_text("KEEP")
+    (tmp_path / "beside" / "profile.json").write_text("the old profile")
+    err = _refused(capsys, ["calibrate", "--from", str(run), "--out", str(tmp_path / out)])
+    assert problem.format(tmp=tmp_path) in err
+    assert kept in {p.read_bytes() for p in (run / "ranks1").iterdir()}
+    assert (tmp_path / "beside" / "profile.json").read_text() == "the old profile"
+    assert not (tmp_path / "missing").exists()
