@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from .errors import UserError
-from .fileio import encode_text, loads
+from .fileio import encode_text, json_problem, loads
 from .machine import utc_now
 
 if TYPE_CHECKING:
@@ -341,8 +341,10 @@ def _parse_header(path: Path, text: str) -> dict[str, Any]:
         raise RecordsError(path, 1, f"empty line where the {SCHEMA} header should be")
     try:
         header = loads(text)
-    except json.JSONDecodeError:
-        raise RecordsError(path, 1, f"no {SCHEMA} header (line 1 is not JSON)") from None
+    except json.JSONDecodeError as exc:  # an editor's byte-order mark is named, with the fix
+        bom = exc.msg.startswith("Unexpected UTF-8 BOM")
+        problem = json_problem(exc) if bom else f"no {SCHEMA} header (line 1 is not JSON)"
+        raise RecordsError(path, 1, problem) from None
     if not isinstance(header, dict) or header.get("type") != "header":
         raise RecordsError(path, 1, f"no {SCHEMA} header (line 1 is not a header object)")
     if header.get("schema") != SCHEMA:

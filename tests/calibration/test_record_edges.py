@@ -19,7 +19,7 @@ from calibration.nodefill import fit_node_fill
 from calibration.pipeline import load_measurements
 from microbench.errors import UserError
 from microbench.measurement import Measurement
-from microbench.records import RecordWriter
+from microbench.records import RecordsError, RecordWriter, read_records
 from tests.conftest import one_line, run_pdlsim
 
 MACHINE = {"cpu_model": "AMD EPYC", "logical_cores": 2, "arch": "x86_64"}
@@ -193,3 +193,13 @@ def test_from_s_default_profile_place_is_probed_before_the_fits(tmp_path):
     result = run_pdlsim("calibrate", "--from", str(tmp_path), "--bootstrap", "1", timeout=120)
     assert result.returncode == 2 and "extrap.jsonl is a FIFO" in result.stderr, result.stderr
     assert (tmp_path / "profile.json").read_bytes() == b"an earlier profile"
+
+
+def test_a_records_file_saved_with_a_byte_order_mark_is_named_as_such(tmp_path):
+    """An editor's UTF-8 BOM before the header was reported as "line 1 is not JSON", though
+    the line is the header, whole: the fix is to save the file without the mark."""
+    path = tmp_path / "compute.jsonl"
+    _records(path, [GOOD])
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    with pytest.raises(RecordsError, match=r"compute.jsonl:1: starts with a UTF-8 byte-order mark"):
+        read_records(path)
