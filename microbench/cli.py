@@ -26,7 +26,7 @@ from .argtypes import MAX_BATCH
 from .boundary import describe_failure, print_message
 from .errors import UserError
 from .fileio import new_run_dir, write_problem
-from .options import register_once_actions
+from .options import register_once_actions, usage_hint
 from .threads import MAX_THREADS_PER_CORE, available_cores, too_many_threads
 
 if TYPE_CHECKING:  # only annotations: importing numpy here would come before BLAS is set up
@@ -104,7 +104,7 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         if launcher_rank() == 0:
-            sys.stderr.write(f"{self.prog}: error: {' '.join(message.split())}\n")
+            sys.stderr.write(f"{self.prog}: error: {' '.join(usage_hint(message).split())}\n")
         sys.exit(2)
 
     def _print_message(self, message: str, file: Any = None) -> None:

@@ -14,11 +14,25 @@ default" (``name or default``), so an empty one would be dropped without a word.
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
-__all__ = ["given", "register_once_actions"]
+__all__ = ["given", "register_once_actions", "usage_hint"]
+
+# argparse's words for an option whose value is missing: also what it says when the value
+# starts with '-' and does not look like a plain number ("-1ms", "-5GB/s"), read as a flag
+_NO_VALUE = re.compile(r"argument (-[^\s/:]+)(?:/\S+)?: expected one argument$")
 
 _GIVEN = "_options_given"  # namespace attribute: dest -> (option string, value)
+
+
+def usage_hint(message: str) -> str:
+    """argparse's ``message``, with the way to give a value that starts with '-' where it
+    reports a missing value: ``--step-time -1ms`` reads "-1ms" as another flag."""
+    found = _NO_VALUE.search(message)
+    if found is None:
+        return message
+    return f"{message} (a value that starts with '-' is written {found.group(1)}=VALUE)"
 
 
 def given(args: argparse.Namespace, dest: str) -> str | None:

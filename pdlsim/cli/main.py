@@ -24,7 +24,7 @@ from microbench.boundary import (
 )
 from microbench.cli import under_launcher
 from microbench.errors import UserError
-from microbench.options import register_once_actions
+from microbench.options import register_once_actions, usage_hint
 from microbench.threads import (
     quiet_idle_blas_threads,
     thread_environment_problem,
@@ -52,7 +52,7 @@ class _Parser(argparse.ArgumentParser):
         register_once_actions(self)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"{self.prog}: error: {usage_hint(message)} (see '{self.prog} --help')\n")
 
     def _print_message(self, message: str, file: Any = None) -> None:
         print_message("pdlsim", message, file)

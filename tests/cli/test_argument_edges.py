@@ -195,3 +195,28 @@ def test_microbench_refuses_counts_and_durations_that_run_for_days(capsys, tmp_p
     out = tmp_path / "o"
     _microbench_refuses(capsys, [*command, "--out", str(out)], *words)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["predict", "--nodes", "2", "--gpus", "8", "--step-time", "-1ms"], "--step-time"),
+        (["predict", "--nodes", "2", "--inter-bw", "-5GB/s"], "--inter-bw"),
+    ],
+)
+def test_a_value_read_as_a_flag_says_how_to_give_it(args, flag):
+    """argparse takes "-1ms" for another flag and says only "expected one argument": the
+    message says how a value that starts with '-' is given, and given so, the value meets its
+    own check."""
+    _refused(pdlsim_here(*args), f"argument {flag}: expected one argument",
+             f"is written {flag}=VALUE")  # fmt: skip
+    given = pdlsim_here(*args[:-2], f"{flag}={args[-1]}")
+    _refused(given, flag, args[-1])
+    assert "expected one argument" not in given.stderr
+
+
+def test_microbench_says_the_same_of_a_value_read_as_a_flag(capsys):
+    with pytest.raises(SystemExit) as stop:
+        microbench_main(["collectives", "--sizes", "-1KiB"])
+    assert stop.value.code == 2
+    assert "is written --sizes=VALUE" in capsys.readouterr().err
