@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from microbench.cli import path_argument, under_launcher
 from microbench.errors import UserError
-from microbench.fileio import check_writable, new_run_dir
+from microbench.fileio import check_folder_exists, check_writable, new_run_dir
 from microbench.options import given
 from microbench.threads import oversubscription, set_threads, size_numba_pool, too_many_threads
 from pdlsim.cli.args import non_negative_float, positive_int, seed
@@ -249,8 +249,10 @@ def default_run_dir(config: TrainConfig) -> Path:
 
 
 def check_run_dir(run_dir: Path) -> None:
-    """Refuse a run directory that is a file or already holds records: never overwrite."""
+    """Refuse a run directory that is a file, lies in a folder that does not exist (a
+    mistyped one is not created), or already holds records: never overwrite."""
     check_writable(run_dir, "dir", "--out", "for the run's records")
+    check_folder_exists(run_dir, "--out", "--out")
     if run_dir.is_dir() and any(run_dir.glob("*.jsonl")):
         from pdlsim.train.checkpoint import list_checkpoints
 

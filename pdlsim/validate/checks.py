@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
-from microbench.fileio import check_writable
+from microbench.fileio import check_folder_exists, check_writable
 from pdlsim.validate.plan import RunSpec, check_unseen, draw_heldout
 
 __all__ = [
@@ -67,8 +67,10 @@ def check_out(out: Path) -> None:
     """Refuse an output that is a file, holds a validation already (runs, workloads, a
     calibration or a report: nothing there is overwritten, and a validation's held-out
     workloads are its inputs), or has something other than a folder where a folder goes or
-    other than a plain file where a report file goes (a FIFO, a device, a folder)."""
+    other than a plain file where a report file goes (a FIFO, a device, a folder), or lies
+    in a folder that does not exist (a mistyped one is not created)."""
     check_writable(out, "dir", "--out")
+    check_folder_exists(out, "--out", "--out")
     for name in REPORT_FILES:
         check_writable(out / name, "file", "--out")
     for name in FOLDERS:

@@ -108,9 +108,15 @@ def test_a_read_only_trace_is_refused_up_front_and_kept(capsys, tmp_path, monkey
     assert trace.read_text() == "KEEP\n"
 
 
-def test_sweep_into_a_missing_folder_is_refused_and_nothing_made(capsys, tmp_path):
-    out = tmp_path / "typo" / "sweep"
-    err = _refused(capsys, ["sweep", "--nodes", "1,2", *QUICK, "--out", str(out)])
+@pytest.mark.parametrize(
+    "command",
+    [["sweep", "--nodes", "1,2", *QUICK], ["train", "--max-steps", "2"],
+     ["validate", "--profile", "epyc-2core", "--quick"]],
+    ids=["sweep", "train", "validate"],
+)  # fmt: skip
+def test_an_output_in_a_missing_folder_is_refused_and_nothing_made(capsys, tmp_path, command):
+    out = tmp_path / "typo" / "run"
+    err = _refused(capsys, [*command, "--out", str(out)])
     assert f"the folder {out.parent} does not exist; create it" in err
     assert not out.parent.exists()
 
