@@ -322,6 +322,17 @@ class Hardware:
                     f"known: {', '.join(assumptions)}"
                 )
             old = asdict(assumptions[name]) if name in assumptions else {"name": name}
+            if (
+                "unit" in old
+                and isinstance(given, dict)
+                and given.get("unit", old["unit"]) != old["unit"]
+            ):
+                # the model reads the figure in its unit, whatever the file calls it
+                raise UserError(
+                    f"{source}: assumptions.{name}.unit: the model reads this figure as "
+                    f"'{old['unit']}', got '{given['unit']}'; give the figure in that unit and "
+                    "drop unit, or give that unit"
+                )
             assumptions[name] = _made(Assumption, {**old, **given}, f"{source}: assumptions.{name}")
         return Hardware(networks, gpus, assumptions, f"{self.source} + {source}", nodes)
 

@@ -54,6 +54,18 @@ def test_a_users_file_adds_a_gpu_and_moves_an_assumption(tmp_path):
     assert moved.value == 0.6 and moved.low == ASSUMPTIONS["gpu_flops_efficiency"].low
 
 
+def test_an_assumption_keeps_the_unit_the_model_reads_it_in(tmp_path):
+    """The unit is what the model reads the figure as: a file that renames it (to slip an
+    efficiency of 2 past the check of a fraction) is refused; the same unit is accepted."""
+    unit = ASSUMPTIONS["gpu_flops_efficiency"].unit
+    renamed = {"value": 2, "low": 1, "high": 3, "unit": "ratio"}
+    with pytest.raises(UserError, match=f"reads this figure as '{unit}', got 'ratio'"):
+        load_hardware(_file(tmp_path, {"assumptions": {"gpu_flops_efficiency": renamed}}))
+    same = {"value": 0.5, "low": 0.4, "high": 0.6, "unit": unit}
+    hw = load_hardware(_file(tmp_path, {"assumptions": {"gpu_flops_efficiency": same}}))
+    assert hw.assumptions["gpu_flops_efficiency"].value == 0.5
+
+
 def test_an_assumption_prices_what_rests_on_it(tmp_path, profile_path):
     """Compute-bound GPU layers from a data sheet take FLOPs / (peak x efficiency): halving the
     efficiency doubles the compute beyond the launch."""
