@@ -75,10 +75,9 @@ def _run_dirs(text: str) -> tuple[Path, ...]:
 
 def run_calibrate_command(args: argparse.Namespace) -> int:
     for extra in args.kernels_from:  # before the benchmarks, like --out
-        if not extra.is_dir():
-            raise UserError(f"--kernels-from {extra}: no such directory of records")
-    if args.from_dir is not None and not args.from_dir.is_dir():
-        raise UserError(f"--from {args.from_dir}: no such directory of records")
+        _check_records_dir(extra, "--kernels-from")
+    if args.from_dir is not None:
+        _check_records_dir(args.from_dir, "--from")
     # The profile, and the Extra-P file and plots folder beside it, probed before the
     # benchmarks and the fits (so that their work is not lost at the end, and the profile is
     # not replaced when what goes beside it cannot be written); --from's default,
@@ -107,6 +106,18 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
             return status
     profile_path = args.out or run_dir / "profile.json"
     return _fit_and_write(run_dir, profile_path, args)
+
+
+def _check_records_dir(path: Path, flag: str) -> None:
+    """Refuse a run directory of records that is not a directory, saying which it is."""
+    if path.is_dir():
+        return
+    if path.exists():
+        raise UserError(
+            f"{flag} {path}: a file, not a directory of records; give the run directory that "
+            f"holds it ({path.parent})"
+        )
+    raise UserError(f"{flag} {path}: no such directory of records")
 
 
 def _check_not_records(path: Path, flag: str, given: Path) -> None:

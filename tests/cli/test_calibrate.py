@@ -131,6 +131,11 @@ def test_a_failed_fit_leaves_an_existing_profile_untouched(quick_bench_run, tmp_
     assert profile_path.read_text() == "the old profile"
 
 
+def _a_records_file(tmp: Path) -> Path:
+    (tmp / "compute.jsonl").write_text("{}\n")
+    return tmp / "compute.jsonl"
+
+
 def _foreign_jsonl(tmp: Path) -> Path:
     (tmp / "ranks1").mkdir()
     (tmp / "ranks1" / "collectives.jsonl").write_text("garbage\n")
@@ -141,6 +146,7 @@ def _foreign_jsonl(tmp: Path) -> Path:
     ("make", "message"),
     [
         (lambda tmp: tmp / "missing", "no such directory"),
+        (_a_records_file, "a file, not a directory of records; give the run directory"),
         (lambda tmp: tmp, "no *.jsonl records"),
         (_foreign_jsonl, "none of its 1 *.jsonl files holds pdlsim.records records"),
     ],
