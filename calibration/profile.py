@@ -62,6 +62,9 @@ __all__ = [
 SCHEMA = "pdlsim.profile"
 SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = (1,)
+# The document's top-level fields (Profile.to_dict), in its order.
+_FIELDS = ("schema", "schema_version", "created_utc", "pdlsim_version", "machine", "sources",
+           "models", "fit_quality")  # fmt: skip
 MODEL_NAMES = tuple(REQUIRED_MODEL_KEYS)
 
 # Sections earlier versions wrote that this one reads past (in-place step measurements, the
@@ -260,6 +263,12 @@ def _check_document(source: str, doc: Any, by_example: bool = True) -> None:
         raise ProfileError(
             source, "schema_version", f"unknown version {ver!r} (this pdlsim reads {known})"
         )
+    unknown = sorted(str(k) for k in doc if k not in _FIELDS)
+    if unknown:  # a typo ("fit_qualty") would be dropped at the next save without a word
+        raise ProfileError(
+            source, unknown[0], f"unknown field; a profile holds {', '.join(_FIELDS)} "
+            "(is it misspelt?)"
+        )  # fmt: skip
     for key, kind in (("created_utc", str), ("machine", Mapping), ("models", Mapping)):
         if key not in doc:
             raise ProfileError(source, key, "missing field")

@@ -344,3 +344,13 @@ def test_a_damaged_packaged_profile_is_one_line_before_any_simulation(tmp_path, 
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert err.startswith("pdlsim: error: ") and f"{file}: models." in err, err
     assert message in err, err
+
+
+def test_an_unknown_top_level_field_is_named(profile, tmp_path):
+    """A misspelt top-level field ("fit_qualty") was read past, and dropped at the next save."""
+    doc = copy.deepcopy(profile.to_dict())
+    doc["fit_qualty"] = {}
+    file = tmp_path / "typo.json"
+    file.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match=re.escape("fit_qualty: unknown field; a profile holds")):
+        load_profile(file)
