@@ -15,7 +15,7 @@ from calibration.profile import load_profile
 from calibration.report import format_report
 from microbench.errors import UserError
 from microbench.records import load_dataframe
-from tests.conftest import run_pdlsim
+from tests.conftest import pdlsim_here, run_pdlsim
 
 pytestmark = pytest.mark.long_module  # the quick bench alone takes two minutes
 
@@ -202,8 +202,8 @@ def test_kernel_sweeps_from_elsewhere_are_one_line_errors_before_any_profile(
         (foreign.parent, "measured on another machine (cpu_model Elsewhere CPU against"),
         (no_sweep, "no kernel sweep records there"),
     ):
-        done = run_pdlsim("calibrate", "--from", str(run_dir), "--kernels-from", str(extra),
-                          "--out", str(out), "--bootstrap", "5", timeout=300)  # fmt: skip
+        done = pdlsim_here("calibrate", "--from", str(run_dir), "--kernels-from", str(extra),
+                           "--out", str(out), "--bootstrap", "5")  # fmt: skip
         assert done.returncode == 2, done.stderr
         assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
         assert not out.exists()
