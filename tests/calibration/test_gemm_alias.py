@@ -120,14 +120,14 @@ def test_a_profile_with_a_malformed_law_is_a_one_line_error(tmp_path):
     import json
     from pathlib import Path
 
-    from tests.conftest import run_pdlsim
+    from tests.conftest import pdlsim_here
 
     packaged = Path(__file__).resolve().parents[2] / "calibration" / "profiles" / "xeon-2core.json"
     doc = json.loads(packaged.read_text())
     doc["models"]["kernels"]["gemm"]["nn"]["1"]["alias_s_per_element"] = {"1024": [[512, -1.0]]}
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
-    done = run_pdlsim("predict", "--nodes", "1", "--procs-per-node", "1", "--profile", str(bad))
+    done = pdlsim_here("predict", "--nodes", "1", "--procs-per-node", "1", "--profile", str(bad))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert "alias_s_per_element['1024']" in done.stderr and "stride class" in done.stderr

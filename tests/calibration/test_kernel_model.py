@@ -27,7 +27,7 @@ from microbench.records import RecordWriter, load_dataframe
 from microbench.sampling import SamplingPolicy
 from microbench.workload import load_workload
 from pdlsim.costmodel.kernels import KernelCompute
-from tests.conftest import run_pdlsim
+from tests.conftest import pdlsim_here
 from tests.profiles import STEP_TABLES
 
 PACKAGED = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
@@ -409,7 +409,7 @@ def test_the_model_predicts_through_a_profile(sweep, tmp_path):
     workload.write_text(json.dumps(random_workloads(9, 2)[1].to_dict()))
     steps = {}
     for corrections in ("all", "none"):
-        done = run_pdlsim(
+        done = pdlsim_here(
             "predict", "--nodes", "1", "--batch", "24", "--model", str(workload), "--profile",
             str(profile), "--corrections", corrections, "--samples", "3", "--json",
         )  # fmt: skip
@@ -418,7 +418,7 @@ def test_the_model_predicts_through_a_profile(sweep, tmp_path):
         assert out["provenance"]["compute"].startswith("profile kernel tables")
         steps[corrections] = out["step_time_s"]
     assert steps["none"] > 0 and steps["all"] > 1.3 * steps["none"]  # the kernels x 1.5
-    bad = run_pdlsim("predict", "--nodes", "1", "--corrections", "magic")
+    bad = pdlsim_here("predict", "--nodes", "1", "--corrections", "magic")
     assert bad.returncode == 2 and "unknown correction" in bad.stderr
     assert "Traceback" not in bad.stderr
 

@@ -187,22 +187,22 @@ def test_the_cpu_model_prices_every_zoo_network_and_the_network_builds_it():
 
 
 def test_workload_list_names_every_preset_and_zoo_network_with_its_size():
-    done = run_pdlsim("workload", "list", "--json")
+    done = pdlsim_here("workload", "list", "--json")
     assert done.returncode == 0, done.stderr
     rows = {r["name"]: r for r in json.loads(done.stdout)}
     assert set(rows) == {"mlp", "cnn", "rescnn", "transformer", *PUBLISHED_PARAMS}
     assert all(rows[n]["params"] == p for n, p in PUBLISHED_PARAMS.items())
-    text = run_pdlsim("workload", "list").stdout
+    text = pdlsim_here("workload", "list").stdout
     assert "gpt2" in text and "124,439,808" in text
 
 
 def test_a_zoo_network_written_out_by_show_is_a_workload_file(tmp_path):
-    done = run_pdlsim("workload", "show", "resnet50", "--json")
+    done = pdlsim_here("workload", "show", "resnet50", "--json")
     assert done.returncode == 0, done.stderr
     path = tmp_path / "mine.json"
     path.write_text(json.dumps(json.loads(done.stdout)["workload"]))
     assert load_workload(path) == load_workload("resnet50")
-    table = run_pdlsim("workload", "show", str(path)).stdout
+    table = pdlsim_here("workload", "show", str(path)).stdout
     assert "reads" in table.splitlines()[1] and "layer1.0.c.bn,layer1.0.down.bn" in table
 
 
@@ -213,8 +213,8 @@ def test_what_cannot_train_is_refused_before_any_work_and_predicts_on_gpus(tmp_p
     assert "does not handle batchnorm2d" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())  # refused before its first folder
-    done = run_pdlsim("predict", "--nodes", "2", "--gpus", "8", "--model", "gpt2", "--batch",
-                      "4", "--json")  # fmt: skip
+    done = pdlsim_here("predict", "--nodes", "2", "--gpus", "8", "--model", "gpt2", "--batch",
+                       "4", "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     gpt2 = load_workload("gpt2")
@@ -263,7 +263,7 @@ def test_predict_takes_a_token_count():
 
 
 def test_workload_show_takes_a_token_count():
-    out = run_pdlsim("workload", "show", "bert-large", "--tokens", "128", "--json")
+    out = pdlsim_here("workload", "show", "bert-large", "--tokens", "128", "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["workload"]["input_shape"] == [128]
