@@ -256,7 +256,7 @@ class KernelModel:
         cases = []
         for tables in (self.gemm_, self.loops_):
             for key in {k for k, _ in tables}:
-                counts = [t for k, t in tables if k == key]
+                counts = self._counts(tables, key)
                 top = tables[(key, max(counts))]
                 points = (
                     top.points
@@ -268,7 +268,7 @@ class KernelModel:
         self.thread_law_ = (
             {"sigma_per_log": sigma, "points": points, "source": "scored"}
             if points
-            else _ASSUMED_THREAD_LAW
+            else dict(_ASSUMED_THREAD_LAW)
         )
 
     def _call_table(
@@ -287,10 +287,11 @@ class KernelModel:
         it, or for a profile without the figure), and the thread law's sigma times its
         distance beyond the swept thread counts, added in quadrature."""
         tables, key, coordinates, used = self._call_table(call, threads)
-        table = self._table(tables, key, used)  # a kernel not measured: KeyError, as call_s
+        have = self._counts(tables, key)  # a kernel not measured: KeyError, as call_s
+        table = tables[(key, _nearest_threads(have, used))]
         sigma = self.beyond_sigma_.get("gemm" if tables is self.gemm_ else "loops", 0.0)
         shape = sigma * table.beyond_log(*coordinates) if sigma else 0.0
-        top = max(t for k, t in tables if k == key)
+        top = max(have)
         over = self.thread_law_["sigma_per_log"] * math.log(used / top) if used > top else 0.0
         return float(math.hypot(shape, over))
 
@@ -344,21 +345,26 @@ class KernelModel:
     def threads(self) -> list[int]:
         return sorted({t for _, t in self.gemm_})
 
-    def _table(self, tables: dict[tuple[str, int], Any], key: str, threads: int) -> Any:
+    @staticmethod
+    def _counts(tables: dict[tuple[str, int], Any], key: str) -> list[int]:
+        """The thread counts ``key`` was swept at (KeyError: never)."""
         have = [t for k, t in tables if k == key]
         if not have:
             raise KeyError(f"kernel {key!r} was not measured; run the kernel sweep again")
-        return tables[(key, _nearest_threads(have, threads))]
+        return have
+
+    def _table(self, tables: dict[tuple[str, int], Any], key: str, threads: int) -> Any:
+        return tables[(key, _nearest_threads(self._counts(tables, key), threads))]
 
     def call_s(self, call: KernelCall, threads: int) -> float:
         """Seconds of ``call`` alone at ``threads`` (a serial driver: its one-thread table);
         above the swept thread counts, by Amdahl's law from the two largest
         (:mod:`calibration.thread_law`)."""
         tables, key, coordinates, used = self._call_table(call, threads)
-        have = [t for k, t in tables if k == key]
+        have = self._counts(tables, key)
         if len(have) >= 2 and used > max(have):
             return extrapolate(_at_counts(tables, key, coordinates), have, used)
-        return self._table(tables, key, used).time_s(*coordinates)
+        return tables[(key, _nearest_threads(have, used))].time_s(*coordinates)
 
     # ----------------------------------------------------------------------------- dicts
     def quality_dict(self) -> dict[str, Any]:

@@ -53,7 +53,7 @@ def cores_warning(cfg: PredictConfig) -> str | None:
     used = cfg.procs_per_node * cfg.threads
     if not isinstance(cores, int) or used <= cores:
         return None
-    swept = swept_threads(profile.to_dict())
+    swept = swept_threads(profile.models)
     law = ""
     if swept and cfg.threads > max(swept):
         law = (
@@ -66,9 +66,11 @@ def cores_warning(cfg: PredictConfig) -> str | None:
     )
 
 
-def swept_threads(profile: dict[str, Any]) -> list[int]:
-    """The thread counts of a profile's kernel sweep (none without a kernel model)."""
-    kernels = (profile.get("models") or {}).get("kernels") or {}
+def swept_threads(models: dict[str, Any]) -> list[int]:
+    """The thread counts of a profile's kernel sweep, from its ``models`` as stored (none
+    without a kernel model): the warning reads them without building the model or copying
+    the profile."""
+    kernels = models.get("kernels") or {}
     return sorted(
         {int(t) for by_threads in (kernels.get("gemm") or {}).values() for t in by_threads}
     )
