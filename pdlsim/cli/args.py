@@ -65,3 +65,16 @@ def name_list(text: str) -> str:
     if twice is not None:
         raise argparse.ArgumentTypeError(f"'{twice}' is listed twice in '{text}'; list it once")
     return ",".join(names)
+
+
+def choice_list(choices: tuple[str, ...]):
+    """A type for 'a,b': comma-separated names from ``choices``, each once, as a tuple."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(name_list(text).split(","))
+        unknown = next((name for name in names if name not in choices), None)
+        if unknown is not None:
+            raise argparse.ArgumentTypeError(f"'{unknown}' is not one of {', '.join(choices)}")
+        return names
+
+    return parse

@@ -10,7 +10,11 @@ from microbench.cli import path_argument
 from microbench.errors import UserError
 from microbench.fileio import new_run_dir
 from microbench.options import given
-from pdlsim.cli.args import int_list, name_list
+from pdlsim.cli.args import choice_list, int_list, name_list
+
+# One-process stages a bench may leave out: their records come from elsewhere (calibrate
+# --kernels-from pools another node's kernel sweep) or no model of the user's reads them.
+SKIPPABLE = ("kernels", "copies", "compression", "storage", "nodefill")
 
 
 def add_bench_parser(commands: argparse._SubParsersAction) -> None:
@@ -53,6 +57,14 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> None:
         default=(16, 32, 64),
         metavar="B,...",
         help="per-rank batches of the compute kernels (16,32,64); jitter uses the middle one",
+    )
+    bench.add_argument(
+        "--skip",
+        type=choice_list(SKIPPABLE),
+        default=(),
+        metavar="STAGE,...",
+        help=f"stages to leave out, of {','.join(SKIPPABLE)} (none); calibrate --kernels-from "
+        "takes a kernel sweep from another run",
     )
     bench.add_argument(
         "--out", type=path_argument, default=None, metavar="DIR", help="run directory"
@@ -110,6 +122,8 @@ def check_bench_batches(args: argparse.Namespace) -> None:
 def run_bench_command(args: argparse.Namespace) -> int:
     check_bench_batches(args)
     if args.layer_times:
+        if args.skip:
+            raise UserError("--skip is for the CPU microbenchmarks: drop it, or drop --layer-times")
         from pdlsim.cli.bench_layers import run_layer_times_command
 
         return run_layer_times_command(args)
@@ -136,6 +150,7 @@ def run_cpu_bench(args: argparse.Namespace) -> int:
         threads=threads,
         batches=args.batch,
         quick=args.quick,
+        skip=args.skip,
     )
     try:
         result = run_bench(plan)

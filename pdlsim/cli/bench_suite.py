@@ -42,8 +42,8 @@ class BenchPlan:
     batches: tuple[int, ...] = (16, 32, 64)  # per-rank batches the compute kernels are timed at
     quick: bool = False
     gpu_batches: tuple[int, ...] | None = None  # on a GPU (None: microbench compute's default)
-    skip: tuple[str, ...] = ()  # one-process stages not to run: copies, compression, storage,
-    # nodefill (a caller that reads no model of theirs)
+    skip: tuple[str, ...] = ()  # one-process stages not to run: kernels, copies, compression,
+    # storage, nodefill (pdlsim.cli.bench.SKIPPABLE)
 
     @property
     def jitter_batch(self) -> int:
@@ -132,17 +132,18 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
     threads, batches = _csv(plan.threads), _csv(plan.batches)
     models = [m for m in plan.model.split(",") if m]
     ranks1 = str(plan.out / "ranks1")
-    stages = [
-        Stage(
-            "kernels",
-            f"kernel sweep (GEMMs, loops, steps) at {threads} thread(s)",
-            (
-                sys.executable,
-                *_microbench("kernels", "--threads", threads, "--out", ranks1, "--quiet", *quick),
-            ),
-            ranks=1,
-            threads=max(plan.threads),
+    kernels = Stage(
+        "kernels",
+        f"kernel sweep (GEMMs, loops, steps) at {threads} thread(s)",
+        (
+            sys.executable,
+            *_microbench("kernels", "--threads", threads, "--out", ranks1, "--quiet", *quick),
         ),
+        ranks=1,
+        threads=max(plan.threads),
+    )
+    stages = [] if "kernels" in plan.skip else [kernels]
+    stages += [
         Stage(
             "compute",
             f"compute kernels of {plan.model} at {threads} thread(s)",

@@ -100,7 +100,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     else:
         checked_bench_threads(args)  # bad input fails before a run folder is made
         run_dir = new_run_dir(Path("runs") / "calibrate")
-        bench_args = argparse.Namespace(**{**vars(args), "out": run_dir})
+        bench_args = argparse.Namespace(**{**vars(args), "out": run_dir, "skip": ()})
         status = run_cpu_bench(bench_args)
         if status != 0:
             return status

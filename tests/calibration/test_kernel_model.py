@@ -17,47 +17,20 @@ import pytest
 
 from calibration.kernels import KernelModel
 from calibration.step_terms import StepTerms, fit_step_terms
-from microbench.kernelbench import KernelPlan, run_kernels
+from microbench.kernelbench import run_kernels
 from microbench.kernels.calls import KernelCall, op_calls, step_calls
 from microbench.kernels.steps import glue_workloads
 from microbench.loopcalls import FRESH_DATA, fresh_views
 from microbench.machine import machine_metadata
 from microbench.randomnets import random_workloads
 from microbench.records import RecordWriter, load_dataframe
-from microbench.sampling import SamplingPolicy
 from microbench.workload import load_workload
 from pdlsim.costmodel.kernels import KernelCompute
 from tests.conftest import pdlsim_here
+from tests.kernel_plans import TINY, TWO_COUNTS
 from tests.profiles import STEP_TABLES
 
 PACKAGED = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
-TINY = KernelPlan(
-    threads=(1,),
-    gemm_dims=(1, 16, 256),
-    gemm_max_flops=2**22,
-    gemm_alias_n=(64,),
-    gemm_alias_mk=((16, 2048),),
-    loop_elements=(64, 4096),
-    channel_runs=(1, 8),
-    im2col_shapes=((3, 1, 1), (3, 1, 8)),
-    policy=SamplingPolicy(warmup=0, min_samples=2, max_samples=2, time_cap_s=0.001),
-    step_networks=2,
-    step_rounds=2,
-)
-# TINY's GEMM grid and one shape of each loop kind, at one and two threads: the sweep's order at
-# two thread counts, in a second rather than TINY's ten.
-TWO_COUNTS = dataclasses.replace(
-    TINY,
-    threads=(1, 2),
-    gemm_ragged_dims=(),
-    gemm_partner_dims=(),
-    gemm_alias_n=(),
-    gemm_alias_mk=(),
-    loop_elements=(64,),
-    channel_runs=(1,),
-    im2col_shapes=((3, 1, 1),),
-    step_networks=0,
-)
 
 
 @pytest.fixture(scope="module")

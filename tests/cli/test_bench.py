@@ -42,6 +42,8 @@ def test_a_caller_skips_the_one_process_stages_it_reads_nothing_of(tmp_path):
     names = [s.name for s in stages]
     assert names[:4] == ["kernels", "compute", "copies", "storage"]
     assert "speed-1" in names and "collectives-p2" in names
+    swept = plan_stages(BenchPlan(out=tmp_path, skip=("kernels", "storage")))
+    assert [s.name for s in swept][:4] == ["compute", "copies", "compression", "nodefill"]
 
 
 def test_the_jitter_step_of_every_model_at_every_process_count_in_one_file(tmp_path):
@@ -98,6 +100,9 @@ def test_oversubscribed_configurations_warn_once_each(tmp_path):
         (["--batch", "-1"], "every value must be at least 1"),
         (["--batch", "16,100000000000"], "mlp's activations alone take"),  # before any stage
         (["--layer-times", "--device", "cpu", "--batch", "100000000000"], "give a smaller --batch"),
+        (["--skip", "collectives"], "'collectives' is not one of kernels, copies, compression"),
+        (["--skip", "kernels,kernels"], "'kernels' is listed twice"),
+        (["--layer-times", "--skip", "kernels"], "--skip is for the CPU microbenchmarks"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_status_2(args, message):

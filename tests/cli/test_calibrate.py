@@ -16,18 +16,29 @@ from calibration.report import format_report
 from microbench.errors import UserError
 from microbench.records import load_dataframe
 from tests.conftest import pdlsim_here, run_pdlsim
+from tests.kernel_plans import TINY
 
-pytestmark = pytest.mark.long_module  # the quick bench alone takes two minutes
+pytestmark = pytest.mark.long_module  # the quick bench alone takes a minute
 
 
 @pytest.fixture(scope="module")
 def quick_bench_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """One quick ``pdlsim bench`` at 1 and 2 ranks, shared by the tests that read its records.
     One workload is enough for every stage; each more adds its compute, jitter and speed
-    checks."""
+    checks. The kernel sweep is skipped there and run here, as the bench's stage would run it,
+    on TINY's grid: the quick grid takes a minute, and every fit reads any grid alike."""
+    import microbench.commands.kernels as kernels_command
+    from microbench.__main__ import main as microbench_main
+    from pdlsim.cli.bench_suite import BenchPlan, plan_stages
+
     out = tmp_path_factory.mktemp("bench") / "run"
     result = run_pdlsim("bench", "--quick", "--procs", "1,2", "--threads", "1", "--model", "mlp",
-                        "--out", str(out), timeout=300)  # fmt: skip
+                        "--skip", "kernels", "--out", str(out), timeout=300)  # fmt: skip
+    stage = plan_stages(BenchPlan(out=out, model="mlp", threads=(1,), quick=True))[0]
+    assert stage.name == "kernels" and stage.command[1:3] == ("-m", "microbench")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kernels_command, "plan_from_args", lambda args: TINY)
+        assert microbench_main(list(stage.command[3:])) == 0
     return out, result
 
 
@@ -47,6 +58,7 @@ def test_quick_bench_runs_every_stage_and_keeps_every_record(quick_bench_run):
     assert result.returncode == 0, result.stderr + result.stdout
     plan = json.loads((out / "bench.json").read_text())
     assert [r["status"] for r in plan["results"]] == ["ok"] * len(plan["stages"])
+    assert "kernels" not in {r["name"] for r in plan["results"]}  # --skip kernels
     frame = load_dataframe(out, type="measurement")
     sources = set(frame["source"])
     assert {
@@ -55,6 +67,7 @@ def test_quick_bench_runs_every_stage_and_keeps_every_record(quick_bench_run):
         "ranks1/collectives.jsonl",
         "ranks2/collectives.jsonl",
         "ranks1/speed.jsonl",
+        "ranks1/kernels.jsonl",
     } <= sources
     assert {"ranks2/jitter.jsonl", "ranks2/interference.jsonl"} <= sources
     allreduce = frame[(frame["benchmark"] == "collectives") & (frame["params.op"] == "allreduce")]
