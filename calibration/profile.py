@@ -186,7 +186,7 @@ class Profile:
             if name not in quality and hasattr(model, "quality_dict"):
                 quality[name] = model.quality_dict()
         profile = cls(dict(machine or {}), sections, quality, tuple(sources))
-        return cls.from_dict(json.loads(json.dumps(profile.to_dict())), "new profile")
+        return cls.from_dict(json.loads(profile.to_json()), "new profile")
 
     @property
     def measured_on(self) -> str:
@@ -200,7 +200,16 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         """The document, a copy: a caller that edits it (a test making a variant of a packaged
         profile, say) must not change this profile, which its loader may share."""
-        return copy.deepcopy({
+        return copy.deepcopy(self._document())
+
+    def to_json(self, indent: int | None = None) -> str:
+        """The document as JSON text, without the copy: a profile of kernel tables is
+        megabytes of nested lists, which a deep copy walks for seconds."""
+        return json.dumps(self._document(), indent=indent, allow_nan=False)
+
+    def _document(self) -> dict[str, Any]:
+        """The document, sharing this profile's own sections: never hand it out to edit."""
+        return {
             "schema": SCHEMA,
             "schema_version": self.schema_version,
             "created_utc": self.created_utc,
@@ -209,7 +218,7 @@ class Profile:
             "sources": [s.to_dict() for s in self.sources],
             "models": self.models,
             "fit_quality": self.fit_quality,
-        })  # fmt: skip
+        }
 
     @classmethod
     def from_dict(cls, doc: Any, source: str = "profile", *, by_example: bool = True) -> Profile:
@@ -230,8 +239,7 @@ class Profile:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically as indented JSON (checked first, so nothing invalid is written)."""
-        doc = self.to_dict()
-        text = json.dumps(doc, indent=1, allow_nan=False)
+        text = self.to_json(indent=1)
         _check_document(str(path), json.loads(text))
         atomic_write_text(path, text + "\n")
         return Path(path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -254,28 +255,24 @@ def _unseen(spec: RunSpec, text: str, batches: set[int]) -> bool:
 
 def _measured(profile: str) -> tuple[str, set[int]]:
     """The profile as JSON text (where a measured workload's name appears) and the batches
-    its models measured (``batch`` and ``batches`` fields)."""
-    import numpy as np
-
+    its models measured (``batch`` and ``batches`` fields), read from that text: a walk of
+    the document visits every number of its kernel tables."""
     from calibration.profile import load_profile
 
-    doc = load_profile(profile).to_dict()
-    text = json.dumps(doc)
+    loaded = load_profile(profile)
+    text = loaded.to_json()
+    models = json.dumps(loaded.models, allow_nan=False)
     batches: set[int] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key in ("batch", "batches"):
-                    found = np.atleast_1d(value).tolist()
-                    batches.update(v for v in found if isinstance(v, (int, float)))
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(doc.get("models", {}))
+    for match in _BATCH_FIELD.finditer(models):
+        found = json.loads(match.group(1))
+        for value in found if isinstance(found, list) else [found]:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                batches.add(value)
     return text, batches
+
+
+# A "batch" or "batches" field and its value: a number or a flat list of them.
+_BATCH_FIELD = re.compile(r'"batch(?:es)?": (\[[^\[\]{}]*\]|-?[0-9][0-9.eE+-]*)')
 
 
 def ablation_sets(chosen: str) -> dict[str, str]:

@@ -88,6 +88,17 @@ def _train(
 ADAMW = ("--optimizer", "adamw", "--lr", "0.002", "--weight-decay", "0.01")
 
 
+@pytest.fixture(scope="module")
+def mlp_over_two_ranks(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """``pdlsim train --procs 2 --batch 8 --epochs 2`` of the mlp (plain SGD): the run
+    whose records, summary and refusal to be overwritten the tests below read."""
+    out = tmp_path_factory.mktemp("mlp") / "mpi"
+    run = run_pdlsim("train", "--procs", "2", "--batch", "8", "--epochs", "2", "--out", str(out),
+                     *SMALL["mlp"])  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    return out, run
+
+
 @pytest.mark.parametrize(
     ("model", "optimizer"),
     [("mlp", ("--momentum", "0.9")), ("cnn", ("--momentum", "0.9")),
@@ -116,8 +127,8 @@ def test_serial_threads_mpi_and_hybrid_give_the_same_loss_curve(tmp_path, model,
     assert not np.allclose(by_rank[0], by_rank[1])
 
 
-def test_records_hold_every_phase_epoch_summaries_and_machine_metadata(tmp_path):
-    out = _train(tmp_path, "run", "mlp", procs=2, threads=1, batch=8)
+def test_records_hold_every_phase_epoch_summaries_and_machine_metadata(mlp_over_two_ranks):
+    out, _ = mlp_over_two_ranks
     header, records = read_records(out / "rank1.jsonl")
     assert header["run"]["mode"] == "mpi"
     assert header["run"]["global_batch"] == 16
@@ -138,11 +149,8 @@ def test_records_hold_every_phase_epoch_summaries_and_machine_metadata(tmp_path)
     assert "phases_s.allreduce" in frame.columns
 
 
-def test_the_printed_summary_states_batch_semantics_and_phase_shares(tmp_path):
-    result = run_pdlsim(
-        "train", "--procs", "2", "--batch", "8", "--out", str(tmp_path / "r"), *SMALL["mlp"]
-    )
-    assert result.returncode == 0, result.stderr
+def test_the_printed_summary_states_batch_semantics_and_phase_shares(mlp_over_two_ranks):
+    _, result = mlp_over_two_ranks
     assert "batch 8 per rank = global batch 16" in result.stdout
     assert "lr 0.02 (not scaled)" in result.stdout
     assert "samples/s" in result.stdout
@@ -227,8 +235,8 @@ def test_gpu_mode_without_a_gpu_says_so_and_exits_2(tmp_path):
     assert not (tmp_path / "g").exists()
 
 
-def test_existing_records_are_never_overwritten(tmp_path):
-    out = _train(tmp_path, "first", "mlp", procs=1, threads=1, batch=16)
+def test_existing_records_are_never_overwritten(tmp_path, mlp_over_two_ranks):
+    out, _ = mlp_over_two_ranks
     before = (out / "rank0.jsonl").read_bytes()
     again = run_pdlsim("train", "--out", str(out), *SMALL["mlp"])
     assert again.returncode == 2 and "already holds records" in again.stderr
@@ -316,7 +324,9 @@ def test_ctrl_c_or_sigterm_stops_all_ranks_within_seconds(tmp_path, sig, status,
 MLP_PARAM_BYTES = 4 * 235_146
 
 
-def test_peak_memory_and_model_state_bytes_are_recorded_serial_and_mpi(tmp_path):
+def test_peak_memory_and_model_state_bytes_are_recorded_serial_and_mpi(
+    tmp_path, mlp_over_two_ranks
+):
     """Model-state bytes follow from the shapes (mlp 784-256-128-10, batch 16, momentum: one
     velocity); the measured peak holds at least them; both reach the records and the summary."""
     config = TrainConfig(model="mlp", batch_per_rank=16, samples=256, test_samples=32)
@@ -341,16 +351,16 @@ def test_peak_memory_and_model_state_bytes_are_recorded_serial_and_mpi(tmp_path)
         assert record["device_pool_bytes"] is None and record["device_pool_bytes_max"] is None
     assert epochs[1]["peak_rss_bytes"] >= epochs[0]["peak_rss_bytes"]  # a high-water mark
 
-    out = tmp_path / "mpi"
-    run = run_pdlsim("train", "--procs", "2", "--batch", "8", "--out", str(out), *SMALL["mlp"])
-    assert run.returncode == 0, run.stderr
+    out, run = mlp_over_two_ranks
     frame = load_dataframe(out, type="train_epoch")
     assert set(frame["rank"]) == {0, 1}
     assert (frame["peak_rss_bytes"] >= MLP_PARAM_BYTES).all()
-    assert (frame["peak_rss_bytes_max"] == frame["peak_rss_bytes"].max()).all()
+    by_epoch = frame.groupby("epoch")  # the max over ranks, epoch by epoch
+    assert (by_epoch["peak_rss_bytes_max"].nunique() == 1).all()
+    assert (by_epoch["peak_rss_bytes_max"].first() == by_epoch["peak_rss_bytes"].max()).all()
     assert (frame["model_state_bytes.weights"] == MLP_PARAM_BYTES).all()
     assert (frame["model_state_bytes.optimizer_state"] == 0).all()  # no momentum: no velocity
-    peak_mib = frame["peak_rss_bytes_max"].iloc[0] / 2**20
+    peak_mib = by_epoch["peak_rss_bytes_max"].first().iloc[-1] / 2**20  # the last epoch's
     assert f"peak memory per rank {peak_mib:.1f} MiB resident (max over ranks)" in run.stdout
     total = 2 * MLP_PARAM_BYTES + 8 * 788 * 4 + 8 * (784 * 4 + 8)  # batch 8, no velocity
     assert (frame["model_state_bytes.total"] == total).all()
