@@ -272,3 +272,17 @@ def test_gradient_accumulation_runs_k_micro_batches_and_one_allreduce():
     assert b.breakdown.comm_s == pytest.approx(a.breakdown.comm_s, rel=1e-9)
     with pytest.raises(ConfigError, match="gradient accumulation must be >= 1"):
         replace(one, accumulation=0)
+
+
+def test_a_trace_changes_nothing_but_the_detail_of_its_spans():
+    """Without a timeline the layers between two bucket closes run as one simulator event;
+    with one, layer by layer: every step's terms agree, jitter, buckets and overlap on."""
+    cost = example_cost(inter=SLOW_NET, jitter=LognormalJitter(0.1), overlap_efficiency=0.6)
+    for cluster in (Cluster.gpus(2, 4), Cluster.cpus(4, 1, 2)):
+        scenario = Scenario(CNN, 32, bucket_bytes=2**16, overlap=True, iterations=6, seed=3)
+        plain = simulate(cluster, scenario, cost)
+        traced = simulate(cluster, scenario, cost, trace=True)
+        np.testing.assert_allclose(_terms(plain), _terms(traced), rtol=1e-12, atol=1e-15)
+        assert len(plain.buckets) >= 2
+        layers = {e.name for e in traced.timeline.events if e.name.startswith("backward ")}
+        assert len(layers) > len(plain.buckets)  # the trace still names each layer
