@@ -35,3 +35,6 @@ TWO_COUNTS = dataclasses.replace(
     im2col_shapes=((3, 1, 1),),
     step_networks=0,
 )
+# TWO_COUNTS at one thread with TINY's step networks: the least sweep a profile's kernel model
+# and step terms are fitted from, in about a second.
+ONE_COUNT = dataclasses.replace(TWO_COUNTS, threads=(1,), step_networks=TINY.step_networks)

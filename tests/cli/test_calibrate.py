@@ -16,7 +16,7 @@ from calibration.report import format_report
 from microbench.errors import UserError
 from microbench.records import load_dataframe
 from tests.conftest import pdlsim_here, run_pdlsim
-from tests.kernel_plans import TINY
+from tests.kernel_plans import ONE_COUNT
 
 pytestmark = pytest.mark.long_module  # the quick bench alone takes a minute
 
@@ -26,7 +26,7 @@ def quick_bench_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess
     """One quick ``pdlsim bench`` at 1 and 2 ranks, shared by the tests that read its records.
     One workload is enough for every stage; each more adds its compute, jitter and speed
     checks. The kernel sweep is skipped there and run here, as the bench's stage would run it,
-    on TINY's grid: the quick grid takes a minute, and every fit reads any grid alike."""
+    on ONE_COUNT's grid: the quick grid takes a minute, and every fit reads any grid alike."""
     import microbench.commands.kernels as kernels_command
     from microbench.__main__ import main as microbench_main
     from pdlsim.cli.bench_suite import BenchPlan, plan_stages
@@ -37,7 +37,7 @@ def quick_bench_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess
     stage = plan_stages(BenchPlan(out=out, model="mlp", threads=(1,), quick=True))[0]
     assert stage.name == "kernels" and stage.command[1:3] == ("-m", "microbench")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(kernels_command, "plan_from_args", lambda args: TINY)
+        patch.setattr(kernels_command, "plan_from_args", lambda args: ONE_COUNT)
         assert microbench_main(list(stage.command[3:])) == 0
     return out, result
 
