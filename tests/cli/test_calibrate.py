@@ -26,14 +26,17 @@ def quick_bench_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess
     """One quick ``pdlsim bench`` at 1 and 2 ranks, shared by the tests that read its records.
     One workload is enough for every stage; each more adds its compute, jitter and speed
     checks. The kernel sweep is skipped there and run here, as the bench's stage would run it,
-    on ONE_COUNT's grid: the quick grid takes a minute, and every fit reads any grid alike."""
+    on ONE_COUNT's grid: the quick grid takes a minute, and every fit reads any grid alike.
+    The checkpoint writes and the node fill, which no test here reads, have tests of their
+    own."""
     import microbench.commands.kernels as kernels_command
     from microbench.__main__ import main as microbench_main
     from pdlsim.cli.bench_suite import BenchPlan, plan_stages
 
     out = tmp_path_factory.mktemp("bench") / "run"
     result = run_pdlsim("bench", "--quick", "--procs", "1,2", "--threads", "1", "--model", "mlp",
-                        "--skip", "kernels", "--out", str(out), timeout=300)  # fmt: skip
+                        "--skip", "kernels,storage,nodefill", "--out", str(out),
+                        timeout=300)  # fmt: skip
     stage = plan_stages(BenchPlan(out=out, model="mlp", threads=(1,), quick=True))[0]
     assert stage.name == "kernels" and stage.command[1:3] == ("-m", "microbench")
     with pytest.MonkeyPatch.context() as patch:
@@ -58,7 +61,7 @@ def test_quick_bench_runs_every_stage_and_keeps_every_record(quick_bench_run):
     assert result.returncode == 0, result.stderr + result.stdout
     plan = json.loads((out / "bench.json").read_text())
     assert [r["status"] for r in plan["results"]] == ["ok"] * len(plan["stages"])
-    assert "kernels" not in {r["name"] for r in plan["results"]}  # --skip kernels
+    assert not {"kernels", "storage", "nodefill"} & {r["name"] for r in plan["results"]}
     frame = load_dataframe(out, type="measurement")
     sources = set(frame["source"])
     assert {
