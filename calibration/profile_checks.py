@@ -26,7 +26,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from microbench.errors import UserError
+from microbench.errors import UserError, shown_text
 
 __all__ = [
     "ITEM",
@@ -64,7 +64,8 @@ class ProfileError(UserError):
 
     def __init__(self, source: str, field: str, problem: str) -> None:
         self.source, self.field, self.problem = source, field, problem
-        where = f"{source}: {field}" if field else source
+        shown_field = ".".join(shown_text(key) for key in field.split("."))  # a pasted key
+        where = f"{source}: {shown_field}" if field else source
         message = f"{where}: {problem}" if where else problem
         super().__init__(message.replace("\n", " "))
 
@@ -236,8 +237,7 @@ def _check_kind(source: str, path: str, node: Any, example: Mapping | None) -> N
 
 def shown(value: Any) -> str:
     """``value`` for a message: a string quoted as JSON, else its type; never very long."""
-    text = json.dumps(value) if isinstance(value, str) else type(value).__name__
-    return text if len(text) <= 60 else f"{text[:57]}..."
+    return shown_text(json.dumps(value)) if isinstance(value, str) else type(value).__name__
 
 
 def check_models(source: str, models: Any, example: Mapping | None = None) -> None:

@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from microbench.errors import UserError
+from microbench.errors import UserError, shown_value
 
 # Samples per step on one rank, wherever a batch is given (a benchmark's, a prediction's): above
 # it the arrays outgrow any machine's memory before anything is learnt, so it is a typo.
@@ -43,10 +43,7 @@ class ArgumentTypeError(UserError, TypeError):
 
 def shown(value: Any) -> str:
     """``value`` as an error message names it: its type and a short ``repr``."""
-    text = repr(value)
-    if len(text) > 40:
-        text = text[:37] + "..."
-    return f"{type(value).__name__} {text}"
+    return f"{type(value).__name__} {shown_value(value)}"
 
 
 def check_integer(name: str, value: Any) -> int:

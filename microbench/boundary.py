@@ -21,6 +21,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from .errors import clip_long_numbers
+
 __all__ = [
     "STOP_SIGNALS",
     "Stopped",
@@ -89,6 +91,9 @@ _OS_ADVICE: dict[int, str] = {
     errno.ELOOP: "a loop of symbolic links; remove the link or give another name",
 }
 
+# Python's ValueError for int() of a text of more than 4,300 digits (sys.int_info)
+_INT_TOO_LONG = "Exceeds the limit"
+
 # Messages numpy gives, as ValueError, for an array whose size does not even fit an integer.
 _NUMPY_TOO_BIG = (
     "array is too big",
@@ -107,6 +112,10 @@ def describe_failure(exc: BaseException) -> str | None:
         return f"not enough memory for the sizes asked{detail}; use smaller sizes"
     if isinstance(exc, ValueError) and str(exc).lower().startswith(_NUMPY_TOO_BIG):
         return f"not enough memory for the sizes asked ({exc}); use smaller sizes"
+    if isinstance(exc, ValueError) and str(exc).startswith(_INT_TOO_LONG):
+        # int() of a value typed or written with thousands of digits, where a reader had no
+        # check of its own: Python's message names its own setting, which is not the fix
+        return "a number given has thousands of digits, past any count or size; give a real one"
     if isinstance(exc, OSError) and exc.errno in _OS_ADVICE:
         advice = _OS_ADVICE[exc.errno]
         if exc.filename is None:
@@ -119,9 +128,11 @@ def describe_failure(exc: BaseException) -> str | None:
 
 
 def say(prog: str, line: str) -> None:
-    """``line`` on stderr after ``prog: error:``; a stderr that cannot be written stays silent."""
+    """``line`` on stderr after ``prog: error:``, a number past any meaning in it cut short
+    (:func:`~microbench.errors.clip_long_numbers`); a stderr that cannot be written stays
+    silent."""
     try:
-        print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
+        print(f"{prog}: error: {clip_long_numbers(line)}", file=sys.stderr, flush=True)
     except OSError:
         pass
 

@@ -166,6 +166,10 @@ def int_at_least(minimum: int, most: int | None = None) -> Callable[[str], int]:
         try:
             value = int(text)
         except ValueError:
+            if text.strip().lstrip("+-").isdecimal():  # past the 4,300 digits int() reads
+                raise argparse.ArgumentTypeError(
+                    f"an integer of {len(text.strip()):,} digits is too large"
+                ) from None
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")

@@ -64,7 +64,9 @@ def _staged(path: Path, data: bytes) -> str:
     puts in place whole. Nothing is left behind when it fails."""
     kind = special_kind(path)
     if kind is not None:
-        raise UserError(f"{path} is {kind}, not a regular file; give a new file name")
+        raise UserError(
+            f"{path} is {kind}, not a regular file; move it aside, or give another name"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     umask = os.umask(0)

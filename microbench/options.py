@@ -17,6 +17,8 @@ import argparse
 import re
 from typing import Any
 
+from .errors import SHOWN_MOST, clip_long_numbers, shown_text
+
 __all__ = ["given", "register_once_actions", "usage_hint"]
 
 # argparse's words for an option whose value is missing: also what it says when the value
@@ -26,9 +28,31 @@ _NO_VALUE = re.compile(r"argument (-[^\s/:]+)(?:/\S+)?: expected one argument$")
 _GIVEN = "_options_given"  # namespace attribute: dest -> (option string, value)
 
 
+# argparse's words for a value a type function could not read (it raised a ValueError of its
+# own: int() of a plain number, or of one past the 4,300 digits Python reads), and the ones
+# that say what to give instead
+_INVALID_VALUE = re.compile(r"invalid (\w+) value: '(.*)'$")
+_WANTED = {"int": "expected a whole number", "float": "expected a number"}
+_HUGE_DIGITS = re.compile(r"[0-9]{4000,}")
+_LONG_QUOTED = re.compile(rf"'([^']{{{SHOWN_MOST + 1},}})'")
+
+
+def _invalid_value(found: re.Match[str]) -> str:
+    kind, value = found.groups()
+    huge = _HUGE_DIGITS.search(value)
+    if huge is not None:
+        return f"a number of {len(huge.group(0)):,} digits is past any count or size"
+    return f"{_WANTED.get(kind, 'cannot read the value')}, got '{value}'"
+
+
 def usage_hint(message: str) -> str:
-    """argparse's ``message``, with the way to give a value that starts with '-' where it
-    reports a missing value: ``--step-time -1ms`` reads "-1ms" as another flag."""
+    """argparse's ``message`` in words that say what to give, with values quoted from the
+    command line cut short (a 5,000-digit ``--seed``), and with the way to give a value that
+    starts with '-' where it reports a missing value: ``--step-time -1ms`` reads "-1ms" as
+    another flag."""
+    message = _INVALID_VALUE.sub(_invalid_value, message)
+    message = _LONG_QUOTED.sub(lambda m: f"'{shown_text(m.group(1))}'", message)
+    message = clip_long_numbers(message)
     found = _NO_VALUE.search(message)
     if found is None:
         return message

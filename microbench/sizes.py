@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["SizeError", "format_bytes", "parse_size", "parse_sizes", "size_range"]
+from .errors import shown_text
+
+__all__ = ["SizeError", "check_digits", "format_bytes", "parse_size", "parse_sizes", "size_range"]
 
 UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 _SIZE = re.compile(r"\s*(\d+)\s*([A-Za-z]*)\s*")
@@ -27,16 +29,44 @@ class SizeError(ValueError):
     """A size list that does not parse or is not ascending (one-line message)."""
 
 
+# What a size that is not a whole number of bytes looks like: a sign, a fraction or an
+# exponent, nan or inf
+_NEGATIVE = re.compile(r"\s*-\s*[\d.]")
+_FRACTION = re.compile(r"\s*\+?(\d*\.\d*|\d+(\.\d*)?e[+-]?\d+)\s*[A-Za-z]*\s*", re.I)
+_NOT_FINITE = re.compile(r"\s*\+?(nan|inf)", re.I)
+MAX_SIZE_DIGITS = 100  # far past any memory; int() refuses past 4,300
+
+
 def parse_size(text: str) -> int:
-    """``"64KiB"`` -> 65536. Raises :class:`SizeError` on anything else."""
+    """``"64KiB"`` -> 65536. Raises :class:`SizeError` on anything else, with what is wrong:
+    a negative size, one that is not a whole number, a number past any memory, a unit."""
+    shown = repr(shown_text(text.strip()))
     match = _SIZE.fullmatch(text)
     if match is None:
-        raise SizeError(f"bad size {text.strip()!r}: expected a number with B, KiB, MiB or GiB")
+        if _NEGATIVE.match(text):
+            raise SizeError(f"bad size {shown}: a size cannot be negative; give e.g. 64KiB")
+        if _FRACTION.fullmatch(text):
+            raise SizeError(
+                f"bad size {shown}: a size is a whole number of B, KiB, MiB or GiB; give e.g. "
+                "1536MiB, not 1.5GiB"
+            )
+        if _NOT_FINITE.match(text):
+            raise SizeError(f"bad size {shown}: a size is a whole number of bytes, e.g. 64KiB")
+        raise SizeError(f"bad size {shown}: expected a number with B, KiB, MiB or GiB")
     digits, unit = match.groups()
     factor = UNITS.get(unit.lower() if unit else "b")
     if factor is None:
-        raise SizeError(f"bad size {text.strip()!r}: unknown unit {unit!r} (B, KiB, MiB or GiB)")
-    return int(digits) * factor
+        raise SizeError(f"bad size {shown}: unknown unit {shown_text(unit)!r} (B, KiB, MiB or GiB)")
+    return check_digits(digits, text) * factor
+
+
+def check_digits(digits: str, text: str) -> int:
+    """``digits`` (of the size ``text``) as an int; a :class:`SizeError` past
+    :data:`MAX_SIZE_DIGITS` digits, which no memory holds (and ``int`` refuses past 4,300)."""
+    if len(digits.lstrip("0")) > MAX_SIZE_DIGITS:
+        shown = repr(shown_text(text.strip()))
+        raise SizeError(f"bad size {shown}: {len(digits):,} digits is past any memory")
+    return int(digits)
 
 
 def size_range(low: int, high: int, factor: int = 2) -> list[int]:
@@ -79,7 +109,7 @@ def parse_sizes(text: str, *, multiple_of: int = 1, minimum: int = 1) -> tuple[i
                 raise SizeError(f"bad range {item.strip()!r}: the factor must be an integer")
             if high < low:
                 raise SizeError(f"sizes out of order: range {item.strip()!r} ends below its start")
-            new = size_range(low, high, int(factor_text))
+            new = size_range(low, high, check_digits(factor_text, item))
         else:
             raise SizeError(f"bad range {item.strip()!r}: expected LOW:HIGH or LOW:HIGH:FACTOR")
         for size in new:

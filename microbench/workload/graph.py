@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from microbench.errors import shown_names, shown_value
 from microbench.fileio import (
     TRAILING_SLASH,
     DuplicateKeyError,
@@ -102,7 +103,7 @@ class Workload:
                 "count applies to networks whose first layer is an embedding"
             )
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-            raise WorkloadError(f"a token count is a positive integer, got {tokens!r}")
+            raise WorkloadError(f"a token count is a positive integer, got {shown_value(tokens)}")
         doc = {**self.to_dict(), "input_shape": [tokens]}
         return _build(doc, f"workload {self.name} at {tokens} tokens")
 
@@ -253,7 +254,7 @@ def _build(doc: Any, source: str) -> Workload:
     unknown = set(doc) - {"name", "input_shape", "layers", "description"}
     if unknown:
         raise WorkloadError(
-            f"{source}: unknown key(s) {', '.join(sorted(unknown))}; "
+            f"{source}: unknown key(s) {shown_names(unknown)}; "
             "allowed: name, input_shape, layers, description"
         )
     name = doc.get("name", Path(source).stem if source.startswith("workload file") else "custom")
@@ -348,7 +349,7 @@ def _shape(value: Any, source: str) -> tuple[int, ...]:
     ):
         raise WorkloadError(
             f"{source}: 'input_shape' must be [features] (or token ids), [tokens, features] or "
-            f"[channels, height, width] (integers), got {value!r}"
+            f"[channels, height, width] (integers), got {shown_value(value)}"
         )
     if any(v <= 0 for v in value):
         raise WorkloadError(f"{source}: 'input_shape' sizes must be positive, got {list(value)}")
@@ -385,7 +386,8 @@ def _parse_layer(index: int, raw: Any, source: str) -> Layer:
     kind = raw.get("kind")
     if not isinstance(kind, str) or kind not in KIND_SETTINGS:
         raise WorkloadError(
-            f"{source}: layer {index}: unknown kind {kind!r}; known kinds: {', '.join(LAYER_KINDS)}"
+            f"{source}: layer {index}: unknown kind {shown_value(kind)}; known kinds: "
+            f"{', '.join(LAYER_KINDS)}"
         )
     name = _checked_name(raw.get("name", f"{kind}{index}"), f"{source}: layer {index} ({kind})")
     where = f"{source}: layer {index} ({name})"
@@ -394,7 +396,7 @@ def _parse_layer(index: int, raw: Any, source: str) -> Layer:
     if unknown:
         keys = ", ".join(sorted(allowed)) or "none besides kind, name and inputs"
         raise WorkloadError(
-            f"{where}: unknown setting(s) {', '.join(sorted(unknown))} for {kind}; allowed: {keys}"
+            f"{where}: unknown setting(s) {shown_names(unknown)} for {kind}; allowed: {keys}"
         )
     settings: dict[str, Any] = {}
     for key, spec in allowed.items():
@@ -416,23 +418,25 @@ def _setting(value: Any, key: str, spec: Setting, where: str) -> Any:
     if isinstance(spec.type, tuple):
         if value not in spec.type:
             raise WorkloadError(
-                f"{where}: '{key}' must be one of {', '.join(spec.type)}, got {value!r}"
+                f"{where}: '{key}' must be one of {', '.join(spec.type)}, got {shown_value(value)}"
             )
         return value
     if spec.type == "bool":
         if not isinstance(value, bool):
-            raise WorkloadError(f"{where}: '{key}' must be true or false, got {value!r}")
+            raise WorkloadError(f"{where}: '{key}' must be true or false, got {shown_value(value)}")
         return value
     if spec.type == "layer":
         if not isinstance(value, str) or not value:
-            raise WorkloadError(f"{where}: '{key}' must name a layer, got {value!r}")
+            raise WorkloadError(f"{where}: '{key}' must name a layer, got {shown_value(value)}")
         return value
     if spec.type == "fraction":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise WorkloadError(f"{where}: '{key}' must be a number in [0, 1), got {value!r}")
+            raise WorkloadError(
+                f"{where}: '{key}' must be a number in [0, 1), got {shown_value(value)}"
+            )
         return float(value)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise WorkloadError(f"{where}: '{key}' must be an integer, got {value!r}")
+        raise WorkloadError(f"{where}: '{key}' must be an integer, got {shown_value(value)}")
     minimum = 0 if spec.type == "count" else 1
     if value < minimum:
         raise WorkloadError(f"{where}: '{key}' must be >= {minimum}, got {value}")
@@ -452,5 +456,7 @@ def _input_names(raw: Mapping[str, Any], where: str) -> tuple[str, ...]:
         or not names
         or not all(isinstance(n, str) and n for n in names)
     ):
-        raise WorkloadError(f"{where}: 'inputs' must be a list of layer names, got {names!r}")
+        raise WorkloadError(
+            f"{where}: 'inputs' must be a list of layer names, got {shown_value(names)}"
+        )
     return tuple(names)

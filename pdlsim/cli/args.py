@@ -13,6 +13,10 @@ def _int_at_least(text: str, least: int, expected: str) -> int:
     try:
         value = int(text)
     except ValueError:
+        if text.strip().lstrip("+-").isdecimal():  # past the 4,300 digits int() reads
+            raise argparse.ArgumentTypeError(
+                f"expected {expected}, got one of {len(text.strip()):,} digits"
+            ) from None
         raise argparse.ArgumentTypeError(f"expected {expected}, got '{text}'") from None
     if value < least:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")

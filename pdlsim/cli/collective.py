@@ -26,12 +26,13 @@ _SUFFIX = re.compile(r"^\s*(\d+)\s*([KMGT])\s*$", re.IGNORECASE)
 
 def parse_nccl_size(text: str) -> int:
     """``"8GiB"``, ``"8G"`` (nccl-tests' binary K/M/G/T) or ``"1048576"`` -> bytes."""
-    from microbench.sizes import SizeError, parse_size
+    from microbench.sizes import SizeError, check_digits, parse_size
 
     match = _SUFFIX.match(text)
-    if match:
-        return int(match.group(1)) * 1024 ** ("KMGT".index(match.group(2).upper()) + 1)
     try:
+        if match:
+            scale = 1024 ** ("KMGT".index(match.group(2).upper()) + 1)
+            return check_digits(match.group(1), text) * scale
         return parse_size(text)
     except SizeError as exc:
         raise UserError(f"{exc}; nccl-tests' K, M, G and T are understood too") from None

@@ -69,6 +69,10 @@ def parse_vary(text: str) -> tuple[str, tuple[Any, ...], tuple[str, ...]]:
     """argparse type for ``KNOB=V1,V2,...``: (knob, parsed values, their spellings)."""
     name, sep, values = text.partition("=")
     name = name.strip()
+    if not name:
+        raise argparse.ArgumentTypeError(
+            f"expected KNOB=V1,V2,... like bucket-mb=10,50, got '{text}'; knobs: {', '.join(KNOBS)}"
+        )
     if name not in KNOBS:
         raise argparse.ArgumentTypeError(
             f"unknown knob '{name}' in '{text}'; knobs: {', '.join(KNOBS)}"

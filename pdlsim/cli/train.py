@@ -13,7 +13,7 @@ from microbench.fileio import check_folder_exists, check_writable, new_run_dir
 from microbench.options import given
 from microbench.threads import oversubscription, set_threads, size_numba_pool, too_many_threads
 from pdlsim.cli.args import non_negative_float, positive_int, seed
-from pdlsim.cli.train_summary import finish_run
+from pdlsim.cli.train_summary import check_run_outputs, finish_run
 from pdlsim.prediction.epoch import DATASET_SAMPLES, OTHER_DATASET_SAMPLES
 from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig
 from pdlsim.train.launch import Stopped, launch_ranks
@@ -261,6 +261,7 @@ def check_run_dir(run_dir: Path) -> None:
             f"--out {run_dir} already holds records; choose a new directory (nothing is "
             f"overwritten){resume}"
         )
+    check_run_outputs(run_dir)
 
 
 def resume_checkpoint(run_dir: Path | None, config: TrainConfig) -> Path:
@@ -285,6 +286,7 @@ def resume_checkpoint(run_dir: Path | None, config: TrainConfig) -> Path:
                else "start the run again without --resume")  # fmt: skip
         raise UserError(f"{exc}; {fix}") from None
     check_resumable(header, config, load_workload(config.model).to_dict(), path)
+    check_run_outputs(run_dir)
     return path
 
 

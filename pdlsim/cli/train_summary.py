@@ -5,15 +5,44 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from microbench.fileio import atomic_write_text
+from microbench.errors import UserError
+from microbench.fileio import atomic_write_text, special_kind
 from pdlsim.train.config import warmup_steps
 
 if TYPE_CHECKING:
     from pdlsim.train.loop import TrainResult
 
-__all__ = ["finish_run", "format_memory", "format_summary", "steady_phases"]
+__all__ = [
+    "SUMMARY_NAME",
+    "check_run_outputs",
+    "finish_run",
+    "format_memory",
+    "format_summary",
+    "steady_phases",
+]
+
+SUMMARY_NAME = "summary.json"
+_CHECKPOINTS = "checkpoint-step*.npz"  # pdlsim.train.checkpoint's names
+
+
+def check_run_outputs(run_dir: Path) -> None:
+    """Refuse, before any training, a run directory where a name the run writes under is
+    taken by something that is not a regular file (a directory, a FIFO): the write at the end
+    would fail after all the work, or block on the FIFO. The one line names it and the fix."""
+    if not run_dir.is_dir():
+        return
+    taken = [run_dir / SUMMARY_NAME, *sorted(run_dir.glob(_CHECKPOINTS))]
+    for path in taken:
+        kind = special_kind(path)
+        if kind is not None:
+            raise UserError(
+                f"--out {run_dir}: {path} is {kind}, where the run writes its "
+                f"{'summary' if path.name == SUMMARY_NAME else 'checkpoints'}; move it aside, "
+                "or give another --out"
+            )
 
 
 def steady_phases(steps: list[dict[str, float]]) -> tuple[dict[str, float], int, float]:
@@ -80,4 +109,4 @@ def finish_run(result: TrainResult) -> None:
         "epochs": [asdict(e) for e in result.epochs],
         "run_dir": str(result.run_dir),
     }
-    atomic_write_text(result.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(result.run_dir / SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")

@@ -27,12 +27,13 @@ describes a machine not packaged here by copying one (``pdlsim hardware show NAM
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from microbench.errors import UserError
+from microbench.errors import UserError, shown_names, shown_text, shown_value
 from microbench.fileio import read_json
 
 __all__ = [
@@ -247,17 +248,20 @@ class Hardware:
 
     def network(self, name: str) -> NetworkPreset:
         if name not in self.networks:
-            raise UserError(f"unknown network preset '{name}'; known: {', '.join(self.networks)}")
+            known = ", ".join(self.networks)
+            raise UserError(f"unknown network preset '{shown_text(name)}'; known: {known}")
         return self.networks[name]
 
     def gpu(self, name: str) -> GpuPreset:
         if name not in self.gpus:
-            raise UserError(f"unknown GPU preset '{name}'; known: {', '.join(self.gpus)}, none")
+            known = ", ".join(self.gpus)
+            raise UserError(f"unknown GPU preset '{shown_text(name)}'; known: {known}, none")
         return self.gpus[name]
 
     def node(self, name: str) -> NodePreset:
         if name not in self.nodes:
-            raise UserError(f"unknown node preset '{name}'; known: {', '.join(self.nodes)}")
+            known = ", ".join(self.nodes)
+            raise UserError(f"unknown node preset '{shown_text(name)}'; known: {known}")
         return self.nodes[name]
 
     def resolve(self, kind: str, text: str) -> Any:
@@ -268,7 +272,7 @@ class Hardware:
         if Path(text).is_dir():
             raise UserError(f"--{_FLAGS[kind]} {text}: a directory; give a {kind} preset's name "
                             f"or a JSON file of one {kind}")  # fmt: skip
-        if not (text.endswith(".json") or "/" in text or Path(text).is_file()):
+        if not (text.endswith(".json") or "/" in text or _on_disk(text)):
             return {"gpu": self.gpu, "node": self.node, "network": self.network}[kind](text)
         values = read_json(text, f"--{_FLAGS[kind]} {text}")
         if not isinstance(values, Mapping):
@@ -290,7 +294,9 @@ class Hardware:
                 fields_.pop("kind")
                 return kind, fields_
         known = ", ".join([*self.gpus, *self.nodes, *self.networks])
-        raise UserError(f"unknown preset '{name}'; known: {known}")
+        if not name.strip():
+            raise UserError(f"the preset name is empty; give one of {known}")
+        raise UserError(f"unknown preset '{shown_text(name)}'; known: {known}")
 
     def overlaid(self, doc: Any, source: str) -> Hardware:
         """This catalogue with ``doc``'s presets added or replaced and its assumptions
@@ -301,7 +307,7 @@ class Hardware:
         unknown = set(doc) - {"about", "networks", "gpus", "nodes", "assumptions"}
         if unknown:
             raise UserError(
-                f"{source}: unknown key(s) {', '.join(sorted(unknown))}; "
+                f"{source}: unknown key(s) {shown_names(unknown)}; "
                 "allowed: about, networks, gpus, nodes, assumptions"
             )
         networks = {**self.networks, **_section(doc, "networks", source, NetworkPreset)}
@@ -361,7 +367,7 @@ def _made(kind: type, values: dict[str, Any], where: str) -> Any:
     unknown, missing = set(values) - names, required - set(values)
     if unknown or missing:
         problem = (
-            f"unknown field(s) {', '.join(sorted(unknown))}"
+            f"unknown field(s) {shown_names(unknown)}"
             if unknown
             else f"missing field(s) {', '.join(sorted(missing))}"
         )
@@ -372,21 +378,30 @@ def _made(kind: type, values: dict[str, Any], where: str) -> Any:
         value = values[f.name]
         numeric = f.type in ("float", "int")
         if f.type == "bool" and not isinstance(value, bool):
-            raise UserError(f"{where}.{f.name}: expected true or false, got {value!r}")
+            raise UserError(f"{where}.{f.name}: expected true or false, got {shown_value(value)}")
         if numeric and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise UserError(f"{where}.{f.name}: expected a number, got {value!r}")
+            raise UserError(f"{where}.{f.name}: expected a number, got {shown_value(value)}")
         if numeric and not math.isfinite(value):
-            raise UserError(f"{where}.{f.name}: expected a finite number, got {value!r}")
+            raise UserError(f"{where}.{f.name}: expected a finite number, got {shown_value(value)}")
         if f.type == "str" and not isinstance(value, str):
-            raise UserError(f"{where}.{f.name}: expected a string, got {value!r}")
+            raise UserError(f"{where}.{f.name}: expected a string, got {shown_value(value)}")
         if f.type == "int" and value != int(value):
-            raise UserError(f"{where}.{f.name}: expected a whole number, got {value!r}")
+            raise UserError(f"{where}.{f.name}: expected a whole number, got {shown_value(value)}")
         if f.type == "int":
             values[f.name] = int(value)
     try:
         return kind(**values)
     except UserError as exc:  # the kind's own checks, which do not know the file
         raise UserError(f"{where}: {exc}") from None
+
+
+def _on_disk(text: str) -> bool:
+    """Whether ``text`` names something on disk (a file, or a FIFO or device that the reader
+    then refuses by what it is), rather than a preset."""
+    try:
+        return os.path.exists(text)
+    except ValueError:  # a NUL in the name
+        return False
 
 
 _KINDS = {"gpu": GpuPreset, "node": NodePreset, "network": NetworkPreset}

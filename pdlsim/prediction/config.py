@@ -18,7 +18,7 @@ from microbench.argtypes import (
     check_number,
     check_numbers,
 )
-from microbench.errors import UserError
+from microbench.errors import UserError, shown_text
 from pdlsim.costmodel.presets import MAX_TIME_S, RATE_RANGE_BYTES_PER_S
 
 if TYPE_CHECKING:
@@ -32,11 +32,31 @@ _RATE = re.compile(rf"^\s*{_NUMBER}\s*([kMGT]?)(B|b|bit)/s\s*$")
 
 _TIME = re.compile(rf"^\s*{_NUMBER}\s*(d|h|min|s|ms|us|ns)\s*$")
 
+# What a number that is no quantity looks like: a sign, nan, inf; and a number with no unit.
+_SIGNED = re.compile(r"^\s*-\s*(?:\d|\.\d|inf)", re.IGNORECASE)
+_NOT_FINITE = re.compile(r"^\s*[+-]?\s*(nan|inf)", re.IGNORECASE)
+_BARE = re.compile(rf"^\s*\+?{_NUMBER}\s*$")
+
 
 _SECONDS = {"d": 86400.0, "h": 3600.0, "min": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
 _PREFIX = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+def _not_a_quantity(text: str, where: str, what: str, example: str) -> UserError:
+    """Why ``text`` is no ``what`` (a time, a bandwidth), naming the real problem: a negative
+    or non-finite number, a number without its unit, or no number at all."""
+    shown = shown_text(text)
+    if _NOT_FINITE.match(text):
+        return UserError(f"{where}{what} must be a finite number with a unit like {example}, "
+                         f"got '{shown}'")  # fmt: skip
+    if _SIGNED.match(text):
+        return UserError(f"{where}{what} cannot be negative, got '{shown}'; give one like "
+                         f"{example}")  # fmt: skip
+    if _BARE.match(text):
+        return UserError(f"{where}'{shown}' has no unit; give {what} with one, like {example}")
+    return UserError(f"{where}expected {what} like {example}, got '{shown}'")
 
 
 def parse_rate(text: str, flag: str = "") -> float:
@@ -45,7 +65,7 @@ def parse_rate(text: str, flag: str = "") -> float:
     where = f"{flag}: " if flag else ""
     m = _RATE.match(text)
     if not m:
-        raise UserError(f"{where}expected a bandwidth like 25GB/s or 100Gb/s, got '{text}'")
+        raise _not_a_quantity(text, where, "a bandwidth", "25GB/s or 100Gb/s")
     if float(m.group(1)) <= 0:
         raise UserError(f"{where}a bandwidth must be above 0, got '{text}'")
     value = float(m.group(1)) * _PREFIX[m.group(2)]
@@ -58,11 +78,12 @@ def parse_rate(text: str, flag: str = "") -> float:
 
 def parse_time(text: str, flag: str = "") -> float:
     """'2us' -> 2e-6 s; 'ns', 'us', 'ms', 's', 'min', 'h' and 'd' are understood; at most
-    :data:`MAX_TIME_S`; ``flag`` names the option in an error."""
+    :data:`MAX_TIME_S`; ``flag`` names the option in an error. Never negative (a caller that
+    needs a time above 0 checks for 0 itself)."""
     where = f"{flag}: " if flag else ""
     m = _TIME.match(text)
     if not m:
-        raise UserError(f"{where}expected a time like 2us, 1.5ms, 60s or 5000h, got '{text}'")
+        raise _not_a_quantity(text, where, "a time", "2us, 1.5ms, 60s or 5000h")
     seconds = float(m.group(1)) * _SECONDS[m.group(2)]
     if not seconds <= MAX_TIME_S:
         raise UserError(f"{where}time '{text}' is out of range: give at most {MAX_TIME_S:.0e} s")

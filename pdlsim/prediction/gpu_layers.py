@@ -18,7 +18,7 @@ import json
 import math
 from typing import Any, NoReturn
 
-from microbench.errors import UserError
+from microbench.errors import UserError, shown_text, shown_value
 from microbench.fileio import read_json
 from pdlsim.prediction.config import PredictConfig
 from pdlsim.prediction.gpu_step import given_compute
@@ -32,8 +32,10 @@ _TIMES = ("forward_s", "backward_s")  # each layer's, in seconds
 
 def _shown(value: Any) -> str:
     """``value`` as the file spells it (null, "1e-5", Infinity), cut short: for messages."""
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    try:
+        return shown_text(json.dumps(value))
+    except ValueError:  # a whole number too long to print
+        return shown_value(value)
 
 
 class _Checker:

@@ -220,3 +220,90 @@ def test_microbench_says_the_same_of_a_value_read_as_a_flag(capsys):
         microbench_main(["collectives", "--sizes", "-1KiB"])
     assert stop.value.code == 2
     assert "is written --sizes=VALUE" in capsys.readouterr().err
+
+
+HUGE = "1" + "0" * 5000  # past the 4,300 digits Python's int() reads
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--step-time", "-1ms", "--step-time: a time cannot be negative, got '-1ms'"),
+        ("--step-time", "0ms", "--step-time must be above 0, got 0ms"),
+        ("--step-time", "nan", "--step-time: a time must be a finite number with a unit"),
+        ("--step-time", "inf", "--step-time: a time must be a finite number with a unit"),
+        ("--step-time", "-inf", "--step-time: a time must be a finite number with a unit"),
+        ("--step-time", "5", "--step-time: '5' has no unit; give a time with one, like 2us"),
+        ("--inter-lat", "-2us", "--inter-lat: a time cannot be negative, got '-2us'"),
+        ("--mtbf", "NaNh", "--mtbf: a time must be a finite number with a unit"),
+        ("--restart-time", "-1s", "--restart-time: a time cannot be negative"),
+        ("--inter-bw", "-5GB/s", "--inter-bw: a bandwidth cannot be negative, got '-5GB/s'"),
+        ("--inter-bw", "inf", "--inter-bw: a bandwidth must be a finite number with a unit"),
+        ("--checkpoint-bw", "25", "--checkpoint-bw: '25' has no unit; give a bandwidth with one"),
+    ],
+)
+def test_a_time_or_rate_that_is_no_quantity_says_what_is_wrong(flag, value, message):
+    """A negative, non-finite or unit-less time or rate is named as such, not as an unknown
+    spelling ("expected a time like 2us"), whichever flag it is given to."""
+    _refused(pdlsim_here("predict", "--nodes", "2", "--gpus", "1", f"{flag}={value}"), message)
+
+
+@pytest.mark.parametrize(
+    ("size", "message"),
+    [
+        ("-8G", "bad size '-8G': a size cannot be negative"),
+        ("1.5G", "bad size '1.5G': a size is a whole number of B, KiB, MiB or GiB"),
+        ("1e3", "a size is a whole number"),
+        ("nan", "bad size 'nan': a size is a whole number of bytes"),
+        (HUGE, "5,001 digits is past any memory"),
+        (HUGE + "G", "5,001 digits is past any memory"),
+    ],
+)
+def test_a_size_that_is_no_whole_number_of_bytes_says_what_is_wrong(size, message):
+    result = pdlsim_here("collective", "allreduce", f"--size={size}")
+    _refused(result, message)
+    assert len(result.stderr) < 300  # the value is quoted cut short
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["predict", "--nodes", "1" + "0" * 400], "--nodes must be at most 1,000,000, got"),
+        (["predict", "--nodes", "1", "--seed", HUGE], "got one of 5,001 digits"),
+        (["predict", "--nodes", "1", "--iterations", HUGE], "a number of 5,001 digits"),
+        (["predict", "--nodes", "1", "--iterations", "1e400"], "expected a whole number, got"),
+        (["train", "--epochs", HUGE], "--epochs: expected a positive integer, got one of"),
+        (["collective", "allreduce", "-f", "2.5"], "expected a whole number, got '2.5'"),
+        (["predict", "--nodes", "1", "--precision", "x" * 500], "invalid choice: 'xxxxxxxx"),
+        (["sweep", "--nodes", "1", "--vary", " ", "--out", "o"], "expected KNOB=V1,V2,..."),
+    ],
+)
+def test_a_huge_or_unreadable_number_on_a_flag_is_named_short(args, message):
+    """A number of hundreds or thousands of digits is refused in one short line (never echoed
+    whole, never Python's "Exceeds the limit"), and argparse's "invalid int value" says what
+    the flag takes."""
+    result = pdlsim_here(*args)
+    _refused(result, message)
+    assert len(result.stderr) < 400 and "Exceeds the limit" not in result.stderr
+
+
+def test_microbench_names_a_huge_number_short(capsys):
+    for args in (["collectives", "--sizes", f"8:64MiB:{HUGE}"], ["copies", "--gpu", HUGE]):
+        with pytest.raises(SystemExit) as stop:
+            microbench_main(args)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.count("\n") == 1 and len(err) < 300, err
+        assert "5,001 digits" in err and "invalid" not in err
+
+
+def test_a_number_too_long_for_int_is_one_line_wherever_it_escapes():
+    """The last guard: a reader with no digit check of its own meets Python's "Exceeds the
+    limit (4300 digits)" ValueError; the command line names the user's mistake instead."""
+    from microbench.boundary import describe_failure
+
+    try:
+        int(HUGE)
+    except ValueError as exc:
+        message = describe_failure(exc)
+    assert message is not None and "thousands of digits" in message and "\n" not in message
+    assert "set_int_max_str_digits" not in message

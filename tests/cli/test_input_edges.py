@@ -21,7 +21,7 @@ from pdlsim.cli import main as cli_main
 from pdlsim.cli import progress
 from pdlsim.cli.main import main
 from pdlsim.costmodel.presets import HARDWARE
-from tests.conftest import run_pdlsim
+from tests.conftest import REPO, run_pdlsim
 
 FAST = ["--iterations", "2", "--samples", "2"]
 
@@ -257,3 +257,72 @@ def test_a_whole_number_longer_than_any_count_is_not_a_document(tmp_path, capsys
     err = capsys.readouterr().err
     assert "not valid JSON" in err and "a whole number of 301 digits (at most 18)" in err
     assert len(err) < 300
+
+
+_LONG = "9" * 400
+
+
+@pytest.mark.parametrize(
+    ("kind", "flag", "preset", "changes", "message"),
+    [
+        ("gpu", "--gpu-preset", "h100-sxm", {"memory_bytes": _LONG},
+         "memory_bytes: expected a number, got '9999999999999999999..."),
+        ("gpu", "--gpu-preset", "h100-sxm", {"memory_bytes": list(range(500))},
+         "memory_bytes: expected a number, got [0, 1, 2, 3"),
+        ("node", "--node", "dgx-h100", {"gpus_per_node": True},
+         "gpus_per_node: expected a number, got True"),
+        ("network", "--network", "ib-ndr", {"x" * 300: 1, **{f"k{i}": 1 for i in range(50)}},
+         "unknown field(s) k0, k1, k10, k11, k12 and 46 more"),
+        ("network", "--network", "ib-ndr", {"latency_s": "slow" * 500},
+         "latency_s: expected a number, got 'slowslowslowslowslo..."),
+    ],
+)  # fmt: skip
+def test_a_long_value_in_a_preset_file_is_quoted_cut_short(
+    capsys, tmp_path, kind, flag, preset, changes, message
+):
+    """A value (a pasted string, a list, a key) of hundreds of characters is quoted by its
+    first ones and '...', not whole: the error stays one readable line."""
+    path = _preset_file(tmp_path, kind, preset, **changes)
+    err = _refused(capsys, "predict", "--nodes", "2", "--gpus", "8", *FAST, flag, path)
+    assert message in err and len(err) < 600, err
+
+
+@pytest.mark.parametrize(
+    ("layer", "message"),
+    [
+        ({"kind": "dense", "name": "d", "units": _LONG}, "'units' must be an integer, got '999"),
+        ({"kind": "dense", "name": "d", "units": list(range(500))}, "got [0, 1, 2, 3, 4, 5, 6..."),
+        ({"kind": "r" * 5000, "name": "d"}, "unknown kind 'rrrrrrrrrrrrrrrrrrr...; known kinds:"),
+        ({"kind": "dense", "name": "d", "units": 8, "z" * 3000: 1},
+         "unknown setting(s) zzzzzzzzzzzzzzzzzzzz... for dense"),
+    ],
+)  # fmt: skip
+def test_a_long_value_in_a_workload_file_is_quoted_cut_short(capsys, tmp_path, layer, message):
+    path = tmp_path / "w.json"
+    loss = {"kind": "softmax_cross_entropy", "name": "loss"}
+    path.write_text(json.dumps({"input_shape": [8], "layers": [layer, loss]}))
+    err = _refused(capsys, "predict", "--nodes", "2", *FAST, "--model", str(path))
+    assert message in err and len(err) < 600, err
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
+@pytest.mark.parametrize("flag", ["--node", "--network", "--gpu-preset"])
+def test_a_fifo_given_as_a_preset_file_is_named_not_taken_for_a_preset(
+    capsys, tmp_path, monkeypatch, flag
+):
+    """A FIFO (or a device) without '.json' or '/' in its name is a file on disk, refused as
+    what it is, not looked up as an unknown preset name."""
+    os.mkfifo(tmp_path / "fifo")
+    monkeypatch.chdir(tmp_path)
+    err = _refused(capsys, "predict", "--nodes", "2", "--gpus", "8", *FAST, flag, "fifo")
+    assert f"{flag} fifo: is a FIFO; give a JSON file" in err
+
+
+@pytest.mark.parametrize("where", ["top", "models"])
+def test_a_long_key_in_a_profile_is_quoted_cut_short(capsys, tmp_path, where):
+    doc = json.loads((REPO / "calibration" / "profiles" / "xeon-2core.json").read_text())
+    (doc if where == "top" else doc["models"])["k" * 3000] = {}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(doc))
+    err = _refused(capsys, "predict", "--nodes", "2", *FAST, "--profile", str(path))
+    assert "kkkkkkkkkkkkkkkkkkkk...: unknown" in err and len(err) < 600, err

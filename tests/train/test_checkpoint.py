@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -315,6 +316,67 @@ def test_resume_mistakes_are_one_line_and_exit_status_2(tmp_path):
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "unreadable" in result.stderr
     assert f"move it aside to resume from {earlier[-1].name}" in result.stderr
+
+
+_TINY = ["--samples", "64", "--test-samples", "16", "--batch", "16", "--checkpoint-every", "2"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A run directory with checkpoints and a summary, as a short training leaves it."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    first = run_pdlsim("train", *_TINY, "--out", str(out))
+    assert first.returncode == 0, first.stderr
+    return out
+
+
+def _in_the_way(path: Path, kind: str) -> None:
+    path.unlink()
+    if kind == "dir":
+        path.mkdir()
+    else:
+        os.mkfifo(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "message"),
+    [
+        ("summary.json", "dir", "summary.json is a directory, where the run writes its summary"),
+        ("summary.json", "fifo", "summary.json is a FIFO, where the run writes its summary"),
+        ("oldest", "dir", "is a directory, where the run writes its checkpoints"),
+        ("newest", "fifo", "is a FIFO, not a checkpoint file; move it aside to resume from"),
+    ],
+)
+def test_a_resume_whose_outputs_are_taken_is_refused_before_training(
+    tmp_path, finished_run, name, kind, message
+):
+    """The summary written at the end, or a checkpoint the run prunes, taken by a directory or
+    a FIFO failed only after the whole resumed run (or blocked on the FIFO): it is one line
+    naming the place and the fix, before any step, and nothing in the folder changes."""
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    checkpoints = sorted(out.glob("checkpoint-step*.npz"))
+    target = {"oldest": checkpoints[0], "newest": checkpoints[-1]}.get(name, out / name)
+    _in_the_way(target, kind)
+    before = sorted(p.name for p in out.iterdir())
+    result = run_pdlsim("train", *_TINY, "--epochs", "2", "--resume", "--out", str(out))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert message in result.stderr and "move it aside" in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_a_new_run_whose_summary_place_is_taken_or_a_resume_into_a_file_is_refused(tmp_path):
+    out = tmp_path / "run"
+    (out / "summary.json").mkdir(parents=True)
+    fresh = run_pdlsim("train", *_TINY, "--out", str(out))
+    assert fresh.returncode == 2 and len(fresh.stderr.strip().splitlines()) == 1, fresh.stderr
+    assert "summary.json is a directory, where the run writes its summary" in fresh.stderr
+    assert [p.name for p in out.iterdir()] == ["summary.json"]
+    (tmp_path / "run.txt").write_text("x")
+    into_file = run_pdlsim("train", *_TINY, "--resume", "--out", str(tmp_path / "run.txt"))
+    assert into_file.returncode == 2 and len(into_file.stderr.strip().splitlines()) == 1
+    assert "is a file, not a run directory; give the --out of the run" in into_file.stderr
 
 
 def test_a_checkpoint_path_that_is_no_plain_zip_of_arrays_is_refused_not_waited_on(tmp_path):
