@@ -351,7 +351,12 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
         kind = special_kind(path)
         broken = path.is_symlink() and not path.exists()  # to nowhere, or a loop of links
         problem = "a link that leads to no file" if broken else "no such file"
-        raise ProfileError(key, "", f"is {kind}, not a profile file" if kind else problem)
+        fix = (
+            "; give a profile.json in it, or a packaged profile"
+            if kind == "a directory"
+            else "; give a profile file or a packaged profile"
+        )
+        raise ProfileError(key, "", f"is {kind}, not a profile file{fix}" if kind else problem)
     try:
         return _load_file(path, key)
     except UnicodeDecodeError as exc:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from microbench.cli import file_path_argument, path_argument
 from microbench.errors import UserError
-from microbench.fileio import check_folder_exists, check_writable, new_run_dir
+from microbench.fileio import check_folder_exists, check_writable, new_run_dir, special_kind
 from pdlsim.cli.args import int_list, name_list, positive_int, seed
 from pdlsim.cli.bench import checked_bench_threads, run_cpu_bench
 
@@ -113,8 +113,9 @@ def _check_records_dir(path: Path, flag: str) -> None:
     if path.is_dir():
         return
     if path.exists():
+        kind = special_kind(path) or "a file"
         raise UserError(
-            f"{flag} {path}: a file, not a directory of records; give the run directory that "
+            f"{flag} {path}: {kind}, not a directory of records; give the run directory that "
             f"holds it ({path.parent})"
         )
     raise UserError(f"{flag} {path}: no such directory of records")

@@ -6,6 +6,7 @@ how to fix it in one line, exit status 2, in the same words."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -59,3 +60,21 @@ def test_a_loop_of_links_is_named(tmp_path, flag):
     loop = tmp_path / "loop.json"
     loop.symlink_to(loop)
     assert "a link that leads to no file" in _refused(flag, str(loop))
+
+
+def test_a_folder_or_fifo_given_as_the_profile_says_what_to_give(tmp_path):
+    assert "is a directory, not a profile file; give a profile.json in it" in _refused(
+        "--profile", str(tmp_path)
+    )
+    fifo = tmp_path / "profile.json"
+    os.mkfifo(fifo)
+    assert "is a FIFO, not a profile file; give a profile file" in _refused("--profile", str(fifo))
+
+
+def test_a_fifo_given_as_the_records_of_calibrate_is_named_a_fifo(tmp_path):
+    """Was "a file, not a directory of records"."""
+    fifo = tmp_path / "run"
+    os.mkfifo(fifo)
+    result = pdlsim_here("calibrate", "--from", str(fifo))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert f"--from {fifo}: a FIFO, not a directory of records" in result.stderr
