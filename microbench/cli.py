@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from .argtypes import MAX_BATCH
 from .boundary import describe_failure, print_message
-from .errors import UserError
+from .errors import UserError, digits_past_int
 from .fileio import new_run_dir, write_problem
 from .options import register_once_actions, usage_hint
 from .threads import MAX_THREADS_PER_CORE, available_cores, too_many_threads
@@ -166,9 +166,10 @@ def int_at_least(minimum: int, most: int | None = None) -> Callable[[str], int]:
         try:
             value = int(text)
         except ValueError:
-            if text.strip().lstrip("+-").isdecimal():  # past the 4,300 digits int() reads
+            digits = digits_past_int(text)
+            if digits is not None:
                 raise argparse.ArgumentTypeError(
-                    f"an integer of {len(text.strip()):,} digits is too large"
+                    f"an integer of {digits:,} digits is too large"
                 ) from None
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
         if value < minimum:

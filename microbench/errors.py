@@ -49,6 +49,14 @@ def shown_value(value: object) -> str:
     return shown_text(text)
 
 
+def digits_past_int(text: str) -> int | None:
+    """How many digits ``text`` has when it is a whole number (a sign allowed) that ``int``
+    refused for its length (past the 4,300 digits Python reads), else None: call it once
+    ``int(text)`` has raised, to name that mistake rather than echo the number."""
+    digits = text.strip().lstrip("+-")
+    return len(text.strip()) if digits.isdecimal() else None
+
+
 # A run of digits (with the commas, points and underscores that group them) past
 # SHOWN_MOST characters: a number nobody means, echoed from the command line or a file.
 _LONG_NUMBER = re.compile(rf"[0-9][0-9,._]{{{SHOWN_MOST},}}")

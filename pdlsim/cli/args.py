@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import argparse
 
+from microbench.errors import digits_past_int
+
 
 def _int_at_least(text: str, least: int, expected: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        if text.strip().lstrip("+-").isdecimal():  # past the 4,300 digits int() reads
+        digits = digits_past_int(text)
+        if digits is not None:
             raise argparse.ArgumentTypeError(
-                f"expected {expected}, got one of {len(text.strip()):,} digits"
+                f"expected {expected}, got one of {digits:,} digits"
             ) from None
         raise argparse.ArgumentTypeError(f"expected {expected}, got '{text}'") from None
     if value < least:

@@ -27,7 +27,6 @@ describes a machine not packaged here by copying one (``pdlsim hardware show NAM
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -272,7 +271,7 @@ class Hardware:
         if Path(text).is_dir():
             raise UserError(f"--{_FLAGS[kind]} {text}: a directory; give a {kind} preset's name "
                             f"or a JSON file of one {kind}")  # fmt: skip
-        if not (text.endswith(".json") or "/" in text or _on_disk(text)):
+        if not (text.endswith(".json") or "/" in text or Path(text).exists()):
             return {"gpu": self.gpu, "node": self.node, "network": self.network}[kind](text)
         values = read_json(text, f"--{_FLAGS[kind]} {text}")
         if not isinstance(values, Mapping):
@@ -393,15 +392,6 @@ def _made(kind: type, values: dict[str, Any], where: str) -> Any:
         return kind(**values)
     except UserError as exc:  # the kind's own checks, which do not know the file
         raise UserError(f"{where}: {exc}") from None
-
-
-def _on_disk(text: str) -> bool:
-    """Whether ``text`` names something on disk (a file, or a FIFO or device that the reader
-    then refuses by what it is), rather than a preset."""
-    try:
-        return os.path.exists(text)
-    except ValueError:  # a NUL in the name
-        return False
 
 
 _KINDS = {"gpu": GpuPreset, "node": NodePreset, "network": NetworkPreset}

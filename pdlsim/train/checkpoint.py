@@ -119,11 +119,10 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 def latest_checkpoint(run_dir: Path) -> Path:
     """The checkpoint ``--resume`` continues from; UserError when there is none."""
-    kind = special_kind(run_dir) if Path(run_dir).exists() else None
     if Path(run_dir).exists() and not Path(run_dir).is_dir():
         raise UserError(
-            f"--resume: --out {run_dir} is {kind or 'a file'}, not a run directory; give the "
-            "--out of the run to continue"
+            f"--resume: --out {run_dir} is {special_kind(run_dir) or 'a file'}, not a run "
+            "directory; give the --out of the run to continue"
         )
     found = list_checkpoints(run_dir) if Path(run_dir).is_dir() else []
     if not found:

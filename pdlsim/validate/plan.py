@@ -255,15 +255,13 @@ def _unseen(spec: RunSpec, text: str, batches: set[int]) -> bool:
 
 def _measured(profile: str) -> tuple[str, set[int]]:
     """The profile as JSON text (where a measured workload's name appears) and the batches
-    its models measured (``batch`` and ``batches`` fields), read from that text: a walk of
-    the document visits every number of its kernel tables."""
+    it measured (its ``batch`` and ``batches`` fields), read from that text: a walk of the
+    document visits every number of its kernel tables."""
     from calibration.profile import load_profile
 
-    loaded = load_profile(profile)
-    text = loaded.to_json()
-    models = json.dumps(loaded.models, allow_nan=False)
+    text = load_profile(profile).to_json()
     batches: set[int] = set()
-    for match in _BATCH_FIELD.finditer(models):
+    for match in _BATCH_FIELD.finditer(text):
         found = json.loads(match.group(1))
         for value in found if isinstance(found, list) else [found]:
             if isinstance(value, (int, float)) and not isinstance(value, bool):

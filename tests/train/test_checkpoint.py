@@ -292,9 +292,12 @@ def test_a_stopped_mpi_run_resumes_to_the_same_weights(tmp_path):
     np.testing.assert_allclose(steps["loss"], reference["loss"], rtol=1e-6)
 
 
+_TINY = ["--samples", "64", "--test-samples", "16", "--batch", "16", "--checkpoint-every", "2"]
+
+
 def test_resume_mistakes_are_one_line_and_exit_status_2(tmp_path):
     out = tmp_path / "run"
-    args = ["--samples", "64", "--test-samples", "16", "--batch", "16", "--checkpoint-every", "2"]
+    args = _TINY
     first = run_pdlsim("train", *args, "--out", str(out))
     assert first.returncode == 0, first.stderr
     assert f"checkpoint (weights, optimizer, data order): {out}" in first.stdout
@@ -316,9 +319,6 @@ def test_resume_mistakes_are_one_line_and_exit_status_2(tmp_path):
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "unreadable" in result.stderr
     assert f"move it aside to resume from {earlier[-1].name}" in result.stderr
-
-
-_TINY = ["--samples", "64", "--test-samples", "16", "--batch", "16", "--checkpoint-every", "2"]
 
 
 @pytest.fixture(scope="module")
