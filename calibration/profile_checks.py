@@ -21,6 +21,7 @@ by any modeler is covered without this module importing it:
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Mapping
@@ -98,6 +99,15 @@ def is_number(value: Any) -> bool:
 def _numbers_only(items: list | tuple) -> bool:
     """Whether every element is a plain JSON number (int or float, not bool)."""
     return all(map(is_number, items))
+
+
+def number_rows(node: Any) -> bool:
+    """Whether ``node`` is a list of non-empty lists of finite plain numbers (a table's points:
+    a GEMM table holds some 20,000 rows of four), tested without a Python call per value."""
+    if not isinstance(node, list) or not node or set(map(type, node)) != {list} or not all(node):
+        return False
+    values = itertools.chain.from_iterable
+    return set(map(type, values(node))) <= {int, float} and all(map(math.isfinite, values(node)))
 
 
 def _check_unit(source: str, field: str, name: str, value: float) -> None:
@@ -201,6 +211,8 @@ def check_tree(
         _check_intervals(source, path, node)
     elif isinstance(node, (list, tuple)):
         sub = example.get(ITEM) if example is not None else None
+        if number_rows(node) and _plain_rows(source, path, node, sub):
+            return  # a table of rows of numbers, checked as one
         if _numbers_only(node) and all(map(math.isfinite, node)):
             if node:
                 _check_kind(source, _join(path, 0), node[0], sub)
@@ -213,6 +225,20 @@ def check_tree(
             check_tree(source, item, _join(path, i), name, sub)
     elif node is not None and not isinstance(node, str):
         raise ProfileError(source, path, f"unexpected value of type {type(node).__name__}")
+
+
+def _plain_rows(source: str, path: str, rows: list[list[float]], example: Mapping | None) -> bool:
+    """For :func:`check_tree`: whether the table ``rows`` (:func:`number_rows`) passes with its
+    first row checked alone, as it does when each value is within :data:`MAX_MAGNITUDE` and
+    above 0 (no sign rule can fail): every row is a list and every value a number, so each has
+    the first's kind. False where a value needs the row-by-row check, which names it."""
+    values = itertools.chain.from_iterable
+    if max(map(abs, values(rows))) > MAX_MAGNITUDE or min(values(rows)) <= 0:
+        return False
+    _check_kind(source, _join(path, 0), rows[0], example)
+    inner = example.get(ITEM) if example is not None else None
+    _check_kind(source, _join(_join(path, 0), 0), rows[0][0], inner)
+    return True
 
 
 def _check_size(source: str, path: str, value: float) -> None:

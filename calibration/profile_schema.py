@@ -33,6 +33,7 @@ from .profile_checks import (
     _join,
     _numbers_only,
     is_number,
+    number_rows,
     shown,
 )
 
@@ -52,6 +53,10 @@ def _grow(trie: dict, node: Any) -> None:
     elif isinstance(node, list):
         trie[OTHER] = True
         child = trie.setdefault(ITEM, {})
+        if number_rows(node):  # a table's points: what each row would mark, marked once
+            child[OTHER] = True
+            child.setdefault(ITEM, {})[NUMBER] = True
+            return
         if _numbers_only(node):  # a table's or a sample's values: one mark, not one call each
             if node:
                 child[NUMBER] = True

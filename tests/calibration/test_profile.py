@@ -22,7 +22,8 @@ from calibration.profile import (
     load_profile,
     read_sources,
 )
-from calibration.profile_checks import check_tree
+from calibration import profile_schema
+from calibration.profile_checks import ITEM, OTHER, check_tree
 from calibration.profile_schema import reference_fields
 from microbench.errors import UserError
 from microbench.records import load_dataframe, read_records
@@ -264,12 +265,29 @@ def test_nonsense_cannot_be_saved(profile, tmp_path):
         ({"link_bytes_per_s": [2e9, 0.0]}, "m.link_bytes_per_s[1]", "a throughput must be > 0"),
         ({"speedup": [1.0, float("nan")]}, "m.speedup[1]", "nan is not a finite number"),
         ({"speedup": [1.0, True]}, "m.speedup[1]", "unexpected value of type bool"),
+        # a table of rows, which passes as one check where nothing in it can fail
+        ({"points_s": [[1, 2.0]] * 3 + [[1, -2.0]]}, "m.points_s[3][1]", "a time must be >= 0"),
+        ({"points_s": [[1, 2.0], [1, 1e19]]}, "m.points_s[1][1]", "1e+19 is past any"),
+        ({"points_s": [[1, 2.0], [1, True]]}, "m.points_s[1][1]", "unexpected value of type"),
+        ({"points_s": [[1, 2.0], [1, math.inf]]}, "m.points_s[1][1]", "inf is not a finite"),
     ],
 )
 def test_a_bad_value_in_a_list_of_numbers_is_named_by_its_index(tree, field, problem):
     with pytest.raises(ProfileError, match=re.escape(f"{field}: {problem}")):
         check_tree("p.json", tree, "m")
     check_tree("p.json", {key: [1.0, 2.0] for key in tree}, "m")
+
+
+def test_a_table_of_rows_marks_the_example_trie_as_its_rows_one_by_one_would():
+    rows = [[1, 2.5, 3], [4, 5.0, 6]]
+    fast: dict = {}
+    profile_schema._grow(fast, {"t": rows})
+    slow: dict = {}
+    for row in rows:  # each row grown alone: a list of numbers
+        profile_schema._grow(slow.setdefault("t", {OTHER: True}).setdefault(ITEM, {}), row)
+    assert fast == {OTHER: True, **slow}
+    with pytest.raises(ProfileError, match=re.escape("m.t[1][0]: expected a number")):
+        check_tree("p.json", {"t": [[1.0], ["x"]]}, "m", example=fast)
 
 
 def test_packaged_profiles_pass_the_check_by_example_so_loading_them_by_name_skips_it():
