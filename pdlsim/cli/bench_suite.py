@@ -207,6 +207,8 @@ def plan_stages(plan: BenchPlan) -> list[Stage]:
                 plan, procs, models, jitter_threads, (JITTER_MOMENTS, JITTER_MOMENTS)
             )
     speed_checks.append(len(stages))  # and one after everything else
+    if plan.quick:  # the first and the last: the spread of two moments, in half the time
+        speed_checks = [speed_checks[0], speed_checks[-1]]
     gpu_batches = _gpu_batches(plan)  # looked for once, not per check
     for k, at in reversed(list(enumerate(sorted(set(speed_checks)), start=1))):
         stages.insert(at, _speed_stage(plan, k, len(set(speed_checks)), gpu_batches))

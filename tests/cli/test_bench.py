@@ -142,3 +142,12 @@ def test_speed_checks_are_spread_over_the_calibration_in_one_file(tmp_path):
         assert ("--append" in command) == (k > 0)
         moments.append(command[command.index("--moment") + 1])
     assert moments == [f"check {k} of 4" for k in range(1, 5)]
+
+
+def test_a_quick_bench_checks_the_speed_at_its_start_and_its_end(tmp_path):
+    """Two moments, the first after the one-process stages and the last after everything."""
+    stages = plan_stages(BenchPlan(out=tmp_path, model="mlp", procs=(1, 2), quick=True))
+    names = [s.name for s in stages]
+    assert [n for n in names if n.startswith("speed")] == ["speed-1", "speed-2"]
+    assert names[-1] == "speed-2" and names[names.index("speed-1") - 1] == "nodefill"
+    assert "check 2 of 2" in stages[-1].command
