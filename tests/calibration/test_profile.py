@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import calibration.profile as profile_module
+from calibration import profile_schema
 from calibration.compute import ComputeModel
 from calibration.jitter import JitterModel
 from calibration.overlap import OverlapModel
@@ -22,7 +23,6 @@ from calibration.profile import (
     load_profile,
     read_sources,
 )
-from calibration import profile_schema
 from calibration.profile_checks import ITEM, OTHER, check_tree
 from calibration.profile_schema import reference_fields
 from microbench.errors import UserError
