@@ -99,6 +99,8 @@ __all__ = [
     "QUICK_GEMM_DIMS",
     "QUICK_POLICY",
     "KernelPlan",
+    "Pool",
+    "loop_points",
     "QUICK_STEP_NETWORKS",
     "QUICK_STEP_ROUNDS",
     "GEMM_ALIAS_N",
@@ -219,7 +221,7 @@ STALL_FACTOR = 2.0
 STALL_ALLOWANCE_S = 100e-6
 
 
-class _Pool:
+class Pool:
     """A few large float32 buffers, filled once; a point's arrays are views into them, so the
     sweep allocates and fills nothing per point."""
 
@@ -255,7 +257,7 @@ def ragged_shapes(
     return [key for key in shapes if _within_limits(*key, max_flops)]
 
 
-def _gemm_fn(pool: _Pool, layout: str, m: int, n: int, k: int) -> Callable[[], object]:
+def _gemm_fn(pool: Pool, layout: str, m: int, n: int, k: int) -> Callable[[], object]:
     a = pool.view(0, (k, m) if layout[0] == "t" else (m, k))
     b = pool.view(1, (n, k) if layout[1] == "t" else (k, n))
     a, b = (a.T if layout[0] == "t" else a), (b.T if layout[1] == "t" else b)
@@ -267,7 +269,7 @@ def _gemm_fn(pool: _Pool, layout: str, m: int, n: int, k: int) -> Callable[[], o
 # ----------------------------------------------------------------------------------- loops
 
 
-def _loop_points(plan: KernelPlan, threads: int) -> list[tuple[str, str, tuple[int, ...]]]:
+def loop_points(plan: KernelPlan, threads: int) -> list[tuple[str, str, tuple[int, ...]]]:
     """(kernel, variant, dims) to time at ``threads``: serial drivers and single-variant
     kernels at one thread, parallel drivers at every other count."""
     out = []
@@ -300,7 +302,7 @@ def _loop_points(plan: KernelPlan, threads: int) -> list[tuple[str, str, tuple[i
 # ----------------------------------------------------------------------------------- run
 
 
-def _units(plan: KernelPlan, threads: int, pool: _Pool) -> list[list[tuple[str, dict, Any]]]:
+def _units(plan: KernelPlan, threads: int, pool: Pool) -> list[list[tuple[str, dict, Any]]]:
     """The points at ``threads`` in their shuffled order, in units that run one right after
     the other (a stride triple; else a single point)."""
     base = {"threads": threads}
@@ -318,7 +320,7 @@ def _units(plan: KernelPlan, threads: int, pool: _Pool) -> list[list[tuple[str, 
         for n, (m, k) in itertools.product(plan.gemm_alias_n, plan.gemm_alias_mk):
             units.append([gemm("gemm_alias", layout, m, n + s, k, base_n=n, shift=s)
                           for s in (-GEMM_ALIAS_SHIFT, 0, GEMM_ALIAS_SHIFT)])  # fmt: skip
-    for kernel, variant, dims in _loop_points(plan, threads):
+    for kernel, variant, dims in loop_points(plan, threads):
         elements, run = call_features(kernel, dims)
         params = {**base, "kernel": kernel, "variant": variant, "dims": list(dims),
                   "elements": elements, "run": run}  # fmt: skip
@@ -345,7 +347,7 @@ def run_kernels(
     blocks sized so that all end together: a slow spell of a shared machine then lands on every
     count alike, and the ratios between them (how a kernel scales with threads) are measured
     side by side rather than minutes apart."""
-    pool = _Pool(MAX_ELEMENTS, 6, plan.seed)
+    pool = Pool(MAX_ELEMENTS, 6, plan.seed)
     queues = {threads: _units(plan, threads, pool) for threads in plan.threads}
     for threads, units in queues.items():
         if status is not None:

@@ -96,6 +96,7 @@ def plan_from_args(args: argparse.Namespace) -> KernelPlan:
 
 def run(args: argparse.Namespace) -> int:
     from ..kernelbench import run_kernels
+    from ..kernelwarm import compile_loops
     from ..machine import machine_metadata
     from ..records import RecordWriter
     from ..reference import last_level_cache_bytes
@@ -123,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
         "available_cores": cores,
         "last_level_cache_bytes": last_level_cache_bytes(),
     }
+    variants, seconds = compile_loops(plan, cores)  # a machine's first sweep: over the cores
+    if variants:
+        print(f"kernels: {variants} loop variants compiled over {cores} processes, "
+              f"{seconds:.0f} s of CPU", flush=True)  # fmt: skip
     run_info = {"command": "microbench kernels", "argv": sys.argv[1:], "settings": settings}
     with RecordWriter(out / RECORDS_FILE, machine_metadata(), run_info, append=args.append) as w:
         print(f"kernels: threads {','.join(map(str, plan.threads))}; records: {w.path}", flush=True)

@@ -10,7 +10,7 @@ import pytest
 from calibration.gemm_alias import AliasLaw, stride_class_bytes
 from calibration.gemm_regimes import SmallGemm
 from calibration.kernel_tables import GemmTable
-from microbench.kernelbench import GEMM_ALIAS_SHIFT, KernelPlan, _Pool, _units
+from microbench.kernelbench import GEMM_ALIAS_SHIFT, KernelPlan, Pool, _units
 
 PEAK = 1e11
 C_S = {256: 0.0, 1024: 5e-11, 4096: 2e-10}  # seconds per element of B, by stride class
@@ -89,7 +89,7 @@ def test_the_sweep_times_each_triple_side_by_side_in_every_layout():
     plan = KernelPlan(threads=(1,), gemm_dims=(), gemm_ragged_dims=(), loop_elements=(),
                       im2col_shapes=(), step_networks=0, gemm_alias_n=(64, 512),
                       gemm_alias_mk=((16, 2048),))  # fmt: skip
-    units = _units(plan, 1, _Pool(2**22, 3, 0))
+    units = _units(plan, 1, Pool(2**22, 3, 0))
     triples = [unit for unit in units if unit[0][0] == "gemm_alias"]
     assert all(len(unit) == 3 for unit in triples)  # one unit: its blocks never split it
     timed = [params for unit in triples for name, params, _ in unit if name == "gemm_alias"]
