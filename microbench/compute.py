@@ -142,6 +142,7 @@ def _run_target(
     threads: tuple[int, ...],
     record: Callable[[Point, _Target], Measurement],
 ) -> None:
+    from microbench.memory import available_memory_bytes
     from microbench.network_ops import network_points
     from microbench.nn import SGD, Network
     from microbench.reference import (
@@ -149,7 +150,6 @@ def _run_target(
         GPU_TRIAD_MIN_TOTAL_BYTES,
         TRIAD_MIN_TOTAL_BYTES,
         TriadArrays,
-        available_memory_bytes,
         gemm_point,
         last_level_cache_bytes,
         triad_elements,

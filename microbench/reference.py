@@ -28,7 +28,6 @@ from microbench.sampling import Point
 __all__ = [
     "DEFAULT_LLC_BYTES",
     "TriadArrays",
-    "available_memory_bytes",
     "gemm_point",
     "last_level_cache_bytes",
     "triad_elements",
@@ -68,25 +67,6 @@ def last_level_cache_bytes(root: Path = Path("/sys/devices/system/cpu")) -> int 
         return None
     top = max(level for level, _ in caches)
     return sum(size for (level, _), size in caches.items() if level == top)
-
-
-def available_memory_bytes() -> int | None:
-    """Memory this process may still use: MemAvailable, or less under a cgroup limit."""
-    values = []
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                values.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-        if limit != "max":
-            values.append(max(0, int(limit) - used))
-    except (OSError, ValueError):
-        pass
-    return min(values) if values else None
 
 
 def triad_elements(cache_bytes: int, memory_bytes: int | None, minimum_total: int) -> int:

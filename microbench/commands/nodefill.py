@@ -57,9 +57,10 @@ def run(args: argparse.Namespace) -> int:
     from ..cli import under_launcher
     from ..machine import machine_metadata
     from ..measurement import Measurement
+    from ..memory import available_memory_bytes
     from ..nodefill import KERNELS, WARMUP_CALLS, NodeFillError, fill, levels, stream_elements
     from ..records import RecordWriter
-    from ..reference import DEFAULT_LLC_BYTES, available_memory_bytes, last_level_cache_bytes
+    from ..reference import DEFAULT_LLC_BYTES, last_level_cache_bytes
     from ..threads import available_cores
 
     if under_launcher():

@@ -342,7 +342,7 @@ def _validate(config: TrainConfig) -> None:
     """Catch bad input once, in the launching process, before any rank starts."""
     from microbench.workload import load_workload
     from pdlsim.train.device import gpu_device
-    from pdlsim.train.loop import prepare_data, steps_per_epoch
+    from pdlsim.train.epoch import prepare_data, steps_per_epoch
 
     problem = too_many_threads(config.procs, config.threads)
     if problem is not None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from microbench import reference
+from microbench.memory import available_memory_bytes
 from microbench.workload import Workload
 from pdlsim.train.dataset import DataError, Dataset, check_counts
 from pdlsim.train.token_data import synthetic_next_tokens, synthetic_tokens
@@ -359,7 +359,7 @@ def synthetic_overflow(workload: Workload, n_samples: int) -> tuple[int, int] | 
     still use (a large network's images would otherwise push the machine into swap); None
     where they fit, or the memory is not known. ``pdlsim validate`` asks it of every launch
     before the first."""
-    available = reference.available_memory_bytes()
+    available = available_memory_bytes()
     need = n_samples * math.prod(workload.input_shape) * 4
     if available is not None and need > _DATA_MEMORY_SHARE * available:
         return need, available

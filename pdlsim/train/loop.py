@@ -32,16 +32,15 @@ from typing import Any
 
 import numpy as np
 
-from microbench.errors import UserError
 from microbench.machine import machine_metadata
 from microbench.nn import SGD, Adam, Network, make_optimizer
 from microbench.records import RecordWriter
-from microbench.workload import Workload, load_workload
-from pdlsim.prediction.epoch import dataset_samples
+from microbench.workload import load_workload
 from pdlsim.train.checkpoint import records_path, restore, save_checkpoint
 from pdlsim.train.config import TrainConfig
-from pdlsim.train.data import Dataset, load_dataset
+from pdlsim.train.data import Dataset
 from pdlsim.train.device import Device
+from pdlsim.train.epoch import prepare_data, steps_per_epoch
 from pdlsim.train.feed import BatchFeed, step_indices
 from pdlsim.train.runinfo import (
     StepLog,
@@ -99,34 +98,6 @@ class _EpochSums:
 
     def values(self) -> list[float]:
         return [self.loss, self.correct, *self.phases_s.values()]
-
-
-def prepare_data(config: TrainConfig, workload: Workload) -> tuple[Dataset, Dataset]:
-    """The training and held-out test sets, shaped for the workload (synthetic: fresh draws, as
-    many as the epoch ``pdlsim predict`` prices,
-    :func:`pdlsim.prediction.epoch.dataset_samples`)."""
-    n_train = config.samples
-    if n_train is None and config.data == "synthetic":
-        n_train = dataset_samples(workload.name)
-    train = load_dataset(config.data, workload, n_samples=n_train, seed=config.seed, train=True)
-    test = load_dataset(
-        config.data, workload, n_samples=config.test_samples, seed=config.seed, train=False
-    )
-    return train, test
-
-
-def steps_per_epoch(config: TrainConfig, n_train: int) -> int:
-    """Full global batches per epoch (a last partial one is dropped so ranks stay equal)."""
-    steps = n_train // config.global_batch
-    if steps == 0:
-        raise UserError(
-            f"the global batch {config.procs} ranks x {config.batch_per_rank} = "
-            f"{config.global_batch} exceeds the {n_train} training samples; "
-            "use a smaller --batch or more --samples"
-        )
-    if config.max_steps_per_epoch is not None:
-        steps = min(steps, config.max_steps_per_epoch)
-    return steps
 
 
 def train(

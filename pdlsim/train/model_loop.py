@@ -36,12 +36,12 @@ from pdlsim.train.checkpoint import records_path
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.data import Dataset
 from pdlsim.train.device import Device
+from pdlsim.train.epoch import prepare_data
 from pdlsim.train.feed import BatchFeed, step_indices
 from pdlsim.train.loop import (
     EVAL_CHUNK,
     EpochResult,
     TrainResult,
-    prepare_data,
 )
 from pdlsim.train.runinfo import (
     StepLog,

@@ -66,7 +66,7 @@ def test_train_and_predict_share_one_epoch_per_workload(monkeypatch):
     from microbench.workload import load_workload
     from pdlsim.prediction import epoch
     from pdlsim.train.config import TrainConfig
-    from pdlsim.train.loop import prepare_data
+    from pdlsim.train.epoch import prepare_data
 
     monkeypatch.setitem(epoch.DATASET_SAMPLES, "mlp", 96)
     train, _ = prepare_data(TrainConfig(model="mlp", test_samples=8), load_workload("mlp"))

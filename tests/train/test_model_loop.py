@@ -16,7 +16,8 @@ from microbench.workload import load_workload, split_columns
 from pdlsim.train.comm import LocalComm
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.device import Device, cpu_device
-from pdlsim.train.loop import prepare_data, train
+from pdlsim.train.epoch import prepare_data
+from pdlsim.train.loop import train
 from pdlsim.train.model_loop import MODEL_PHASES, train_model_parallel
 from tests.conftest import run_pdlsim
 

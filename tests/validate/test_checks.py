@@ -94,7 +94,7 @@ def test_steps_whose_launch_would_not_fit_memory_are_refused_up_front(
 ) -> None:
     """pdlsim train refuses a synthetic set over half the memory; the first launch did, after
     the calibration. 1 GiB available: 100,000 steps of an MLP at batch 16 do not fit."""
-    monkeypatch.setattr("microbench.reference.available_memory_bytes", lambda: 2**30)
+    monkeypatch.setattr("pdlsim.train.data.available_memory_bytes", lambda: 2**30)
     argv = [*SMALL[:-2], "--steps", "100000", "--out", str(tmp_path / "o")]
     err = _refused(capsys, *argv)
     assert "--steps 100000" in err and "memory" in err and "fewer --steps" in err

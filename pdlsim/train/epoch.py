@@ -1,0 +1,41 @@
+"""An epoch's data and steps: the training and test sets a run draws or reads, and how many
+global batches of them an epoch takes. Light on purpose: ``pdlsim train`` checks both in the
+launching process before it starts any rank, without loading the network's kernels."""
+
+from __future__ import annotations
+
+from microbench.errors import UserError
+from microbench.workload import Workload
+from pdlsim.prediction.epoch import dataset_samples
+from pdlsim.train.config import TrainConfig
+from pdlsim.train.data import Dataset, load_dataset
+
+__all__ = ["prepare_data", "steps_per_epoch"]
+
+
+def prepare_data(config: TrainConfig, workload: Workload) -> tuple[Dataset, Dataset]:
+    """The training and held-out test sets, shaped for the workload (synthetic: fresh draws, as
+    many as the epoch ``pdlsim predict`` prices,
+    :func:`pdlsim.prediction.epoch.dataset_samples`)."""
+    n_train = config.samples
+    if n_train is None and config.data == "synthetic":
+        n_train = dataset_samples(workload.name)
+    train = load_dataset(config.data, workload, n_samples=n_train, seed=config.seed, train=True)
+    test = load_dataset(
+        config.data, workload, n_samples=config.test_samples, seed=config.seed, train=False
+    )
+    return train, test
+
+
+def steps_per_epoch(config: TrainConfig, n_train: int) -> int:
+    """Full global batches per epoch (a last partial one is dropped so ranks stay equal)."""
+    steps = n_train // config.global_batch
+    if steps == 0:
+        raise UserError(
+            f"the global batch {config.procs} ranks x {config.batch_per_rank} = "
+            f"{config.global_batch} exceeds the {n_train} training samples; "
+            "use a smaller --batch or more --samples"
+        )
+    if config.max_steps_per_epoch is not None:
+        steps = min(steps, config.max_steps_per_epoch)
+    return steps
