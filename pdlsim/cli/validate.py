@@ -32,7 +32,9 @@ def add_validate_parser(commands: argparse._SubParsersAction) -> None:
         help="predict from this profile (default: calibrate one now, before the training runs)",
     )
     p.add_argument("--repeats", type=positive_int, default=None, help="launches each (3; quick 2)")
-    p.add_argument("--steps", type=positive_int, default=None, help="min steps per launch (40; 20)")
+    p.add_argument(
+        "--steps", type=positive_int, default=None, help="min steps per launch (40; quick 12)"
+    )
     p.add_argument("--models", type=name_list, default="mlp,cnn", metavar="NAME,...",
                    help="workloads (mlp,cnn)")  # fmt: skip
     p.add_argument("--batches", default=None, metavar="B,...", help="batches per rank (16,32,64)")
@@ -171,7 +173,7 @@ def run_validate_command(args: argparse.Namespace) -> int:
         out=args.out or made,
         profile=args.profile,
         repeats=args.repeats or (2 if args.quick else 3),
-        steps=args.steps or (20 if args.quick else 40),
+        steps=args.steps or (12 if args.quick else 40),
         target_run_s=0.25 if args.quick else 2.0,
         max_steps=120 if args.quick else 300,
         quick=args.quick,
