@@ -95,16 +95,21 @@ def _first(rows: pd.DataFrame, column: str) -> str | None:
     return str(values.iloc[0]) if len(values) else None
 
 
-def _without_retimed_firsts(gemm: pd.DataFrame) -> pd.DataFrame:
-    """``gemm`` less each point its sweep timed again (``retimed``: it had stalled, see
-    :func:`microbench.kernelbench.run_kernels`): the re-timing stands in for it."""
-    if "params.retimed" not in gemm or not gemm["params.retimed"].eq(True).any():
-        return gemm
-    keys = pd.MultiIndex.from_frame(
-        gemm[["source", "params.layout", "params.threads", *_GEMM_DIMS]]
+_LOOP_POINT = ["params.variant", "params.dims"]  # what names a loop point of a sweep
+
+
+def _without_retimed_firsts(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """``rows`` less each point its sweep timed again (``retimed``: it had stalled, see
+    :func:`microbench.kernelbench.run_kernels`): the re-timing stands in for it. ``keys``: the
+    columns that name a point (with the record's source and thread count)."""
+    if "params.retimed" not in rows or not rows["params.retimed"].eq(True).any():
+        return rows
+    named = rows[["source", "params.threads", *keys]].map(
+        lambda v: tuple(v) if isinstance(v, list) else v
     )
-    again = gemm["params.retimed"].eq(True).to_numpy()
-    return gemm[again | ~keys.isin(keys[again])]
+    index = pd.MultiIndex.from_frame(named)
+    again = rows["params.retimed"].eq(True).to_numpy()
+    return rows[again | ~index.isin(index[again])]
 
 
 def _medians(rows: pd.DataFrame) -> np.ndarray:
@@ -168,7 +173,7 @@ class KernelModel:
         rows = measured[measured["benchmark"] == "kernels"]
         if rows.empty:
             raise UserError("no kernel sweep records to fit the kernel model from")
-        gemm = _without_retimed_firsts(rows[rows["name"] == "gemm"])
+        gemm = _without_retimed_firsts(rows[rows["name"] == "gemm"], ["params.layout", *_GEMM_DIMS])
         small = small_gemm_rules(*(_first(gemm, f"machine.blas.{k}") for k in _BLAS_KEYS))
         self.gemm_: dict[tuple[str, int], GemmTable] = {}
         triples = rows[rows["name"] == "gemm_alias"]
@@ -181,7 +186,7 @@ class KernelModel:
             alias = _alias_law(triples[mine], rule)
             table = GemmTable.from_points(points, small=rule, alias=alias)
             self.gemm_[(str(layout), int(threads))] = table
-        loops = rows[rows["name"] == "loop"]
+        loops = _without_retimed_firsts(rows[rows["name"] == "loop"], _LOOP_POINT)
         self.loops_: dict[tuple[str, int], LoopTable] = {}
         for (variant, threads), part in loops.groupby(["params.variant", "params.threads"]):
             # features from the dimensions, as the model prices a call (not as recorded: a

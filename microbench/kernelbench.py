@@ -373,41 +373,43 @@ def _retime_stalled(
     writer: RecordWriter | None,
     progress: TextIO | None,
 ) -> list[Measurement]:
-    """Time again, now, each GEMM point above one thread that took more than
-    :data:`STALL_FACTOR` x the same GEMM at one thread plus :data:`STALL_ALLOWANCE_S`: more
-    threads share the work, and their wake-up costs tens of microseconds, so such a point
-    waited for a descheduled core (a few milliseconds of a shared machine's steal stall every
-    sample of a short point, which all fall within a millisecond). Its record is written again
-    with ``retimed: true``, which the kernel model takes in place of the first."""
-    alone = {
-        _gemm_key(m.params): m.median
-        for m in results
-        if m.name == "gemm" and m.params["threads"] == 1
-    }
+    """Time again, now, each GEMM or loop point above one thread that took more than
+    :data:`STALL_FACTOR` x the same call at one thread (a loop: its serial driver) plus
+    :data:`STALL_ALLOWANCE_S`: more threads share the work, and their wake-up costs tens of
+    microseconds, so such a point waited for a descheduled core (a few milliseconds of a
+    shared machine's steal stall every sample of a short point, which all fall within a
+    millisecond). Its record is written again with ``retimed: true``, which the kernel model
+    takes in place of the first."""
+    alone = {_point_key(m.name, m.params): m.median for m in results if m.params["threads"] == 1}
     points = {
-        (threads, _gemm_key(point[1])): point
+        (threads, _point_key(*point[:2])): point
         for threads, units in queues.items()
         for unit in units
         for point in unit
-        if point[0] == "gemm"
+        if point[0] in ("gemm", "loop")
     }
     stalled = [
         m for m in results
-        if m.name == "gemm" and m.params["threads"] > 1 and _gemm_key(m.params) in alone
-        and m.median > STALL_FACTOR * alone[_gemm_key(m.params)] + STALL_ALLOWANCE_S
+        if m.name in ("gemm", "loop") and m.params["threads"] > 1
+        and m.median > STALL_FACTOR * alone.get(_point_key(m.name, m.params), m.median)
+        + STALL_ALLOWANCE_S
     ]  # fmt: skip
     out: list[Measurement] = []
     for threads in sorted({m.params["threads"] for m in stalled}):
         set_threads(threads)
         for m in (m for m in stalled if m.params["threads"] == threads):
-            name, params, make = points[(threads, _gemm_key(m.params))]
+            name, params, make = points[(threads, _point_key(m.name, m.params))]
             point = (name, {**params, "retimed": True}, make)
             out += _run_point(plan, threads, point, set(), writer, progress)
     return out
 
 
-def _gemm_key(params: dict[str, Any]) -> tuple[Any, ...]:
-    return params["layout"], params["m"], params["n"], params["k"]
+def _point_key(name: str, params: dict[str, Any]) -> tuple[Any, ...]:
+    """A GEMM's layout and shape, or a loop's kernel and dimensions: what the same call at
+    another thread count shares."""
+    if name == "loop":
+        return name, params["kernel"], tuple(params["dims"])
+    return name, params.get("layout"), params.get("m"), params.get("n"), params.get("k")
 
 
 def _run_point(

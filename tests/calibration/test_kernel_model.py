@@ -70,26 +70,35 @@ def test_thread_counts_take_turns_so_a_slow_spell_lands_on_each(monkeypatch):
         assert abs(halves[0].count(t) - halves[1].count(t)) <= 7
 
 
-def test_a_two_thread_gemm_that_stalled_is_timed_again_and_the_retiming_stands(
-    monkeypatch, tmp_path
+@pytest.mark.parametrize(
+    ("name", "stalled", "call"),
+    [
+        ("gemm", ("nn", 16, 256, 16), KernelCall("gemm_nn", (16, 256, 16), 0, "forward")),
+        ("loop", ("relu", (64,)), KernelCall("relu", (64,), 0, "forward", parallel=True)),
+    ],
+    ids=["gemm", "loop"],
+)
+def test_a_two_thread_point_that_stalled_is_timed_again_and_the_retiming_stands(
+    monkeypatch, tmp_path, name, stalled, call
 ):
-    """A point at two threads 50x its one-thread time (it waited for a descheduled core) is
-    timed again after the sweep; the kernel model prices the shape from the re-timing."""
+    """A GEMM or a parallel loop at two threads 50x its one-thread time (it waited for a
+    descheduled core) is timed again after the sweep; the kernel model prices the call from
+    the re-timing."""
     import microbench.kernelbench as kernelbench
 
-    stalled = ("nn", 16, 256, 16)
+    def key(p):
+        if name == "loop":
+            return p["kernel"], tuple(p["dims"])
+        return p["layout"], p["m"], p["n"], p["k"]
+
     real = kernelbench.measure
 
     def measure(repetition, policy, **labels):
         m = real(repetition, policy, **labels)
         p = labels["params"]
-        if (
-            labels["name"] == "gemm"
-            and p["threads"] == 2
-            and not p.get("retimed")
-            and ((p["layout"], p["m"], p["n"], p["k"]) == stalled)
-        ):
-            return dataclasses.replace(m, samples=m.samples * 50 + 1e-3)
+        if labels["name"] == name and p["threads"] == 2 and not p.get("retimed"):
+            if key(p) == stalled:
+                return dataclasses.replace(m, samples=m.samples * 50 + 1e-3)
         return m
 
     monkeypatch.setattr(kernelbench, "measure", measure)
@@ -97,12 +106,11 @@ def test_a_two_thread_gemm_that_stalled_is_timed_again_and_the_retiming_stands(
     with RecordWriter(out / "kernels.jsonl", machine_metadata(), {"command": "test"}) as writer:
         done = run_kernels(TWO_COUNTS, writer)
     again = [m for m in done if m.params.get("retimed")]
-    assert stalled in [(m.params["layout"], m.params["m"], m.params["n"], m.params["k"])
-                       for m in again if m.params["threads"] == 2]  # fmt: skip
-    assert all(m.params["threads"] == 2 and m.name == "gemm" for m in again)
+    assert stalled in [key(m.params) for m in again if m.name == name]
+    assert all(m.params["threads"] == 2 and m.name in ("gemm", "loop") for m in again)
     model = KernelModel().fit(load_dataframe(out, type="measurement"))
-    call = KernelCall("gemm_nn", stalled[1:], 0, "forward")
-    assert model.call_s(call, 2) < 2 * model.call_s(call, 1) + 1e-4
+    serial = dataclasses.replace(call, parallel=False)
+    assert model.call_s(call, 2) < 2 * model.call_s(serial, 1) + 1e-4
 
 
 def test_data_dependent_loops_read_fresh_data_each_call():
