@@ -69,7 +69,7 @@ import numpy as np
 
 from microbench.kernels.calls import GEMM_LAYOUTS, KERNEL_DIMS, call_features, op_calls
 from microbench.kernels.callspec import SERIAL_ONLY
-from microbench.kernels.steps import measure_step, step_workloads
+from microbench.kernels.steps import STEP_NETWORKS, measure_step, step_workloads
 from microbench.loopcalls import MAX_ELEMENTS, im2col_dims, loop_dims, loop_fn
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter
@@ -102,6 +102,7 @@ __all__ = [
     "Pool",
     "loop_points",
     "QUICK_STEP_NETWORKS",
+    "QUICK_STEP_MAX_FLOPS",
     "QUICK_STEP_ROUNDS",
     "GEMM_ALIAS_N",
     "GEMM_ALIAS_MK",
@@ -139,8 +140,11 @@ LOOP_ELEMENTS = tuple(8**e for e in range(2, 9))  # 64 .. 16.8 M
 QUICK_LOOP_ELEMENTS = (64, 2**12, 2**15, 2**18, 2**21, 2**24)
 # The step benchmark (microbench.kernels.steps): random networks per thread count, and the
 # (step, calls alone) samples of each.
-STEP_NETWORKS = 15
 QUICK_STEP_NETWORKS = 6
+# --quick's networks: spread over the full draw's steps up to this many FLOPs (its largest
+# three, 1.7-13 GFLOP, take 0.1-0.6 s a step on a 2-core VM's core; those below, up to 1 GFLOP,
+# spanned steps of 0.5-77 ms of kernels)
+QUICK_STEP_MAX_FLOPS = 2e9
 STEP_ROUNDS = 7
 QUICK_STEP_ROUNDS = 4
 FULL_POLICY = SamplingPolicy(warmup=2, min_samples=5, max_samples=40, time_cap_s=0.01)
@@ -211,6 +215,7 @@ class KernelPlan:
     policy: SamplingPolicy = FULL_POLICY
     seed: int = 0
     step_networks: int = STEP_NETWORKS  # random networks of the step benchmark per thread count
+    step_max_flops: float | None = None  # a subset of the full draw spread up to this (quick)
     step_rounds: int = STEP_ROUNDS  # (step, calls alone) samples of each
 
 
@@ -325,7 +330,7 @@ def _units(plan: KernelPlan, threads: int, pool: Pool) -> list[list[tuple[str, d
         params = {**base, "kernel": kernel, "variant": variant, "dims": list(dims),
                   "elements": elements, "run": run}  # fmt: skip
         units.append([("loop", params, (loop_fn, pool, kernel, variant, dims))])
-    for workload, batch in step_workloads(plan.step_networks):
+    for workload, batch in step_workloads(plan.step_networks, plan.step_max_flops):
         params = {**base, "workload_json": json.dumps(workload.to_dict()), "batch": batch,
                   "op_calls": len(op_calls(workload))}  # fmt: skip
         units.append([("step", params, (workload, batch))])

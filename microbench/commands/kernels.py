@@ -28,6 +28,7 @@ from ..kernelbench import (
     QUICK_IM2COL_SHAPES,
     QUICK_LOOP_ELEMENTS,
     QUICK_POLICY,
+    QUICK_STEP_MAX_FLOPS,
     QUICK_STEP_NETWORKS,
     QUICK_STEP_ROUNDS,
     KernelPlan,
@@ -89,6 +90,7 @@ def plan_from_args(args: argparse.Namespace) -> KernelPlan:
             channel_runs=QUICK_CHANNEL_RUNS,
             im2col_shapes=QUICK_IM2COL_SHAPES,
             step_networks=QUICK_STEP_NETWORKS,
+            step_max_flops=QUICK_STEP_MAX_FLOPS,
             step_rounds=QUICK_STEP_ROUNDS,
         )
     return plan

@@ -458,6 +458,23 @@ def test_the_step_benchmark_times_the_same_networks_small_to_large_at_every_thre
     assert strata == list(range(6))
 
 
+def test_a_quick_step_benchmark_spreads_its_networks_over_the_full_draws_sizes():
+    """Six of the full draw's networks, every kind, from the smallest step to near the FLOPs
+    cap: a short sweep fits its terms on small to large steps too, not on six alike."""
+    from microbench.kernelbench import QUICK_STEP_MAX_FLOPS, QUICK_STEP_NETWORKS
+    from microbench.kernels.steps import STEP_NETWORKS, step_flops, step_workloads
+
+    full = step_workloads(STEP_NETWORKS)
+    quick = step_workloads(QUICK_STEP_NETWORKS, QUICK_STEP_MAX_FLOPS)
+    drawn = [(w, b) for w, b in quick if w.name.startswith("step-")]
+    assert len(drawn) == QUICK_STEP_NETWORKS and all(net in full for net in drawn)
+    assert {w.name.split("-")[1] for w, _ in drawn} == {"mlp", "cnn", "res"}
+    sizes = sorted(step_flops(w, b) for w, b in drawn)
+    allowed = [step_flops(w, b) for w, b in full if step_flops(w, b) <= QUICK_STEP_MAX_FLOPS]
+    assert sizes[-1] == max(allowed) and sizes[-1] / sizes[0] > 100
+    assert [w.name for w, _ in step_workloads(2)][-2:] == ["step-mlp-0", "step-cnn-1"]
+
+
 def test_a_shape_timed_in_two_pooled_sweeps_takes_the_median_of_both(sweep):
     """Sweeps pooled from two moments time every GEMM twice: the table holds the median of
     the two, whichever sweep came first."""
