@@ -54,3 +54,12 @@ def test_a_cold_cache_is_compiled_over_the_processes_and_one_process_is_left_to_
     assert variants == 2 and seconds > 0
     monkeypatch.setattr(kernelwarm, "cold_cache", lambda: False)
     assert kernelwarm.compile_loops(plan, 2) == (0, 0.0)  # a warm cache: nothing to do
+
+
+def test_a_machine_that_cannot_start_processes_leaves_the_compiling_to_the_sweep(monkeypatch):
+    def no_processes(*args, **kwargs):
+        raise OSError("no /dev/shm")
+
+    monkeypatch.setattr(kernelwarm, "cold_cache", lambda: True)
+    monkeypatch.setattr(kernelwarm, "ProcessPoolExecutor", no_processes)
+    assert kernelwarm.compile_loops(KernelPlan(threads=(1,)), 2) == (0, 0.0)
