@@ -332,3 +332,11 @@ def test_a_superscript_digit_is_named_as_no_number(argv, said, tmp_path):
     result = run_microbench(*argv, "--out", str(tmp_path / "out"), timeout=60)
     assert result.returncode == 2, result.stdout + result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and said in result.stderr
+
+
+def test_every_quick_size_is_sampled_under_the_whole_quick_policy():
+    """The fewer samples of large messages start above --quick's largest size, the point its
+    bandwidths rest on (a tenth of the samples left that point 10, and noisy)."""
+    from microbench.collectives import LARGE_MESSAGE_BYTES, QUICK_SIZES
+
+    assert max(QUICK_SIZES) < LARGE_MESSAGE_BYTES
