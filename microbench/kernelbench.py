@@ -69,7 +69,7 @@ import numpy as np
 
 from microbench.kernels.calls import GEMM_LAYOUTS, KERNEL_DIMS, call_features, op_calls
 from microbench.kernels.callspec import SERIAL_ONLY
-from microbench.kernels.steps import STEP_NETWORKS, measure_step, step_workloads
+from microbench.kernels.steps import measure_step, step_workloads
 from microbench.loopcalls import MAX_ELEMENTS, im2col_dims, loop_dims, loop_fn
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter
@@ -101,7 +101,6 @@ __all__ = [
     "KernelPlan",
     "Pool",
     "loop_points",
-    "QUICK_STEP_NETWORKS",
     "QUICK_STEP_MAX_FLOPS",
     "QUICK_STEP_ROUNDS",
     "GEMM_ALIAS_N",
@@ -140,10 +139,11 @@ LOOP_ELEMENTS = tuple(8**e for e in range(2, 9))  # 64 .. 16.8 M
 QUICK_LOOP_ELEMENTS = (64, 2**12, 2**15, 2**18, 2**21, 2**24)
 # The step benchmark (microbench.kernels.steps): random networks per thread count, and the
 # (step, calls alone) samples of each.
-QUICK_STEP_NETWORKS = 6
-# --quick's networks: spread over the full draw's steps up to this many FLOPs (its largest
-# three, 1.7-13 GFLOP, take 0.1-0.6 s a step on a 2-core VM's core; those below, up to 1 GFLOP,
-# spanned steps of 0.5-77 ms of kernels)
+STEP_NETWORKS = 15
+# --quick's networks: the same draw less its steps above this many FLOPs (the two largest, 5.4
+# and 13 GFLOP, take 0.3-0.6 s a step on a core of the 2-core VM; the 13 below, 0.5-77 ms of
+# kernels, take about 9 s at two thread counts, against 7 s for the six first draws the quick
+# sweep had timed)
 QUICK_STEP_MAX_FLOPS = 2e9
 STEP_ROUNDS = 7
 QUICK_STEP_ROUNDS = 4
@@ -215,7 +215,7 @@ class KernelPlan:
     policy: SamplingPolicy = FULL_POLICY
     seed: int = 0
     step_networks: int = STEP_NETWORKS  # random networks of the step benchmark per thread count
-    step_max_flops: float | None = None  # a subset of the full draw spread up to this (quick)
+    step_max_flops: float | None = None  # the draw less its steps above this (quick)
     step_rounds: int = STEP_ROUNDS  # (step, calls alone) samples of each
 
 

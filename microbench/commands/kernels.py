@@ -29,7 +29,6 @@ from ..kernelbench import (
     QUICK_LOOP_ELEMENTS,
     QUICK_POLICY,
     QUICK_STEP_MAX_FLOPS,
-    QUICK_STEP_NETWORKS,
     QUICK_STEP_ROUNDS,
     KernelPlan,
     gemm_shapes,
@@ -89,7 +88,6 @@ def plan_from_args(args: argparse.Namespace) -> KernelPlan:
             loop_elements=QUICK_LOOP_ELEMENTS,
             channel_runs=QUICK_CHANNEL_RUNS,
             im2col_shapes=QUICK_IM2COL_SHAPES,
-            step_networks=QUICK_STEP_NETWORKS,
             step_max_flops=QUICK_STEP_MAX_FLOPS,
             step_rounds=QUICK_STEP_ROUNDS,
         )

@@ -25,13 +25,11 @@ from microbench.nn import SGD, Network, random_batch
 from microbench.randomnets import random_workloads
 from microbench.workload import Workload
 
-__all__ = ["STEP_BATCHES", "STEP_KINDS", "STEP_NETWORKS", "STEP_STREAM", "glue_workloads",
-           "measure_step", "spread_by_flops", "step_flops", "step_fn",
-           "step_workloads"]  # fmt: skip
+__all__ = ["STEP_BATCHES", "STEP_KINDS", "STEP_STREAM", "glue_workloads", "measure_step",
+           "step_flops", "step_fn", "step_workloads"]  # fmt: skip
 
 STEP_BATCHES = (4, 256)
 STEP_STREAM = 0x57E9
-STEP_NETWORKS = 15  # random networks of the full step benchmark
 # The kinds of random networks, in turn: a factor measured on chains alone priced residual
 # networks 10-15% fast at one thread (their steps ran 1.4-1.7x their tables' price, chains'
 # 1.2-1.35x, side by side).
@@ -76,7 +74,7 @@ def glue_workloads() -> list[Workload]:
     return out
 
 
-def step_workloads(count: int, spread_to_flops: float | None = None) -> list[tuple[Workload, int]]:
+def step_workloads(count: int, most_flops: float | None = None) -> list[tuple[Workload, int]]:
     """The step benchmark's networks, each with its batch, the same at every thread count: the
     tiny networks at batch 1, then ``count`` random ones (:mod:`microbench.randomnets`) drawn
     from the benchmark's own stream, at batches log-uniform in :data:`STEP_BATCHES` one per
@@ -85,19 +83,10 @@ def step_workloads(count: int, spread_to_flops: float | None = None) -> list[tup
     come out small (their largest step a tenth of the one-thread draw's), and the factor fitted
     on them multiplied steps ten times larger.
 
-    With ``spread_to_flops``, the ``count`` networks are instead those of the full draw
-    (:data:`STEP_NETWORKS`, unless ``count`` is more) spread evenly in log step FLOPs from the
-    smallest to the largest at most ``spread_to_flops`` (:func:`spread_by_flops`): a short
-    sweep (``--quick``) then still fits its terms on steps small to large. Its first six
-    draws all had 16-18 ms of kernels, and the two-thread factor fitted on them (1.41-1.56,
-    where steps of 20-330 ms gave 1.25-1.29) priced every two-thread row 15-60% slow."""
-    drawn = _draw(max(count, STEP_NETWORKS) if spread_to_flops is not None else count)
-    if spread_to_flops is not None:
-        drawn = spread_by_flops(drawn, count, spread_to_flops)
-    return [(w, 1) for w in glue_workloads()] + drawn
-
-
-def _draw(count: int) -> list[tuple[Workload, int]]:
+    With ``most_flops``, the draw less its steps of more FLOPs (``--quick``: the sweep keeps
+    small to large steps but not the few longest). Its six first draws had made a quick
+    sweep's networks: their kernels all came to 16-18 ms, and the two-thread factor fitted on
+    them priced two-thread rows 15% slow (signed median)."""
     rng = np.random.default_rng(STEP_STREAM)
     low, high = (math.log(b) for b in STEP_BATCHES)
     drawn = random_workloads(rng, count, prefix="step", kinds=STEP_KINDS)
@@ -106,35 +95,15 @@ def _draw(count: int) -> list[tuple[Workload, int]]:
         int(round(math.exp(low + (high - low) * (stratum + rng.uniform()) / len(drawn))))
         for stratum in strata
     ]
-    return list(zip(drawn, batches, strict=True))
+    nets = list(zip(drawn, batches, strict=True))
+    if most_flops is not None:
+        nets = [(w, b) for w, b in nets if step_flops(w, b) <= most_flops]
+    return [(w, 1) for w in glue_workloads()] + nets
 
 
 def step_flops(workload: Workload, batch: int) -> int:
     """The floating-point operations of one training step (forward and backward)."""
     return (workload.forward_flops_per_sample + workload.backward_flops_per_sample) * batch
-
-
-def spread_by_flops(
-    networks: list[tuple[Workload, int]], count: int, most_flops: float
-) -> list[tuple[Workload, int]]:
-    """``count`` of ``networks`` at most ``most_flops`` a step: for each of ``count`` targets
-    evenly spaced in log FLOPs from the smallest step to the largest allowed, the nearest
-    network not yet taken of the next kind in turn (:data:`STEP_KINDS`, as the draw names
-    them; any kind where none of it is left), in draw order."""
-    sized = [
-        (math.log(step_flops(w, b)), i, w.name.split("-")[1])
-        for i, (w, b) in enumerate(networks)
-        if step_flops(w, b) <= most_flops
-    ]
-    if len(sized) <= count:
-        return [networks[i] for _, i, _ in sized]
-    low, high = min(sized)[0], max(sized)[0]
-    taken: set[int] = set()
-    for k, target in enumerate(np.linspace(low, high, count)):
-        free = [(abs(size - target), i, kind) for size, i, kind in sized if i not in taken]
-        kind = STEP_KINDS[k % len(STEP_KINDS)]
-        taken.add(min(f for f in free if f[2] == kind or all(g[2] != kind for g in free))[1])
-    return [networks[i] for i in sorted(taken)]
 
 
 def step_fn(workload: Workload, batch: int) -> Callable[[], object]:

@@ -4,6 +4,7 @@ left out; it travels through a profile to predict."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import itertools
 import json
@@ -458,21 +459,25 @@ def test_the_step_benchmark_times_the_same_networks_small_to_large_at_every_thre
     assert strata == list(range(6))
 
 
-def test_a_quick_step_benchmark_spreads_its_networks_over_the_full_draws_sizes():
-    """Six of the full draw's networks, every kind, from the smallest step to near the FLOPs
-    cap: a short sweep fits its terms on small to large steps too, not on six alike."""
-    from microbench.kernelbench import QUICK_STEP_MAX_FLOPS, QUICK_STEP_NETWORKS
-    from microbench.kernels.steps import STEP_NETWORKS, step_flops, step_workloads
+def test_a_quick_step_benchmark_keeps_the_full_draw_less_its_longest_steps():
+    """The full draw's networks up to the FLOPs cap, every kind, small to large: a short sweep
+    fits its terms on small to large steps too, not on a few alike."""
+    from microbench.commands.kernels import plan_from_args
+    from microbench.kernelbench import QUICK_STEP_MAX_FLOPS, STEP_NETWORKS
+    from microbench.kernels.steps import step_flops, step_workloads
 
     full = step_workloads(STEP_NETWORKS)
-    quick = step_workloads(QUICK_STEP_NETWORKS, QUICK_STEP_MAX_FLOPS)
+    quick = step_workloads(STEP_NETWORKS, QUICK_STEP_MAX_FLOPS)
+    kept = [net for net in full if net[0].name.startswith("glue") or
+            step_flops(*net) <= QUICK_STEP_MAX_FLOPS]  # fmt: skip
+    assert quick == kept and len(kept) < len(full)
     drawn = [(w, b) for w, b in quick if w.name.startswith("step-")]
-    assert len(drawn) == QUICK_STEP_NETWORKS and all(net in full for net in drawn)
     assert {w.name.split("-")[1] for w, _ in drawn} == {"mlp", "cnn", "res"}
     sizes = sorted(step_flops(w, b) for w, b in drawn)
-    allowed = [step_flops(w, b) for w, b in full if step_flops(w, b) <= QUICK_STEP_MAX_FLOPS]
-    assert sizes[-1] == max(allowed) and sizes[-1] / sizes[0] > 100
-    assert [w.name for w, _ in step_workloads(2)][-2:] == ["step-mlp-0", "step-cnn-1"]
+    assert sizes[-1] / sizes[0] > 100
+    args = argparse.Namespace(threads=None, seed=0, quick=True, target=None, time_cap=None)
+    plan = plan_from_args(args)
+    assert (plan.step_networks, plan.step_max_flops) == (STEP_NETWORKS, QUICK_STEP_MAX_FLOPS)
 
 
 def test_a_shape_timed_in_two_pooled_sweeps_takes_the_median_of_both(sweep):
