@@ -385,17 +385,18 @@ def _retime_stalled(
     shared machine's steal stall every sample of a short point, which all fall within a
     millisecond). Its record is written again with ``retimed: true``, which the kernel model
     takes in place of the first."""
-    alone = {_point_key(m.name, m.params): m.median for m in results if m.params["threads"] == 1}
+    timed = [m for m in results if m.name in _RETIMED]
+    alone = {_point_key(m.name, m.params): m.median for m in timed if m.params["threads"] == 1}
     points = {
         (threads, _point_key(*point[:2])): point
         for threads, units in queues.items()
         for unit in units
         for point in unit
-        if point[0] in ("gemm", "loop")
+        if point[0] in _RETIMED
     }
     stalled = [
-        m for m in results
-        if m.name in ("gemm", "loop") and m.params["threads"] > 1
+        m for m in timed
+        if m.params["threads"] > 1
         and m.median > STALL_FACTOR * alone.get(_point_key(m.name, m.params), m.median)
         + STALL_ALLOWANCE_S
     ]  # fmt: skip
@@ -409,12 +410,15 @@ def _retime_stalled(
     return out
 
 
+_RETIMED = ("gemm", "loop")  # the points a stall is looked for in
+
+
 def _point_key(name: str, params: dict[str, Any]) -> tuple[Any, ...]:
     """A GEMM's layout and shape, or a loop's kernel and dimensions: what the same call at
     another thread count shares."""
     if name == "loop":
         return name, params["kernel"], tuple(params["dims"])
-    return name, params.get("layout"), params.get("m"), params.get("n"), params.get("k")
+    return name, params["layout"], params["m"], params["n"], params["k"]
 
 
 def _run_point(

@@ -2,7 +2,7 @@
 
 numba compiles a kernel on its first call and keeps the machine code in its cache beside the
 source (``cache=True``), where every later process loads it in well under a second. On a
-machine that has never run pdlsim, the sweep would compile some 70 loop variants one after the
+machine that has never run pdlsim, the sweep would compile its 63 loop variants one after the
 other: 87 s on the 2-core EPYC VM, a third of a ``pdlsim validate --quick``, spent on one core
 while the others idle. :func:`compile_loops` makes one first call of each variant (each
 ``(variant, number of dims)`` the sweep's loop points have, at their smallest size) in a pool

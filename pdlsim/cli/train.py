@@ -342,7 +342,7 @@ def _validate(config: TrainConfig) -> None:
     """Catch bad input once, in the launching process, before any rank starts."""
     from microbench.workload import load_workload
     from pdlsim.train.device import gpu_device
-    from pdlsim.train.epoch import prepare_data, steps_per_epoch
+    from pdlsim.train.epoch import model_steps_per_epoch, prepare_data, steps_per_epoch
 
     problem = too_many_threads(config.procs, config.threads)
     if problem is not None:
@@ -356,8 +356,6 @@ def _validate(config: TrainConfig) -> None:
         check_splittable(workload, config.procs)
     train_set, _ = prepare_data(config, workload)
     if config.parallel == "model":
-        from pdlsim.train.model_loop import model_steps_per_epoch
-
         model_steps_per_epoch(config, len(train_set))
     else:
         steps_per_epoch(config, len(train_set))

@@ -10,7 +10,7 @@ from pdlsim.prediction.epoch import dataset_samples
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.data import Dataset, load_dataset
 
-__all__ = ["prepare_data", "steps_per_epoch"]
+__all__ = ["model_steps_per_epoch", "prepare_data", "steps_per_epoch"]
 
 
 def prepare_data(config: TrainConfig, workload: Workload) -> tuple[Dataset, Dataset]:
@@ -29,12 +29,29 @@ def prepare_data(config: TrainConfig, workload: Workload) -> tuple[Dataset, Data
 
 def steps_per_epoch(config: TrainConfig, n_train: int) -> int:
     """Full global batches per epoch (a last partial one is dropped so ranks stay equal)."""
-    steps = n_train // config.global_batch
+    too_large = (
+        f"the global batch {config.procs} ranks x {config.batch_per_rank} = {config.global_batch}"
+    )
+    return _full_batches(config, n_train, config.global_batch, too_large)
+
+
+def model_steps_per_epoch(config: TrainConfig, n_train: int) -> int:
+    """Full batches per epoch in model parallelism, where every rank computes the same
+    mini-batch (the last partial one dropped)."""
+    too_large = (
+        f"--batch {config.batch_per_rank} (the batch every rank shares in model parallelism)"
+    )
+    return _full_batches(config, n_train, config.batch_per_rank, too_large)
+
+
+def _full_batches(config: TrainConfig, n_train: int, batch: int, too_large: str) -> int:
+    """Whole batches of ``batch`` samples in ``n_train``, capped by ``--max-steps``; a
+    UserError naming ``too_large`` where not even one fits."""
+    steps = n_train // batch
     if steps == 0:
         raise UserError(
-            f"the global batch {config.procs} ranks x {config.batch_per_rank} = "
-            f"{config.global_batch} exceeds the {n_train} training samples; "
-            "use a smaller --batch or more --samples"
+            f"{too_large} exceeds the {n_train} training samples; use a smaller --batch or "
+            "more --samples"
         )
     if config.max_steps_per_epoch is not None:
         steps = min(steps, config.max_steps_per_epoch)

@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from microbench.errors import UserError
 from microbench.machine import machine_metadata
 from microbench.nn import SGD, Adam, make_optimizer
 from microbench.nn.sliced import SlicedNetwork
@@ -36,7 +35,7 @@ from pdlsim.train.checkpoint import records_path
 from pdlsim.train.config import TrainConfig
 from pdlsim.train.data import Dataset
 from pdlsim.train.device import Device
-from pdlsim.train.epoch import prepare_data
+from pdlsim.train.epoch import model_steps_per_epoch, prepare_data
 from pdlsim.train.feed import BatchFeed, step_indices
 from pdlsim.train.loop import (
     EVAL_CHUNK,
@@ -58,19 +57,6 @@ BATCH_NOTE = (
     "model parallelism: every rank computes the same mini-batch (the global batch); dense "
     "layers' output neurons are split over the ranks"
 )
-
-
-def model_steps_per_epoch(config: TrainConfig, n_train: int) -> int:
-    """Full batches per epoch (the last partial one dropped), capped by ``--max-steps``."""
-    steps = n_train // config.batch_per_rank
-    if steps == 0:
-        raise UserError(
-            f"--batch {config.batch_per_rank} (the batch every rank shares in model parallelism) "
-            f"exceeds the {n_train} training samples; use a smaller --batch or more --samples"
-        )
-    if config.max_steps_per_epoch is not None:
-        steps = min(steps, config.max_steps_per_epoch)
-    return steps
 
 
 class _Stepper:
