@@ -236,7 +236,7 @@ def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
 
 # The profile a prediction uses without --profile: the first of these that is packaged (else
 # the first packaged one). The 2-core Xeon VM's, which the README's examples print (its kernel
-# tables and step terms price any workload); epyc-2core and h100-16core are there for --profile.
+# tables and step terms price any workload); the others are there for --profile.
 DEFAULT_PROFILES = ("xeon-2core",)
 
 

@@ -88,6 +88,27 @@ def test_the_packaged_h100_profile_predicts_gpu_ranks_from_what_it_measured():
     assert out["breakdown"]["compute_s"] > 3 * default["breakdown"]["compute_s"]
 
 
+def test_the_packaged_h200_host_profile_carries_a_full_node_from_its_node_fill(capsys):
+    """Calibrated at 1-2 ranks on a 16-core host: a node of 16 ranks takes its co-location and
+    its straggler from the node-fill benchmark, not from any training run at 16 ranks."""
+
+    def predict(procs: int) -> dict:
+        argv = ["predict", "--profile", "h200-16core", "--nodes", "1", "--procs", str(procs),
+                "--model", "cnn", "--batch", "24", "--json"]  # fmt: skip
+        assert main(argv) == 0
+        return json.loads(capsys.readouterr().out)
+
+    full, pair = predict(16), predict(2)
+    _check(full)
+    sources = full["provenance"]
+    assert "carried above 2 by the node-fill slowdown" in sources["co-location"]
+    assert sources["stragglers"].startswith("profile's node fill: the slowest of 16 ranks")
+    assert sources["compute"].startswith("profile kernel tables")
+    assert "stragglers" not in pair["provenance"]  # the jitter measured 2 ranks itself
+    assert full["breakdown"]["sync_s"] > pair["breakdown"]["sync_s"]
+    assert full["step_time_s"] > pair["step_time_s"]
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -457,3 +457,4 @@ def test_rows_beyond_the_calibrated_ranks_are_scored_apart() -> None:
 def test_the_calibrated_ranks_are_the_profiles_largest() -> None:
     assert calibrated_ranks("xeon-2core") == 2
     assert calibrated_ranks("h100-16core") == 4  # its bench ran --procs 1,2,4
+    assert calibrated_ranks("h200-16core") == 2  # 16 cores, calibrated at 1-2 ranks
