@@ -22,6 +22,9 @@ CORRECTIONS: dict[str, str] = {
     "stragglers": "above the ranks per node the jitter step ran, one rank of a busy node runs "
     "slower than the others, which wait for it (the node-fill benchmark's slowest process "
     "over its median one, carried from those ranks)",
+    "pace": "above the ranks per node the collectives benchmark ran, a collective among a busy "
+    "node's ranks runs at the pace of its slowest process (the node fill's slowdown times its "
+    "straggler, over theirs at those ranks), on each intra-node step",
 }
 
 

@@ -89,6 +89,7 @@ from calibration.stats import Interval
 from calibration.transfer import TransferModel
 from microbench.errors import UserError
 from microbench.workload import Workload, load_workload
+from pdlsim.costmodel import node_sharing
 from pdlsim.costmodel.compute import ComputeCost
 from pdlsim.costmodel.corrections import CORRECTIONS
 from pdlsim.costmodel.gpu_fabric import efficiencies, fabric_of
@@ -168,6 +169,7 @@ class ProfileCostModel(ComputeCost):
     network: NetworkPreset | None = None  # the NICs' network (its figures: ``inter``)
     allgather_fit: CollectiveModel | None = None  # CPU ranks: the profile's measured allgather
     straggler: Straggler | None = None  # CPU ranks above the measured ranks per node
+    pace: node_sharing.CollectivePace | None = None  # CPU collectives above their ranks
 
     @classmethod
     def from_profile(
@@ -262,9 +264,11 @@ class ProfileCostModel(ComputeCost):
         scale = StepScale.from_table(getattr(compute, "table_", []))
         compute_device = "gpu" if device == "gpu" and has_gpu_compute else "cpu"
         colocation = profile.model("colocation") if profile.models.get("colocation") else None
-        straggler = None
+        straggler = pace = None
         if device == "cpu" and "stragglers" in corrections:
             straggler = node_straggler(colocation, ranks_per_node)
+        if device == "cpu" and "pace" in corrections:
+            pace = node_sharing.collective_pace(colocation, ranks_per_node, profile)
         if "colocation" not in corrections:
             colocation = None
         if device == "cpu" and ranks_per_node > 1:
@@ -320,7 +324,7 @@ class ProfileCostModel(ComputeCost):
             allgather_fit=(
                 profile.model("collectives").models_.get("allgather") if device == "cpu" else None
             ),
-            straggler=straggler,
+            straggler=straggler, pace=pace,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------ collectives
@@ -415,7 +419,8 @@ class ProfileCostModel(ComputeCost):
         seconds = float(fit.predict(block, placement.ranks, placement.ranks_per_node))
         name = f"allgather (measured: {fit.regime_for(block).algorithm})"
         level = "inter" if spans else "intra"
-        return name, (TimedStep(Step(float(nbytes), level, phase=name), seconds),)
+        step = TimedStep(Step(float(nbytes), level, phase=name), seconds)
+        return name, node_sharing.paced((step,), self.pace, placement.ranks_per_node)
 
     def collective_name(self, op: str, nbytes: int, placement: Placement) -> str:
         scheduled = self._nccl_schedule(op, nbytes, placement)
@@ -440,7 +445,8 @@ class ProfileCostModel(ComputeCost):
                 "the profile was measured on one node: give a network for the links between "
                 "nodes (--network NAME or --inter-bw/--inter-lat)"
             )
-        return tuple(TimedStep(s, links[s.level].step_time_s(s)) for s in steps)
+        timed = tuple(TimedStep(s, links[s.level].step_time_s(s)) for s in steps)
+        return node_sharing.paced(timed, self.pace, placement.ranks_per_node)
 
     def collective_time(self, op: str, nbytes: int, ranks: int, placement: Placement) -> float:
         return collectives.total_time_s(self.collective_schedule(op, nbytes, ranks, placement))

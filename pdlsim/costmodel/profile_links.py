@@ -12,7 +12,9 @@ from calibration.overlap import OverlapModel
 from calibration.profile import Profile
 from calibration.stats import Interval
 
-__all__ = ["fitted_inter", "intra_regimes", "link_op", "overlap_interval"]
+__all__ = [
+    "collective_ranks_per_node", "fitted_inter", "intra_regimes", "link_op", "overlap_interval",
+]  # fmt: skip
 
 _COLLECTIVE_OPS = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "pingpong")
 
@@ -22,6 +24,13 @@ def link_op(profile: Profile) -> str:
     :data:`_COLLECTIVE_OPS` the profile measured (allreduce where it did)."""
     models = profile.model("collectives").models_
     return next((o for o in _COLLECTIVE_OPS if o in models), None) or next(iter(models))
+
+
+def collective_ranks_per_node(profile: Profile) -> int:
+    """The most ranks per node :func:`link_op`'s collective was measured at (2 where its fit
+    names none): the pace its fitted steps hold."""
+    fitted = profile.model("collectives").models_[link_op(profile)]
+    return max((int(q) for _, q in getattr(fitted, "hockney_", {})), default=2)
 
 
 def intra_regimes(profile: Profile) -> tuple[CollectiveRegime, ...]:

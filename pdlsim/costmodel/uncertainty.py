@@ -157,9 +157,12 @@ def perturbed_cost(
         _ops_cache={},
         _pin_cache={},
     )
-    if cost.straggler is None:  # drawn last: the other draws stay as they were without one
-        return drawn
-    return replace(drawn, straggler=cost.straggler.drawn(rng))
+    # drawn last, each: the other draws stay as they were without them
+    if cost.straggler is not None:
+        drawn = replace(drawn, straggler=cost.straggler.drawn(rng))
+    if cost.pace is not None:
+        drawn = replace(drawn, pace=cost.pace.drawn(rng))
+    return drawn
 
 
 def drift_draw(

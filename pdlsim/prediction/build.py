@@ -173,6 +173,8 @@ def build(
     cost = replace(cost, provenance={**cost.provenance, **given})
     cluster, cost = with_straggler(cfg, cluster, cost)
     provenance = {"profile": profile_name, "measured": profile.measured_on, **cost.provenance}
+    if cost.pace is not None:  # a busy node's collectives (pdlsim.costmodel.node_sharing)
+        provenance["collective pace"] = cost.pace.source()
     if gpu is not None:
         provenance["gpu_preset"] = f"{gpu.name} ({gpu.kind}: {gpu.source})"
     if cluster.device == "gpu":

@@ -89,8 +89,9 @@ def test_the_packaged_h100_profile_predicts_gpu_ranks_from_what_it_measured():
 
 
 def test_the_packaged_h200_host_profile_carries_a_full_node_from_its_node_fill(capsys):
-    """Calibrated at 1-2 ranks on a 16-core host: a node of 16 ranks takes its co-location and
-    its straggler from the node-fill benchmark, not from any training run at 16 ranks."""
+    """Calibrated at 1-2 ranks on a 16-core host: a node of 16 ranks takes its co-location, its
+    straggler and its collectives' pace from the node-fill benchmark, not from any training run
+    at 16 ranks."""
 
     def predict(procs: int) -> dict:
         argv = ["predict", "--profile", "h200-16core", "--nodes", "1", "--procs", str(procs),
@@ -104,7 +105,9 @@ def test_the_packaged_h200_host_profile_carries_a_full_node_from_its_node_fill(c
     assert "carried above 2 by the node-fill slowdown" in sources["co-location"]
     assert sources["stragglers"].startswith("profile's node fill: the slowest of 16 ranks")
     assert sources["compute"].startswith("profile kernel tables")
+    assert sources["collective pace"].startswith("profile's node fill: the slowest of 16 busy")
     assert "stragglers" not in pair["provenance"]  # the jitter measured 2 ranks itself
+    assert "collective pace" not in pair["provenance"]  # and the collectives 2 ranks
     assert full["breakdown"]["sync_s"] > pair["breakdown"]["sync_s"]
     assert full["step_time_s"] > pair["step_time_s"]
 
