@@ -186,7 +186,8 @@ def _edited_profile(tmp_path, edit) -> str:
     [
         (lambda d: d.update(levels=[1, 4, 2]), "levels", "must ascend"),
         (lambda d: d.update(levels=[2, 4, 8]), "levels", "must start at 1"),
-        (lambda d: d.update(levels=["1", "2", "4"]), "levels[0]", "must be a whole number"),
+        (lambda d: d.update(levels=[1, 2.5, 4]), "levels[1]", "must be a whole number"),
+        (lambda d: d.update(levels=["1", "2", "4"]), "levels[0]", 'expected a number, got "1"'),
         (lambda d: d.update(levels=[]), "levels", "must start at 1 and hold at least two"),
         (lambda d: d.update(slowdown=[1.0, 1.1]), "slowdown", "holds 2 values for the 3 levels"),
         (lambda d: d["slowdown"].__setitem__(1, 0.0), "slowdown[1]", "a slowdown must be > 0"),
