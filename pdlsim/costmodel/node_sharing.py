@@ -27,7 +27,7 @@ Evidence: docs/evidence.md, "Co-location beyond the calibrated ranks".
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -40,6 +40,9 @@ __all__ = [
     "CollectivePace", "Straggler", "collective_pace", "colocation_source", "node_straggler",
     "paced",
 ]  # fmt: skip
+
+
+_C = TypeVar("_C", bound="_Carried")
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class _Carried:
         """The ratio this draw takes (at least 1: a busier node is never faster)."""
         return moved(self.ratio, self.interval, self.z, 1.0)
 
-    def drawn(self, rng: np.random.Generator) -> Any:
+    def drawn(self: _C, rng: np.random.Generator) -> _C:
         return replace(self, z=float(rng.standard_normal()))
 
 

@@ -80,3 +80,5 @@ def test_a_prediction_paces_cpu_collectives_above_the_measured_ranks(profile):
     assert pace is not None and pace.ratio > 1.0  # the packaged host's node fill
     assert allreduce_s(16, on) == pytest.approx(allreduce_s(16, off) * pace.ratio)
     assert allreduce_s(2, on) == allreduce_s(2, off)  # where the collectives were measured
+    gpu = ProfileCostModel.from_profile(profile, device="gpu", workload="mlp", ranks_per_node=8)
+    assert gpu.pace is None  # GPU ranks' collectives are NCCL's, not the host's MPI
