@@ -27,6 +27,7 @@ makes, from the 2-8 ranks a profile was measured at to hundreds.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ import pandas as pd
 from .collective_regimes import CollectiveRegime, InterNode, regime_indices, regime_times
 from .formulas import ALGORITHMS, DEFAULT_ALGORITHM, design
 from .hockney import HockneyModel
+from .profile_checks import FieldError, is_number, shown
 from .readers import collective_points
 from .stats import (
     FitError,
@@ -306,6 +308,8 @@ class CollectiveModel:
         regimes = [CollectiveRegime.from_dict(r) for r in data["regimes"]]
         if not regimes:
             raise ValueError(f"{data.get('op')}: a collective model needs at least one regime")
+        for i, regime in enumerate(regimes):
+            _check_regime(str(data["op"]), i, regime)
         g = regimes[0].g_s_per_byte if data.get("g_source") == "given" else None
         model = cls(str(data["op"]), g, None if inter is None else InterNode.from_dict(inter))
         model.regimes_ = regimes
@@ -314,11 +318,49 @@ class CollectiveModel:
         model.cv_error_ = None if cv is None else float(cv)
         model.selection_ = dict(data.get("selection") or {})
         model.quality_ = FitQuality.from_dict(data["quality"])
+        stored = data.get("hockney") or []
+        if not isinstance(stored, list):
+            raise FieldError("hockney", f"must be a list, got {shown(stored)}")
         model.hockney_ = {
-            (int(h["ranks"]), int(h["ranks_per_node"])): HockneyModel.from_dict(h["fit"])
-            for h in data.get("hockney") or []
+            _hockney_key(i, h): HockneyModel.from_dict(h["fit"]) for i, h in enumerate(stored)
         }
         return model
+
+
+def _check_regime(op: str, i: int, regime: CollectiveRegime) -> None:
+    """A stored regime's algorithm is one of ``op``'s formulas and its sizes a range (a
+    :class:`FieldError` naming the field: a hand edit would else extrapolate by another law or
+    send every size to the wrong regime)."""
+    known = ALGORITHMS.get(op, {})
+    if known and regime.algorithm not in known:
+        raise FieldError(f"regimes[{i}].algorithm", f"{shown(regime.algorithm)} is not an "
+                         f"algorithm of {op}; one of {', '.join(known)}")  # fmt: skip
+    if regime.min_bytes < 0:
+        raise FieldError(f"regimes[{i}].min_bytes", f"must be >= 0, got {regime.min_bytes}")
+    if regime.max_bytes < regime.min_bytes:
+        raise FieldError(f"regimes[{i}].max_bytes", f"{regime.max_bytes} is below min_bytes "
+                         f"{regime.min_bytes}: a regime's sizes are a range")  # fmt: skip
+
+
+def _hockney_key(i: int, entry: Any) -> tuple[int, int]:
+    """``(ranks, ranks_per_node)`` of the ``i``-th stored Hockney fit: whole counts, at least
+    one rank per node and no more than the ranks (:class:`FieldError` naming the field, else
+    a hand edit would silently move the ranks per node the collectives' pace is held at,
+    :func:`pdlsim.costmodel.profile_links.collective_ranks_per_node`)."""
+    if not isinstance(entry, dict):
+        raise FieldError(f"hockney[{i}]", f"must be an object, got {shown(entry)}")
+    counts = []
+    for key in ("ranks", "ranks_per_node"):
+        value = entry.get(key)
+        if type(value) is not int or value < 1:
+            got = json.dumps(value) if value is None or is_number(value) else shown(value)
+            raise FieldError(f"hockney[{i}].{key}", f"must be a whole number >= 1, got {got}")
+        counts.append(value)
+    ranks, per_node = counts
+    if per_node > ranks:
+        raise FieldError(f"hockney[{i}].ranks_per_node", f"{per_node} ranks per node of "
+                         f"{ranks} ranks; a node holds at most all the ranks")  # fmt: skip
+    return ranks, per_node
 
 
 def _label(cand: tuple[str, str | None]) -> str:

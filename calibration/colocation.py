@@ -41,6 +41,7 @@ docs/evidence.md, "Co-location").
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
@@ -51,7 +52,7 @@ from scipy import stats
 
 from .drift import MIN_MOMENTS
 from .nodefill import NodeFill, fit_node_fill
-from .profile_checks import FieldError
+from .profile_checks import FieldError, is_number, shown
 from .stats import Interval
 
 __all__ = ["ColocationModel", "ColocationPoint"]
@@ -82,6 +83,15 @@ class ColocationPoint:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ColocationPoint:
+        """The point :meth:`to_dict` wrote; :class:`FieldError` for a count a hand edit broke
+        (ranks per node below the two a co-location factor compares with one, a batch or
+        thread count below one), which :meth:`ColocationModel.factor` would else take as the
+        measured ranks per node and silently interpolate or carry from."""
+        for key, least in (("batch", 1), ("threads", 1), ("ranks_per_node", 2)):
+            value = doc.get(key)
+            if type(value) is not int or value < least:
+                got = json.dumps(value) if value is None or is_number(value) else shown(value)
+                raise FieldError(key, f"must be a whole number >= {least}, got {got}")
         rest = {k: v for k, v in doc.items() if k != "intervals"}
         return cls(**rest, factor_interval=Interval.from_dict(doc["intervals"]["factor"]))
 
@@ -299,7 +309,12 @@ class ColocationModel:
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ColocationModel:
         model = cls(confidence=float(doc.get("confidence", 0.95)))
-        model.points_ = [ColocationPoint.from_dict(p) for p in doc["points"].values()]
+        model.points_ = []
+        for label, point in doc["points"].items():
+            try:
+                model.points_.append(ColocationPoint.from_dict(point))
+            except FieldError as exc:  # its field, as the profile's colocation section has it
+                raise exc.within(f"points.{label}") from None
         if doc.get("node_fill") is not None:
             try:
                 model.node_fill_ = NodeFill.from_dict(doc["node_fill"])

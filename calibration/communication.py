@@ -17,6 +17,7 @@ import pandas as pd
 
 from .algorithms import CollectiveModel
 from .collective_regimes import InterNode
+from .profile_checks import FieldError
 from .readers import collective_points
 from .stats import FitError
 
@@ -85,9 +86,20 @@ class CollectiveModels:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CollectiveModels:
-        models = {op: CollectiveModel.from_dict(d) for op, d in data["collectives"].items()}
+        models = {op: _model(op, d) for op, d in data["collectives"].items()}
         if not models:
             raise ValueError("the collectives section holds no collective")
         self = cls(ops=tuple(models))
         self.models_, self.skipped_ = models, dict(data.get("skipped") or {})
         return self
+
+
+def _model(op: str, doc: dict[str, Any]) -> CollectiveModel:
+    """One collective's model; a :class:`FieldError` it raises names its field under the
+    section (``collectives.<op>.``)."""
+    try:
+        if doc.get("op") != op:
+            raise FieldError("op", f"{doc.get('op')!r} under the key {op!r}; the two must agree")
+        return CollectiveModel.from_dict(doc)
+    except FieldError as exc:
+        raise exc.within(f"collectives.{op}") from None

@@ -3,11 +3,13 @@ records; known factors recovered from synthetic samples, lookups as documented."
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from calibration.colocation import ColocationModel
-from calibration.profile import Profile
+from calibration.profile import Profile, load_profile
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter, load_dataframe
 
@@ -137,3 +139,32 @@ def test_a_span_of_moments_replaces_the_calibrations_factor(fitted, tmp_path):
     for point in older["points"].values():
         point.pop("span_moments")
     assert all(p.span_moments == 0 for p in ColocationModel.from_dict(older).points_)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        ("ranks_per_node", 0, "must be a whole number >= 2, got 0"),
+        ("ranks_per_node", -2, "must be a whole number >= 2, got -2"),
+        ("ranks_per_node", 1, "must be a whole number >= 2, got 1"),
+        ("ranks_per_node", 2.5, "must be a whole number >= 2, got 2.5"),
+        ("threads", 0, "must be a whole number >= 1, got 0"),
+        ("batch", None, "must be a whole number >= 1, got null"),
+    ],
+)
+def test_a_damaged_point_in_a_profile_is_named_in_one_line(tmp_path, capsys, key, value, problem):
+    """A point's ranks per node is what its factor is interpolated or carried from: a hand
+    edit that makes it nonsense is exit 2 and one line naming the point's field, never a
+    prediction that silently takes it as measured."""
+    from pdlsim.cli.main import main
+
+    doc = load_profile("h200-16core").to_dict()
+    points = doc["models"]["colocation"]["points"]
+    label = sorted(points)[0]
+    points[label][key] = value
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(doc))
+    status = main(["predict", "--nodes", "1", "--procs-per-node", "8", "--profile", str(path)])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in err, err
+    assert f"{path}: models.colocation.points.{label}.{key}: {problem}" in err, err
