@@ -95,9 +95,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     cfg = config_from_args(args, nodes=1, batch=args.batch[0], gpus=gpus[0] if gpus else 0,
                            procs_per_node=args.procs_per_node[0])  # fmt: skip
-    warning = cores_warning(replace(cfg, procs_per_node=max(args.procs_per_node)))
-    if warning and not gpus:
-        print(warning, file=sys.stderr)
+    warning = None if gpus else cores_warning(replace(cfg, procs_per_node=max(args.procs_per_node)))
     check_writable(args.out, "dir", "--out", "for sweep.csv and the plot")
     check_folder_exists(args.out, "--out", "--out")  # the folder itself is made, not above it
     names = ("knobs.csv", "knob_ranking.csv") if args.vary else ("sweep.csv", "scaling.png")
@@ -105,9 +103,12 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         check_writable(args.out / name, "file", "--out")
         check_not_an_input(cfg, args.out / name, "--out")
     if args.vary:
-        return run_vary(args, cfg, Progress("sweep --vary", "predictions"))
+        status = run_vary(args, cfg, Progress("sweep --vary", "predictions"))
+        _warn(warning)
+        return status
     progress = Progress("sweep", "configurations")
     frame = sweep(cfg, args.nodes, gpus or args.procs_per_node, args.batch, progress)
+    _warn(warning)  # after every row was checked: a refusal stays the one line it is
     from pdlsim.plots.scaling import scaling_png
 
     atomic_write_all({  # the table and its plot, both or neither
@@ -119,3 +120,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     print(frame[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"table: {args.out / 'sweep.csv'}\nplot: {args.out / 'scaling.png'}")
     return 0
+
+
+def _warn(warning: str | None) -> None:
+    if warning:
+        print(warning, file=sys.stderr)

@@ -41,6 +41,12 @@ def parse_corrections(text: str) -> frozenset[str]:
             f"correction list {text!r} has an empty name (two commas, or one at an end); "
             f"name each of {', '.join(CORRECTIONS)} once"
         )
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UserError(
+            f"correction list {text!r} names {', '.join(twice)} more than once; name each of "
+            f"{', '.join(CORRECTIONS)} once"
+        )
     unknown = [n for n in names if n not in CORRECTIONS]
     if unknown:
         raise UserError(

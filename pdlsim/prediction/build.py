@@ -102,6 +102,7 @@ def check_config(cfg: PredictConfig) -> Workload:
     from microbench.workload import Workload
 
     check_bounds(cfg)
+    parse_corrections(cfg.corrections)  # a typo is the one line, before any warning
     layerwise_mode(cfg)
     check_applicable(cfg)
     workload = Workload.load(cfg.model, cfg.tokens)

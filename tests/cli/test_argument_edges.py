@@ -90,6 +90,15 @@ def test_a_list_of_names_with_a_repeat_or_a_gap_is_a_usage_error(models):
     _refused(pdlsim_here("validate", "--models", models), "--models")
 
 
+@pytest.mark.parametrize("corrections", ["pace,", "pace,pace", "magic"])
+def test_a_bad_correction_list_is_the_one_line_before_any_warning(tmp_path, corrections):
+    """More cores per node than the profile's machine is a warning; a refused list of
+    corrections must still be the only line, in predict and in sweep alike."""
+    many = ["--procs-per-node", "4", "--corrections", corrections]
+    _refused(pdlsim_here("predict", "--nodes", "1", *many), "correction")
+    _refused(pdlsim_here("sweep", "--nodes", "1,2", *many, "--out", str(tmp_path)), "correction")
+
+
 def test_training_for_more_epochs_than_anyone_runs_is_refused_before_its_folder(tmp_path):
     out = tmp_path / "run"
     args = ["--epochs", "1" + "0" * 20, "--max-steps", "3", "--samples", "16", "--batch", "4"]

@@ -112,6 +112,8 @@ def test_corrections_parse_and_ablations_take_each_out():
     for text in ("glue,,interplay", "glue,", ","):  # a typo, not a shorter list
         with pytest.raises(UserError, match="has an empty name"):
             parse_corrections(text)
+    with pytest.raises(UserError, match="names pace more than once"):
+        parse_corrections("pace,glue,pace")
     sets = ablation_sets("all")
     assert {"all", "none"} <= set(sets) and len(sets) == 2 + len(CORRECTIONS)
     assert parse_corrections(sets["all - glue"]) == frozenset(CORRECTIONS) - {"glue"}
