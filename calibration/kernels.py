@@ -12,7 +12,12 @@ holds measured terms, each with a physical meaning and its own benchmark:
 * **Step terms** (:attr:`KernelModel.steps_`, :mod:`calibration.step_terms`), per thread
   count: the *interplay* factor by which kernels run slower inside a step than alone, and the
   *glue*, the Python between kernels per op call and per step, fitted with 95% intervals to
-  whole steps of networks no workload names against the same calls timed alone; and the
+  whole steps of networks no workload names against the same calls timed alone. A prediction
+  takes the interplay factor fitted at the fewest threads at every thread count
+  (:meth:`KernelModel.step_terms`): it is the caches' effect, and the kernel tables at more
+  threads already hold what more threads cost a call alone (the wake of a sleeping worker, a
+  second vCPU's neighbour), which a factor fitted there counted again (evidence:
+  docs/compute-model.md, "Terms beyond the tables"); and the
   spreads of those networks' steps predicted with each left out of the fit and its kernels
   priced from the tables, one for the kernels' part and one for the glue's: the model's error
   on a network it never saw, which the prediction band draws.
@@ -61,6 +66,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -302,10 +308,16 @@ class KernelModel:
 
     def step_terms(self, threads: int) -> StepTerms:
         """The step terms at ``threads`` (those of the nearest measured count below; none
-        measured: kernels as alone, no glue)."""
+        measured: kernels as alone, no glue), with the interplay factor of the fewest threads
+        where that fit separated it from the glue (module docstring)."""
         if not self.steps_:
             return StepTerms()
-        return self.steps_[_nearest_threads(list(self.steps_), threads)]
+        terms = self.steps_[_nearest_threads(list(self.steps_), threads)]
+        fewest = self.steps_[min(self.steps_)]
+        if fewest is terms or "factor" not in fewest.intervals:
+            return terms
+        factor = {"factor": fewest.intervals["factor"]}
+        return replace(terms, factor=fewest.factor, intervals={**terms.intervals, **factor})
 
     def step_s(self, workload: Workload, batch: int, threads: int) -> float:
         """Seconds of one training step's compute (forward, loss, backward, update; no

@@ -16,7 +16,7 @@ CORRECTIONS: dict[str, str] = {
     "glue": "the Python between kernel calls, per op call and per step (the kernel sweep's "
     "step benchmark: whole steps of networks no workload names against their calls alone)",
     "interplay": "kernels run slower inside a step than alone, the caches holding the previous "
-    "kernel's data (the same step benchmark, a factor per thread count)",
+    "kernel's data (the same step benchmark, its factor at one thread)",
     "colocation": "ranks sharing a node slow each other's compute (the jitter step at 1 and at "
     "P ranks per node; above P, carried by the node-fill benchmark's slowdown where measured)",
     "stragglers": "above the ranks per node the jitter step ran, one rank of a busy node runs "

@@ -260,6 +260,31 @@ def test_step_terms_are_scored_with_each_network_left_out(sweep):
     assert terms == model.steps_[1] and terms.factor > 0
 
 
+def test_every_thread_count_takes_the_interplay_factor_of_the_fewest_threads(sweep):
+    """The interplay factor is the caches' effect, fitted where the tables hold no thread
+    costs; each count keeps its own glue and spreads (docs/compute-model.md)."""
+    _, model = sweep
+    one = model.steps_[1]
+    two = dataclasses.replace(
+        one,
+        factor=one.factor * 1.3,
+        per_op_s=one.per_op_s + 5e-6,
+        intervals={**one.intervals, "factor": {"low": 9.0, "high": 9.9}},
+    )
+    saved = dict(model.steps_)
+    try:
+        model.steps_ = {1: one, 2: two}
+        taken = model.step_terms(2)
+        assert taken.factor == one.factor and taken.intervals["factor"] == one.intervals["factor"]
+        assert (taken.per_op_s, taken.sigma_kernels) == (two.per_op_s, two.sigma_kernels)
+        assert model.step_terms(1) is one
+        unfitted = StepTerms(points=one.points)  # one thread could not separate the factor
+        model.steps_ = {1: unfitted, 2: two}
+        assert model.step_terms(2) is two
+    finally:
+        model.steps_ = saved
+
+
 def test_a_profile_from_before_the_step_terms_reads_its_glue(sweep):
     _, model = sweep
     doc = model.to_dict()
