@@ -27,7 +27,6 @@ makes, from the 2-8 ranks a profile was measured at to hundreds.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -36,7 +35,7 @@ import pandas as pd
 from .collective_regimes import CollectiveRegime, InterNode, regime_indices, regime_times
 from .formulas import ALGORITHMS, DEFAULT_ALGORITHM, design
 from .hockney import HockneyModel
-from .profile_checks import FieldError, is_number, shown
+from .profile_checks import FieldError, shown, whole_count
 from .readers import collective_points
 from .stats import (
     FitError,
@@ -349,14 +348,9 @@ def _hockney_key(i: int, entry: Any) -> tuple[int, int]:
     :func:`pdlsim.costmodel.profile_links.collective_ranks_per_node`)."""
     if not isinstance(entry, dict):
         raise FieldError(f"hockney[{i}]", f"must be an object, got {shown(entry)}")
-    counts = []
-    for key in ("ranks", "ranks_per_node"):
-        value = entry.get(key)
-        if type(value) is not int or value < 1:
-            got = json.dumps(value) if value is None or is_number(value) else shown(value)
-            raise FieldError(f"hockney[{i}].{key}", f"must be a whole number >= 1, got {got}")
-        counts.append(value)
-    ranks, per_node = counts
+    ranks, per_node = (
+        whole_count(f"hockney[{i}].{key}", entry.get(key), 1) for key in ("ranks", "ranks_per_node")
+    )
     if per_node > ranks:
         raise FieldError(f"hockney[{i}].ranks_per_node", f"{per_node} ranks per node of "
                          f"{ranks} ranks; a node holds at most all the ranks")  # fmt: skip

@@ -41,7 +41,6 @@ docs/evidence.md, "Co-location").
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
@@ -52,7 +51,7 @@ from scipy import stats
 
 from .drift import MIN_MOMENTS
 from .nodefill import NodeFill, fit_node_fill
-from .profile_checks import FieldError, is_number, shown
+from .profile_checks import FieldError, whole_count
 from .stats import Interval
 
 __all__ = ["ColocationModel", "ColocationPoint"]
@@ -88,10 +87,7 @@ class ColocationPoint:
         thread count below one), which :meth:`ColocationModel.factor` would else take as the
         measured ranks per node and silently interpolate or carry from."""
         for key, least in (("batch", 1), ("threads", 1), ("ranks_per_node", 2)):
-            value = doc.get(key)
-            if type(value) is not int or value < least:
-                got = json.dumps(value) if value is None or is_number(value) else shown(value)
-                raise FieldError(key, f"must be a whole number >= {least}, got {got}")
+            whole_count(key, doc.get(key), least)
         rest = {k: v for k, v in doc.items() if k != "intervals"}
         return cls(**rest, factor_interval=Interval.from_dict(doc["intervals"]["factor"]))
 

@@ -91,6 +91,15 @@ def _join(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
+def whole_count(field: str, value: Any, least: int) -> int:
+    """``value``, a stored count, as an int; :class:`FieldError` on ``field`` where it is not
+    a whole number of at least ``least`` (a JSON number or null shown as written)."""
+    if type(value) is not int or value < least:
+        got = json.dumps(value) if value is None or is_number(value) else shown(value)
+        raise FieldError(field, f"must be a whole number >= {least}, got {got}")
+    return value
+
+
 def is_number(value: Any) -> bool:
     """A plain JSON number: an int or a float, not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)

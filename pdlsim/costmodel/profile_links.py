@@ -30,7 +30,7 @@ def collective_ranks_per_node(profile: Profile) -> int:
     """The most ranks per node :func:`link_op`'s collective was measured at (2 where its fit
     names none): the pace its fitted steps hold."""
     fitted = profile.model("collectives").models_[link_op(profile)]
-    return max((int(q) for _, q in getattr(fitted, "hockney_", {})), default=2)
+    return max((q for _, q in fitted.hockney_), default=2)
 
 
 def intra_regimes(profile: Profile) -> tuple[CollectiveRegime, ...]:

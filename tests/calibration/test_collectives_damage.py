@@ -5,13 +5,12 @@ never a prediction that silently takes it."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from calibration.communication import CollectiveModels
 from calibration.profile import load_profile
 from calibration.profile_checks import FieldError
+from tests.profiles import refused_edit
 
 
 @pytest.fixture(scope="module")
@@ -41,18 +40,7 @@ def test_a_damaged_ranks_per_node_of_the_collectives_is_named_in_one_line(
     makes it nonsense (zero, negative, fractional, more than the ranks) is exit 2 and one line
     naming the field, never a pace silently carried from a count no benchmark ran (nor, for a
     null, another collective's field named as the fault)."""
-    from pdlsim.cli.main import main
-
-    doc = load_profile("h200-16core").to_dict()
-    section = doc["models"]
-    for key in _HOCKNEY:
-        section = section[key]
-    edit(section)
-    path = tmp_path / "profile.json"
-    path.write_text(json.dumps(doc))
-    status = main(["predict", "--nodes", "1", "--procs-per-node", "8", "--profile", str(path)])
-    err = capsys.readouterr().err.strip()
-    assert status == 2 and "\n" not in err, err
+    path, err = refused_edit(tmp_path, capsys, _HOCKNEY, edit)
     where = f"{path}: models.{'.'.join(_HOCKNEY)}{field}: "
     assert where in err and problem in err, err
 
@@ -85,16 +73,5 @@ def test_a_collectives_regime_a_hand_edit_broke_is_named_in_one_line(
     """An algorithm that is not the collective's, sizes that are no range, a model filed
     under another collective's key: each would extrapolate by another law or send sizes to the
     wrong regime, so each is exit 2 and one line naming the field."""
-    from pdlsim.cli.main import main
-
-    doc = load_profile("h200-16core").to_dict()
-    section = doc["models"]
-    for key in _ALLREDUCE:
-        section = section[key]
-    edit(section)
-    path = tmp_path / "profile.json"
-    path.write_text(json.dumps(doc))
-    status = main(["predict", "--nodes", "1", "--procs-per-node", "8", "--profile", str(path)])
-    err = capsys.readouterr().err.strip()
-    assert status == 2 and "\n" not in err, err
+    path, err = refused_edit(tmp_path, capsys, _ALLREDUCE, edit)
     assert f"{path}: models.{'.'.join(_ALLREDUCE)}{field}: {problem}" in err, err

@@ -3,8 +3,6 @@ records; known factors recovered from synthetic samples, lookups as documented."
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -12,6 +10,7 @@ from calibration.colocation import ColocationModel
 from calibration.profile import Profile, load_profile
 from microbench.measurement import Measurement
 from microbench.records import RecordWriter, load_dataframe
+from tests.profiles import refused_edit
 
 ALONE_S = {"mlp": 0.5e-3, "cnn": 16e-3}
 FACTOR = {"mlp": 1.05, "cnn": 1.25}  # made-up slowdowns at 2 ranks per node
@@ -156,15 +155,7 @@ def test_a_damaged_point_in_a_profile_is_named_in_one_line(tmp_path, capsys, key
     """A point's ranks per node is what its factor is interpolated or carried from: a hand
     edit that makes it nonsense is exit 2 and one line naming the point's field, never a
     prediction that silently takes it as measured."""
-    from pdlsim.cli.main import main
-
-    doc = load_profile("h200-16core").to_dict()
-    points = doc["models"]["colocation"]["points"]
-    label = sorted(points)[0]
-    points[label][key] = value
-    path = tmp_path / "profile.json"
-    path.write_text(json.dumps(doc))
-    status = main(["predict", "--nodes", "1", "--procs-per-node", "8", "--profile", str(path)])
-    err = capsys.readouterr().err.strip()
-    assert status == 2 and "\n" not in err, err
+    label = sorted(load_profile("h200-16core").to_dict()["models"]["colocation"]["points"])[0]
+    path, err = refused_edit(tmp_path, capsys, ("colocation", "points", label),
+                             lambda point: point.update({key: value}))  # fmt: skip
     assert f"{path}: models.colocation.points.{label}.{key}: {problem}" in err, err
