@@ -214,7 +214,8 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inter-bw", default=None, metavar="RATE", help="e.g. 25GB/s, 100Gb/s")
     p.add_argument("--inter-lat", default=None, metavar="TIME", help="e.g. 2us")
     p.add_argument("--node", default=None, metavar="NAME|FILE",
-                   help="GPU ranks' node: its GPUs, fabric and NICs (default dgx-h100; "
+                   help="GPU ranks' node: its GPUs, fabric and NICs (default: the one holding "
+                   "the profile's measured GPU, else dgx-h100; "
                    "pdlsim hardware list)")  # fmt: skip
     p.add_argument("--gpu-preset", default=None, metavar="NAME|FILE",
                    help="GPU ranks' GPU (default: the node's); none: the profile's measured "

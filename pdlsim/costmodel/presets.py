@@ -136,6 +136,9 @@ class GpuPreset:
     bf16_tensor_flops_per_s: float = 0.0  # dense BF16 tensor core (0: none)
     fp16_tensor_flops_per_s: float = 0.0  # dense FP16 tensor core (0: none)
     board_power_w: float = 0.0  # the data sheet's maximum board power (TDP; 0: not given)
+    # the names the driver reports for this part (nvidia-smi, torch.cuda.get_device_name), by
+    # which a profile measured on one finds its preset (:meth:`Hardware.node_for_device`)
+    device_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         positive = ("fp32_flops_per_s", "hbm_bandwidth_bytes_per_s", "pcie_bytes_per_s",
@@ -263,6 +266,20 @@ class Hardware:
             raise UserError(f"unknown node preset '{shown_text(name)}'; known: {known}")
         return self.nodes[name]
 
+    def node_for_device(self, device_name: str) -> str | None:
+        """The node preset that holds the GPU the driver calls ``device_name`` (a profile's
+        measured GPU), :data:`DEFAULT_NODE_PRESET` first where it does; None where no GPU
+        preset knows that name."""
+        wanted = device_name.strip().casefold()
+        gpus = {
+            name for name, gpu in self.gpus.items()
+            if wanted in (known.strip().casefold() for known in gpu.device_names)
+        }  # fmt: skip
+        holding = [name for name, node in self.nodes.items() if node.gpu in gpus]
+        if DEFAULT_NODE_PRESET in holding:
+            return DEFAULT_NODE_PRESET
+        return holding[0] if holding else None
+
     def resolve(self, kind: str, text: str) -> Any:
         """The ``kind`` (``gpu``, ``node`` or ``network``) preset named ``text``, or read from
         the file at ``text`` (a path, or a name ending in ``.json``): one entry's fields, as
@@ -384,6 +401,12 @@ def _made(kind: type, values: dict[str, Any], where: str) -> Any:
             raise UserError(f"{where}.{f.name}: expected a finite number, got {shown_value(value)}")
         if f.type == "str" and not isinstance(value, str):
             raise UserError(f"{where}.{f.name}: expected a string, got {shown_value(value)}")
+        if f.type == "tuple[str, ...]":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise UserError(
+                    f"{where}.{f.name}: expected a list of strings, got {shown_value(value)}"
+                )
+            values[f.name] = tuple(value)
         if f.type == "int" and value != int(value):
             raise UserError(f"{where}.{f.name}: expected a whole number, got {shown_value(value)}")
         if f.type == "int":

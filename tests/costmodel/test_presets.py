@@ -135,6 +135,32 @@ def test_every_node_names_a_packaged_gpu_and_network():
         assert hw.gpu(gpu).fp32_flops_per_s > 0 and hw.gpu(gpu).memory_bytes > 0
 
 
+def test_the_driver_names_of_a_gpu_find_the_node_that_holds_it():
+    hw = load_hardware()
+    names = [name for gpu in hw.gpus.values() for name in gpu.device_names]
+    assert all(gpu.device_names for gpu in hw.gpus.values())
+    assert len(names) == len({name.casefold() for name in names})  # one part per name
+    assert hw.node_for_device("NVIDIA H200") == "hgx-h200"
+    assert hw.node_for_device(" nvidia h100 80gb hbm3 ") == "dgx-h100"  # the default first
+    assert hw.node_for_device("Tesla V100-SXM2-16GB") is None  # no node holds the 16 GB part
+    assert hw.node_for_device("Tesla V100-SXM2-32GB") == "dgx-v100"
+    assert hw.node_for_device("NVIDIA GeForce RTX 4090") is None
+
+
+def test_gpu_ranks_default_to_the_node_of_the_gpu_the_profile_measured():
+    """The packaged H200 host's profile puts GPU ranks on H200 nodes unless --node says
+    otherwise; a profile of a CPU machine keeps dgx-h100."""
+    h200 = api.predict("cnn", api.Cluster.gpus(2, 8), profile="h200-16core")
+    assert h200["provenance"]["node"].startswith("hgx-h200 (")
+    assert h200["provenance"]["node"].endswith("; the node of the profile's NVIDIA H200)")
+    assert h200["provenance"]["gpu_preset"].startswith("h200 ")
+    asked = api.predict("cnn", api.Cluster.gpus(2, 8), profile="h200-16core", node="dgx-h100")
+    assert asked["provenance"]["node"].startswith("dgx-h100 (")
+    assert asked["provenance"]["gpu_preset"].startswith("h100-sxm ")
+    cpu_machine = api.predict("cnn", api.Cluster.gpus(2, 8), profile="xeon-2core")
+    assert cpu_machine["provenance"]["node"].startswith("dgx-h100 (")
+
+
 def test_a_preset_shown_as_a_file_reads_back_as_the_same_preset(tmp_path, capsys):
     assert main(["hardware", "show", "dgx-a100"]) == 0
     path = tmp_path / "mine.json"
@@ -181,6 +207,8 @@ def _assert_one_line_refusal(kind, preset, change, match, tmp_path):
         ({"tf32_tensor_flops_per_s": -2e12}, r"tf32_tensor_flops_per_s must be 0 \(none\) or"),
         ({"board_power_w": -300}, r"board_power_w must be 0 \(none\) or above"),
         ({"board_power_w": "lots"}, "board_power_w: expected a number"),
+        ({"device_names": "NVIDIA H100"}, "device_names: expected a list of strings"),
+        ({"device_names": ["NVIDIA H100", 100]}, "device_names: expected a list of strings"),
     ],
 )
 def test_a_bad_gpu_file_is_one_line_naming_the_field(change, match, tmp_path):
