@@ -28,9 +28,9 @@ workloads, batches and thread counts it never ran:
   run (:func:`microbench.kernels.calls.call_features`: channels, columns, classes, row bytes).
   A loop's serial driver is timed at one thread, its parallel driver at every other count.
 * **Steps** ``step`` and ``step_alone``: whole training steps (forward, loss, backward,
-  update) of networks that no workload names, against the very same kernel calls each timed
-  alone (:mod:`microbench.kernels.record`), side by side in rounds so that a slow spell of a
-  shared machine lands on both. The networks are tiny ones whose kernels do next to no work
+  update) of networks that no workload names, each right after another step as training runs
+  them, against the very same kernel calls each timed alone (:mod:`microbench.kernels.record`),
+  side by side in rounds so that a slow spell of a shared machine lands on both. The networks are tiny ones whose kernels do next to no work
   (their steps are the Python between kernels) and random ones of the supported layer kinds at
   random batches, drawn from a stream of their own that no held-out set uses, the same at
   every thread count (:mod:`microbench.kernels.steps`). :mod:`calibration.step_terms` fits

@@ -3,13 +3,14 @@ kernel calls each timed alone.
 
 A step's kernels, each timed alone, do not add up to the step: the Python between them and
 the kernels' slowdown inside a sequence of other kernels make the difference
-(:mod:`calibration.step_terms` fits both). :func:`measure_step` times the two side by side, a
-step then its calls alone (:mod:`microbench.kernels.record`) in each round, so that a slow
-spell of a shared machine lands on both. The networks (:func:`step_workloads`) are tiny ones
-whose kernels do next to no work (:func:`glue_workloads`) and random ones of the supported
-layer kinds, MLPs, CNNs and residual CNNs in turn (:mod:`microbench.randomnets`), at batches
-log-uniform in :data:`STEP_BATCHES`, from :data:`STEP_STREAM`, a stream no seed a user gives
-reaches; the same networks at every thread count.
+(:mod:`calibration.step_terms` fits both). :func:`measure_step` times the two side by side, the
+calls alone (:mod:`microbench.kernels.record`) then a step that follows another step, as in
+training, in each round, so that a slow spell of a shared machine lands on both. The
+networks (:func:`step_workloads`) are tiny ones whose kernels do next to no work
+(:func:`glue_workloads`) and random ones of the supported layer kinds, MLPs, CNNs and
+residual CNNs in turn (:mod:`microbench.randomnets`), at batches log-uniform in
+:data:`STEP_BATCHES`, from :data:`STEP_STREAM`, a stream no seed a user gives reaches; the
+same networks at every thread count.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from microbench.randomnets import random_workloads
 from microbench.workload import Workload
 
 __all__ = ["STEP_BATCHES", "STEP_KINDS", "STEP_STREAM", "glue_workloads", "measure_step",
-           "step_flops", "step_fn", "step_workloads"]  # fmt: skip
+           "paired_rounds", "step_flops", "step_fn", "step_workloads"]  # fmt: skip
 
 STEP_BATCHES = (4, 256)
 STEP_STREAM = 0x57E9
@@ -123,17 +124,33 @@ def step_fn(workload: Workload, batch: int) -> Callable[[], object]:
 def measure_step(
     workload: Workload, batch: int, rounds: int, warmup: int = 2
 ) -> tuple[list[float], list[float]]:
-    """``rounds`` whole steps of ``workload`` at ``batch`` and, after each, the sum of the same
-    kernel calls each timed alone (:func:`microbench.kernels.record.time_alone`): (steps,
-    alone), seconds, after ``warmup`` steps."""
+    """``rounds`` whole steps of ``workload`` at ``batch``, each beside the sum of the same
+    kernel calls each timed alone (:func:`microbench.kernels.record.time_alone`), in
+    :func:`paired_rounds`: (steps, alone), seconds, after ``warmup`` steps."""
     step = step_fn(workload, batch)
     for _ in range(warmup):
         step()
     calls = record_calls(step)
-    steps, alone = [], []
+    return paired_rounds(step, lambda: time_alone(calls), rounds)
+
+
+def paired_rounds(
+    step: Callable[[], object],
+    alone: Callable[[], float],
+    rounds: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[list[float], list[float]]:
+    """Per round, the calls alone (``alone()``: their seconds), then a step as training runs
+    it: right after another step. Training runs its steps back to back, so a step finds the
+    previous one's weights, activations and code in the caches; the first step after the calls
+    alone finds theirs, and ran 10-22% slower than the next on networks of 1-3 ms, the same on
+    networks of 10-40 ms (evidence: docs/evidence.md, "The step benchmark's steps"). So each
+    round runs one step untimed and times the next. Returns (steps, alone), seconds."""
+    steps, alones = [], []
     for _ in range(rounds):
-        start = time.perf_counter()
+        alones.append(alone())
+        step()  # the step before, as in training
+        start = clock()
         step()
-        steps.append(time.perf_counter() - start)
-        alone.append(time_alone(calls))
-    return steps, alone
+        steps.append(clock() - start)
+    return steps, alones

@@ -20,7 +20,7 @@ from calibration.kernels import KernelModel
 from calibration.step_terms import StepTerms, fit_step_terms
 from microbench.kernelbench import run_kernels
 from microbench.kernels.calls import KernelCall, op_calls, step_calls
-from microbench.kernels.steps import glue_workloads
+from microbench.kernels.steps import glue_workloads, paired_rounds
 from microbench.loopcalls import FRESH_DATA, fresh_views
 from microbench.machine import machine_metadata
 from microbench.randomnets import random_workloads
@@ -158,6 +158,23 @@ def _step_rows(
         rows.append({**key, "name": "step", "samples": [step * 0.99, step, step * 1.01]})
         rows.append({**key, "name": "step_alone", "samples": [alone, alone * 1.02]})
     return pd.DataFrame(rows)
+
+
+def test_the_step_benchmark_times_a_step_that_follows_a_step_as_training_does():
+    """A step right after another finds its own data in the caches; one right after the calls
+    alone finds theirs. Only the first kind is timed, every round."""
+    now, last = [0.0], ["alone"]
+
+    def step() -> None:
+        now[0] += 1.0 if last[0] == "step" else 3.0  # a cold step costs three ticks
+        last[0] = "step"
+
+    def alone() -> float:
+        last[0] = "alone"
+        return 0.5
+
+    steps, alones = paired_rounds(step, alone, rounds=4, clock=lambda: now[0])
+    assert steps == [1.0] * 4 and alones == [0.5] * 4
 
 
 def test_step_terms_are_recovered_from_synthetic_steps():
