@@ -264,13 +264,18 @@ def _check_document(source: str, doc: Any, by_example: bool = True) -> None:
     if not isinstance(doc, Mapping):
         raise ProfileError(source, "", f"a profile is a JSON object, got {type(doc).__name__}")
     if doc.get("schema") != SCHEMA:
-        raise ProfileError(source, "schema", f"expected {SCHEMA!r}, got {doc.get('schema')!r}")
+        raise ProfileError(
+            source, "schema", f"expected {SCHEMA!r}, got {doc.get('schema')!r}: not a profile; "
+            "give one pdlsim calibrate wrote, or a packaged profile"
+        )  # fmt: skip
     ver = doc.get("schema_version")
     if type(ver) is not int or ver not in SUPPORTED_SCHEMA_VERSIONS:
         known = ", ".join(str(v) for v in SUPPORTED_SCHEMA_VERSIONS)
         raise ProfileError(
-            source, "schema_version", f"unknown version {ver!r} (this pdlsim reads {known})"
-        )
+            source, "schema_version", f"unknown version {ver!r} (this pdlsim reads {known}); "
+            "calibrate again with this pdlsim (pdlsim calibrate --from RUN), or use the pdlsim "
+            "that wrote it"
+        )  # fmt: skip
     unknown = sorted(str(k) for k in doc if k not in _FIELDS)
     if unknown:  # a typo ("fit_qualty") would be dropped at the next save without a word
         raise ProfileError(

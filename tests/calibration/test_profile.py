@@ -165,8 +165,8 @@ _HOCKNEY = (*_REGIME[:4], "hockney", 0, "fit", "regimes", 0)
 
 _SOURCE = {"path": "r.jsonl", "benchmark": "compute", "records": 3, "sha256": "0" * 64}
 CORRUPTIONS = {
-    "wrong schema": (("schema",), "pdlsim.other", "schema", "expected 'pdlsim.profile'"),
-    "unknown version": (("schema_version",), 2, "schema_version", "reads 1"),
+    "wrong schema": (("schema",), "pdlsim.other", "schema", "not a profile; give one pdlsim"),
+    "unknown version": (("schema_version",), 2, "schema_version", "reads 1); calibrate again"),
     "missing model": (("models", "jitter"), _DELETE, "models.jitter", "missing model"),
     "missing field": (("models", "compute", "devices"), _DELETE, "models.compute.devices", ""),
     "model not an object": (("models", "transfer"), 5, "models.transfer", "object or null"),
