@@ -45,9 +45,13 @@ class Stopped(Exception):
     """SIGTERM or SIGHUP arrived (:func:`stopped_by_signals`): the command stops as on Ctrl-C,
     its outputs being atomic, and its top level says so in one line, exit status 128 + N."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+    def __init__(self, signum: int | str) -> None:
+        """``signum`` the signal's number, or its name: SimPy re-raises a process's exception
+        as ``type(exc)(*exc.args)``, and a SIGTERM that landed inside a simulated process came
+        out as "'SIGTERM' is not a valid Signals", an error in place of the stop."""
+        sig = signal.Signals[signum] if isinstance(signum, str) else signal.Signals(signum)
+        super().__init__(sig.name)
+        self.signum = int(sig)
 
     def __reduce__(self) -> tuple[type, tuple[int]]:
         """Rebuilt from the signal number (``args`` holds its name): copies and pickles, as

@@ -21,6 +21,7 @@ from pdlsim.cli import main as cli_main
 from pdlsim.cli import progress
 from pdlsim.cli.main import main
 from pdlsim.costmodel.presets import HARDWARE
+from pdlsim.sim import engine
 from tests.conftest import REPO, run_pdlsim
 
 FAST = ["--iterations", "2", "--samples", "2"]
@@ -214,6 +215,21 @@ def test_sigterm_and_sighup_stop_any_command_with_one_line(monkeypatch, capsys, 
     assert main(["workload", "list"]) == 128 + signum
     assert capsys.readouterr().err == f"pdlsim: stopped by {signal.Signals(signum).name}\n"
     assert signal.getsignal(signum) == before
+
+
+def test_sigterm_inside_a_simulated_process_stops_predict_with_one_line(monkeypatch, capsys):
+    """SimPy re-raises a process's exception rebuilt from its args (the signal's name): a
+    SIGTERM that landed inside a simulated rank was "error: 'SIGTERM' is not a valid
+    Signals", exit 2, in place of the stop."""
+    original = engine._passes
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_passes", signalled)
+    assert main(["predict", "--nodes", "2", "--iterations", "2", "--samples", "2"]) == 143
+    assert capsys.readouterr().err == "pdlsim: stopped by SIGTERM\n"
 
 
 @pytest.mark.usefixtures("no_inherited_rank")

@@ -101,6 +101,8 @@ def test_a_stop_survives_a_copy_and_a_pickle():
                   pickle.loads(pickle.dumps(Stopped(signal.SIGHUP)))):  # fmt: skip
         assert isinstance(again, Stopped) and str(again) in ("SIGTERM", "SIGHUP")
     assert pickle.loads(pickle.dumps(Stopped(signal.SIGHUP))).signum == signal.SIGHUP
+    rebuilt = Stopped(*Stopped(signal.SIGTERM).args)  # as SimPy re-raises a process's error
+    assert rebuilt.signum == signal.SIGTERM and str(rebuilt) == "SIGTERM"
 
 
 def test_a_closed_stdout_is_no_traceback():
