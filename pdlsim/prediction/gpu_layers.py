@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 from microbench.errors import UserError, shown_text, shown_value
 from microbench.fileio import read_json
+from pdlsim.costmodel.presets import MAX_TIME_S
 from pdlsim.prediction.config import PredictConfig
 from pdlsim.prediction.gpu_step import given_compute
 
@@ -53,16 +54,20 @@ class _Checker:
 
     def seconds(self, value: Any, field: str, positive: bool = False) -> float:
         """``value`` as seconds: a JSON number (not a bool, a string or null), finite, >= 0 (>
-        0 with ``positive``). NaN or infinity would pass through the scaling unnoticed and
-        price every layer wrong, or blame another field."""
-        expected = f"a finite JSON number of seconds {'> 0' if positive else '>= 0'}"
+        0 with ``positive``) and at most :data:`MAX_TIME_S`, as ``--step-time``. NaN or
+        infinity would pass through the scaling unnoticed and price every layer wrong, or blame
+        another field; a step of 1e300 s was printed as a 300-digit step time."""
+        expected = (
+            f"a finite JSON number of seconds {'> 0' if positive else '>= 0'} and at most "
+            f"{MAX_TIME_S:.0e}"
+        )
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.refuse(field, value, expected)
         try:
             number = float(value)
         except OverflowError:  # an integer too large for a float
             self.refuse(field, value, expected)
-        if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        if not 0 <= number <= MAX_TIME_S or (positive and number == 0):  # NaN fails too
             self.refuse(field, value, expected)
         return number
 

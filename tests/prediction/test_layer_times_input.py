@@ -62,6 +62,14 @@ BAD = [
     ({"step_s": "abc"}, None, 'step_s is "abc", expected a finite JSON number'),
     ({"step_s": INF}, None, "step_s is Infinity"),
     ({"step_s": 0}, None, "step_s is 0, expected a finite JSON number of seconds > 0"),
+    # was a 300-digit step time printed, exit 0: capped as --step-time is
+    ({"step_s": 1e300}, None, "step_s is 1e+300, expected a finite JSON number of seconds"),
+    (
+        {},
+        {"backward_s": 2e10},
+        "backward_s is 20000000000.0, expected a finite JSON number of "
+        "seconds >= 0 and at most 1e+10",
+    ),
     ({"update_s": -0.1}, None, "update_s is -0.1, expected a finite JSON number of seconds >= 0"),
     ({"batch": "32"}, None, 'batch is "32", expected a whole number >= 1'),
     ({"device": None}, None, "device is null, expected a string"),
