@@ -282,8 +282,13 @@ def resume_checkpoint(run_dir: Path | None, config: TrainConfig) -> Path:
         header = read_header(path)
     except CheckpointError as exc:  # the one before it is kept for this (checkpoint.KEEP)
         earlier = [p for p in list_checkpoints(run_dir) if p != path]
-        fix = (f"move it aside to resume from {earlier[-1].name}" if earlier
-               else "start the run again without --resume")  # fmt: skip
+        fix = "start the run again into a new --out, without --resume"  # this one is taken
+        if earlier:
+            try:  # advise it only where it can be read: else the next try names it
+                read_header(earlier[-1])
+                fix = f"move it aside to resume from {earlier[-1].name}"
+            except CheckpointError:
+                fix = f"the one before it, {earlier[-1].name}, is unreadable too; {fix}"
         raise UserError(f"{exc}; {fix}") from None
     check_resumable(header, config, load_workload(config.model).to_dict(), path)
     check_run_outputs(run_dir)

@@ -201,6 +201,15 @@ def _header_json(path: Path, text: str) -> Any:
         raise CheckpointError(path, "header nested too deeply (was it edited?)") from None
 
 
+def _is_zip(path: Path) -> bool:
+    """Whether ``path`` is a zip as numpy tells one: by its first bytes (a zip's local header, or
+    the end record of an empty one). :func:`zipfile.is_zipfile` looks only at the end, so a zip
+    damaged at its start passed it, and numpy took it for a pickle ("allow_pickle=...")."""
+    with path.open("rb") as file:
+        head = file.read(4)
+    return head in (b"PK\x03\x04", b"PK\x05\x06") and zipfile.is_zipfile(path)
+
+
 def _read(path: Path, arrays: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The checked header and, with ``arrays``, the arrays; CheckpointError if unusable.
 
@@ -211,7 +220,7 @@ def _read(path: Path, arrays: bool) -> tuple[dict[str, Any], dict[str, np.ndarra
         kind = special_kind(path)
         if kind is not None:
             raise CheckpointError(path, f"is {kind}, not a checkpoint file")
-        if path.exists() and not zipfile.is_zipfile(path):
+        if path.exists() and not _is_zip(path):
             raise CheckpointError(
                 path, "unreadable: not a zip of arrays (cut off, or not a checkpoint)"
             )

@@ -330,6 +330,22 @@ def finished_run(tmp_path_factory) -> Path:
     return out
 
 
+def test_a_resume_whose_two_kept_checkpoints_are_torn_is_not_sent_to_the_older(
+    tmp_path, finished_run
+):
+    """With the newest checkpoint torn the advice was to resume from the one before it, torn
+    as well; and "without --resume" into the same --out is refused (it holds records)."""
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    *_, older, newest = sorted(out.glob("checkpoint-step*.npz"))
+    for path in (older, newest):
+        path.write_bytes(b"not a checkpoint")
+    result = run_pdlsim("train", *_TINY, "--resume", "--out", str(out), timeout=60)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result
+    assert f"the one before it, {older.name}, is unreadable too; start the run again into a " \
+        "new --out, without --resume" in result.stderr  # fmt: skip
+
+
 def _in_the_way(path: Path, kind: str) -> None:
     path.unlink()
     if kind == "dir":
@@ -377,6 +393,17 @@ def test_a_new_run_whose_summary_place_is_taken_or_a_resume_into_a_file_is_refus
     into_file = run_pdlsim("train", *_TINY, "--resume", "--out", str(tmp_path / "run.txt"))
     assert into_file.returncode == 2 and len(into_file.stderr.strip().splitlines()) == 1
     assert "is a file, not a run directory; give the --out of the run" in into_file.stderr
+
+
+def test_a_checkpoint_damaged_at_its_start_is_no_zip_not_a_pickle(tmp_path):
+    """A zip is told by its end, numpy by its first bytes: a checkpoint whose first bytes were
+    overwritten passed the zip check and numpy took it for a pickle, so the error advised
+    loading it with ``allow_pickle``."""
+    path = save_checkpoint(tmp_path, _header(5), np.zeros(4, np.float32), {})
+    path.write_bytes(b"XX" + path.read_bytes()[2:])
+    with pytest.raises(CheckpointError, match="unreadable: not a zip of arrays") as caught:
+        load_checkpoint(path)
+    assert "pickle" not in str(caught.value)
 
 
 def test_a_checkpoint_path_that_is_no_plain_zip_of_arrays_is_refused_not_waited_on(tmp_path):
