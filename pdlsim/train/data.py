@@ -220,19 +220,15 @@ def load_cifar10(path: str | Path, train: bool = True, *, limit: int | None = No
     names = [f"data_batch_{i}.bin" for i in range(1, 6)] if train else ["test_batch.bin"]
     files = [_find(directory, name, "cifar10", gz=False) for name in names]
     for file in files:
-        size = file.stat().st_size
-        if size == 0 or size % _CIFAR_RECORD_BYTES:
-            raise DataError(
-                f"cifar10 file {file}: {size} bytes is not a whole number of "
-                f"{_CIFAR_RECORD_BYTES}-byte records (1 label + 3072 pixels); the file is "
-                "truncated or not the CIFAR-10 binary version"
-            )
+        _check_records(file, file.stat().st_size)
     chunks: list[np.ndarray] = []
     have = 0
     for file in files:
         if limit is not None and have >= limit:
             break
-        records = np.frombuffer(_read_bytes(file), dtype=np.uint8)
+        raw = _read_bytes(file)
+        _check_records(file, len(raw))  # again: a gzipped file's size was not its records'
+        records = np.frombuffer(raw, dtype=np.uint8)
         chunks.append(records.reshape(-1, _CIFAR_RECORD_BYTES))
         have += chunks[-1].shape[0]
     records = np.concatenate(chunks)[:limit]
@@ -248,6 +244,17 @@ def load_cifar10(path: str | Path, train: bool = True, *, limit: int | None = No
     for c, (mean, std) in enumerate(zip(CIFAR10_MEAN, CIFAR10_STD, strict=True)):
         x[:, c] = ((levels - mean) / std).astype(np.float32)[pixels[:, c]]
     return Dataset(x, labels.astype(np.int64), f"cifar10:{path}", CIFAR10_CLASSES)
+
+
+def _check_records(file: Path, size: int) -> None:
+    """A DataError unless ``size`` bytes of ``file`` are whole CIFAR-10 records: checked on the
+    file before any is read, and on its bytes once read (decompressed where it was gzipped)."""
+    if size == 0 or size % _CIFAR_RECORD_BYTES:
+        raise DataError(
+            f"cifar10 file {file}: {size} bytes is not a whole number of "
+            f"{_CIFAR_RECORD_BYTES}-byte records (1 label + 3072 pixels); the file is "
+            "truncated or not the CIFAR-10 binary version"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -322,6 +322,30 @@ def test_error_cifar10_missing_wrong_length_and_bad_labels(tmp_path: Path) -> No
         load_cifar10(tmp_path, train=False)
 
 
+def _gzip_of_size(data: bytes, multiple: int) -> bytes:
+    """``data`` gzipped, its stored file name padded until the whole is a multiple of
+    ``multiple`` bytes."""
+    for pad in range(1, 2 * multiple):
+        packed = gzip.compress(data, mtime=0)  # the header without a name: 10 bytes
+        named = packed[:3] + bytes([packed[3] | 0x08]) + packed[4:10] + b"x" * pad + b"\0"
+        named += packed[10:]
+        if len(named) % multiple == 0:
+            return named
+    raise AssertionError("no padding fits")
+
+
+def test_error_cifar10_gzipped_batch_of_broken_records(tmp_path: Path) -> None:
+    """A gzipped batch whose file size happened to be whole records, but whose content was not,
+    was a reshape traceback: the records are checked on the bytes read as well."""
+    written = _write_cifar(tmp_path)
+    raw = written["data_batch_1.bin"].tobytes()[:-5]
+    (tmp_path / "data_batch_1.bin").write_bytes(_gzip_of_size(raw, 3073))
+    with pytest.raises(UserError, match="data_batch_1.bin: 6141 bytes is not a whole number"):
+        load_cifar10(tmp_path)
+    (tmp_path / "data_batch_1.bin").write_bytes(_gzip_of_size(raw + bytes(5), 3073))
+    assert len(load_cifar10(tmp_path)) == 10  # whole records gzipped are read
+
+
 def test_error_data_does_not_fit_the_workload(tmp_path: Path) -> None:
     _write_cifar(tmp_path / "cifar")
     with pytest.raises(UserError, match=r"samples are 3x32x32 \(3072 values\).*'mlp'.*\[784\]"):
