@@ -5,6 +5,7 @@ table at the end."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from ..cli import (
@@ -30,6 +31,7 @@ from ..compute import (
     format_summary,
     run_compute,
 )
+from ..memory import available_memory_bytes
 from ..threads import available_cores
 
 RECORDS_FILE = "compute.jsonl"
@@ -115,12 +117,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+def check_gemm_memory(sizes: tuple[int, ...], available: int | None) -> None:
+    """UsageError, before anything is measured, where a CPU GEMM's three n x n float32 matrices
+    would not fit the memory this process may use: it failed only when reached, after the
+    points before it were recorded, so the rerun with smaller sizes needed --append."""
+    if available is None or not sizes:
+        return
+    n = max(sizes)
+    need = 3 * 4 * n * n
+    if need > available:
+        fit = math.isqrt(available // 12)
+        raise UsageError(
+            f"--gemm-sizes {n}: its three {n} x {n} float32 matrices take "
+            f"{need // 2**30:,} GiB, more than the {available / 2**30:.1f} GiB of memory "
+            f"available; give sizes up to {fit:,}"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from ..gpu import find_gpu
     from ..machine import machine_metadata
     from ..records import RecordWriter
 
     policy = policy_from_args(args, FULL_POLICY, QUICK_POLICY)
+    if args.device != "gpu" and args.gemm_sizes:
+        check_gemm_memory(tuple(args.gemm_sizes), available_memory_bytes())
     threads = args.threads or _default_threads()
     out = checked_out_dir(args, RECORDS_FILE)
     gpu = None

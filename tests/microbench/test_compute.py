@@ -12,7 +12,9 @@ import sys
 import numpy as np
 import pytest
 
+from microbench.commands.compute import check_gemm_memory
 from microbench.compute import QUICK_POLICY, ComputePlan, format_summary, run_compute
+from microbench.errors import UserError
 from microbench.gpu import find_gpu
 from microbench.measurement import Measurement
 from microbench.network_ops import network_points, op_groups
@@ -213,6 +215,24 @@ def test_bad_arguments_get_one_line_and_exit_2(tmp_path, args, problem):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and problem in proc.stderr, proc.stderr
     assert proc.stderr.startswith(PROG) and "Traceback" not in proc.stderr
+
+
+def test_a_gemm_past_the_memory_is_refused_before_anything_is_measured(tmp_path):
+    """--gemm-sizes 100000 (three 37 GiB matrices) failed only when reached, after the triad's
+    point was recorded: a second try then needed --append. 10**200 overflowed the message."""
+    for size in ("100000000", "1" + "0" * 200):
+        proc = microbench("compute", "--gemm-sizes", f"256,{size}", "--out", str(tmp_path / "r"))
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+        assert "float32 matrices take" in proc.stderr and "; give sizes up to" in proc.stderr
+        assert not (tmp_path / "r").exists()
+
+
+def test_check_gemm_memory_passes_what_fits():
+    check_gemm_memory((256, 1024), 3 * 4 * 1024 * 1024)
+    check_gemm_memory((10**6,), None)  # memory unknown: the benchmark finds out
+    with pytest.raises(UserError, match="--gemm-sizes 1025: .* give sizes up to 1,024"):
+        check_gemm_memory((1025,), 3 * 4 * 1024 * 1024)
 
 
 def test_out_that_is_a_file_gets_one_line_and_exit_2(tmp_path):
