@@ -30,12 +30,13 @@ workloads, batches and thread counts it never ran:
 * **Steps** ``step`` and ``step_alone``: whole training steps (forward, loss, backward,
   update) of networks that no workload names, each right after another step as training runs
   them, against the very same kernel calls each timed alone (:mod:`microbench.kernels.record`),
-  side by side in rounds so that a slow spell of a shared machine lands on both. The networks are tiny ones whose kernels do next to no work
-  (their steps are the Python between kernels) and random ones of the supported layer kinds at
-  random batches, drawn from a stream of their own that no held-out set uses, the same at
-  every thread count (:mod:`microbench.kernels.steps`). :mod:`calibration.step_terms` fits
-  from them what a step costs beyond its kernels: the Python per op call and per step, and the
-  factor by which kernels run slower inside a step than alone.
+  side by side in rounds so that a slow spell of a shared machine lands on both. The networks
+  are tiny ones whose kernels do next to no work (their steps are the Python between kernels)
+  and random ones of the supported layer kinds at random batches, drawn from a stream of
+  their own that no held-out set uses, the same at every thread count
+  (:mod:`microbench.kernels.steps`). :mod:`calibration.step_terms` fits from them what a step
+  costs beyond its kernels: the Python per op call and per step, and the factor by which
+  kernels run slower inside a step than alone.
 
 Points run in a shuffled order (seeded), so that a slow spell of a shared machine lands on
 scattered shapes rather than on one neighbourhood of the grid, and the thread counts take
