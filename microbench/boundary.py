@@ -47,8 +47,8 @@ class Stopped(Exception):
 
     def __init__(self, signum: int | str) -> None:
         """``signum`` the signal's number, or its name: SimPy re-raises a process's exception
-        as ``type(exc)(*exc.args)``, and a SIGTERM that landed inside a simulated process came
-        out as "'SIGTERM' is not a valid Signals", an error in place of the stop."""
+        as ``type(exc)(*exc.args)``, which passes the name kept in ``args``, and a stop that
+        lands inside a simulated process must stay a stop."""
         sig = signal.Signals[signum] if isinstance(signum, str) else signal.Signals(signum)
         super().__init__(sig.name)
         self.signum = int(sig)

@@ -143,9 +143,9 @@ def paired_rounds(
     """Per round, the calls alone (``alone()``: their seconds), then a step as training runs
     it: right after another step. Training runs its steps back to back, so a step finds the
     previous one's weights, activations and code in the caches; the first step after the calls
-    alone finds theirs, and ran 10-22% slower than the next on networks of 1-3 ms, the same on
-    networks of 10-40 ms (evidence: docs/evidence.md, "The step benchmark's steps"). So each
-    round runs one step untimed and times the next. Returns (steps, alone), seconds."""
+    alone finds theirs instead, and runs slower on small networks (evidence: docs/evidence.md,
+    "The step benchmark's steps"). So each round runs one step untimed and times the next.
+    Returns (steps, alone), seconds."""
     steps, alones = [], []
     for _ in range(rounds):
         alones.append(alone())
