@@ -146,6 +146,16 @@ def usable_memory_bytes(machine: Mapping[str, Any] | None = None) -> int | None:
     return min(known) if known else None
 
 
+def gpu_name(machine: Mapping[str, Any]) -> str | None:
+    """The name the driver gave the first GPU of ``machine`` (metadata as
+    :func:`machine_metadata` records it), or None: a CPU machine, or metadata that does not
+    say."""
+    gpus = machine.get("gpus")
+    first = gpus[0] if isinstance(gpus, list) and gpus else None
+    name = first.get("name") if isinstance(first, Mapping) else None
+    return name if isinstance(name, str) and name.strip() else None
+
+
 def _blas() -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None]:
     """numpy's BLAS (library, version, threads) and every thread pool loaded in the process.
 

@@ -4,11 +4,11 @@ network and GPU it rests on, and the bytes per rank; everything refused up front
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
+from microbench.machine import gpu_name
 from pdlsim.costmodel.corrections import parse_corrections
 from pdlsim.costmodel.presets import (
     DEFAULT_NETWORK_PRESET,
@@ -78,14 +78,13 @@ def resolve_network(
 
 
 def resolve_gpus(
-    cfg: PredictConfig, hardware: Hardware, measured_gpu: str | None = None
+    cfg: PredictConfig, hardware: Hardware, default_node: str | None = None
 ) -> tuple[NodePreset | None, GpuPreset | None]:
-    """GPU ranks' node (``--node``; default: the node that holds ``measured_gpu``, the GPU
-    the profile was measured on, else :data:`DEFAULT_NODE_PRESET`) and GPU (``--gpu-preset``,
-    default the node's; ``none``: the profile's measured GPU alone). Looked up for CPU ranks
-    too, which use neither: a typo fails either way."""
-    default = measured_gpu and hardware.node_for_device(measured_gpu)
-    node = hardware.resolve("node", cfg.node or default or DEFAULT_NODE_PRESET)
+    """GPU ranks' node (``--node``; default ``default_node``, else
+    :data:`DEFAULT_NODE_PRESET`) and GPU (``--gpu-preset``, default the node's; ``none``: the
+    profile's measured GPU alone). Looked up for CPU ranks too, which use neither: a typo
+    fails either way."""
+    node = hardware.resolve("node", cfg.node or default_node or DEFAULT_NODE_PRESET)
     if cfg.gpu_preset == "none":
         gpu = None
     else:
@@ -96,15 +95,6 @@ def resolve_gpus(
             f"--node with a larger node (pdlsim hardware list), or more --nodes"
         )
     return node, gpu
-
-
-def profile_gpu(machine: Mapping[str, Any]) -> str | None:
-    """The name the driver gave the first GPU of the machine a profile was measured on (its
-    records' metadata), or None: a CPU machine, or a profile that does not say."""
-    gpus = machine.get("gpus")
-    first = gpus[0] if isinstance(gpus, list) and gpus else None
-    name = first.get("name") if isinstance(first, Mapping) else None
-    return name if isinstance(name, str) and name.strip() else None
 
 
 def check_config(cfg: PredictConfig) -> Workload:
@@ -137,8 +127,9 @@ def build(
     workload = check_config(cfg)
     profile, profile_name = resolve_profile(cfg.profile)
     hardware = load_hardware(cfg.hardware)
-    measured_gpu = profile_gpu(profile.machine)
-    node, preset = resolve_gpus(cfg, hardware, measured_gpu)
+    measured_gpu = gpu_name(profile.machine)  # the node that holds it, unless --node says
+    by_gpu = hardware.node_for_device(measured_gpu) if measured_gpu and not cfg.node else None
+    node, preset = resolve_gpus(cfg, hardware, by_gpu)
     if cfg.gpus > 0:
         if cfg.algorithm is not None and cfg.algorithm not in NCCL_ALGORITHMS:
             raise UserError(
@@ -192,9 +183,8 @@ def build(
     if gpu is not None:
         provenance["gpu_preset"] = f"{gpu.name} ({gpu.kind}: {gpu.source})"
     if cluster.device == "gpu":
-        chosen = (f"; the node of the profile's {measured_gpu}"
-                  if cfg.node is None and measured_gpu and node.name != DEFAULT_NODE_PRESET
-                  else "")  # fmt: skip
+        chosen = "" if by_gpu in (None, DEFAULT_NODE_PRESET) else (
+            f"; the node of the profile's {measured_gpu}")  # fmt: skip
         provenance["node"] = f"{node.name} ({node.kind}: {node.source}{chosen})"
     if cfg.hardware is not None:
         provenance["hardware"] = hardware.source
