@@ -347,7 +347,7 @@ def _validate(config: TrainConfig) -> None:
     """Catch bad input once, in the launching process, before any rank starts."""
     from microbench.workload import load_workload
     from pdlsim.train.device import gpu_device
-    from pdlsim.train.epoch import model_steps_per_epoch, prepare_data, steps_per_epoch
+    from pdlsim.train.epoch import checked_train_samples, model_steps_per_epoch, steps_per_epoch
 
     problem = too_many_threads(config.procs, config.threads)
     if problem is not None:
@@ -359,11 +359,11 @@ def _validate(config: TrainConfig) -> None:
         from microbench.nn.sliced import check_splittable
 
         check_splittable(workload, config.procs)
-    train_set, _ = prepare_data(config, workload)
+    samples = checked_train_samples(config, workload)
     if config.parallel == "model":
-        model_steps_per_epoch(config, len(train_set))
+        model_steps_per_epoch(config, samples)
     else:
-        steps_per_epoch(config, len(train_set))
+        steps_per_epoch(config, samples)
 
 
 def _train(

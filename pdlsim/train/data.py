@@ -22,7 +22,7 @@ import numpy as np
 from microbench.memory import available_memory_bytes
 from microbench.workload import Workload
 from pdlsim.train.dataset import DataError, Dataset, check_counts
-from pdlsim.train.token_data import synthetic_next_tokens, synthetic_tokens
+from pdlsim.train.token_data import check_tokens, synthetic_next_tokens, synthetic_tokens
 
 DEFAULT_SYNTHETIC_SAMPLES = 10_000
 
@@ -310,21 +310,14 @@ def load_dataset(
     counts match (MNIST 1x28x28 feeds a 784-input MLP); only the first ``n_samples`` are
     kept (default: all of a file set, or DEFAULT_SYNTHETIC_SAMPLES synthetic ones).
     """
-    if n_samples is not None and n_samples < 1:
-        raise DataError(f"the number of samples must be at least 1, got {n_samples}")
+    _check_asked(n_samples)
     kind, sep, where = spec.partition(":")
     kind = kind.strip().lower()
+    _check_per_token(workload)
     vocabulary = workload.vocabulary
     per_token = workload.layers[-1].kind == "token_cross_entropy"
-    if per_token and (vocabulary is None or workload.num_classes != vocabulary):
-        raise DataError(
-            f"workload '{workload.name}' scores every token against {workload.num_classes} "
-            "classes; the synthetic next-token data needs an embedding input and logits over "
-            "its vocabulary"
-        )
-    if kind == "synthetic" and not sep:
-        count = DEFAULT_SYNTHETIC_SAMPLES if n_samples is None else n_samples
-        _check_fits_memory(workload, count)
+    count = synthetic_count(spec, workload, n_samples)
+    if count is not None:
         if per_token:
             (tokens,) = workload.input_shape
             return synthetic_next_tokens(tokens, vocabulary, count, seed, train=train)
@@ -358,6 +351,41 @@ def load_dataset(
             f"{workload.num_classes}; give its last dense layer {data.num_classes} units"
         )
     return _fit_shape(data, workload)
+
+
+def synthetic_count(spec: str, workload: Workload, n_samples: int | None = None) -> int | None:
+    """The samples of the synthetic set ``spec`` names for ``workload`` (None where ``spec``
+    names no synthetic set), with every error drawing them would raise, raised without drawing
+    them: what the launching process checks before any rank draws its own."""
+    _check_asked(n_samples)
+    kind, sep, _ = spec.partition(":")
+    if kind.strip().lower() != "synthetic" or sep:
+        return None
+    count = DEFAULT_SYNTHETIC_SAMPLES if n_samples is None else n_samples
+    _check_per_token(workload)
+    if workload.vocabulary is not None:
+        check_tokens(workload.input_shape[0], workload.vocabulary)
+    check_counts(workload.num_classes, count)
+    _check_fits_memory(workload, count)
+    return count
+
+
+def _check_asked(n_samples: int | None) -> None:
+    if n_samples is not None and n_samples < 1:
+        raise DataError(f"the number of samples must be at least 1, got {n_samples}")
+
+
+def _check_per_token(workload: Workload) -> None:
+    """A DataError where ``workload`` scores every token but its logits are not over its
+    vocabulary (no data feeds it)."""
+    if workload.layers[-1].kind == "token_cross_entropy" and (
+        workload.vocabulary is None or workload.num_classes != workload.vocabulary
+    ):
+        raise DataError(
+            f"workload '{workload.name}' scores every token against {workload.num_classes} "
+            "classes; the synthetic next-token data needs an embedding input and logits over "
+            "its vocabulary"
+        )
 
 
 def synthetic_overflow(workload: Workload, n_samples: int) -> tuple[int, int] | None:

@@ -8,23 +8,40 @@ from microbench.errors import UserError
 from microbench.workload import Workload
 from pdlsim.prediction.epoch import dataset_samples
 from pdlsim.train.config import TrainConfig
-from pdlsim.train.data import Dataset, load_dataset
+from pdlsim.train.data import Dataset, load_dataset, synthetic_count
 
-__all__ = ["model_steps_per_epoch", "prepare_data", "steps_per_epoch"]
+__all__ = ["checked_train_samples", "model_steps_per_epoch", "prepare_data", "steps_per_epoch"]
+
+
+def _train_count(config: TrainConfig, workload: Workload) -> int | None:
+    """The training samples asked for (synthetic, unasked: as many as the epoch ``pdlsim
+    predict`` prices, :func:`pdlsim.prediction.epoch.dataset_samples`; None: all of a file)."""
+    if config.samples is None and config.data == "synthetic":
+        return dataset_samples(workload.name)
+    return config.samples
 
 
 def prepare_data(config: TrainConfig, workload: Workload) -> tuple[Dataset, Dataset]:
-    """The training and held-out test sets, shaped for the workload (synthetic: fresh draws, as
-    many as the epoch ``pdlsim predict`` prices,
-    :func:`pdlsim.prediction.epoch.dataset_samples`)."""
-    n_train = config.samples
-    if n_train is None and config.data == "synthetic":
-        n_train = dataset_samples(workload.name)
+    """The training and held-out test sets, shaped for the workload (synthetic: fresh draws,
+    :func:`_train_count` of them)."""
+    n_train = _train_count(config, workload)
     train = load_dataset(config.data, workload, n_samples=n_train, seed=config.seed, train=True)
     test = load_dataset(
         config.data, workload, n_samples=config.test_samples, seed=config.seed, train=False
     )
     return train, test
+
+
+def checked_train_samples(config: TrainConfig, workload: Workload) -> int:
+    """The training samples of ``config``'s data, every error loading it would raise raised:
+    files are read, synthetic sets only checked, since every rank draws its own."""
+    n_train = _train_count(config, workload)
+    count = synthetic_count(config.data, workload, n_train)
+    if count is None:
+        train, _ = prepare_data(config, workload)
+        return len(train)
+    synthetic_count(config.data, workload, config.test_samples)
+    return count
 
 
 def steps_per_epoch(config: TrainConfig, n_train: int) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 
 from pdlsim.train.dataset import DataError, Dataset, check_counts
 
-__all__ = ["synthetic_next_tokens", "synthetic_tokens"]
+__all__ = ["check_tokens", "synthetic_next_tokens", "synthetic_tokens"]
 
 # Classification: the share of a sample's tokens drawn from its class's topic, and the size of
 # a topic (or an eighth of the vocabulary, if larger).
@@ -24,7 +24,8 @@ _SUCCESSORS = 4
 _FOLLOW_SHARE = 0.8
 
 
-def _check(tokens: int, vocabulary: int) -> None:
+def check_tokens(tokens: int, vocabulary: int) -> None:
+    """A DataError where synthetic token sequences of this length and vocabulary cannot be drawn."""
     if tokens < 1 or vocabulary < 2:
         raise DataError(
             "synthetic tokens need tokens >= 1 and a vocabulary >= 2, got "
@@ -46,7 +47,7 @@ def synthetic_tokens(
     from its class's topic with probability :data:`_TOPIC_SHARE`, else uniformly from the
     vocabulary. Topics overlap, so a sequence must be read as a whole (one token rarely
     decides the class). ``seed`` and ``train`` as for :func:`synthetic`."""
-    _check(tokens, vocabulary)
+    check_tokens(tokens, vocabulary)
     check_counts(num_classes, n_samples)
     topic_seed, train_seed, test_seed = np.random.SeedSequence(seed).spawn(3)
     prng = np.random.default_rng(topic_seed)
@@ -70,7 +71,7 @@ def synthetic_next_tokens(
     :data:`_FOLLOW_SHARE`, else any token; the label of each position is the token after it.
     A model that learns the successor table predicts up to about 80% / 4 + 20% / vocabulary
     of the labels. ``seed`` and ``train`` as for :func:`pdlsim.train.data.synthetic`."""
-    _check(tokens, vocabulary)
+    check_tokens(tokens, vocabulary)
     check_counts(vocabulary, n_samples)
     table_seed, train_seed, test_seed = np.random.SeedSequence(seed).spawn(3)
     successors = np.random.default_rng(table_seed).integers(

@@ -112,7 +112,8 @@ def test_a_real_allocation_failure_in_training_is_one_line(tmp_path):
     workload = tmp_path / "huge.json"
     layers = [{"kind": "dense", "units": 2**31 - 1}, {"kind": "softmax_cross_entropy"}]
     workload.write_text(json.dumps({"input_shape": [2**20], "layers": layers}))
-    small = ("--samples", "16", "--test-samples", "4")  # the data fits; the weights do not
+    # the samples and the batch fit; the class means and the weights do not
+    small = ("--samples", "16", "--test-samples", "4", "--batch", "8")
     result = run_pdlsim("train", "--model", str(workload), *small, "--out", str(tmp_path / "r"),
                         timeout=60)  # fmt: skip
     _one_line_error(result, "not enough memory")

@@ -404,3 +404,40 @@ def test_token_data_refuses_what_it_cannot_label() -> None:
         load_dataset("synthetic", Workload.from_dict(scored), n_samples=8)
     with pytest.raises(UserError, match="reads token ids"):
         load_dataset("mnist:/nowhere", load_workload("transformer"), n_samples=8)
+
+
+def test_launcher_check_draws_no_synthetic_sample_yet_refuses_what_a_draw_would(monkeypatch):
+    """``pdlsim train`` checks the data once before any rank starts: a synthetic set is
+    counted, not drawn (every rank draws its own), and every error a draw would raise is
+    raised all the same."""
+    from pdlsim.train import data
+    from pdlsim.train.config import TrainConfig
+    from pdlsim.train.epoch import checked_train_samples
+
+    def no_draw(*args, **kwargs):
+        raise AssertionError("the launcher's check drew synthetic samples")
+
+    monkeypatch.setattr(data, "synthetic", no_draw)
+    monkeypatch.setattr(data, "synthetic_tokens", no_draw)
+    config = TrainConfig(model="cnn", samples=777, test_samples=8)
+    assert checked_train_samples(config, CNN) == 777
+    transformer = load_workload("transformer")
+    assert checked_train_samples(TrainConfig(model="transformer", samples=9), transformer) == 9
+    with pytest.raises(UserError, match="at least 1, got 0"):
+        checked_train_samples(TrainConfig(model="mlp", samples=0), MLP)
+    with pytest.raises(UserError, match="at least 1, got 0"):
+        checked_train_samples(TrainConfig(model="mlp", samples=5, test_samples=0), MLP)
+    monkeypatch.setattr(data, "available_memory_bytes", lambda: 2**20)
+    with pytest.raises(UserError, match="give --samples 42 or fewer"):
+        checked_train_samples(TrainConfig(model="cnn", samples=5000), CNN)
+
+
+def test_launcher_check_reads_file_sets(tmp_path: Path) -> None:
+    from pdlsim.train.config import TrainConfig
+    from pdlsim.train.epoch import checked_train_samples
+
+    _mnist_dir(tmp_path)
+    config = TrainConfig(model="mlp", data=f"mnist:{tmp_path}", test_samples=2)
+    assert checked_train_samples(config, MLP) == len(load_dataset(config.data, MLP))
+    with pytest.raises(UserError, match="no directory"):
+        checked_train_samples(TrainConfig(model="mlp", data=f"mnist:{tmp_path}/x"), MLP)
