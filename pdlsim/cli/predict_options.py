@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from pdlsim.cli.args import positive_int
+from pdlsim.costmodel.limits import watts_problem
 from pdlsim.prediction.checks import (
     MAX_CORES_PER_SOCKET,
     MAX_SOCKETS,
@@ -30,6 +31,9 @@ def _watts_pair(flag: str, unit: str) -> Any:
                 f"expected IDLE,BUSY watts {unit} with 0 <= IDLE <= BUSY <= {MAX_WATTS:,.0f} "
                 f"(e.g. 80,270), got '{text}'"
             )
+        problem = watts_problem(idle, "IDLE") or watts_problem(busy, "BUSY")
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
         return idle, busy
 
     parse.__name__ = flag  # argparse names the type in its messages
@@ -57,6 +61,9 @@ def _watts(text: str) -> float:
         value = -1.0
     if not 0 <= value <= MAX_WATTS:
         raise argparse.ArgumentTypeError(f"expected watts from 0 to {MAX_WATTS:,.0f}, got '{text}'")
+    problem = watts_problem(value, "the figure")
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 

@@ -39,6 +39,11 @@ __all__ = [
     "ASSUMPTIONS",
     "FLOPS_RANGE",
     "MAX_TIME_S",
+    "MIN_FRACTION",
+    "MIN_TIME_S",
+    "MIN_WATTS",
+    "MAX_WATTS",
+    "watts_problem",
     "RATE_RANGE_BYTES_PER_S",
     "HARDWARE",
     "Assumption",
@@ -59,33 +64,21 @@ __all__ = [
 ]
 
 
-# What a figure may be, in a preset or given in text (``--inter-bw 25GB/s``): a link of 1 B/s to
-# 1 PB/s, a time up to about three centuries (an MTBF of a million hours is 3.6e9 s), a GPU of
-# a megaFLOP/s to an exaFLOP/s, 1 MiB to 1 PiB of memory, at most 100 kW. Beyond them a number is
-# a typo or an overflow (1e400 reads as infinity), and the figures built on it would be nonsense.
-RATE_RANGE_BYTES_PER_S = (1.0, 1e15)
-MAX_TIME_S = 1e10
-FLOPS_RANGE = (1e6, 1e18)
-MEMORY_RANGE_BYTES = (2**20, 2**50)
-MAX_WATTS = 1e5
-MAX_OVERSUBSCRIPTION = 1e6
-MAX_LEAF_NODES = 1_000_000
-
-
-def _check_ranges(what: str, entry: Any, ranges: Mapping[str, tuple[float, float]],
-                  optional: tuple[str, ...] = ()) -> None:  # fmt: skip
-    """Each field of ``entry`` named in ``ranges`` within its (low, high); the ``optional``
-    ones may also be 0 (none)."""
-    for name, (low, high) in ranges.items():
-        value = getattr(entry, name)
-        if name in optional and value == 0:
-            continue
-        if not low <= value <= high:
-            zero = "0 (none) or " if name in optional and low > 0 else ""
-            raise UserError(
-                f"{what}: {name} must be {zero}{low:g} to {high:g}, got {value:g}; "
-                "give the figure in its unit (bytes, seconds, FLOP/s, watts)"
-            )
+from pdlsim.costmodel.limits import (
+    FLOPS_RANGE,
+    MAX_LEAF_NODES,
+    MAX_OVERSUBSCRIPTION,
+    MAX_TIME_S,
+    MAX_WATTS,
+    MEMORY_RANGE_BYTES,
+    MIN_FRACTION,
+    MIN_TIME_S,
+    MIN_WATTS,
+    RATE_RANGE_BYTES_PER_S,
+    check_ranges,
+    check_text,
+    watts_problem,
+)
 
 
 @dataclass(frozen=True)
@@ -112,12 +105,12 @@ class NetworkPreset:
                 f"got {self.oversubscription} and {self.leaf_nodes}"
             )
         ranges = {
-            "latency_s": (0.0, MAX_TIME_S),
+            "latency_s": (MIN_TIME_S, MAX_TIME_S),
             "bandwidth_bytes_per_s": RATE_RANGE_BYTES_PER_S,
             "oversubscription": (1.0, MAX_OVERSUBSCRIPTION),
             "leaf_nodes": (0, MAX_LEAF_NODES),
         }
-        _check_ranges(f"network '{self.name}'", self, ranges)
+        check_ranges(f"network '{self.name}'", self, ranges, optional=("latency_s",))
 
 
 @dataclass(frozen=True)
@@ -155,8 +148,8 @@ class GpuPreset:
             for name in positive + optional
             if name.endswith("_per_s")
         }
-        ranges.update(memory_bytes=MEMORY_RANGE_BYTES, board_power_w=(0.0, MAX_WATTS))
-        _check_ranges(f"GPU '{self.name}'", self, ranges, optional)
+        ranges.update(memory_bytes=MEMORY_RANGE_BYTES, board_power_w=(MIN_WATTS, MAX_WATTS))
+        check_ranges(f"GPU '{self.name}'", self, ranges, optional)
 
 
 FABRICS = ("nvlink", "xgmi", "pcie")
@@ -196,7 +189,7 @@ class NodePreset:
                 f"{self.nics} and {self.gpu_link_bytes_per_s}"
             )
         ranges = {"gpu_link_bytes_per_s": RATE_RANGE_BYTES_PER_S}
-        _check_ranges(f"node '{self.name}'", self, ranges)
+        check_ranges(f"node '{self.name}'", self, ranges)
         if self.nvls and self.fabric != "nvlink":
             raise UserError(f"node '{self.name}': nvls (NVLink SHARP) needs the nvlink fabric")
 
@@ -221,10 +214,10 @@ class Assumption:
                 f"got {self.low}, {self.value}, {self.high}"
             )
         fraction = self.unit.startswith("fraction")
-        if fraction and not (0 < self.low and self.high <= 1):
+        if fraction and not (MIN_FRACTION <= self.low and self.high <= 1):
             raise UserError(
-                f"assumption '{self.name}' is a {self.unit}: need 0 < low and high <= 1, got "
-                f"{self.low}..{self.high}"
+                f"assumption '{self.name}' is a {self.unit}: need {MIN_FRACTION:g} <= low and "
+                f"high <= 1, got {self.low}..{self.high}"
             )
         if not fraction and self.low < 0:
             raise UserError(
@@ -234,6 +227,12 @@ class Assumption:
             raise UserError(
                 f"assumption '{self.name}' is in seconds: need high <= {MAX_TIME_S:g}, "
                 f"got {self.high:g}"
+            )
+        tiny = [v for v in (self.low, self.value, self.high) if 0 < v < MIN_TIME_S]
+        if self.unit.split()[:1] == ["s"] and tiny:
+            raise UserError(
+                f"assumption '{self.name}' is in seconds: each figure 0 or at least "
+                f"{MIN_TIME_S:g} s, got {tiny[0]:g}"
             )
 
 
@@ -293,7 +292,8 @@ class Hardware:
         values = read_json(text, f"--{_FLAGS[kind]} {text}")
         if not isinstance(values, Mapping):
             raise UserError(f"--{_FLAGS[kind]} {text}: expected a JSON object of one {kind}")
-        entry = _made(_KINDS[kind], {"name": Path(text).stem, **values}, text)
+        where = f"--{_FLAGS[kind]} {text}"  # the flag too, as a file it cannot read says
+        entry = _made(_KINDS[kind], {"name": Path(text).stem, **values}, where)
         if kind == "node":  # its GPU and network must be known here
             try:
                 self.gpu(entry.gpu)
@@ -325,6 +325,10 @@ class Hardware:
             raise UserError(
                 f"{source}: unknown key(s) {shown_names(unknown)}; "
                 "allowed: about, networks, gpus, nodes, assumptions"
+            )
+        if not isinstance(doc.get("about", ""), str):  # a note for readers, never a figure
+            raise UserError(
+                f"{source}: about: expected a string (a note), got {shown_value(doc['about'])}"
             )
         networks = {**self.networks, **_section(doc, "networks", source, NetworkPreset)}
         gpus = {**self.gpus, **_section(doc, "gpus", source, GpuPreset)}
@@ -407,6 +411,8 @@ def _made(kind: type, values: dict[str, Any], where: str) -> Any:
                     f"{where}.{f.name}: expected a list of strings, got {shown_value(value)}"
                 )
             values[f.name] = tuple(value)
+        if f.type in ("str", "tuple[str, ...]"):
+            check_text(where, f.name, value)
         if f.type == "int" and value != int(value):
             raise UserError(f"{where}.{f.name}: expected a whole number, got {shown_value(value)}")
         if f.type == "int":

@@ -38,7 +38,9 @@ from typing import Any
 from microbench.argtypes import MAX_BATCH
 from microbench.errors import UserError
 from microbench.machine import usable_memory_bytes
-from pdlsim.costmodel.presets import MAX_GPUS_PER_NODE, MAX_WATTS
+from pdlsim.costmodel.limits import MAX_WATTS, watts_problem
+from pdlsim.costmodel.presets import MAX_GPUS_PER_NODE
+from pdlsim.prediction.energy import power_preset
 
 __all__ = [
     "MAX_BUCKET_MB",
@@ -86,6 +88,8 @@ BAND_ITERATIONS = 20  # the steps of each band sample, at most (pdlsim.predictio
 MAX_LAYER_STEPS = 10_000_000
 MAX_FACTOR = 1e6  # a what-if that scales a link or a rank a million-fold (either way) is a typo
 MAX_BUCKET_MB = 2.0**20  # 1 TiB: past any model's gradients (and any collective's size)
+# 1 byte: a smaller bucket holds no gradient byte (1e-300 MiB was taken as 1 byte, silently)
+MIN_BUCKET_MB = 2.0**-20
 MAX_SYNC_EVERY = 1000  # local SGD periods run to hundreds of steps; the simulator plays whole ones
 # Predictions one sweep (or one --vary) makes: each takes a fraction of a second to seconds, so
 # a list with extra zeros would run for days; it is refused before the first.
@@ -120,10 +124,10 @@ def check_bounds(cfg: Any) -> None:
             raise UserError(f"{flag} must be {word.get(flag, f'at least {least}')}, got {value}")
         if most is not None and value > most:
             raise UserError(f"{flag} must be at most {most:,}, got {value:,}")
-    if not 0 < cfg.bucket_mb <= MAX_BUCKET_MB:
+    if not MIN_BUCKET_MB <= cfg.bucket_mb <= MAX_BUCKET_MB:
         raise UserError(
-            f"--bucket-mb must be above 0 and at most {MAX_BUCKET_MB:,.0f} (1 TiB), "
-            f"got {cfg.bucket_mb:g}"
+            f"--bucket-mb must be from {MIN_BUCKET_MB:.3g} (1 byte) to {MAX_BUCKET_MB:,.0f} "
+            f"(1 TiB), got {cfg.bucket_mb:g}"
         )
     check_factors(cfg)
     check_power(cfg)
@@ -209,17 +213,28 @@ def single_node_note(flag: str) -> str:
 def check_power(cfg: Any) -> None:
     """The power model's figures (:mod:`pdlsim.prediction.energy`) within a real machine's:
     ``--cpu-watts``/``--gpu-watts`` as 0 <= IDLE <= BUSY <= :data:`MAX_WATTS`,
-    ``--node-other-watts`` up to it, ``--cpu-sockets`` within :data:`MAX_SOCKETS` x
-    :data:`MAX_CORES_PER_SOCKET`."""
+    ``--node-other-watts`` up to it, each figure 0 or a real part's
+    (:func:`~pdlsim.costmodel.presets.watts_problem`: ``1e-300`` W is a typo), ``--cpu-sockets``
+    within :data:`MAX_SOCKETS` x :data:`MAX_CORES_PER_SOCKET`; ``--power-preset`` a known one
+    (read after the simulation, a typo there was found only then)."""
+    if cfg.power_preset is not None:
+        power_preset(cfg.power_preset)
     for flag, pair in (("--cpu-watts", cfg.cpu_watts), ("--gpu-watts", cfg.gpu_watts)):
         if pair is not None and not 0 <= pair[0] <= pair[1] <= MAX_WATTS:
             raise UserError(
                 f"{flag} must be IDLE,BUSY watts with 0 <= IDLE <= BUSY <= {MAX_WATTS:,.0f} "
                 f"(e.g. 80,270), got {pair[0]:g},{pair[1]:g}"
             )
+        for state, watts in zip(("IDLE", "BUSY"), pair or (), strict=False):
+            problem = watts_problem(watts, f"{flag} {state}")
+            if problem:
+                raise UserError(problem)
     other = cfg.node_other_watts
     if other is not None and not 0 <= other <= MAX_WATTS:
         raise UserError(f"--node-other-watts must be from 0 to {MAX_WATTS:,.0f}, got {other:g}")
+    problem = None if other is None else watts_problem(other, "--node-other-watts")
+    if problem:
+        raise UserError(problem)
     if cfg.cpu_sockets is not None:
         sockets, cores = cfg.cpu_sockets
         if not (1 <= sockets <= MAX_SOCKETS and 1 <= cores <= MAX_CORES_PER_SOCKET):

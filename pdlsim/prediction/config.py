@@ -19,7 +19,7 @@ from microbench.argtypes import (
     check_numbers,
 )
 from microbench.errors import UserError, shown_text
-from pdlsim.costmodel.presets import MAX_TIME_S, RATE_RANGE_BYTES_PER_S
+from pdlsim.costmodel.limits import MAX_TIME_S, MIN_TIME_S, RATE_RANGE_BYTES_PER_S
 
 if TYPE_CHECKING:
     from calibration.profile import Profile
@@ -77,9 +77,9 @@ def parse_rate(text: str, flag: str = "") -> float:
 
 
 def parse_time(text: str, flag: str = "") -> float:
-    """'2us' -> 2e-6 s; 'ns', 'us', 'ms', 's', 'min', 'h' and 'd' are understood; at most
-    :data:`MAX_TIME_S`; ``flag`` names the option in an error. Never negative (a caller that
-    needs a time above 0 checks for 0 itself)."""
+    """'2us' -> 2e-6 s; 'ns', 'us', 'ms', 's', 'min', 'h' and 'd' are understood; 0 or from
+    :data:`MIN_TIME_S` to :data:`MAX_TIME_S`; ``flag`` names the option in an error. Never
+    negative (a caller that needs a time above 0 checks for 0 itself)."""
     where = f"{flag}: " if flag else ""
     m = _TIME.match(text)
     if not m:
@@ -87,6 +87,11 @@ def parse_time(text: str, flag: str = "") -> float:
     seconds = float(m.group(1)) * _SECONDS[m.group(2)]
     if not seconds <= MAX_TIME_S:
         raise UserError(f"{where}time '{text}' is out of range: give at most {MAX_TIME_S:.0e} s")
+    if 0 < seconds < MIN_TIME_S:
+        raise UserError(
+            f"{where}time '{shown_text(text)}' is out of range: give 0 or at least "
+            f"{MIN_TIME_S:g} s (a picosecond)"
+        )
     return seconds
 
 

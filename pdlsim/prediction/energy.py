@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from microbench.errors import UserError
+from microbench.errors import UserError, shown_text
 
 __all__ = [
     "POWER_PRESETS",
@@ -176,7 +176,9 @@ POWER_PRESETS: dict[str, PowerModel] = {
 
 def power_preset(name: str) -> PowerModel:
     if name not in POWER_PRESETS:
-        raise UserError(f"unknown power preset '{name}'; known: {', '.join(POWER_PRESETS)}")
+        raise UserError(
+            f"unknown power preset '{shown_text(name)}'; known: {', '.join(POWER_PRESETS)}"
+        )
     return POWER_PRESETS[name]
 
 

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from microbench.errors import UserError, shown_text, shown_value
 from microbench.fileio import read_json
-from pdlsim.costmodel.presets import MAX_TIME_S
+from pdlsim.costmodel.limits import MAX_TIME_S, MIN_TIME_S
 from pdlsim.prediction.config import PredictConfig
 from pdlsim.prediction.gpu_step import given_compute
 
@@ -69,6 +69,8 @@ class _Checker:
             self.refuse(field, value, expected)
         if not 0 <= number <= MAX_TIME_S or (positive and number == 0):  # NaN fails too
             self.refuse(field, value, expected)
+        if 0 < number < MIN_TIME_S:  # 1e-300 s: no layer runs in under a picosecond
+            self.refuse(field, value, f"0 or at least {MIN_TIME_S:g} seconds")
         return number
 
     def text(self, value: Any, field: str) -> str:
@@ -147,6 +149,13 @@ def with_layer_times(cfg: PredictConfig, cost: Any, workload: Any) -> tuple[Any,
     missing = [info.name for info in workload.layers if info.name not in timed]
     if missing:
         raise UserError(f"{flag} has no times for layer(s) {', '.join(missing[:3])}")
+    names = {info.name for info in workload.layers}
+    extra = [name for name in timed if name not in names]  # another network's, or a typo
+    if extra:
+        raise UserError(
+            f"{flag} times layer(s) {', '.join(shown_text(n) for n in extra[:3])} that workload "
+            f"{workload.name} lacks: time the workload predicted (pdlsim bench --layer-times)"
+        )
     layers_s = sum(timed[info.name]["forward_s"] + timed[info.name]["backward_s"]
                    for info in workload.layers)  # fmt: skip
     step_s, update_s = float(doc["step_s"]), float(doc["update_s"])

@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from microbench.errors import UserError
+from pdlsim.costmodel.limits import MAX_TIME_S, MIN_TIME_S, RATE_RANGE_BYTES_PER_S
 
 if TYPE_CHECKING:
     from pdlsim.costmodel.model import ProfileCostModel
@@ -68,8 +69,8 @@ def apply_to_cost(cfg: PredictConfig, cost: ProfileCostModel) -> ProfileCostMode
     inter = cost.inter
     if inter is not None and (cfg.network_scale != 1.0 or cfg.latency_scale != 1.0):
         inter = LinkCost(
-            inter.latency_s * cfg.latency_scale,
-            inter.bandwidth_bytes_per_s * cfg.network_scale,
+            _scaled_latency(inter.latency_s, cfg.latency_scale),
+            _scaled_bandwidth(inter.bandwidth_bytes_per_s, cfg.network_scale),
             inter.reduce_bandwidth_bytes_per_s,
         )
         provenance["inter-node links"] += (
@@ -82,6 +83,34 @@ def apply_to_cost(cfg: PredictConfig, cost: ProfileCostModel) -> ProfileCostMode
             else "profile (host CPU, numpy)"
         )
     return replace(cost, inter=inter, provenance=provenance)
+
+
+def _scaled_bandwidth(bandwidth: float, scale: float) -> float:
+    """``bandwidth`` x ``scale`` (``--network-scale``), refused past any link's range
+    (:data:`~pdlsim.costmodel.presets.RATE_RANGE_BYTES_PER_S`), as a figure given so would be:
+    the GPU ranks' network was refused mid-prediction, naming a network 'given' nobody gave."""
+    low, high = RATE_RANGE_BYTES_PER_S
+    scaled = bandwidth * scale
+    if scale != 1.0 and not low <= scaled <= high:
+        raise UserError(
+            f"--network-scale {scale:g} takes the inter-node bandwidth of {bandwidth:.3g} B/s "
+            f"to {scaled:.3g} B/s, past any link ({low:g} to {high:g} B/s); give a smaller factor"
+        )
+    return scaled
+
+
+def _scaled_latency(latency: float, scale: float) -> float:
+    """``latency`` x ``scale`` (``--latency-scale``): 0 or from
+    :data:`~pdlsim.costmodel.presets.MIN_TIME_S` to :data:`~pdlsim.costmodel.presets.MAX_TIME_S`,
+    as a latency given so (a fitted one already below it, the fit's 0, is left as it is)."""
+    scaled = latency * scale
+    if scale != 1.0 and latency >= MIN_TIME_S and not MIN_TIME_S <= scaled <= MAX_TIME_S:
+        raise UserError(
+            f"--latency-scale {scale:g} takes the inter-node latency of {latency:.3g} s to "
+            f"{scaled:.3g} s, past any link (0 or {MIN_TIME_S:g} to {MAX_TIME_S:g} s); give "
+            "another factor"
+        )
+    return scaled
 
 
 def whatif_lines(config: dict[str, Any]) -> list[str]:

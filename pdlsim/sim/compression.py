@@ -30,6 +30,7 @@ from .errors import ConfigError
 __all__ = [
     "ALLGATHER_LONG_MSG_BYTES",
     "DEFAULT_TOPK_DENSITY",
+    "MIN_TOPK_DENSITY",
     "Wire",
     "parse_compression",
     "wire",
@@ -37,6 +38,9 @@ __all__ = [
 
 ALLGATHER_LONG_MSG_BYTES = 512 * 1024
 DEFAULT_TOPK_DENSITY = 0.01
+# The smallest kept fraction taken: published top-k sparsification keeps 0.1% to 0.001% of a
+# gradient; below a millionth the figure is a typo (1e-300 kept one element a bucket, silently).
+MIN_TOPK_DENSITY = 1e-6
 ELEMENT_BYTES = 4  # float32 gradients
 PAIR_BYTES = 8  # float32 value + int32 index
 
@@ -56,8 +60,13 @@ def parse_compression(text: str | None) -> tuple[str, float | None] | None:
             density = float(value)
         except ValueError:
             density = math.nan
-        if 0.0 < density <= 1.0:
+        if 0.0 < density <= 1.0 and density >= MIN_TOPK_DENSITY:
             return "topk", density
+        if 0.0 < density < MIN_TOPK_DENSITY:
+            raise ConfigError(
+                f"top-k density must be at least {MIN_TOPK_DENSITY:g} (a millionth of the "
+                f"gradient kept), got '{value}'"
+            )
         raise ConfigError(f"top-k density must be a number in (0, 1], got '{value}'")
     raise ConfigError(
         f"unknown compression '{text}'; use none, fp16 or topk:F (F the kept fraction, e.g. 0.01)"

@@ -96,7 +96,8 @@ def test_an_assumption_in_seconds_past_centuries_is_refused(capsys, tmp_path):
         (["--latency-scale", "1e300"], "--latency-scale must be a factor"),
         (["--slow-ranks", "1", "--slow-factor", "1e300"], "--slow-factor must be a factor"),
         (["--speeds", "1,1e-300"], "--speeds must be a factor"),
-        (["--bucket-mb", "1e300"], "--bucket-mb must be above 0 and at most 1,048,576"),
+        (["--bucket-mb", "1e300"], "--bucket-mb must be from 9.54e-07 (1 byte) to 1,048,576"),
+        (["--bucket-mb", "1e-300"], "--bucket-mb must be from 9.54e-07 (1 byte)"),
         (["--gpus", "1", "--mfu", "1e-300"], "--mfu is a fraction of the GPU's peak from 1e-06"),
     ],
 )

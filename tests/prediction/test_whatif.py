@@ -147,6 +147,8 @@ def test_a_cost_model_that_cannot_time_compression_is_a_config_error():
         Scenario(MLP, 8, compression="topk:")  # a colon and no number: not the default
     with pytest.raises(ConfigError, match="unknown compression 'fp16:'"):
         Scenario(MLP, 8, compression="fp16:")
+    with pytest.raises(ConfigError, match="top-k density must be at least 1e-06"):
+        Scenario(MLP, 8, compression="topk:1e-300")  # kept one element a bucket, silently
 
 
 def test_local_sgd_without_jitter_is_k_minus_1_compute_steps_and_one_full_step():
