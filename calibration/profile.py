@@ -25,6 +25,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import lru_cache
 from importlib import resources
 from importlib.metadata import PackageNotFoundError, version
@@ -43,7 +44,14 @@ from microbench.fileio import (
 from microbench.machine import utc_now
 from microbench.records import RecordsError, is_records_file, read_records
 
-from .profile_checks import REQUIRED_MODEL_KEYS, ProfileError, check_models, check_tree, shown
+from .profile_checks import (
+    REQUIRED_MODEL_KEYS,
+    ProfileError,
+    check_machine,
+    check_models,
+    check_tree,
+    shown,
+)
 from .profile_schema import BUILD_ERRORS, explain_build_failure, reference_fields
 
 __all__ = [
@@ -287,6 +295,7 @@ def _check_document(source: str, doc: Any, by_example: bool = True) -> None:
             raise ProfileError(source, key, "missing field")
         if not isinstance(doc[key], kind):
             raise ProfileError(source, key, f"has the wrong type {type(doc[key]).__name__}")
+    _check_created(source, doc["created_utc"])
     sources = doc.get("sources") or []
     if not isinstance(sources, list):
         raise ProfileError(source, "sources", "must be a list")
@@ -295,7 +304,15 @@ def _check_document(source: str, doc: Any, by_example: bool = True) -> None:
         if not isinstance(item, Mapping) or any(k not in item for k in keys):
             raise ProfileError(source, f"sources[{i}]", f"needs {', '.join(keys)}")
         _check_source(source, f"sources[{i}]", item)
+    version = doc.get("pdlsim_version")
+    if version is not None and not isinstance(version, str):
+        raise ProfileError(
+            source, "pdlsim_version", f"must be a string or null, got {shown(version)}"
+        )
+    check_tree(source, version, "pdlsim_version")  # printable, as every text here
+    check_tree(source, sources, "sources")
     check_tree(source, doc["machine"], "machine")
+    check_machine(source, doc["machine"])
     check_models(source, doc["models"], reference_fields() if by_example else None)
     unknown = [m for m in doc["models"] if m not in MODELERS and m not in RETIRED_MODELS]
     if unknown:  # a typo ("colocaton") would leave the model out of every prediction
@@ -307,6 +324,18 @@ def _check_document(source: str, doc: Any, by_example: bool = True) -> None:
     if not isinstance(quality, Mapping):
         raise ProfileError(source, "fit_quality", "must be an object")
     check_tree(source, quality, "fit_quality")
+
+
+def _check_created(source: str, created: str) -> None:
+    """``created_utc`` an ISO 8601 time, as :func:`~microbench.machine.utc_now` writes it:
+    every prediction prints its date as when the profile was measured."""
+    try:
+        datetime.fromisoformat(created.replace("Z", "+00:00"))
+    except ValueError:
+        raise ProfileError(
+            source, "created_utc", f"expected an ISO 8601 time like 2026-01-31T12:00:00Z, got "
+            f"{shown(created)}"
+        ) from None  # fmt: skip
 
 
 def _check_source(source: str, field: str, item: Mapping[str, Any]) -> None:

@@ -14,9 +14,14 @@ by any modeler is covered without this module importing it:
   ``"<name>_interval"`` or ``"<stem>_ci"`` (``alpha_ci`` belongs to ``alpha_s``), an
   ``"intervals": {"<name>": ...}`` mapping next to the values, or one ``{"value", "low",
   "high"}`` object; an interval is ``{"low", "high", ...}`` or ``[low, high]``;
-* each model section has the keys its consumer reads (:data:`REQUIRED_MODEL_KEYS`);
+* each model section has the keys its consumer reads (:data:`REQUIRED_MODEL_KEYS`), none of
+  them empty (a compute model of no device was a KeyError traceback at the first prediction);
+* the machine's counts (:data:`MACHINE_COUNTS`: cores, memory) are whole numbers >= 1 or null,
+  as the recorder writes them (a core count of -1 or "16" was taken, and printed);
 * with an example (the packaged profiles' fields), a number where they only hold numbers and a
-  string where they only hold strings.
+  string where they only hold strings;
+* every string printable: a CPU's name or a model's law is printed in a report, where a newline
+  or a terminal escape would break its lines.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ __all__ = [
     "REQUIRED_MODEL_KEYS",
     "ProfileError",
     "TEXT",
+    "MACHINE_COUNTS",
+    "check_machine",
     "check_models",
     "check_tree",
     "is_number",
@@ -53,6 +60,10 @@ REQUIRED_MODEL_KEYS: dict[str, tuple[str, ...]] = {
     "overlap": ("methods",),
 }
 NULLABLE_MODELS = frozenset({"transfer"})
+# The machine's figures that are counts (microbench.machine records them, or null where it
+# cannot tell), read by predictions (cores per node, host memory).
+MACHINE_COUNTS = ("logical_cores", "physical_cores", "cores_available", "memory_total_bytes",
+                  "memory_limit_bytes")  # fmt: skip
 # The largest number a profile holds, either way: a node's FLOP rate is 1e16, a count past
 # 1e18 no longer fits the integers numpy computes with (the JSON reader's limit on whole
 # numbers, microbench.fileio.MAX_INT_DIGITS, is the same).
@@ -232,7 +243,13 @@ def check_tree(
             return  # a long table of numbers is checked without a call per value
         for i, item in enumerate(node):
             check_tree(source, item, _join(path, i), name, sub)
-    elif node is not None and not isinstance(node, str):
+    elif isinstance(node, str):
+        if not node.isprintable():  # a CPU's name is printed in every prediction's sources
+            bad = next(c for c in node if not c.isprintable())
+            raise ProfileError(
+                source, path, f"{ascii(node)[:60]} holds the unprintable character {ascii(bad)}"
+            )
+    elif node is not None:
         raise ProfileError(source, path, f"unexpected value of type {type(node).__name__}")
 
 
@@ -270,6 +287,17 @@ def _check_kind(source: str, path: str, node: Any, example: Mapping | None) -> N
         raise ProfileError(source, path, f"expected a string, got {shown(node)}")
 
 
+def check_machine(source: str, machine: Mapping[str, Any]) -> None:
+    """The machine's counts (:data:`MACHINE_COUNTS`) whole numbers >= 1, or null (unknown)."""
+    for key in MACHINE_COUNTS:
+        value = machine.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            got = json.dumps(value) if is_number(value) else shown(value)
+            raise ProfileError(
+                source, f"machine.{key}", f"must be a whole number >= 1 or null, got {got}"
+            )
+
+
 def shown(value: Any) -> str:
     """``value`` for a message: a string quoted as JSON, else its type; never very long."""
     return shown_text(json.dumps(value)) if isinstance(value, str) else type(value).__name__
@@ -293,6 +321,11 @@ def check_models(source: str, models: Any, example: Mapping | None = None) -> No
         for key in keys:
             if key not in section:
                 raise ProfileError(source, _join(field, key), "missing field")
+            if section[key] is None or section[key] in ({}, []):
+                raise ProfileError(
+                    source, _join(field, key), f"is empty ({json.dumps(section[key])}); the "
+                    f"{model} model needs its entries: calibrate again (pdlsim calibrate)"
+                )  # fmt: skip
     for model, section in models.items():  # the optional ones: present means an object
         optional = model not in REQUIRED_MODEL_KEYS
         if optional and not (section is None or isinstance(section, Mapping)):

@@ -125,8 +125,8 @@ def vary(
     ``progress(done, total)`` after each prediction."""
     import pandas as pd
 
-    from pdlsim.prediction.build import check_config
     from pdlsim.prediction.checks import MAX_PREDICTIONS
+    from pdlsim.prediction.core import check_prediction
 
     if predict is None:
         from pdlsim.prediction.core import run_prediction as predict
@@ -140,10 +140,11 @@ def vary(
             f"--vary asks for {total:,} predictions; give at most {MAX_PREDICTIONS:,} values "
             "in all, or split it into several sweeps"
         )
-    for name, values, spellings in knobs:  # a bad value is refused before the first prediction
+    check_prediction(base)  # every value, and the baseline, refused before the first prediction
+    for name, values, spellings in knobs:
         for value, spelling in zip(values, spellings, strict=True):
             try:
-                check_config(replace(base, **{KNOBS[name].field: value}))
+                check_prediction(replace(base, **{KNOBS[name].field: value}))
             except UserError as exc:
                 raise UserError(f"--vary {name}={spelling}: {exc}") from None
     rows = [_row("baseline", "", predict(base))]

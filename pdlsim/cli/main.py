@@ -45,17 +45,28 @@ from pdlsim.train.launch import Stopped
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (with a pointer to --help), exit status 2, and
-    an option given twice with different values is one (:mod:`microbench.options`)."""
+    an option given twice with different values is one (:mod:`microbench.options`). The line
+    starts ``pdlsim: error:`` for every subcommand, as every other refusal does, so that a
+    script tells a refusal by one prefix; the subcommand's help is named at its end."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         register_once_actions(self)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {usage_hint(message)} (see '{self.prog} --help')\n")
+        root = self.prog.split()[0]  # "pdlsim predict" -> "pdlsim"
+        hint = one_line(usage_hint(message))
+        self.exit(2, f"{root}: error: {hint} (see '{self.prog} --help')\n")
 
     def _print_message(self, message: str, file: Any = None) -> None:
         print_message("pdlsim", message, file)
+
+
+def one_line(message: str) -> str:
+    """``message`` with each unprintable character spelled as an escape (``\\n``,
+    ``\\x1b``): a name echoed from the command line or a file (``--network $'a\\nb'``) must
+    not break the error's one line, nor send a terminal escape."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = int(args.handler(args) or 0)  # a rank's signals are its launcher's
         return status if flush_stdout("pdlsim") else 2
     except UserError as exc:
-        say("pdlsim", str(exc))
+        say("pdlsim", one_line(str(exc)))
         return exc.exit_status
     except KeyboardInterrupt:
         print("pdlsim: interrupted", file=sys.stderr)
@@ -151,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if message is None:
             raise
         silence_stdout_if_broken()
-        say("pdlsim", message)
+        say("pdlsim", one_line(message))
         return 2
 
 

@@ -78,7 +78,8 @@ def swept_threads(models: dict[str, Any]) -> list[int]:
 
 def check_flags(args: argparse.Namespace, gpus: bool) -> list[str]:
     """Refuse a flag the configuration would ignore (one line, exit 2); the warnings (for
-    stderr, once, before the work) where one flag refines another."""
+    stderr, once, after the configuration is priced, so that a refusal stays one line) where
+    one flag refines another."""
     if gpus:
         for dest in ("procs_per_node", "threads"):
             flag = given(args, dest)
@@ -293,14 +294,15 @@ def config_from_args(args: argparse.Namespace, **override: Any) -> PredictConfig
 
 
 def run_predict_command(args: argparse.Namespace) -> int:
-    for warning in check_flags(args, gpus=args.gpus > 0):
-        print(warning, file=sys.stderr)
+    warnings = check_flags(args, gpus=args.gpus > 0)
     cfg = config_from_args(args)
     trace = None if args.trace is None else str(args.trace)
     out = run_prediction(cfg, trace=trace)  # refuses a trace file it cannot write, first
-    warning = cores_warning(cfg)
-    if warning:
-        print(warning, file=sys.stderr)
+    # said once the configuration is priced: a refusal (a bad --profile, a step past the
+    # epoch) stays the one line on stderr, not a warning followed by an error
+    for warning in [*warnings, cores_warning(cfg)]:
+        if warning:
+            print(warning, file=sys.stderr)
     print(json.dumps(out, indent=2) if args.json else format_prediction(out))
     if args.trace:
         print(f"trace: {args.trace}", file=sys.stderr if args.json else sys.stdout)

@@ -15,10 +15,9 @@ from pdlsim.cli.args import int_list
 from pdlsim.cli.knobs import KNOBS, parse_vary, run_vary
 from pdlsim.cli.predict import add_common_options, check_flags, config_from_args, cores_warning
 from pdlsim.cli.progress import Progress
-from pdlsim.prediction.build import check_config
 from pdlsim.prediction.checks import MAX_PREDICTIONS
 from pdlsim.prediction.config import PredictConfig, check_not_an_input
-from pdlsim.prediction.core import run_prediction
+from pdlsim.prediction.core import check_prediction, run_prediction
 
 
 def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...],
@@ -44,7 +43,7 @@ def sweep(base: PredictConfig, nodes: tuple[int, ...], per_node: tuple[int, ...]
         for batch in batches
     ]
     for cfg in configs:  # a bad row is refused before the first is simulated
-        check_config(cfg)
+        check_prediction(cfg)
     rows = []
     for i, cfg in enumerate(configs):
         n, q, batch = cfg.nodes, cfg.gpus if gpu else cfg.procs_per_node, cfg.batch
@@ -91,11 +90,11 @@ def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
 
 def run_sweep_command(args: argparse.Namespace) -> int:
     gpus = args.gpus or ()
-    for warning in check_flags(args, gpus=bool(gpus)):
-        print(warning, file=sys.stderr)
+    warnings = check_flags(args, gpus=bool(gpus))  # said after the work (_warn), as below
     cfg = config_from_args(args, nodes=1, batch=args.batch[0], gpus=gpus[0] if gpus else 0,
                            procs_per_node=args.procs_per_node[0])  # fmt: skip
-    warning = None if gpus else cores_warning(replace(cfg, procs_per_node=max(args.procs_per_node)))
+    if not gpus:
+        warnings.append(cores_warning(replace(cfg, procs_per_node=max(args.procs_per_node))))
     check_writable(args.out, "dir", "--out", "for sweep.csv and the plot")
     check_folder_exists(args.out, "--out", "--out")  # the folder itself is made, not above it
     names = ("knobs.csv", "knob_ranking.csv") if args.vary else ("sweep.csv", "scaling.png")
@@ -104,11 +103,11 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         check_not_an_input(cfg, args.out / name, "--out")
     if args.vary:
         status = run_vary(args, cfg, Progress("sweep --vary", "predictions"))
-        _warn(warning)
+        _warn(warnings)
         return status
     progress = Progress("sweep", "configurations")
     frame = sweep(cfg, args.nodes, gpus or args.procs_per_node, args.batch, progress)
-    _warn(warning)  # after every row was checked: a refusal stays the one line it is
+    _warn(warnings)  # after every row was priced: a refusal stays the one line it is
     from pdlsim.plots.scaling import scaling_png
 
     atomic_write_all({  # the table and its plot, both or neither
@@ -122,6 +121,10 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn(warning: str | None) -> None:
-    if warning:
-        print(warning, file=sys.stderr)
+def _warn(warnings: list[str | None]) -> None:
+    """The sweep's warnings, once its rows are priced: a row refused on the way (a bad
+    --profile, a layout past the memory) is then the one line on stderr, with no warning
+    printed before it."""
+    for warning in warnings:
+        if warning:
+            print(warning, file=sys.stderr)

@@ -5,11 +5,12 @@ network and GPU it rests on, and the bytes per rank; everything refused up front
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from microbench.errors import UserError
+from microbench.errors import UserError, shown_text
 from microbench.machine import gpu_name
 from pdlsim.costmodel.corrections import parse_corrections
+from pdlsim.costmodel.limits import MIN_TIME_S
 from pdlsim.costmodel.presets import (
     DEFAULT_NETWORK_PRESET,
     DEFAULT_NODE_PRESET,
@@ -34,6 +35,7 @@ from pdlsim.prediction.epoch import dataset_samples
 from pdlsim.prediction.gpu_layers import with_layer_times
 from pdlsim.prediction.gpu_step import with_given_step
 from pdlsim.prediction.memory import memory_per_rank
+from pdlsim.prediction.reliability import check_checkpoint_flags
 from pdlsim.prediction.whatif import apply_to_cost, rank_speeds, scenario_options
 
 if TYPE_CHECKING:
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
 
     MemoryOf = Callable[[Cluster, Scenario, ProfileCostModel], dict[str, int]]
 
-__all__ = ["build", "check_config", "resolve_gpus", "resolve_network"]
+__all__ = ["Checked", "build", "check_config", "resolve_gpus", "resolve_network"]
 
 
 def resolve_network(
@@ -63,8 +65,9 @@ def resolve_network(
     if cfg.network is None and cfg.inter_bw is None and cfg.inter_lat is None:
         return None if fitted is not None else hardware.network(default)
     if cfg.network is None and fitted is not None:
+        latency = fitted.a_s if fitted.a_s >= MIN_TIME_S else 0.0  # a fit's 1e-13 s is 0
         base = NetworkPreset(
-            "profile", fitted.a_s, 1.0 / max(fitted.b_s_per_byte, 1e-15), "the profile's fit",
+            "profile", latency, 1.0 / max(fitted.b_s_per_byte, 1e-15), "the profile's fit",
             kind="given",
         )  # fmt: skip
     else:
@@ -97,20 +100,30 @@ def resolve_gpus(
     return node, gpu
 
 
-def check_config(cfg: PredictConfig) -> Workload:
+class Checked(NamedTuple):
+    """What :func:`check_config` read from a configuration, for :func:`build` to use as read
+    (not parse again): the workload and the corrections switched on."""
+
+    workload: Workload
+    corrections: frozenset[str]
+
+
+def check_config(cfg: PredictConfig) -> Checked:
     """The checks that need no profile (bounds, parallelism flags, the workload, the step
-    against the epoch), one-line errors; the workload. ``sweep`` runs them over every row
-    before simulating the first."""
+    against the epoch, the checkpoint flags), one-line errors; the workload and corrections
+    they read. :func:`build` runs them first; ``sweep`` runs ``build`` over every row
+    (:func:`pdlsim.prediction.core.check_prediction`) before simulating the first."""
     from microbench.workload import Workload
 
     check_bounds(cfg)
-    parse_corrections(cfg.corrections)  # a typo is the one line, before any warning
+    corrections = parse_corrections(cfg.corrections)  # a typo is the one line, before any warning
     layerwise_mode(cfg)
     check_applicable(cfg)
+    check_checkpoint_flags(cfg)  # their typos, before the simulation that precedes their use
     workload = Workload.load(cfg.model, cfg.tokens)
     check_work(cfg, len(workload.layers), workload.name)
     check_epoch(cfg, dataset_samples(workload.name, cfg.dataset_samples))
-    return workload
+    return Checked(workload, corrections)
 
 
 def build(
@@ -122,9 +135,10 @@ def build(
     from pdlsim.costmodel.model import ProfileCostModel
     from pdlsim.costmodel.profile_links import fitted_inter
     from pdlsim.sim import Cluster, Scenario
+    from pdlsim.sim.collectives import ALLREDUCE_ALGORITHMS
     from pdlsim.sim.nccl import ALGORITHMS as NCCL_ALGORITHMS
 
-    workload = check_config(cfg)
+    workload, corrections = check_config(cfg)
     profile, profile_name = resolve_profile(cfg.profile)
     hardware = load_hardware(cfg.hardware)
     measured_gpu = gpu_name(profile.machine)  # the node that holds it, unless --node says
@@ -132,8 +146,9 @@ def build(
     node, preset = resolve_gpus(cfg, hardware, by_gpu)
     if cfg.gpus > 0:
         if cfg.algorithm is not None and cfg.algorithm not in NCCL_ALGORITHMS:
+            what = "is one of MPICH's" if cfg.algorithm in ALLREDUCE_ALGORITHMS else "is unknown"
             raise UserError(
-                f"--algorithm {cfg.algorithm} is one of MPICH's; GPU ranks run NCCL's: "
+                f"--algorithm {shown_text(cfg.algorithm)} {what}; GPU ranks run NCCL's: "
                 f"{', '.join(NCCL_ALGORITHMS)}"
             )
         network = resolve_network(cfg, None, hardware, default=node.network)
@@ -150,6 +165,7 @@ def build(
     bucket_bytes = max(1, int(cfg.bucket_mb * 2**20))
     training = checked_training(cfg, cluster.device, profile)
     if cluster.device == "cpu":
+        check_cpu_measured(profile)
         check_kernels_timed(profile, workload, cfg.batch, cfg.threads, training.optimizer,
                             not cfg.inference)  # fmt: skip
     scenario = Scenario(
@@ -168,7 +184,7 @@ def build(
     cost = ProfileCostModel.from_profile(
         profile, network, gpu, cluster.device, bucket_bytes, workload.name,
         cluster.ranks_per_node, inference=cfg.inference,
-        corrections=parse_corrections(cfg.corrections), description=workload,
+        corrections=corrections, description=workload,
         assumptions=hardware.assumptions, training=training, node=node,
     )  # fmt: skip
     cost = apply_to_cost(cfg, cost)
@@ -209,6 +225,17 @@ def with_straggler(
     straggler = cost.straggler if applied else None
     cost = replace(cost, straggler=straggler, provenance={**cost.provenance, "stragglers": line})
     return (cluster if straggler is None else replace(cluster, straggler=straggler.factor)), cost
+
+
+def check_cpu_measured(profile: Any) -> None:
+    """UserError unless the profile's compute model measured CPU ranks: a profile of GPU
+    layers alone prices no CPU step (it was a KeyError traceback deep in the compute model)."""
+    devices = profile.model("compute").devices
+    if "cpu" not in devices:
+        raise UserError(
+            f"the profile measured compute on {', '.join(devices) or 'no device'}, not on CPU "
+            "ranks; predict GPU ranks (--gpus N) or give a profile calibrated on CPUs"
+        )
 
 
 def check_kernels_timed(

@@ -30,7 +30,7 @@ from pdlsim.prediction.checks import BAND_ITERATIONS, layerwise_mode
 from pdlsim.prediction.config import PredictConfig, check_not_an_input
 from pdlsim.prediction.document import band_step_times, prediction_document
 from pdlsim.prediction.epoch import DATASET_SAMPLES, dataset_samples
-from pdlsim.prediction.layerwise import run_layerwise
+from pdlsim.prediction.layerwise import plan_memory, run_layerwise
 
 if TYPE_CHECKING:  # the heavy modules are imported where used: building the parser stays light
     from collections.abc import Callable
@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # the heavy modules are imported where used: building the par
 __all__ = [
     "DATASET_SAMPLES",
     "check_config",
+    "check_prediction",
     "check_trace_path",
     "run_prediction",
 ]
@@ -58,6 +59,21 @@ def check_trace_path(trace: str, cfg: PredictConfig | None = None) -> None:
     if cfg is not None:
         check_not_an_input(cfg, trace, "--trace")
     check_folder_exists(trace, "--trace", "a file")
+
+
+def check_prediction(cfg: PredictConfig) -> None:
+    """Refuse what :func:`run_prediction` would refuse for ``cfg``, without simulating: the
+    configuration's checks, its profile and hardware, its layout (a pipeline's stages against
+    its ranks) and memory (:func:`~pdlsim.prediction.build.build`). ``sweep`` and ``sweep
+    --vary`` run it over every row first, so that a row refused is refused before the first
+    is simulated, not after minutes of them (with progress lines before its one line)."""
+    try:
+        if layerwise_mode(cfg):
+            build(cfg, plan_memory(cfg))
+        else:
+            build(cfg)
+    except ValueError as exc:  # ConfigError and the cost model's own checks, as below
+        raise UserError(str(exc)) from None
 
 
 def run_prediction(cfg: PredictConfig, trace: str | None = None) -> dict[str, Any]:

@@ -33,34 +33,44 @@ from pdlsim.prediction.epoch import dataset_samples
 if TYPE_CHECKING:
     from pdlsim.prediction.config import PredictConfig
 
-__all__ = ["run_layerwise"]
+__all__ = ["plan_memory", "run_layerwise"]
+
+
+def plan_memory(cfg: PredictConfig) -> Any:
+    """The ``memory`` argument of :func:`~pdlsim.prediction.build.build` for ``cfg``'s
+    layer-wise mode: the bytes per rank of the mode's plan, its layout checked first
+    (:func:`~pdlsim.prediction.checks.check_cluster`), so that ``build`` refuses what the
+    simulation would, before any simulating."""
+    from pdlsim.prediction.memory import layerwise_memory
+    from pdlsim.sim.pipeline import build_pipeline_plan
+    from pdlsim.sim.tensor import build_tensor_plan
+
+    def memory(cluster, scenario, cost) -> dict[str, int]:
+        w = scenario.workload
+        check_cluster(cfg, cluster.ranks, cluster.ranks_per_node, len(w.layers), w.name)
+        if cfg.parallel == "pipeline":
+            schedule = cfg.schedule or DEFAULT_SCHEDULE
+            plan = build_pipeline_plan(
+                cluster, scenario, cost, cfg.stages, cfg.microbatches, schedule, cfg.inference
+            )
+        elif cfg.parallel == "model":
+            plan = build_tensor_plan(cluster, scenario, cost, cfg.inference)
+        else:  # data-parallel inference: every rank alone
+            plan = build_tensor_plan(cluster, scenario, cost, True, 1)
+        return layerwise_memory(cfg, SimpleNamespace(plan=plan), scenario)
+
+    return memory
 
 
 def run_layerwise(cfg: PredictConfig, trace: str | None, band_iterations: int) -> dict[str, Any]:
     """Predict ``cfg`` in its layer-wise mode: the JSON object ``pdlsim predict`` prints."""
     from pdlsim.prediction.document import band_step_times, prediction_document
-    from pdlsim.prediction.memory import layerwise_memory
     from pdlsim.sim import Cluster, simulate, write_chrome_trace
-    from pdlsim.sim.pipeline import build_pipeline_plan
     from pdlsim.sim.pipeline_engine import simulate_pipeline
-    from pdlsim.sim.tensor import build_tensor_plan, simulate_tensor
+    from pdlsim.sim.tensor import simulate_tensor
 
     inference = cfg.inference
     schedule = cfg.schedule or DEFAULT_SCHEDULE
-
-    def memory(cluster, scenario, cost) -> dict[str, int]:
-        """Bytes per rank of the mode's plan, checked by ``build`` before any simulation."""
-        w = scenario.workload
-        check_cluster(cfg, cluster.ranks, cluster.ranks_per_node, len(w.layers), w.name)
-        if cfg.parallel == "pipeline":
-            plan = build_pipeline_plan(
-                cluster, scenario, cost, cfg.stages, cfg.microbatches, schedule, inference
-            )
-        elif cfg.parallel == "model":
-            plan = build_tensor_plan(cluster, scenario, cost, inference)
-        else:  # data-parallel inference: every rank alone
-            plan = build_tensor_plan(cluster, scenario, cost, True, 1)
-        return layerwise_memory(cfg, SimpleNamespace(plan=plan), scenario)
 
     def run(cluster, scenario, cost, trace_on: bool = False):
         if cfg.parallel == "model":
@@ -72,7 +82,7 @@ def run_layerwise(cfg: PredictConfig, trace: str | None, band_iterations: int) -
         return simulate_tensor(cluster, scenario, cost, True, 1, trace_on)  # data inference
 
     try:
-        cluster, scenario, cost, provenance, need = build(cfg, memory)
+        cluster, scenario, cost, provenance, need = build(cfg, plan_memory(cfg))
         w = scenario.workload
         result = run(cluster, scenario, cost, trace is not None)
         one = Cluster(1, 1, cluster.threads_per_rank, cluster.device)

@@ -40,6 +40,7 @@ from microbench.errors import UserError
 
 __all__ = [
     "CheckpointPlan",
+    "check_checkpoint_flags",
     "checkpoint_for_prediction",
     "format_checkpoint",
     "checkpoint_cost_s",
@@ -145,6 +146,9 @@ class CheckpointPlan:
 DEFAULT_WRITE_RATE = "1GB/s"  # assumption: one writer's share of a parallel file system
 DEFAULT_LATENCY = "10ms"  # assumption: open, fsync and rename of one file
 DEFAULT_RESTART = "60s"  # assumption: relaunch the job and read the checkpoint back
+# Steps between checkpoints, at most: the longest training runs take about a million steps, so
+# a billion is past any; a count with extra zeros (1e30) is a typo, not a plan.
+MAX_CHECKPOINT_EVERY = 10**9
 
 
 PROFILE_SOURCE = "profile (storage)"
@@ -164,16 +168,14 @@ def profile_storage_model(profile_name: str | None) -> Any:
         raise UserError(f"--profile {name}: models.storage is unusable ({exc})") from None
 
 
-def plan_from_config(cfg: Any, state_bytes: int) -> CheckpointPlan | None:
-    """The checkpoint plan ``pdlsim predict`` flags ask for; None when no flag was given.
-    Latency and bandwidth: the flags, else the profile's storage model, else the defaults."""
-    from microbench.errors import UserError
+def check_checkpoint_flags(cfg: Any) -> tuple[int | None, float, float | None, float | None]:
+    """The checkpoint flags of ``cfg`` read and checked, without the profile or the step: the
+    steps between checkpoints (None: auto or not given), the node MTBF (inf: none), the write
+    bandwidth and latency (None: not given). Run before any simulating
+    (:func:`pdlsim.prediction.build.check_config`), so that a typo is refused at once."""
+    from microbench.errors import UserError, shown_text
     from pdlsim.prediction.config import parse_rate, parse_time
 
-    flags = (cfg.checkpoint_every, cfg.checkpoint_bw, cfg.checkpoint_latency, cfg.mtbf,
-             cfg.restart_time)  # fmt: skip
-    if all(f is None for f in flags):
-        return None
     every: int | None = None
     if cfg.checkpoint_every not in (None, "auto"):
         try:
@@ -183,7 +185,12 @@ def plan_from_config(cfg: Any, state_bytes: int) -> CheckpointPlan | None:
         if every < 1:
             raise UserError(
                 f"--checkpoint-every: expected a positive number of steps or 'auto', "
-                f"got '{cfg.checkpoint_every}'"
+                f"got '{shown_text(cfg.checkpoint_every)}'"
+            )
+        if every > MAX_CHECKPOINT_EVERY:
+            raise UserError(
+                f"--checkpoint-every: at most {MAX_CHECKPOINT_EVERY:,} steps (past any training "
+                f"run), got {every:,}"
             )
     mtbf = parse_time(cfg.mtbf, "--mtbf") if cfg.mtbf is not None else math.inf
     if mtbf <= 0:
@@ -194,6 +201,21 @@ def plan_from_config(cfg: Any, state_bytes: int) -> CheckpointPlan | None:
     latency = None
     if cfg.checkpoint_latency:
         latency = parse_time(cfg.checkpoint_latency, "--checkpoint-latency")
+    if cfg.restart_time is not None:
+        parse_time(cfg.restart_time, "--restart-time")
+    return every, mtbf, bandwidth, latency
+
+
+def plan_from_config(cfg: Any, state_bytes: int) -> CheckpointPlan | None:
+    """The checkpoint plan ``pdlsim predict`` flags ask for; None when no flag was given.
+    Latency and bandwidth: the flags, else the profile's storage model, else the defaults."""
+    from pdlsim.prediction.config import parse_rate, parse_time
+
+    flags = (cfg.checkpoint_every, cfg.checkpoint_bw, cfg.checkpoint_latency, cfg.mtbf,
+             cfg.restart_time)  # fmt: skip
+    if all(f is None for f in flags):
+        return None
+    every, mtbf, bandwidth, latency = check_checkpoint_flags(cfg)
     fitted = None  # (latency_s, bytes_per_s) from the profile: its line at the state's size
     if bandwidth is None or latency is None:
         model = profile_storage_model(cfg.profile)
