@@ -8,7 +8,9 @@ times (fitted silently into a profile that predicts nonsense). And a directory t
 records of two different machines would fit one profile to both. Each is refused here with
 one line naming the file, the record and what to fix. So is a value no measurement can have:
 a count of ranks or threads of 0 or past any machine (a traceback deep in numpy, or a fit that
-allocates petabytes), a time of more than a day, or a collective no cost formula knows.
+allocates petabytes), a time of more than a day, a timed operation whose median is 0 s (every
+fitter divides by it: an infinite peak rate failed the profile's write with a traceback, or a
+fit failed without naming the record), or a collective no cost formula knows.
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ _COUNT_RANGES: dict[str, tuple[int, int]] = {
 _COUNT_DEFAULT = (0, 1 << 53)
 # Seconds no single timed sample of a benchmark lasts (the longest stage runs minutes).
 MAX_SAMPLE_S = 86_400.0
+# Benchmarks whose time may be 0 s: the clock's own overhead, which a clock coarser than its
+# call reads as no time. Every other timed operation takes some: a median of 0 s is no
+# measurement.
+_ZERO_TIME_ALLOWED = ("timer",)
 # Values a text field of a benchmark must take, where a fitter looks each one up.
 _VOCABULARY: dict[tuple[str, str], tuple[str, ...]] = {
     ("collectives", "op"): tuple(ALGORITHMS),
@@ -140,12 +146,26 @@ def check_measurements(frame: pd.DataFrame, where: str) -> None:
     _check_params(frame, where)
     _check_vocabulary(frame, where)
     samples, limits = frame["samples"], _limits(frame)
-    if _all_times(samples, limits):
-        return
-    for row, (value, limit) in enumerate(zip(samples, limits, strict=True)):
-        problem = _bad_sample(value, limit)
-        if problem is not None:
-            raise UserError(f"{_record(frame, row, where)}: {problem}; re-run the benchmark")
+    if not _all_times(samples, limits):
+        for row, (value, limit) in enumerate(zip(samples, limits, strict=True)):
+            problem = _bad_sample(value, limit)
+            if problem is not None:
+                raise UserError(f"{_record(frame, row, where)}: {problem}; re-run the benchmark")
+    _check_no_zero_times(frame, where)
+
+
+def _check_no_zero_times(frame: pd.DataFrame, where: str) -> None:
+    """No timed record (unit "s", or none) but the clock's own (:data:`_ZERO_TIME_ALLOWED`)
+    has a median of 0 s; its samples are known to be lists of numbers >= 0 here."""
+    timed = _limits(frame) == MAX_SAMPLE_S
+    timed &= ~frame["benchmark"].isin(_ZERO_TIME_ALLOWED)
+    zero = timed & frame["samples"].map(lambda s: float(np.median(s)) == 0.0)
+    if zero.any():
+        row = int(np.flatnonzero(zero.to_numpy())[0])
+        raise UserError(
+            f"{_record(frame, row, where)}: 'samples' have a median of 0 s, but a timed "
+            "operation takes some time (was it edited?); re-run the benchmark"
+        )
 
 
 def _absent(value: Any) -> bool:

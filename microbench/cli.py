@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .argtypes import MAX_BATCH
 from .boundary import describe_failure, print_message
 from .errors import UserError, digits_past_int
-from .fileio import new_run_dir, write_problem
+from .fileio import new_run_dir, special_kind, write_problem
 from .options import register_once_actions, usage_hint
 from .threads import MAX_THREADS_PER_CORE, available_cores, too_many_threads
 
@@ -443,7 +443,8 @@ def out_dir_problem(
     if target.exists() and not append:
         return f"{target} exists; pass --append to add to it, or choose another --out"
     if target.exists() and not target.is_file():
-        return f"{target} exists and is not a file"
+        kind = special_kind(target) or "not a regular file"
+        return f"{target} is {kind}, not a records file; move it aside or give another --out"
     if target.is_symlink() and not target.exists():  # creating it would follow the link
         return f"{target} is a link that leads to no file (or a loop); remove it"
     if target.exists():

@@ -33,24 +33,29 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import threading
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from .errors import UserError
-from .fileio import encode_text, json_problem, loads
+from .fileio import encode_text, loads
 from .machine import utc_now
-
-if TYPE_CHECKING:
-    import pandas as pd
-
-SCHEMA = "pdlsim.records"
-SCHEMA_VERSION = 1
+from .records_read import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    RecordsError,
+    TruncatedRecordWarning,
+    decoded_line,
+    is_records_file,
+    load_dataframe,
+    parse_header,
+    read_numbered,
+    read_records,
+)
 
 __all__ = [
     "SCHEMA",
@@ -60,17 +65,11 @@ __all__ = [
     "RecordsError",
     "RecordsExistError",
     "TruncatedRecordWarning",
+    "append_problem",
+    "is_records_file",
     "load_dataframe",
     "read_records",
 ]
-
-
-class RecordsError(ValueError):
-    """A records file that cannot be read: one line saying ``file:line: problem``."""
-
-    def __init__(self, path: str | os.PathLike[str], line: int, problem: str) -> None:
-        self.path, self.line, self.problem = str(path), line, problem
-        super().__init__(f"{path}:{line}: {problem}")
 
 
 class RecordsExistError(FileExistsError, UserError):
@@ -85,10 +84,6 @@ class RecordsAppendError(RecordsError, UserError):
     def __init__(self, path: str | os.PathLike[str], line: int, problem: str) -> None:
         super().__init__(path, line, problem)
         self.args = (f"cannot append to {self}; move that file aside or give another --out",)
-
-
-class TruncatedRecordWarning(UserWarning):
-    """The last line of a records file was cut off (a process killed mid-write) and skipped."""
 
 
 # ---------------------------------------------------------------------------- writing
@@ -295,35 +290,44 @@ def append_problem(path: str | os.PathLike[str], command: str | None = None) -> 
 def _append_header(path: Path) -> dict[str, Any]:
     """The header of the existing records file ``path``, which records are to be appended to;
     :class:`RecordsAppendError` when its first line is no header of this schema and version
-    (read up to 1 MiB: a header is a few KiB, and a file with no line breaks is no records)."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        try:
-            return _parse_header(path, f.readline(1 << 20))
-        except RecordsError as exc:
-            raise RecordsAppendError(exc.path, exc.line, exc.problem) from None
+    (read up to 1 MiB: a header is a few KiB), or a line after it is damaged: records appended
+    to it would be refused by every reader with it, and the run lost (:func:`_repair_tail`
+    removes a bad last line)."""
+    with open(path, "rb") as f:
+        first = f.readline(1 << 20)
+    try:
+        parse_header(path, decoded_line(path, 1, first))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TruncatedRecordWarning)
+            return read_numbered(path)[0]
+    except RecordsError as exc:
+        raise RecordsAppendError(exc.path, exc.line, exc.problem) from None
 
 
 def _repair_tail(path: Path) -> None:
-    """Terminate an unterminated last line: keep it if it is whole JSON, else cut it off."""
+    """Make the last line whole before appending: terminate it if it is a whole JSON record,
+    else cut it off, terminated or not (the reader skips a bad last line; once records follow
+    it, it is a bad line in the middle and the whole file is refused)."""
     with open(path, "rb+") as f:
         end = f.seek(0, os.SEEK_END)
         f.seek(end - 1)
-        if f.read(1) == b"\n":
-            return
-        start, pos = 0, end
-        while pos > 0:  # search backwards for the last newline
+        terminated = f.read(1) == b"\n"
+        start, pos = 0, end - terminated
+        while pos > 0:  # search backwards for the newline before the last line
             step = min(1 << 16, pos)
             pos -= step
             f.seek(pos)
-            newline = f.read(step).rfind(b"\n")
+            newline = f.read(step)[: end - terminated - pos].rfind(b"\n")
             if newline >= 0:
                 start = pos + newline + 1
                 break
         f.seek(start)
+        last = f.read()
         try:
-            loads(f.read())
-            f.seek(end)
-            f.write(b"\n")
+            loads(last.decode("utf-8")) if last.strip() else None
+            if not terminated:
+                f.seek(end)
+                f.write(b"\n")
         except ValueError:  # JSONDecodeError and UnicodeDecodeError
             f.truncate(start)
             warnings.warn(
@@ -331,168 +335,3 @@ def _repair_tail(path: Path) -> None:
                 TruncatedRecordWarning,
                 stacklevel=4,
             )
-
-
-# ---------------------------------------------------------------------------- reading
-
-
-def _parse_header(path: Path, text: str) -> dict[str, Any]:
-    if not text.strip():
-        raise RecordsError(path, 1, f"empty line where the {SCHEMA} header should be")
-    try:
-        header = loads(text)
-    except json.JSONDecodeError as exc:  # an editor's byte-order mark is named, with the fix
-        bom = exc.msg.startswith("Unexpected UTF-8 BOM")
-        problem = json_problem(exc) if bom else f"no {SCHEMA} header (line 1 is not JSON)"
-        raise RecordsError(path, 1, problem) from None
-    if not isinstance(header, dict) or header.get("type") != "header":
-        raise RecordsError(path, 1, f"no {SCHEMA} header (line 1 is not a header object)")
-    if header.get("schema") != SCHEMA:
-        raise RecordsError(
-            path, 1, f"foreign header: schema {header.get('schema')!r}, not {SCHEMA!r}"
-        )
-    version = header.get("schema_version")
-    if type(version) is not int or version != SCHEMA_VERSION:
-        raise RecordsError(
-            path, 1, f"unknown schema_version {version!r} (this reader knows {SCHEMA_VERSION})"
-        )
-    for key in ("machine", "run"):
-        if not isinstance(header.get(key), dict):
-            raise RecordsError(path, 1, f"header field {key!r} must be an object")
-    return header
-
-
-def read_records(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Read one records file: ``(header, records)``, records in file order.
-
-    A last line that is not valid JSON (a writer killed mid-line) is skipped with a
-    :class:`TruncatedRecordWarning`; any other bad line, a missing or foreign header and an
-    unknown schema version raise :class:`RecordsError`. Blank lines are ignored.
-    """
-    header, numbered = _read_numbered(Path(path))
-    return header, [record for _, record in numbered]
-
-
-def _read_numbered(path: Path) -> tuple[dict[str, Any], list[tuple[int, dict[str, Any]]]]:
-    """:func:`read_records`, each record with its line number (for errors that name it)."""
-    header: dict[str, Any] | None = None
-    records: list[tuple[int, dict[str, Any]]] = []
-    pending: tuple[int, str] | None = None  # a bad line: fatal unless nothing follows it
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, text in enumerate(f, start=1):
-            if lineno == 1:
-                header = _parse_header(path, text)
-                continue
-            if not text.strip():
-                continue
-            if pending is not None:
-                raise RecordsError(path, *pending)
-            try:
-                record = loads(text)
-            except json.JSONDecodeError as e:
-                pending = (lineno, f"corrupt line: invalid JSON ({e.msg}, column {e.colno})")
-                continue
-            if not isinstance(record, dict) or not isinstance(record.get("type"), str):
-                raise RecordsError(path, lineno, "record is not a JSON object with a string 'type'")
-            if record["type"] == "header":
-                raise RecordsError(path, lineno, "a second header (were files concatenated?)")
-            records.append((lineno, record))
-    if header is None:
-        raise RecordsError(path, 1, f"empty file: no {SCHEMA} header")
-    if pending is not None:
-        warnings.warn(
-            f"{path}:{pending[0]}: skipped a truncated last line (a writer killed mid-write?)",
-            TruncatedRecordWarning,
-            stacklevel=2,
-        )
-    return header, records
-
-
-def _natural_key(path: Path) -> list[Any]:
-    """Sort key that puts rank2.jsonl before rank10.jsonl (and ranks2/ before ranks10/)."""
-    return [int(part) if part.isdecimal() else part for part in re.split(r"(\d+)", path.as_posix())]
-
-
-_RECORD_START = re.compile(rb'\s*\{\s*"type"\s*:')  # how every records line begins
-
-
-def is_records_file(path: Path) -> bool:
-    """Whether a file found in a directory is a records file; other JSON Lines files (an
-    Extra-P export, say) are skipped with a warning instead of failing the whole load, and so
-    is anything that is not a regular file (opening a FIFO would wait for a writer forever).
-
-    A records file whose header was damaged (cut off mid-line, or its first line lost, so that
-    a record comes first) is no "other" file: skipping it would drop a benchmark's records from
-    a calibration with no more than a note. Its first line still shows what it is (a ``"type"``
-    field, or the schema's name), and it is refused with a :class:`RecordsError` naming the
-    file and line 1."""
-    if not path.is_file():
-        warnings.warn(f"{path}: not a regular file, skipped", stacklevel=3)
-        return False
-    with path.open("rb") as handle:
-        first = handle.readline(1 << 20)  # a header is a few KiB
-    try:
-        header = loads(first)
-    except ValueError:
-        header = None
-    if isinstance(header, dict) and header.get("schema") == SCHEMA:
-        return True
-    if isinstance(header, dict) and isinstance(header.get("type"), str):
-        kind = header["type"]
-        problem = "a header of another schema" if kind == "header" else f"a {kind!r} record"
-        raise RecordsError(path, 1, f"no {SCHEMA} header (line 1 is {problem}: the header "
-                           "was lost or replaced)")  # fmt: skip
-    if header is None and (SCHEMA.encode() in first or _RECORD_START.match(first)):
-        raise RecordsError(path, 1, f"damaged {SCHEMA} header (line 1 is cut off or not "
-                           "JSON)")  # fmt: skip
-    warnings.warn(f"{path}: not a {SCHEMA} file, skipped", stacklevel=3)
-    return False
-
-
-def load_dataframe(path_or_dir: str | os.PathLike[str], type: str | None = None) -> pd.DataFrame:
-    """Load one records file, or every ``*.jsonl`` under a directory, into one DataFrame.
-
-    One row per record (only those of ``type`` when given), nested fields flattened with dots
-    (``params.nbytes``), raw ``samples`` kept as list cells, plus a ``source`` column (the file's
-    path relative to the directory, e.g. ``ranks2/collectives.jsonl``) and the header's machine
-    metadata as ``machine.*`` columns, and ``source_line``, the record's line in its file (for
-    errors that name it). ``source``, ``source_line`` and
-    ``machine.*`` are the loader's: a record's own fields of those names are replaced. Files
-    are read in natural order (rank2 before rank10).
-    """
-    import pandas as pd  # here, not at the top: the benchmarks themselves do not need pandas
-
-    path = Path(path_or_dir)
-    if path.is_dir():
-        root = path
-        found = sorted(path.rglob("*.jsonl"), key=_natural_key)
-        files = [f for f in found if is_records_file(f)]
-        if not files and found:  # each was skipped with a warning; say why in the error too
-            raise FileNotFoundError(
-                f"{path}: none of its {len(found)} *.jsonl files holds {SCHEMA} records (each "
-                f"was skipped, e.g. {found[0]}); give a run directory of pdlsim bench"
-            )
-        if not files:
-            raise FileNotFoundError(f"{path}: no *.jsonl records files under this directory")
-    elif path.exists():
-        root, files = path.parent, [path]
-    else:
-        raise FileNotFoundError(f"{path}: no such file or directory")
-    frames = []
-    for file in files:
-        header, numbered = _read_numbered(file)
-        if type is not None:
-            numbered = [(n, r) for n, r in numbered if r["type"] == type]
-        if not numbered:
-            continue
-        frame = pd.json_normalize([r for _, r in numbered], sep=".")
-        machine = pd.json_normalize([header["machine"]], sep=".").add_prefix("machine.")
-        machine = machine.iloc[[0] * len(frame)].reset_index(drop=True)
-        ours = ("source", "source_line")
-        frame = frame.drop(columns=[c for c in frame.columns if c in machine or c in ours])
-        frame.insert(len(frame.columns), "source", file.relative_to(root).as_posix())
-        frame.insert(len(frame.columns), "source_line", [n for n, _ in numbered])
-        frames.append(pd.concat([frame, machine], axis=1))
-    if not frames:
-        return pd.DataFrame(columns=["type", "source"])
-    return pd.concat(frames, ignore_index=True, sort=False)

@@ -154,15 +154,18 @@ def _fit_and_write(run_dir: Path, profile_path: Path, args: argparse.Namespace) 
     extrap = profile_path.parent / "extrap.jsonl"
     with warnings.catch_warnings(record=True) as caught:  # shown as notes, not tracebacks
         warnings.simplefilter("always")
-        profile, models = fit_profile(
-            run_dir, n_boot=n_boot, seed=args.seed, kernel_runs=args.kernels_from
-        )
+        try:
+            profile, models = fit_profile(
+                run_dir, n_boot=n_boot, seed=args.seed, kernel_runs=args.kernels_from
+            )
+        except UserError:  # the notes may say why (a records file skipped): before the error
+            _print_notes(caught)
+            raise
         profile.save(profile_path)
         frame = load_measurements(run_dir)
         lines = export_extrap(frame[frame["benchmark"] == "collectives"], extrap)
     print(format_report(profile.to_dict()))
-    for note in dict.fromkeys(str(w.message) for w in caught):
-        print(f"pdlsim: note: {note}")
+    _print_notes(caught)
     for line in inconsistent_steps(models["compute"].table_):
         print(f"pdlsim: warning: {line}", file=sys.stderr)
     from pdlsim.plots import plot_calibration
@@ -172,3 +175,9 @@ def _fit_and_write(run_dir: Path, profile_path: Path, args: argparse.Namespace) 
     print(f"fit plots: {', '.join(str(p) for p in plots)}")
     print(f"Extra-P input ({lines} samples): {extrap}")
     return 0
+
+
+def _print_notes(caught: list[warnings.WarningMessage]) -> None:
+    """The warnings of the fits, each once, as ``pdlsim: note:`` lines on stdout."""
+    for note in dict.fromkeys(str(w.message) for w in caught):
+        print(f"pdlsim: note: {note}", flush=True)

@@ -244,7 +244,8 @@ def test_a_level_missing_a_kernel_is_left_out_not_the_whole_fill(tmp_path):
          "nodefill.jsonl:11: measurement record 10 (nodefill gemm): 'params.procs' must be a "
          "whole number from 1 to"),
         (lambda r: r.update(samples=[0.0] * 5) if r["params"]["procs"] == 1 else None,
-         "a nodefill record in nodefill.jsonl has a median call time of 0"),
+         "(nodefill gemm): 'samples' have a median of 0 s, but a timed operation takes "
+         "some time"),
     ],
 )  # fmt: skip
 def test_nodefill_records_no_fill_can_come_from_are_refused_in_one_line(tmp_path, edit, message):

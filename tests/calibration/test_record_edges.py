@@ -80,6 +80,7 @@ def test_other_json_lines_files_are_still_skipped_with_a_note(tmp_path):
         ({"params": {"m": 64, "threads": 0}}, "'params.threads'", "from 1 to 65,536, got 0"),
         ({"params": {"m": 64, "threads": 10**17}}, "'params.threads'", "from 1 to 65,536"),
         ({"params": {"m": 64, "threads": 1, "batch": 0}}, "'params.batch'", "from 1 to"),
+        ({"samples": [0.0, 0.0, 1e-3]}, "'samples'", "have a median of 0 s, but a timed"),
     ],
 )
 def test_measurement_values_no_machine_has_are_named_by_file_line_and_field(
@@ -93,6 +94,47 @@ def test_measurement_values_no_machine_has_are_named_by_file_line_and_field(
     message = one_line(info)
     assert "ranks1/compute.jsonl:3: measurement record 2 (compute gemm): " in message
     assert f"{field} " in message and problem in message
+
+
+def test_a_gemm_timed_at_0_s_is_refused_before_the_fits_not_a_traceback(tmp_path):
+    """Its peak rate came out infinite and the profile's write failed with a traceback; the
+    clock's own overhead, which a coarse clock reads as 0 s, is still accepted."""
+    timer = {**GOOD, "benchmark": "timer", "name": "overhead", "params": {}, "samples": [0.0]}
+    assert len(load_measurements(_write_run(tmp_path / "ok", [GOOD, timer]))) == 2
+    run = _write_run(tmp_path / "run", [GOOD, {**GOOD, "samples": [0.0] * 5}])
+    profile = tmp_path / "profile.json"
+    profile.write_bytes(b"kept")
+    result = run_pdlsim("calibrate", "--from", str(run), "--out", str(profile),
+                        "--bootstrap", "1", timeout=120)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert (
+        "ranks1/compute.jsonl:3: measurement record 2 (compute gemm): 'samples' have a "
+        "median of 0 s" in result.stderr
+    )
+    assert profile.read_bytes() == b"kept"
+
+
+def _write_run(run: Path, records: list[dict]) -> Path:
+    _records(run / "ranks1" / "compute.jsonl", records)
+    return run
+
+
+def test_a_failed_calibration_still_shows_the_notes_that_say_why(tmp_path):
+    """An emptied compute.jsonl was skipped with a note that a failed fit never printed: the
+    one line said only that there were no compute records."""
+    run = tmp_path / "run"
+    _records(run / "ranks2" / "collectives.jsonl", [COLLECTIVE])
+    (run / "ranks1").mkdir()
+    (run / "ranks1" / "compute.jsonl").write_bytes(b"")
+    result = run_pdlsim("calibrate", "--from", str(run), "--bootstrap", "1", timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "has no compute records" in result.stderr
+    assert "ranks1/compute.jsonl: an empty file (no pdlsim.records header), skipped" in (
+        result.stdout
+    )
+    assert not (run / "profile.json").exists()
 
 
 def test_power_records_in_watts_are_not_held_to_the_bound_on_times(tmp_path):
