@@ -44,8 +44,8 @@ from typing import Any, TextIO
 import numpy as np
 
 from .cli import BenchmarkError
-from .machine import usable_memory_bytes
 from .measurement import Measurement
+from .memory import usable_memory_bytes
 from .records import RecordWriter
 from .sampling import SamplingPolicy, measure, report_point, timed
 from .sizes import format_bytes, format_time, size_range

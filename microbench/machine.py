@@ -27,6 +27,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .memory import cgroup_memory_limit_bytes, memory_total_bytes
+
 T = TypeVar("T")
 
 # Variables that decide how many threads BLAS, OpenMP and numba use; recorded when set.
@@ -117,33 +119,6 @@ def _cgroup_cpu_quota_cores() -> float | None:
     """CPU limit of this container (cgroup v2 ``cpu.max``) in cores; None when unlimited."""
     quota, period = _read_text("/sys/fs/cgroup/cpu.max").split()
     return None if quota == "max" else int(quota) / int(period)
-
-
-def _cgroup_memory_limit_bytes() -> int | None:
-    value = _read_text("/sys/fs/cgroup/memory.max").strip()
-    return None if value == "max" else int(value)
-
-
-def _memory_total_bytes() -> int | None:
-    try:
-        for line in _read_text("/proc/meminfo").splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024  # the kernel's "kB" is KiB
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def usable_memory_bytes(machine: Mapping[str, Any] | None = None) -> int | None:
-    """The memory a process may use: the smaller of the cgroup's limit and the machine's
-    total, of ``machine`` (metadata as :func:`machine_metadata` records it) or, without it,
-    of this machine now; None where neither is known."""
-    if machine is None:
-        machine = {"memory_limit_bytes": _safe(_cgroup_memory_limit_bytes),
-                   "memory_total_bytes": _safe(_memory_total_bytes)}  # fmt: skip
-    known = [machine.get(k) for k in ("memory_limit_bytes", "memory_total_bytes")]
-    known = [int(v) for v in known if isinstance(v, (int, float)) and v > 0]
-    return min(known) if known else None
 
 
 def gpu_name(machine: Mapping[str, Any]) -> str | None:
@@ -310,8 +285,8 @@ def machine_metadata(
         "physical_cores": _safe(_physical_cores),
         "cores_available": _safe(_cores_available),
         "cpu_quota_cores": _safe(_cgroup_cpu_quota_cores),
-        "memory_total_bytes": _safe(_memory_total_bytes),
-        "memory_limit_bytes": _safe(_cgroup_memory_limit_bytes),
+        "memory_total_bytes": _safe(memory_total_bytes),
+        "memory_limit_bytes": _safe(cgroup_memory_limit_bytes),
         "numpy_version": _safe(lambda: __import__("numpy").__version__),
         "blas": blas,
         "threadpools": pools,

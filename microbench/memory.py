@@ -1,28 +1,82 @@
-"""What memory this process may still use, read from the kernel: sizes of buffers and data sets
-(the triad's arrays, the node fill's streams, a training run's synthetic samples) are kept
-below it."""
+"""The machine's memory as the kernel reports it: the one place that reads ``/proc/meminfo``
+and the cgroup's ``memory.max`` and ``memory.current``.
+
+Two questions, two answers: :func:`available_memory_bytes` is what this process may still
+allocate now (sizes of buffers and data sets: the triad's arrays, the node fill's streams, a
+training run's synthetic samples are kept below it); :func:`usable_memory_bytes` is what a
+process may hold at most on a machine, this one or one its records describe (a batch or a
+message that could never fit is refused with it, whatever else runs at the moment).
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-__all__ = ["available_memory_bytes"]
+__all__ = [
+    "available_memory_bytes",
+    "cgroup_memory_limit_bytes",
+    "memory_total_bytes",
+    "usable_memory_bytes",
+]
+
+_CGROUP = Path("/sys/fs/cgroup")
+
+
+def _meminfo_bytes(field: str) -> int | None:
+    """``field`` of ``/proc/meminfo`` (MemTotal, MemAvailable) in bytes, or None."""
+    try:
+        for line in Path("/proc/meminfo").read_text(errors="replace").splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024  # the kernel's "kB" is KiB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def cgroup_memory_limit_bytes() -> int | None:
+    """This container's memory limit (cgroup v2 ``memory.max``); None when unlimited or
+    unknown."""
+    try:
+        value = (_CGROUP / "memory.max").read_text().strip()
+        return None if value == "max" else int(value)
+    except (OSError, ValueError):
+        return None
+
+
+def memory_total_bytes() -> int | None:
+    """The machine's memory: MemTotal, else the page count times the page size."""
+    total = _meminfo_bytes("MemTotal")
+    if total is not None:
+        return total
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def available_memory_bytes() -> int | None:
     """Memory this process may still use: MemAvailable, or less under a cgroup limit."""
-    values = []
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                values.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-        if limit != "max":
-            values.append(max(0, int(limit) - used))
-    except (OSError, ValueError):
-        pass
+    values = [v for v in (_meminfo_bytes("MemAvailable"),) if v is not None]
+    limit = cgroup_memory_limit_bytes()
+    if limit is not None:
+        try:
+            used = int((_CGROUP / "memory.current").read_text())
+            values.append(max(0, limit - used))
+        except (OSError, ValueError):
+            pass
     return min(values) if values else None
+
+
+def usable_memory_bytes(machine: Mapping[str, Any] | None = None) -> int | None:
+    """The memory a process may use at most: the smaller of the cgroup's limit and the
+    machine's total, of ``machine`` (metadata as :func:`microbench.machine.machine_metadata`
+    records it) or, without it, of this machine now; None where neither is known."""
+    if machine is None:
+        machine = {"memory_limit_bytes": cgroup_memory_limit_bytes(),
+                   "memory_total_bytes": memory_total_bytes()}  # fmt: skip
+    known = [machine.get(k) for k in ("memory_limit_bytes", "memory_total_bytes")]
+    known = [int(v) for v in known if isinstance(v, (int, float)) and v > 0]
+    return min(known) if known else None

@@ -29,7 +29,7 @@ from ..interference import (
     Point,
     run_interference,
 )
-from ..machine import usable_memory_bytes
+from ..memory import usable_memory_bytes
 from ..sizes import SizeError, format_bytes, parse_sizes
 
 RECORDS_FILE = "interference.jsonl"

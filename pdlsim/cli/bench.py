@@ -103,7 +103,7 @@ def check_bench_batches(args: argparse.Namespace) -> None:
     """Refuse a --batch whose activations alone outgrow this machine's memory on the CPU (a
     typo with extra zeros), before any folder or stage: the kernel sweep would run first and
     the compute stage fail minutes later. GPU devices report their own out-of-memory."""
-    from microbench.machine import usable_memory_bytes
+    from microbench.memory import usable_memory_bytes
     from microbench.workload import load_workload
 
     memory = usable_memory_bytes()

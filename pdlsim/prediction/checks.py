@@ -37,7 +37,7 @@ from typing import Any
 
 from microbench.argtypes import MAX_BATCH
 from microbench.errors import UserError
-from microbench.machine import usable_memory_bytes
+from microbench.memory import usable_memory_bytes
 from pdlsim.costmodel.limits import MAX_WATTS, watts_problem
 from pdlsim.costmodel.presets import MAX_GPUS_PER_NODE
 from pdlsim.prediction.energy import power_preset
