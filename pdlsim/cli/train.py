@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,7 @@ from pdlsim.cli.args import non_negative_float, positive_int, seed
 from pdlsim.cli.train_summary import check_run_outputs, finish_run
 from pdlsim.prediction.epoch import DATASET_SAMPLES, OTHER_DATASET_SAMPLES
 from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig
-from pdlsim.train.launch import Stopped, launch_ranks
+from pdlsim.train.launch import SUPERVISED_ENV, Stopped, launch_ranks
 
 if TYPE_CHECKING:
     from pdlsim.train.loop import TrainResult
@@ -272,20 +273,20 @@ def resume_checkpoint(run_dir: Path | None, config: TrainConfig) -> Path:
         check_resumable,
         latest_checkpoint,
         list_checkpoints,
-        read_header,
+        load_checkpoint,
     )
 
     if run_dir is None:
         raise UserError("--resume needs --out DIR, the run directory to continue")
     path = latest_checkpoint(run_dir)
-    try:
-        header = read_header(path)
+    try:  # arrays as well as header: a damaged one is refused here, not by every rank later
+        header = load_checkpoint(path).header
     except CheckpointError as exc:  # the one before it is kept for this (checkpoint.KEEP)
         earlier = [p for p in list_checkpoints(run_dir) if p != path]
         fix = "start the run again into a new --out, without --resume"  # this one is taken
         if earlier:
             try:  # advise it only where it can be read: else the next try names it
-                read_header(earlier[-1])
+                load_checkpoint(earlier[-1])
                 fix = f"move it aside to resume from {earlier[-1].name}"
             except CheckpointError:
                 fix = f"the one before it, {earlier[-1].name}, is unreadable too; {fix}"
@@ -328,6 +329,8 @@ def run_train_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 128 + stopped.signum
+    if status == 2:  # a rank's one line (a UserError, before or in training) said why
+        return 2
     if status != 0:
         print(
             f"pdlsim: error: training stopped: mpiexec exited with status {status} (a rank "
@@ -335,7 +338,7 @@ def run_train_command(args: argparse.Namespace) -> int:
             + _resume_hint(config),
             file=sys.stderr,
         )
-        return 2 if status == 2 else 1
+        return 1
     return 0
 
 
@@ -437,11 +440,11 @@ def _run_as_rank(args: argparse.Namespace) -> int:
             config, comm, device, run_dir, log=lambda line: print(line, flush=True), resume=resume
         )
     except UserError as exc:
-        print(f"pdlsim: error (rank {comm.rank}): {exc}", file=sys.stderr, flush=True)
+        print(f"pdlsim: error: rank {comm.rank}: {exc}", file=sys.stderr, flush=True)
         comm.abort(2)
         return 2
-    except KeyboardInterrupt:
-        if comm.rank == 0:
+    except KeyboardInterrupt:  # the launcher that started this rank says so itself
+        if comm.rank == 0 and not os.environ.get(SUPERVISED_ENV):
             print(f"pdlsim: interrupted; records so far are in {args.out}", file=sys.stderr)
         return 130
     if comm.rank == 0:

@@ -264,7 +264,20 @@ def load_checkpoint(path: Path) -> Checkpoint:
     for name, array in (("params", params), (RUNNING, running), *arrays.items()):
         if array.dtype.kind != "f" or not np.all(np.isfinite(array)):
             raise CheckpointError(path, f"{name} hold values that are not finite numbers")
+    _order_generator(path, header)
     return Checkpoint(header, params, arrays, path, running)
+
+
+def _order_generator(path: Path, header: dict[str, Any]) -> np.random.Generator:
+    """The data-order generator (numpy's default, as the training loop draws it) in the state
+    ``header`` saved; a CheckpointError where that state is none numpy takes: found on
+    loading, so that ``--resume`` refuses it before any rank starts."""
+    order = np.random.default_rng()
+    try:
+        order.bit_generator.state = header["rng_state"]
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(path, f"bad data-order generator state ({exc})") from None
+    return order
 
 
 def _flag(flag: str, value: Any, exact: bool = False) -> str:
@@ -338,10 +351,7 @@ def restore(
         raise CheckpointError(
             ckpt.path, f"its optimizer state ({held}) does not match --optimizer/--momentum"
         )
-    try:
-        order.bit_generator.state = ckpt.header["rng_state"]
-    except (TypeError, ValueError, KeyError) as exc:
-        raise CheckpointError(ckpt.path, f"bad data-order generator state ({exc})") from None
+    order.bit_generator.state = _order_generator(ckpt.path, ckpt.header).bit_generator.state
     if ckpt.running.size != net.state.size:
         raise CheckpointError(
             ckpt.path, f"{ckpt.running.size} running statistics, but the network has "

@@ -48,7 +48,12 @@ def _header(step: int) -> dict:
         "config": TrainConfig().to_dict(),
         "workload": {"name": "w"},
         "position": {"epoch": 0, "step": step, "global_step": step},
-        "rng_state": {"bit_generator": "PCG64", "state": {"state": 2**100 + 7, "inc": 3}},
+        "rng_state": {
+            "bit_generator": "PCG64",
+            "state": {"state": 2**100 + 7, "inc": 3},
+            "has_uint32": 0,
+            "uinteger": 0,
+        },
         "epoch_sums": {"loss": 1.5, "correct": 3.0, "phases_s": {}, "elapsed_s": 0.25},
         "epochs": [],
     }
