@@ -131,11 +131,16 @@ def check_memory(cfg: Any, drawn: list[tuple[Any, tuple[int, ...]]]) -> None:
         overflow = synthetic_overflow(workload, samples)
         if overflow is not None:
             need, available = overflow
+            fewer = synthetic_overflow(workload, launch_samples(1, global_batch)) is None
             raise UserError(
                 f"--steps {cfg.steps}: a launch of {workload.name} at a global batch of "
                 f"{global_batch} trains {samples:,} synthetic samples, {need / 2**30:.1f} GiB, "
                 f"more than half the {available / 2**30:.1f} GiB of memory available; give "
-                "fewer --steps"
+                + (
+                    "fewer --steps"
+                    if fewer
+                    else "smaller --batches (one step of that batch alone does not fit)"
+                )
             )
 
 

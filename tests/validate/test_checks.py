@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from microbench.errors import UserError
 from pdlsim.cli.main import main
 from pdlsim.validate import checks
 from pdlsim.validate.plan import RunSpec, ValidateConfig, draw_heldout, heldout_matrix
@@ -100,6 +101,10 @@ def test_steps_whose_launch_would_not_fit_memory_are_refused_up_front(
     assert "--steps 100000" in err and "memory" in err and "fewer --steps" in err
     assert not (tmp_path / "o").exists()
     checks.check_memory(ValidateConfig(out=tmp_path, steps=40), [])  # the default fits
+    # a batch of which not even one step fits: fewer steps would not help, a smaller batch does
+    huge = ValidateConfig(out=tmp_path, steps=1, models=("mlp",), batches=(2_000_000,))
+    with pytest.raises(UserError, match="smaller --batches"):
+        checks.check_memory(huge, [])
 
 
 def test_two_workloads_of_one_name_are_refused(tmp_path: Path, capsys) -> None:
