@@ -18,8 +18,6 @@ repeats, after warm-up.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 from microbench.threads import quiet_idle_blas_threads
 
@@ -27,35 +25,29 @@ quiet_idle_blas_threads()  # before numpy loads: the sleeping BLAS threads steps
 
 import numpy as np  # noqa: E402
 
-from microbench.threads import set_threads  # noqa: E402
+from microbench.sampling import SamplingPolicy, median_s  # noqa: E402
+from microbench.threads import let_blas_threads_sleep, set_threads  # noqa: E402
 
 GAPS_S = (0.0, 20e-6, 100e-6, 300e-6, 1e-3, 3e-3)
 SHAPES = ((32, 784, 256), (256, 784, 256), (64, 1024, 256), (512, 512, 512))  # m, k, n
 REPEATS, WARMUP = 30, 10
-
-
-def _busy(seconds: float) -> None:
-    """Busy-wait on this core only, the others idle."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+POLICY = SamplingPolicy(warmup=0, min_samples=REPEATS, max_samples=REPEATS, time_cap_s=60)
 
 
 def _time_after_gaps(a: np.ndarray, b: np.ndarray, out: np.ndarray, rounds: int) -> list[float]:
-    """The median seconds of ``a @ b`` after each gap of :data:`GAPS_S`, the gaps in turn."""
-    for _ in range(WARMUP):
+    """The median seconds of ``a @ b`` after each gap of :data:`GAPS_S` busy on one core (the
+    others idle), the gaps in turn within each round."""
+
+    def gemm() -> None:
         np.matmul(a, b, out=out)
+
+    for _ in range(WARMUP):
+        gemm()
     per_gap: list[list[float]] = [[] for _ in GAPS_S]
     for _ in range(rounds):
         for i, gap in enumerate(GAPS_S):
-            samples = []
-            for _ in range(REPEATS):
-                _busy(gap)
-                start = time.perf_counter()
-                np.matmul(a, b, out=out)
-                samples.append(time.perf_counter() - start)
-            per_gap[i].append(statistics.median(samples))
-    return [statistics.median(medians) for medians in per_gap]
+            per_gap[i].append(median_s(gemm, POLICY, lambda gap=gap: let_blas_threads_sleep(gap)))
+    return [float(np.median(medians)) for medians in per_gap]
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from microbench.errors import UserError, shown_text
+from microbench.errors import UserError, shown_text, unprintable
 
 __all__ = [
     "ITEM",
@@ -244,11 +244,9 @@ def check_tree(
         for i, item in enumerate(node):
             check_tree(source, item, _join(path, i), name, sub)
     elif isinstance(node, str):
-        if not node.isprintable():  # a CPU's name is printed in every prediction's sources
-            bad = next(c for c in node if not c.isprintable())
-            raise ProfileError(
-                source, path, f"{ascii(node)[:60]} holds the unprintable character {ascii(bad)}"
-            )
+        problem = unprintable(node)  # a CPU's name is printed in every prediction's sources
+        if problem:
+            raise ProfileError(source, path, problem)
     elif node is not None:
         raise ProfileError(source, path, f"unexpected value of type {type(node).__name__}")
 

@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import clip_long_numbers
+from .errors import clip_long_numbers, printable
 
 __all__ = [
     "STOP_SIGNALS",
@@ -133,10 +133,11 @@ def describe_failure(exc: BaseException) -> str | None:
 
 def say(prog: str, line: str) -> None:
     """``line`` on stderr after ``prog: error:``, a number past any meaning in it cut short
-    (:func:`~microbench.errors.clip_long_numbers`); a stderr that cannot be written stays
-    silent."""
+    (:func:`~microbench.errors.clip_long_numbers`) and its unprintable characters escaped
+    (:func:`~microbench.errors.printable`: a name echoed from a flag or a file, ``$'a\\nb'``,
+    must not break the one line); a stderr that cannot be written stays silent."""
     try:
-        print(f"{prog}: error: {clip_long_numbers(line)}", file=sys.stderr, flush=True)
+        print(f"{prog}: error: {printable(clip_long_numbers(line))}", file=sys.stderr, flush=True)
     except OSError:
         pass
 

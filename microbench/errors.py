@@ -36,6 +36,22 @@ def shown_text(text: str) -> str:
     return text if len(text) <= SHOWN_MOST else f"{text[:SHOWN_KEEP]}..."
 
 
+def printable(text: str) -> str:
+    """``text`` with each unprintable character spelled as its escape (``\\n``, ``\\x1b``),
+    so that a message holding it stays one line and sends no terminal escape."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def unprintable(text: str) -> str | None:
+    """Why ``text`` cannot be printed in a report or a one-line error (it holds a newline, a
+    terminal escape, a bidi override), naming it and its first such character; None where it
+    can."""
+    if text.isprintable():
+        return None
+    bad = next(c for c in text if not c.isprintable())
+    return f"{ascii(text)[:60]} holds the unprintable character {ascii(bad)}"
+
+
 def shown_value(value: object) -> str:
     """``value`` as an error message quotes it: its ``repr`` ('8', True, None, [1, 2], 2.5),
     cut short by :func:`shown_text`. A whole number too long to print at all (Python refuses

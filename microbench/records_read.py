@@ -101,7 +101,7 @@ def read_numbered(path: Path) -> tuple[dict[str, Any], list[tuple[int, dict[str,
                 raise RecordsError(path, *pending)
             try:
                 record = loads(decoded_line(path, lineno, raw))
-            except RecordsError as e:  # decoded with replacement, it was another record
+            except RecordsError as e:  # not UTF-8: damage, fatal unless nothing follows it
                 pending = (lineno, e.problem)
                 continue
             except json.JSONDecodeError as e:

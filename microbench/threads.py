@@ -98,10 +98,10 @@ def quiet_idle_blas_threads() -> None:
         os.environ.setdefault(name, value)
 
 
-def let_blas_threads_sleep() -> None:
-    """Busy-wait :data:`BLAS_SLEEP_GAP_S`, idle BLAS threads falling asleep meanwhile (busy,
+def let_blas_threads_sleep(gap_s: float = BLAS_SLEEP_GAP_S) -> None:
+    """Busy-wait ``gap_s`` on this core, idle BLAS threads falling asleep meanwhile (busy,
     not ``time.sleep``, whose wake-up takes longer than the gap)."""
-    end = time.perf_counter() + BLAS_SLEEP_GAP_S
+    end = time.perf_counter() + gap_s
     while time.perf_counter() < end:
         pass
 

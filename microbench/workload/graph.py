@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from microbench.errors import shown_names, shown_value
+from microbench.errors import shown_names, shown_value, unprintable
 from microbench.fileio import (
     TRAILING_SLASH,
     DuplicateKeyError,
@@ -367,12 +367,9 @@ def _checked_name(name: Any, where: str) -> str:
     it need (a newline or a terminal escape would break them; a bidi override disguise them)."""
     if not isinstance(name, str) or not name:
         raise WorkloadError(f"{where}: 'name' must be a non-empty string")
-    if not name.isprintable():
-        bad = next(c for c in name if not c.isprintable())
-        raise WorkloadError(
-            f"{where}: 'name' {ascii(name)[:60]} holds the unprintable character "
-            f"{ascii(bad)}; use letters, digits and punctuation"
-        )
+    problem = unprintable(name)
+    if problem:
+        raise WorkloadError(f"{where}: 'name' {problem}; use letters, digits and punctuation")
     if len(name) > MAX_NAME_CHARS:
         raise WorkloadError(
             f"{where}: 'name' is {len(name):,} characters long; give at most {MAX_NAME_CHARS}"

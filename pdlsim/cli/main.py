@@ -23,7 +23,7 @@ from microbench.boundary import (
     stopped_by_signals,
 )
 from microbench.cli import under_launcher
-from microbench.errors import UserError
+from microbench.errors import UserError, printable
 from microbench.options import register_once_actions, usage_hint
 from microbench.threads import (
     quiet_idle_blas_threads,
@@ -55,18 +55,11 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         root = self.prog.split()[0]  # "pdlsim predict" -> "pdlsim"
-        hint = one_line(usage_hint(message))
+        hint = printable(usage_hint(message))
         self.exit(2, f"{root}: error: {hint} (see '{self.prog} --help')\n")
 
     def _print_message(self, message: str, file: Any = None) -> None:
         print_message("pdlsim", message, file)
-
-
-def one_line(message: str) -> str:
-    """``message`` with each unprintable character spelled as an escape (``\\n``,
-    ``\\x1b``): a name echoed from the command line or a file (``--network $'a\\nb'``) must
-    not break the error's one line, nor send a terminal escape."""
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = int(args.handler(args) or 0)  # a rank's signals are its launcher's
         return status if flush_stdout("pdlsim") else 2
     except UserError as exc:
-        say("pdlsim", one_line(str(exc)))
+        say("pdlsim", str(exc))
         return exc.exit_status
     except KeyboardInterrupt:
         print("pdlsim: interrupted", file=sys.stderr)
@@ -162,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if message is None:
             raise
         silence_stdout_if_broken()
-        say("pdlsim", one_line(message))
+        say("pdlsim", message)
         return 2
 
 

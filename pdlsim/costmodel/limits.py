@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from microbench.errors import UserError
+from microbench.errors import UserError, unprintable
 
 __all__ = [
     "FLOPS_RANGE",
@@ -85,12 +85,9 @@ def check_text(where: str, name: str, value: Any) -> None:
     and the one-line errors that print them); its ``name`` not empty and at most
     :data:`MAX_NAME_CHARS` long, as a workload's is."""
     for text in [value] if isinstance(value, str) else value:
-        if not text.isprintable():
-            bad = next(c for c in text if not c.isprintable())
-            raise UserError(
-                f"{where}.{name}: {ascii(text)[:60]} holds the unprintable character "
-                f"{ascii(bad)}; use letters, digits and punctuation"
-            )
+        problem = unprintable(text)
+        if problem:
+            raise UserError(f"{where}.{name}: {problem}; use letters, digits and punctuation")
     if name == "name" and not value.strip():
         raise UserError(f"{where}.name: a preset's name is empty; give it one")
     if name == "name" and len(value) > MAX_NAME_CHARS:

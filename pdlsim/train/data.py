@@ -310,13 +310,9 @@ def load_dataset(
     counts match (MNIST 1x28x28 feeds a 784-input MLP); only the first ``n_samples`` are
     kept (default: all of a file set, or DEFAULT_SYNTHETIC_SAMPLES synthetic ones).
     """
-    _check_asked(n_samples)
-    kind, sep, where = spec.partition(":")
-    kind = kind.strip().lower()
-    _check_per_token(workload)
     vocabulary = workload.vocabulary
     per_token = workload.layers[-1].kind == "token_cross_entropy"
-    count = synthetic_count(spec, workload, n_samples)
+    count = synthetic_count(spec, workload, n_samples)  # checked as the launcher checks it
     if count is not None:
         if per_token:
             (tokens,) = workload.input_shape
@@ -326,6 +322,10 @@ def load_dataset(
             return synthetic_tokens(tokens, vocabulary, workload.num_classes, count, seed,
                                     train=train)  # fmt: skip
         return synthetic(workload.input_shape, workload.num_classes, count, seed, train=train)
+    _check_asked(n_samples)
+    _check_per_token(workload)
+    kind, _, where = spec.partition(":")
+    kind = kind.strip().lower()
     if vocabulary is not None:
         raise DataError(
             f"workload '{workload.name}' reads token ids, and {kind} holds images; use "
@@ -357,10 +357,10 @@ def synthetic_count(spec: str, workload: Workload, n_samples: int | None = None)
     """The samples of the synthetic set ``spec`` names for ``workload`` (None where ``spec``
     names no synthetic set), with every error drawing them would raise, raised without drawing
     them: what the launching process checks before any rank draws its own."""
-    _check_asked(n_samples)
     kind, sep, _ = spec.partition(":")
     if kind.strip().lower() != "synthetic" or sep:
         return None
+    _check_asked(n_samples)
     count = DEFAULT_SYNTHETIC_SAMPLES if n_samples is None else n_samples
     _check_per_token(workload)
     if workload.vocabulary is not None:

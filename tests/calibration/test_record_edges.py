@@ -102,22 +102,28 @@ def test_a_gemm_timed_at_0_s_is_refused_before_the_fits_not_a_traceback(tmp_path
     timer = {**GOOD, "benchmark": "timer", "name": "overhead", "params": {}, "samples": [0.0]}
     assert len(load_measurements(_write_run(tmp_path / "ok", [GOOD, timer]))) == 2
     run = _write_run(tmp_path / "run", [GOOD, {**GOOD, "samples": [0.0] * 5}])
-    profile = tmp_path / "profile.json"
-    profile.write_bytes(b"kept")
-    result = run_pdlsim("calibrate", "--from", str(run), "--out", str(profile),
-                        "--bootstrap", "1", timeout=120)  # fmt: skip
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    stderr = _calibrate_refused(run, tmp_path / "profile.json")
     assert (
         "ranks1/compute.jsonl:3: measurement record 2 (compute gemm): 'samples' have a "
-        "median of 0 s" in result.stderr
+        "median of 0 s" in stderr
     )
-    assert profile.read_bytes() == b"kept"
 
 
 def _write_run(run: Path, records: list[dict]) -> Path:
     _records(run / "ranks1" / "compute.jsonl", records)
     return run
+
+
+def _calibrate_refused(run: Path, profile: Path) -> str:
+    """``pdlsim calibrate --from RUN --out PROFILE`` over a profile already there: exit 2,
+    one line on stderr (returned), no traceback, the profile as it was."""
+    profile.write_bytes(b"kept")
+    result = run_pdlsim("calibrate", "--from", str(run), "--out", str(profile),
+                        "--bootstrap", "1", timeout=120)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert profile.read_bytes() == b"kept"
+    return result.stderr
 
 
 def test_a_failed_calibration_still_shows_the_notes_that_say_why(tmp_path):
@@ -157,17 +163,9 @@ def test_collective_records_no_machine_measures_areone_line(tmp_path, params, pr
     allocation of 355 PiB; 0 ranks was fitted."""
     bad = {**COLLECTIVE, "params": {**COLLECTIVE["params"], **params}}
     _records(tmp_path / "ranks2" / "collectives.jsonl", [COLLECTIVE, bad])
-    profile = tmp_path / "profile.json"
-    profile.write_bytes(b"kept")
-    result = run_pdlsim("calibrate", "--from", str(tmp_path), "--out", str(profile),
-                        "--bootstrap", "1", timeout=120)  # fmt: skip
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert "ranks2/collectives.jsonl:3: measurement record 2 (collectives allreduce)" in (
-        result.stderr
-    )
-    assert problem in result.stderr
-    assert profile.read_bytes() == b"kept"
+    stderr = _calibrate_refused(tmp_path, tmp_path / "profile.json")
+    assert "ranks2/collectives.jsonl:3: measurement record 2 (collectives allreduce)" in stderr
+    assert problem in stderr
 
 
 BASE_S = {"gemm": 2e-3, "stream": 60e-3}

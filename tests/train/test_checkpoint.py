@@ -7,9 +7,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -36,7 +33,8 @@ from pdlsim.train.config import TrainConfig
 from pdlsim.train.device import Device, cpu_device
 from pdlsim.train.loop import train
 from pdlsim.validate.run import measured_step_times
-from tests.conftest import MPI_TIMEOUT_S, run_pdlsim
+from tests.conftest import run_pdlsim
+from tests.train.runs import TINY, stop_after_first_checkpoint
 
 # 512 samples at a global batch of 16: 32 steps per epoch; checkpoints every 50 fall mid-epoch.
 RUN = ["--samples", "512", "--test-samples", "64", "--momentum", "0.9", "--checkpoint-every", "50"]
@@ -213,28 +211,6 @@ def test_batchnorm_statistics_and_dropout_masks_resume_where_they_stopped(tmp_pa
     assert [e.test_accuracy for e in resumed.epochs] == [e.test_accuracy for e in full.epochs]
 
 
-def _kill_after_first_checkpoint(out: Path, args: list[str], sig: int) -> tuple[int, str]:
-    """Start ``pdlsim train ARGS --out OUT``, send ``sig`` once a checkpoint appears."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pdlsim", "train", *args, "--out", str(out)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + MPI_TIMEOUT_S
-        while not (out.is_dir() and list_checkpoints(out)):
-            assert process.poll() is None, "the run ended before its first checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint appeared"
-            time.sleep(0.01)
-        process.send_signal(sig)
-        _, stderr = process.communicate(timeout=30)
-    finally:
-        process.kill()
-        process.wait()
-    return process.returncode, stderr
-
-
 def _unique_steps(run_dir: Path):
     """Every rank's train_step records, the re-run ones (later files) replacing the first."""
     frame = load_dataframe(run_dir, type="train_step")
@@ -246,7 +222,7 @@ def _interrupt_and_resume(tmp_path: Path, args: list[str], sig: int, total_steps
     reference, cut = tmp_path / "reference", tmp_path / "cut"
     done = run_pdlsim("train", *args, "--out", str(reference))
     assert done.returncode == 0, done.stderr
-    status, stderr = _kill_after_first_checkpoint(cut, args, sig)
+    status, stderr = stop_after_first_checkpoint(["train", *args], cut, sig, timeout_s=30)
     assert status in (-signal.SIGKILL, 128 + signal.SIGTERM), stderr
     stopped_at = load_checkpoint(latest_checkpoint(cut)).global_step
     assert stopped_at < total_steps, "the kill came too late to test anything"
@@ -297,12 +273,9 @@ def test_a_stopped_mpi_run_resumes_to_the_same_weights(tmp_path):
     np.testing.assert_allclose(steps["loss"], reference["loss"], rtol=1e-6)
 
 
-_TINY = ["--samples", "64", "--test-samples", "16", "--batch", "16", "--checkpoint-every", "2"]
-
-
 def test_resume_mistakes_are_one_line_and_exit_status_2(tmp_path):
     out = tmp_path / "run"
-    args = _TINY
+    args = TINY
     first = run_pdlsim("train", *args, "--out", str(out))
     assert first.returncode == 0, first.stderr
     assert f"checkpoint (weights, optimizer, data order): {out}" in first.stdout
@@ -326,15 +299,6 @@ def test_resume_mistakes_are_one_line_and_exit_status_2(tmp_path):
     assert f"move it aside to resume from {earlier[-1].name}" in result.stderr
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """A run directory with checkpoints and a summary, as a short training leaves it."""
-    out = tmp_path_factory.mktemp("finished") / "run"
-    first = run_pdlsim("train", *_TINY, "--out", str(out))
-    assert first.returncode == 0, first.stderr
-    return out
-
-
 def test_a_resume_whose_two_kept_checkpoints_are_torn_is_not_sent_to_the_older(
     tmp_path, finished_run
 ):
@@ -345,7 +309,7 @@ def test_a_resume_whose_two_kept_checkpoints_are_torn_is_not_sent_to_the_older(
     *_, older, newest = sorted(out.glob("checkpoint-step*.npz"))
     for path in (older, newest):
         path.write_bytes(b"not a checkpoint")
-    result = run_pdlsim("train", *_TINY, "--resume", "--out", str(out), timeout=60)
+    result = run_pdlsim("train", *TINY, "--resume", "--out", str(out), timeout=60)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result
     assert f"the one before it, {older.name}, is unreadable too; start the run again into a " \
         "new --out, without --resume" in result.stderr  # fmt: skip
@@ -380,7 +344,7 @@ def test_a_resume_whose_outputs_are_taken_is_refused_before_training(
     target = {"oldest": checkpoints[0], "newest": checkpoints[-1]}.get(name, out / name)
     _in_the_way(target, kind)
     before = sorted(p.name for p in out.iterdir())
-    result = run_pdlsim("train", *_TINY, "--epochs", "2", "--resume", "--out", str(out))
+    result = run_pdlsim("train", *TINY, "--epochs", "2", "--resume", "--out", str(out))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert message in result.stderr and "move it aside" in result.stderr
@@ -390,12 +354,12 @@ def test_a_resume_whose_outputs_are_taken_is_refused_before_training(
 def test_a_new_run_whose_summary_place_is_taken_or_a_resume_into_a_file_is_refused(tmp_path):
     out = tmp_path / "run"
     (out / "summary.json").mkdir(parents=True)
-    fresh = run_pdlsim("train", *_TINY, "--out", str(out))
+    fresh = run_pdlsim("train", *TINY, "--out", str(out))
     assert fresh.returncode == 2 and len(fresh.stderr.strip().splitlines()) == 1, fresh.stderr
     assert "summary.json is a directory, where the run writes its summary" in fresh.stderr
     assert [p.name for p in out.iterdir()] == ["summary.json"]
     (tmp_path / "run.txt").write_text("x")
-    into_file = run_pdlsim("train", *_TINY, "--resume", "--out", str(tmp_path / "run.txt"))
+    into_file = run_pdlsim("train", *TINY, "--resume", "--out", str(tmp_path / "run.txt"))
     assert into_file.returncode == 2 and len(into_file.stderr.strip().splitlines()) == 1
     assert "is a file, not a run directory; give the --out of the run" in into_file.stderr
 

@@ -8,22 +8,12 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.conftest import run_pdlsim
-
-_TINY = ["--samples", "64", "--test-samples", "16", "--batch", "16", "--checkpoint-every", "2"]
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("finished") / "run"
-    first = run_pdlsim("train", *_TINY, "--out", str(out))
-    assert first.returncode == 0, first.stderr
-    return out
+from tests.train.runs import TINY
 
 
 def _as_float64(members: dict) -> None:
@@ -61,7 +51,7 @@ def test_a_checkpoint_with_damaged_arrays_is_refused_before_training_in_one_line
     np.savez(newest, **members)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     result = run_pdlsim(
-        "train", *_TINY, "--procs", procs, "--epochs", "2", "--out", str(out), "--resume",
+        "train", *TINY, "--procs", procs, "--epochs", "2", "--out", str(out), "--resume",
         timeout=120,
     )  # fmt: skip
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr

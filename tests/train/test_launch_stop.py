@@ -7,15 +7,13 @@ thing that had failed)."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 
 from microbench.records import read_records
 from pdlsim.train.checkpoint import list_checkpoints
-from tests.conftest import MPI_TIMEOUT_S, run_pdlsim
+from tests.conftest import run_pdlsim
+from tests.train.runs import stop_after_first_checkpoint
 
 BASE = ["train", "--procs", "2", "--samples", "4096", "--test-samples", "16", "--batch", "16",
         "--checkpoint-every", "2"]  # fmt: skip
@@ -24,26 +22,8 @@ RUN = [*BASE, "--epochs", "50"]
 
 def test_ctrl_c_on_an_mpi_run_is_one_line_with_the_resume_advice(tmp_path):
     out = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pdlsim", *RUN, "--out", str(out)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        # as a terminal's Ctrl-C finds it, even where the test runner ignores SIGINT
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    try:
-        deadline = time.monotonic() + MPI_TIMEOUT_S
-        while not (out.is_dir() and list_checkpoints(out)):
-            assert process.poll() is None, "the run ended before its first checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint appeared"
-            time.sleep(0.01)
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
-    finally:
-        process.kill()
-        process.wait()
-    assert process.returncode == 130, stderr
+    status, stderr = stop_after_first_checkpoint(RUN, out, signal.SIGINT)
+    assert status == 130, stderr
     assert stderr.splitlines() == [
         f"pdlsim: interrupted; all ranks stopped; records so far are in {out}; continue from "
         "its last checkpoint with --resume"
