@@ -53,7 +53,7 @@ from microbench.errors import UserError
 from .splice import Spliced
 from .stats import Interval, fit_quality
 
-__all__ = ["FAMILIES", "Family", "JitterModel", "frozen_family"]
+__all__ = ["CONFIG_KEYS", "FAMILIES", "Family", "JitterModel", "config_runs", "frozen_family"]
 
 # name -> (scipy distribution, fixed arguments for fit, parameter names as stored)
 FAMILIES: dict[str, tuple[Any, dict[str, float], tuple[str, ...]]] = {
@@ -66,7 +66,18 @@ MIN_TAIL_SAMPLES = 20
 MAX_SCALE = 2.0  # the typical moment's skew over the iid prediction, at most (docstring)
 QUANTILE_PROBS = (0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
 SYNC_TABLE_RANKS = tuple(2**k for k in range(11))
-_CONFIG_KEYS = ("params.model", "params.batch", "params.threads", "params.ranks")
+CONFIG_KEYS = ("params.model", "params.batch", "params.threads", "params.ranks")
+
+
+def config_runs(rows: pd.DataFrame, keys: Sequence[str]) -> dict[tuple[str, ...], pd.DataFrame]:
+    """The rows of each run, grouped by the values of ``keys`` (those of them ``rows`` has) as
+    text, a missing value being a value of its own ("none"): a run without a ``--moment``
+    label is one run, not none, whichever way the installed pandas converts a missing value."""
+    present = [k for k in keys if k in rows]
+    if not present or rows.empty:
+        return {}
+    labels = [rows[k].astype(object).where(rows[k].notna(), "none").astype(str) for k in present]
+    return {tuple(key): group for key, group in rows.groupby(labels, dropna=False)}
 
 
 def frozen_family(family: str, params: dict[str, float]) -> Family:
@@ -153,13 +164,8 @@ class JitterModel:
         self._fit_scale(per_rank)
         # Check E[max over the measured ranks] against the measured per-step maximum, per run
         # configuration (key columns as text, so that missing values group too).
-        keys = [c for c in _CONFIG_KEYS if c in rows]
-        runs = (
-            {key: group for key, group in per_rank.groupby([per_rank[k].astype(str) for k in keys])}
-            if keys
-            else {}
-        )
-        for key, group in maxima.groupby([maxima[k].astype(str) for k in keys]) if keys else []:
+        runs = config_runs(per_rank, CONFIG_KEYS)
+        for key, group in config_runs(maxima, CONFIG_KEYS).items():
             ranks = int(group.iloc[0].get("params.ranks", 1))
             if ranks < 2 or key not in runs:
                 continue
@@ -221,10 +227,9 @@ class JitterModel:
         return self
 
     def _add_runs(self, per_rank: pd.DataFrame) -> None:
-        keys = [c for c in (*_CONFIG_KEYS, "params.moment") if c in per_rank]
         ranks = per_rank.get("params.ranks", pd.Series(1, index=per_rank.index)).fillna(1)
         multi = per_rank[ranks.astype(int) >= 2]
-        for _, run in multi.groupby([multi[k].astype(str) for k in keys]) if keys else []:
+        for run in config_runs(multi, (*CONFIG_KEYS, "params.moment")).values():
             samples = [np.asarray(x, dtype=float) for x in run["samples"]]
             n = min(len(x) for x in samples)
             if len(samples) < 2 or n < 2:

@@ -22,7 +22,6 @@ from microbench.measurement import Measurement
 DPI = 120
 PARITY_BAND = 0.20  # the compute parity plot shades predictions within +-20% of the measurement
 COLOURS = matplotlib.colormaps["tab10"].colors
-JITTER_KEYS = ("params.model", "params.batch", "params.threads", "params.ranks")
 DIRECTIONS = {"h2d": "host to device (H2D)", "d2h": "device to host (D2H)"}
 
 

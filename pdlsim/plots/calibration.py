@@ -13,14 +13,13 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from calibration.jitter import FAMILIES
+from calibration.jitter import CONFIG_KEYS, FAMILIES, config_runs
 from calibration.optable import NON_OP_PHASES
 from calibration.readers import collective_points, copy_points
 from microbench.errors import UserError
 from pdlsim.plots.axes import (
     COLOURS,
     DIRECTIONS,
-    JITTER_KEYS,
     PARITY_BAND,
     bytes_label,
     generic_handles,
@@ -262,14 +261,11 @@ def _max_panel(ax: Axes, model: Any, rows: pd.DataFrame, statistic: pd.Series) -
 def _measured_maxima(rows: pd.DataFrame, statistic: pd.Series) -> list[tuple[int, float, float]]:
     """``(ranks, mean max / median, 95% half-width)`` of each run with max-over-ranks records,
     its per-rank records matched by the run's configuration as the jitter model matches them."""
-    keys = [k for k in JITTER_KEYS if k in rows.columns]
-    if not keys:
-        return []
     per_rank = rows[statistic.fillna("per_rank") == "per_rank"]
     maxima = rows[statistic == "max_over_ranks"]
-    runs = dict(list(per_rank.groupby([per_rank[k].astype(str) for k in keys])))
+    runs = config_runs(per_rank, CONFIG_KEYS)
     out = []
-    for key, group in maxima.groupby([maxima[k].astype(str) for k in keys]):
+    for key, group in config_runs(maxima, CONFIG_KEYS).items():
         if key not in runs:
             continue
         median = float(np.median(_pooled(runs[key]["samples"])))

@@ -173,6 +173,22 @@ def test_one_run_of_independent_ranks_keeps_the_iid_extrapolation(tmp_path):
     assert single.scale_ == 1.0 and single.moments_ == []
 
 
+def test_an_unlabelled_run_is_a_moment_beside_labelled_records(tmp_path):
+    """A 2-rank run without a moment label in a directory whose other records have one (the
+    bench's speed checks): the frame has a moment column, missing on this run's rows, and the
+    run still counts once, as its max-over-ranks check does."""
+    table = lognormal_table(11, ranks=2)
+    write_jitter(tmp_path, table)
+    with RecordWriter(tmp_path / "speed.jsonl", {"hostname": "test"}) as writer:
+        params = {"model": "mlp", "batch": 32, "threads": 1, "moment": "check 1 of 2"}
+        writer.write(Measurement(table[0], "speed", "step", params).to_record())
+    frame = load_dataframe(tmp_path)
+    assert frame["params.moment"].isna().any()
+    model = JitterModel(n_boot=0).fit(frame[frame["benchmark"] == "jitter"])
+    assert len(model.moments_) == 1 and model.moments_[0]["moment"] is None
+    assert len(model.checks_) == 1 and model.checks_[0]["ranks"] == 2
+
+
 def test_span_moments_join_the_calibrations_and_move_the_sync_not_the_fit(tmp_path):
     """A calibration with one noisy moment of independent noise, then three calm moments
     from a validation's span (the ranks' noise mostly shared): the fitted distribution stays,
