@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from microbench.errors import shown_names, shown_value, unprintable
+from microbench.errors import shown_names, shown_value
 from microbench.fileio import (
     TRAILING_SLASH,
     DuplicateKeyError,
@@ -28,16 +28,15 @@ from microbench.fileio import (
 
 from .layers import (
     KIND_SETTINGS,
-    LAYER_KINDS,
     LOSS_KINDS,
-    MAX_DIM,
     MULTI_INPUT_KINDS,
     Layer,
     LayerInfo,
-    Setting,
+    Shape,
     WorkloadError,
     infer,
 )
+from .parse import checked_name, name_problem, parse_layer, parse_shape
 from .zoo import PRESETS, ZOO
 
 __all__ = ["Workload", "load_workload", "preset_names", "sliced_dense", "split_columns"]
@@ -221,7 +220,7 @@ def load_workload(name_or_path: str | Path) -> Workload:
         raise WorkloadError(f"workload file {key}: {json_problem(exc)}") from None
     except OSError as exc:
         raise WorkloadError(f"workload file {key}: cannot read it ({exc})") from None
-    return _build(doc, f"workload file {key}")
+    return _build(doc, f"workload file {key}", path.stem)
 
 
 def split_columns(units: int, parts: int) -> list[tuple[int, int]]:
@@ -248,7 +247,9 @@ def sliced_dense(info: LayerInfo, units: int) -> LayerInfo:
 # Parsing and shape inference
 
 
-def _build(doc: Any, source: str) -> Workload:
+def _build(doc: Any, source: str, file_stem: str | None = None) -> Workload:
+    """The workload ``doc`` describes, checked; ``source`` begins each error, and a file's
+    ``file_stem`` names a workload whose description has no ``name``."""
     if not isinstance(doc, Mapping):
         raise WorkloadError(f"{source}: expected a JSON object with 'input_shape' and 'layers'")
     unknown = set(doc) - {"name", "input_shape", "layers", "description"}
@@ -257,17 +258,25 @@ def _build(doc: Any, source: str) -> Workload:
             f"{source}: unknown key(s) {shown_names(unknown)}; "
             "allowed: name, input_shape, layers, description"
         )
-    name = doc.get("name", Path(source).stem if source.startswith("workload file") else "custom")
-    name = _checked_name(name, source)
+    if "name" in doc or file_stem is None:
+        name = checked_name(doc.get("name", "custom"), source, workload=True)
+    else:
+        problem = name_problem(file_stem, workload=True)
+        if problem:
+            raise WorkloadError(
+                f"{source}: the workload has no 'name', and its file's name cannot stand in for "
+                f"one (it {problem}); give the workload a 'name'"
+            )
+        name = file_stem
     description = doc.get("description", "")
     if not isinstance(description, str):
         raise WorkloadError(f"{source}: 'description' must be a string")
-    input_shape = _shape(doc.get("input_shape"), source)
+    input_shape = parse_shape(doc.get("input_shape"), source)
     raw_layers = doc.get("layers")
     if not isinstance(raw_layers, Sequence) or isinstance(raw_layers, str) or not raw_layers:
         raise WorkloadError(f"{source}: 'layers' must be a non-empty list of layer objects")
 
-    layers = [_parse_layer(i, raw, source) for i, raw in enumerate(raw_layers)]
+    layers = [parse_layer(i, raw, source) for i, raw in enumerate(raw_layers)]
     index: dict[str, int] = {NETWORK_INPUT: -1}
     infos: list[LayerInfo] = []
     upstream_params = {-1: False}  # per layer: some layer at or above it has parameters
@@ -278,12 +287,15 @@ def _build(doc: Any, source: str) -> Workload:
             first = "the network's input" if index[layer.name] < 0 else f"layer {index[layer.name]}"
             raise WorkloadError(f"{where}: the name {layer.name} is taken by {first}; rename it")
         if layer.kind in LOSS_KINDS and i != len(layers) - 1:
-            raise WorkloadError(f"{where}: {layer.kind} must be the last layer")
+            raise WorkloadError(
+                f"{where}: {layer.kind} must be the last layer (a network has one loss); "
+                "move it to the end or remove it"
+            )
         inputs = _inputs(layer, i, index, where)
         read.update(inputs)
         shapes = [input_shape if j < 0 else infos[j].output_shape for j in inputs]
         grad = any(upstream_params[j] for j in inputs)
-        tied = _tied(layer, index, infos, where)
+        tied = _tied(layer, index, infos, shapes[0], where)
         info = infer(i, layer, shapes, grad, where, inputs, tied)
         upstream_params[i] = grad or info.param_count > 0 or tied is not None
         infos.append(info)
@@ -311,149 +323,46 @@ def _inputs(layer: Layer, i: int, index: dict[str, int], where: str) -> tuple[in
     missing = [n for n in names if n not in index]
     if missing:
         raise WorkloadError(
-            f"{where}: reads '{missing[0]}', which is no layer above it; inputs name earlier "
-            f"layers or '{NETWORK_INPUT}'"
+            f"{where}: reads {shown_value(missing[0])}, which is no layer above it; inputs "
+            f"name earlier layers or '{NETWORK_INPUT}' (the layers run in the order listed)"
         )
     read = tuple(index[n] for n in names) or (i - 1,)
     wanted = "two or more inputs" if layer.kind in MULTI_INPUT_KINDS else "one input"
     if (len(read) >= 2) != (layer.kind in MULTI_INPUT_KINDS):
-        raise WorkloadError(f"{where}: {layer.kind} takes {wanted}, got {len(read)}")
+        fix = "name them in its 'inputs'" if len(read) < 2 else "join them with an add or concat"
+        raise WorkloadError(f"{where}: {layer.kind} takes {wanted}, got {len(read)}; {fix}")
     if layer.kind == "embedding" and read != (-1,):
-        raise WorkloadError(f"{where}: embedding reads the token ids of the network's input")
+        raise WorkloadError(
+            f"{where}: embedding reads the token ids of the network's input; give it "
+            f'"inputs": ["{NETWORK_INPUT}"], or make it the first layer'
+        )
     return read
 
 
-def _tied(layer: Layer, index: dict[str, int], infos: list[LayerInfo], where: str) -> int | None:
-    """The embedding a dense layer's ``tied_to`` names, checked against its shapes."""
+def _tied(
+    layer: Layer, index: dict[str, int], infos: list[LayerInfo], shape: Shape, where: str
+) -> int | None:
+    """The embedding a dense layer's ``tied_to`` names, checked against its shapes: the layer
+    multiplies its input of ``shape`` by the transposed ``vocab x dim`` table, so it reads
+    ``dim`` features and puts out ``vocab``."""
     target = layer.settings.get("tied_to")
     if not target:
         return None
     j = index.get(target, -1)
     if j < 0 or infos[j].kind != "embedding":
-        raise WorkloadError(f"{where}: tied_to names '{target}', which is no embedding above it")
+        raise WorkloadError(
+            f"{where}: tied_to names {shown_value(target)}, which is no embedding above it; "
+            "name an embedding layer listed before this one"
+        )
     vocab, dim = infos[j].layer.get("vocab"), infos[j].layer.get("dim")
     if layer.get("units") != vocab:
         raise WorkloadError(
             f"{where}: tied to {target} ({vocab} x {dim}), so units must be {vocab}, "
             f"got {layer.get('units')}"
         )
+    if len(shape) in (1, 2) and shape[-1] != dim:  # another rank: infer names the problem
+        raise WorkloadError(
+            f"{where}: tied to {target} ({vocab} x {dim}), so it must read {dim} features, "
+            f"got {list(shape)}; give the layer before it {dim} units"
+        )
     return j
-
-
-def _shape(value: Any, source: str) -> tuple[int, ...]:
-    if (
-        not isinstance(value, Sequence)
-        or isinstance(value, str)
-        or len(value) not in (1, 2, 3)
-        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-    ):
-        raise WorkloadError(
-            f"{source}: 'input_shape' must be [features] (or token ids), [tokens, features] or "
-            f"[channels, height, width] (integers), got {shown_value(value)}"
-        )
-    if any(v <= 0 for v in value):
-        raise WorkloadError(f"{source}: 'input_shape' sizes must be positive, got {list(value)}")
-    if any(v > MAX_DIM for v in value):
-        raise WorkloadError(f"{source}: 'input_shape' sizes must be at most {MAX_DIM:,}")
-    return tuple(value)
-
-
-MAX_NAME_CHARS = 200  # a workload's or a layer's name: each error and table row prints it
-
-
-def _checked_name(name: Any, where: str) -> str:
-    """A workload's or a layer's ``name``: a non-empty string of at most
-    :data:`MAX_NAME_CHARS` printable characters, as the one-line errors and the tables that name
-    it need (a newline or a terminal escape would break them; a bidi override disguise them)."""
-    if not isinstance(name, str) or not name:
-        raise WorkloadError(f"{where}: 'name' must be a non-empty string")
-    problem = unprintable(name)
-    if problem:
-        raise WorkloadError(f"{where}: 'name' {problem}; use letters, digits and punctuation")
-    if len(name) > MAX_NAME_CHARS:
-        raise WorkloadError(
-            f"{where}: 'name' is {len(name):,} characters long; give at most {MAX_NAME_CHARS}"
-        )
-    return name
-
-
-def _parse_layer(index: int, raw: Any, source: str) -> Layer:
-    if not isinstance(raw, Mapping):
-        raise WorkloadError(f"{source}: layer {index} must be an object with a 'kind'")
-    kind = raw.get("kind")
-    if not isinstance(kind, str) or kind not in KIND_SETTINGS:
-        raise WorkloadError(
-            f"{source}: layer {index}: unknown kind {shown_value(kind)}; known kinds: "
-            f"{', '.join(LAYER_KINDS)}"
-        )
-    name = _checked_name(raw.get("name", f"{kind}{index}"), f"{source}: layer {index} ({kind})")
-    where = f"{source}: layer {index} ({name})"
-    allowed = KIND_SETTINGS[kind]
-    unknown = set(raw) - set(allowed) - {"kind", "name", "inputs"}
-    if unknown:
-        keys = ", ".join(sorted(allowed)) or "none besides kind, name and inputs"
-        raise WorkloadError(
-            f"{where}: unknown setting(s) {shown_names(unknown)} for {kind}; allowed: {keys}"
-        )
-    settings: dict[str, Any] = {}
-    for key, spec in allowed.items():
-        value = raw.get(key, spec.default)
-        if value is None:
-            if key == "stride" and kind in ("maxpool2d", "avgpool2d"):
-                continue  # filled from size below
-            if spec.type == "layer":
-                continue
-            raise WorkloadError(f"{where}: {kind} needs '{key}'")
-        settings[key] = _setting(value, key, spec, where)
-    if kind in ("maxpool2d", "avgpool2d"):
-        settings.setdefault("stride", settings["size"])
-    return Layer(kind=kind, name=name, settings=settings, inputs=_input_names(raw, where))
-
-
-def _setting(value: Any, key: str, spec: Setting, where: str) -> Any:
-    """``value`` checked against its setting's type (:class:`Setting`)."""
-    if isinstance(spec.type, tuple):
-        if value not in spec.type:
-            raise WorkloadError(
-                f"{where}: '{key}' must be one of {', '.join(spec.type)}, got {shown_value(value)}"
-            )
-        return value
-    if spec.type == "bool":
-        if not isinstance(value, bool):
-            raise WorkloadError(f"{where}: '{key}' must be true or false, got {shown_value(value)}")
-        return value
-    if spec.type == "layer":
-        if not isinstance(value, str) or not value:
-            raise WorkloadError(f"{where}: '{key}' must name a layer, got {shown_value(value)}")
-        return value
-    if spec.type == "fraction":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise WorkloadError(
-                f"{where}: '{key}' must be a number in [0, 1), got {shown_value(value)}"
-            )
-        return float(value)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise WorkloadError(f"{where}: '{key}' must be an integer, got {shown_value(value)}")
-    minimum = 0 if spec.type == "count" else 1
-    if value < minimum:
-        raise WorkloadError(f"{where}: '{key}' must be >= {minimum}, got {value}")
-    if value > MAX_DIM:
-        raise WorkloadError(f"{where}: '{key}' must be at most {MAX_DIM:,}, got {value:,}")
-    return value
-
-
-def _input_names(raw: Mapping[str, Any], where: str) -> tuple[str, ...]:
-    names = raw.get("inputs")
-    if names is None:
-        return ()
-    if isinstance(names, str):
-        names = [names]
-    if (
-        not isinstance(names, Sequence)
-        or not names
-        or not all(isinstance(n, str) and n for n in names)
-    ):
-        raise WorkloadError(
-            f"{where}: 'inputs' must be a list of layer names, got {shown_value(names)}"
-        )
-    return tuple(names)

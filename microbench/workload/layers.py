@@ -64,6 +64,13 @@ BYTES_PER_VALUE = 4  # float32 everywhere (token ids: int32)
 # an integer overflow.
 MAX_DIM = 2**31 - 1
 
+# The most values one sample may hold in the network's input or in any layer's output: 2^36
+# (256 GiB of float32), past any machine's memory for one sample, yet above the 7e9 of a
+# 405B-parameter transformer's MLP at 128k tokens. Times the largest batch (MAX_BATCH, 2^24)
+# it stays below 2^63, so the sizes the cost models derive from it (rows times columns of a
+# kernel call) are int64s, never an overflow.
+MAX_VALUES_PER_SAMPLE = 2**36
+
 LOSS_KINDS = ("softmax_cross_entropy", "token_cross_entropy")
 
 Shape = tuple[int, ...]  # per sample
@@ -213,6 +220,17 @@ class _Derived:
     saved: int = 0
 
 
+def check_values(shape: Shape, where: str, what: str) -> None:
+    """A one-line :class:`WorkloadError` at ``where`` when ``what`` (say, "its output") of
+    ``shape`` holds more than :data:`MAX_VALUES_PER_SAMPLE` values per sample."""
+    values = math.prod(shape)
+    if values > MAX_VALUES_PER_SAMPLE:
+        raise WorkloadError(
+            f"{where}: {what} {list(shape)} holds {values:,} values per sample, more than the "
+            f"{MAX_VALUES_PER_SAMPLE:,} one sample may hold; give smaller sizes"
+        )
+
+
 def _need_rank(where: str, kind: str, shape: tuple[int, ...], ranks: tuple[int, ...]) -> None:
     if len(shape) in ranks:
         return
@@ -240,7 +258,8 @@ def _conv2d(s: Settings, shape: Shape, grad: bool, where: str) -> _Derived:
     k, st, p, f = (s[key] for key in ("kernel", "stride", "padding", "filters"))
     if k > h + 2 * p or k > w + 2 * p:
         raise WorkloadError(
-            f"{where}: kernel {k} is larger than the padded input {h + 2 * p}x{w + 2 * p}"
+            f"{where}: kernel {k} is larger than the padded input {h + 2 * p}x{w + 2 * p}; "
+            f"give a kernel of at most {min(h, w) + 2 * p} or more padding"
         )
     out = (f, (h + 2 * p - k) // st + 1, (w + 2 * p - k) // st + 1)
     macs = c * k * k * math.prod(out)
@@ -256,9 +275,15 @@ def _pool(kind: str) -> Callable[..., _Derived]:
         c, h, w = shape
         size, stride, p = s["size"], s["stride"], s.get("padding", 0)
         if size > h + 2 * p or size > w + 2 * p:
-            raise WorkloadError(f"{where}: pool size {size} is larger than the input {h}x{w}")
+            raise WorkloadError(
+                f"{where}: pool size {size} is larger than the padded input "
+                f"{h + 2 * p}x{w + 2 * p}; give a size of at most {min(h, w) + 2 * p}"
+            )
         if 2 * p > size:
-            raise WorkloadError(f"{where}: padding {p} is more than half the pool size {size}")
+            raise WorkloadError(
+                f"{where}: padding {p} is more than half the pool size {size}; give a padding "
+                f"of at most {size // 2}"
+            )
         out = (c, (h + 2 * p - size) // stride + 1, (w + 2 * p - size) // stride + 1)
         taps = math.prod(out) * size * size
         return _Derived(out, fwd=taps, bwd=math.prod(out) if kind == "maxpool2d" else taps)
@@ -296,7 +321,8 @@ def _embedding(s: Settings, shape: Shape, grad: bool, where: str) -> _Derived:
     positions, types = s.get("positions", 0), s.get("token_types", 0)
     if positions and positions < tokens:
         raise WorkloadError(
-            f"{where}: {tokens} tokens need at least {tokens} positions, got {positions}"
+            f"{where}: {tokens} tokens need at least {tokens} positions, got {positions}; give "
+            f"positions >= {tokens} or fewer tokens"
         )
     tables = 1 + bool(positions) + bool(types)
     values = tokens * dim
@@ -342,7 +368,10 @@ def _loss(kind: str) -> Callable[..., _Derived]:
         if kind == "token_cross_entropy":
             _need_rank(where, kind, shape, (2,))
         if shape[-1] < 2:
-            raise WorkloadError(f"{where}: needs at least 2 classes, got {shape[-1]}")
+            raise WorkloadError(
+                f"{where}: needs at least 2 classes, got {shape[-1]}; give the layer before it "
+                "2 or more units"
+            )
         n = math.prod(shape)
         return _Derived(shape, fwd=_LOSS_FWD_FLOPS_PER_LOGIT * n, bwd=_LOSS_BWD_FLOPS_PER_LOGIT * n)
 
@@ -371,7 +400,10 @@ def _merge(kind: str, shapes: list[tuple[int, ...]], where: str) -> tuple[tuple[
     if kind == "add":
         if any(s != first for s in shapes):
             listed = ", ".join(str(list(s)) for s in shapes)
-            raise WorkloadError(f"{where}: add needs inputs of one shape, got {listed}")
+            raise WorkloadError(
+                f"{where}: add needs inputs of one shape, got {listed}; make them agree, or "
+                "join them with a concat"
+            )
         return first, (len(shapes) - 1) * math.prod(first)
     axis = 0 if len(first) in (1, 3) else len(first) - 1
     rest = [s[:axis] + s[axis + 1 :] for s in shapes]
@@ -379,7 +411,7 @@ def _merge(kind: str, shapes: list[tuple[int, ...]], where: str) -> tuple[tuple[
         listed = ", ".join(str(list(s)) for s in shapes)
         raise WorkloadError(
             f"{where}: concat joins along the channels or features; the other sizes must "
-            f"agree, got {listed}"
+            f"agree, got {listed}; make them agree (pool, flatten or project the inputs)"
         )
     total = sum(s[axis] for s in shapes)
     return first[:axis] + (total,) + first[axis + 1 :], 0
@@ -401,6 +433,7 @@ def infer(
         d = _Derived(out, fwd=fwd)
     else:
         d = _DERIVE[layer.kind](layer.settings, shapes[0], needs_input_grad, where)
+    check_values(d.out, where, "its output")
     return LayerInfo(
         index=index,
         layer=layer,
