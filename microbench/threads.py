@@ -209,8 +209,11 @@ def _numbas_blas_dir() -> str:
 MAX_THREADS_PER_CORE = 64
 
 
-def too_many_threads(ranks: int, threads: int, cores: int | None = None) -> str | None:
-    """Why ``ranks`` x ``threads`` on this machine is refused (one line), or None."""
+def too_many_threads(
+    ranks: int, threads: int, cores: int | None = None, fix: str = "use fewer --procs or --threads"
+) -> str | None:
+    """Why ``ranks`` x ``threads`` on this machine is refused (one line ending in ``fix``, the
+    flags of the command that asked), or None."""
     cores = available_cores() if cores is None else cores
     most = MAX_THREADS_PER_CORE * cores
     if ranks * threads <= most:
@@ -218,7 +221,7 @@ def too_many_threads(ranks: int, threads: int, cores: int | None = None) -> str 
     return (
         f"{ranks} ranks x {threads} threads = {ranks * threads:,} threads is more than this "
         f"machine can run ({MAX_THREADS_PER_CORE} per core, {most:,} on its {cores} cores); "
-        "use fewer --procs or --threads"
+        f"{fix}"
     )
 
 

@@ -3,9 +3,9 @@
     import pdlsim
 
     cnn = pdlsim.Workload.load("cnn")  # a preset, a workload JSON file, or a dict like one
-    p = pdlsim.prediction.core(cnn, pdlsim.Cluster.gpus(nodes=16, gpus_per_node=4), batch=32)
+    p = pdlsim.predict(cnn, pdlsim.Cluster.gpus(nodes=16, gpus_per_node=4), batch=32)
     p["step_time_s"], p["band"]["p10_s"], p["breakdown"]["comm_s"]
-    table = pdlsim.cli.sweep("mlp", nodes=[1, 2, 4, 8], per_node=[1, 2])  # a pandas DataFrame
+    table = pdlsim.sweep("mlp", nodes=[1, 2, 4, 8], per_node=[1, 2])  # a pandas DataFrame
 
 A prediction is the JSON document that ``pdlsim predict --json`` prints (docs/formats.md), so
 that what a script reads and what the command line shows are the same numbers. Options are the
@@ -167,6 +167,11 @@ def sweep(
     threads = check_integer("threads", threads)
     profile, _ = resolve_profile(profile)
     if check_flag("gpus", gpus):
+        if threads != 1:  # as --threads with --gpus: a setting the GPU ranks would ignore
+            raise UserError(
+                f"sweep: threads={threads} is for CPU ranks; with gpus=True every GPU is one "
+                "rank: drop threads (or give gpus=False for CPU ranks)"
+            )
         first = Cluster.gpus(1, per_node[0])
     else:
         first = Cluster.cpus(1, per_node[0], threads)

@@ -12,11 +12,15 @@ from microbench.cli import path_argument
 from microbench.errors import UserError
 from microbench.fileio import new_run_dir, removed_if_empty_on_failure
 from microbench.threads import too_many_threads
-from pdlsim.cli.args import int_list, name_list, positive_int, seed
+from pdlsim.cli.args import choice_list, int_list, name_list, positive_int, seed
+from pdlsim.costmodel.corrections import CORRECTIONS, parse_corrections
 from pdlsim.prediction.checks import MAX_BATCH
 from pdlsim.validate.plan import GPU_CHOICES, ValidateConfig  # no numpy: parsing stays light
 
 __all__ = ["add_validate_parser", "run_validate_command"]
+
+PARALLEL_CHOICES = ("data", "model")
+_WHOLE = (frozenset(), frozenset(CORRECTIONS))  # none, all: kept as the words
 
 
 def add_validate_parser(commands: argparse._SubParsersAction) -> None:
@@ -46,6 +50,7 @@ def add_validate_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--modes", default=None, metavar="PxT,...", help="e.g. 1x1,2x1 (all five)")
     p.add_argument(
         "--parallel",
+        type=choice_list(PARALLEL_CHOICES),  # each once, none empty: as every list flag
         default="data,model",
         metavar="MODE,...",
         help="data (the modes above), model (P=2 tensor parallel, training and inference); "
@@ -64,7 +69,7 @@ def add_validate_parser(commands: argparse._SubParsersAction) -> None:
         type=seed,
         default=0,
         help="draws the held-out set: random workloads and batches the calibration never runs "
-        "(default 0)",
+        "(default 0; at most 4294967295)",
     )
     p.add_argument(
         "--corrections",
@@ -95,7 +100,7 @@ def _parse_modes(text: str) -> tuple[tuple[int, int], ...]:
     if twice is not None:
         raise UserError(f"--modes lists {twice[0]}x{twice[1]} twice; list each mode once")
     for ranks, threads in modes:  # as train refuses them, before any calibration or launch
-        problem = too_many_threads(ranks, threads)
+        problem = too_many_threads(ranks, threads, fix="list smaller --modes")
         if problem is not None:
             raise UserError(f"--modes {ranks}x{threads}: {problem}")
     return modes  # type: ignore[return-value]
@@ -119,16 +124,22 @@ def _run_published(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kept(out: Path) -> str:
+def _kept(out: Path, given: bool) -> str:
     """What an interrupted validation leaves (docs/validation.md, "Interrupted"): no report,
-    and the records of every launch that finished (its ``summary.json`` written last)."""
+    the records of every launch that finished (its ``summary.json`` written last), and the
+    profile a finished calibration wrote; and where to validate again: a ``given`` --out holds
+    the run's held-out workloads, so a second run there is refused (a new default folder is
+    made each time)."""
+    again = "validate again into a new --out" if given else "validate again"
+    profile = out / "calibration" / "profile.json"
+    if profile.is_file():
+        again += f" (--profile {profile} skips the calibration)"
     done = len(list((out / "runs").glob("*/r*/summary.json")))
     if not done:
-        return "no report was written and no launch had finished; validate again"
+        return f"no report was written and no launch had finished; {again}"
     return (
         f"no report was written; the {done} launch(es) that finished are in {out / 'runs'} "
-        "(each with its summary.json; a folder without one was cut off); validate again into "
-        "a new --out"
+        f"(each with its summary.json; a folder without one was cut off); {again}"
     )
 
 
@@ -152,22 +163,16 @@ def run_validate_command(args: argparse.Namespace) -> int:
                             f"{max(extra['batches']):,}")  # fmt: skip
     if args.modes:
         extra["modes"] = _parse_modes(args.modes)
-    from pdlsim.costmodel.corrections import parse_corrections
-
-    parse_corrections(args.corrections)  # a typo fails before the calibration, not after
-    from microbench.workload import CPU_MODEL_KINDS, load_workload
-
-    parallel = tuple(m for m in args.parallel.split(",") if m)
-    if not parallel or set(parallel) - {"data", "model"}:
-        raise UserError(f"--parallel: expected data, model or data,model, got '{args.parallel}'")
-    for model in (m for m in args.models.split(",") if m):  # each is trained for real
-        workload = load_workload(model)
-        workload.require(CPU_MODEL_KINDS, "pdlsim validate")
-        if "model" in parallel and not workload.is_chain:
-            raise UserError(
-                f"--models {model}: a graph is not split layer-wise (--parallel model takes "
-                "chains); add --parallel data"
-            )
+    try:  # a typo fails before the calibration, not after; the set as the report names it
+        on = parse_corrections(args.corrections)
+    except UserError as exc:
+        raise UserError(f"--corrections: {exc}") from None
+    corrections = (
+        args.corrections.strip()
+        if on in _WHOLE
+        else ",".join(n.strip() for n in args.corrections.split(","))
+    )
+    parallel = args.parallel
     if args.modes and "data" not in parallel:  # model rows run their own P = 2
         raise UserError(
             "--modes lists data-parallel modes, and --parallel model runs none: add data to "
@@ -189,7 +194,7 @@ def run_validate_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         heldout_workloads=4 if args.quick else 9,
         heldout_batches=1 if args.quick else 2,
-        corrections=args.corrections,
+        corrections=corrections,
         **extra,
     )
     with removed_if_empty_on_failure(made):  # refused before its first file: no empty folder
@@ -198,10 +203,11 @@ def run_validate_command(args: argparse.Namespace) -> int:
         try:
             report = run_validation(cfg, log=lambda s: print(s, file=sys.stderr))
         except KeyboardInterrupt:
-            print(f"pdlsim: interrupted; {_kept(cfg.out)}", file=sys.stderr)
+            print(f"pdlsim: interrupted; {_kept(cfg.out, made is None)}", file=sys.stderr)
             return 130
         except Stopped as stopped:  # SIGTERM or SIGHUP (pdlsim.cli.main)
-            print(f"pdlsim: stopped by {stopped}; {_kept(cfg.out)}", file=sys.stderr)
+            print(f"pdlsim: stopped by {stopped}; {_kept(cfg.out, made is None)}",
+                  file=sys.stderr)  # fmt: skip
             return 128 + stopped.signum
     print(format_report(report))
     if args.breakdown:

@@ -5,7 +5,13 @@ line before the calibration (ten minutes) or the first launch, never found at th
 * :func:`check_out`: the report directory and every path the run writes under it (a file
   where a folder goes was a traceback, or a calibration lost); a previous validation there is
   refused, never overwritten.
-* :func:`check_counts`: ``repeats`` and ``steps`` within bounds.
+* :func:`check_counts`: ``repeats``, ``steps`` and ``seed`` within bounds (a seed of hundreds
+  of digits named workloads no file system takes, and drew forever).
+* :func:`check_models`: every workload trains on CPU ranks and, with "model" in ``parallel``,
+  splits layer-wise as ``pdlsim train --parallel model`` wants it (a dropout or a one-neuron
+  layer failed the first model-parallel launch, after the calibration).
+* :func:`check_fits`: at least one data-parallel mode fits the cores (with none, the run
+  calibrated, launched nothing and failed drawing an empty report).
 * :func:`check_names`: every workload has a name of its own, so that no two configurations
   share a run folder (the second launch found the first one's records and failed mid-run).
 * :func:`check_memory`: every launch's synthetic data fits memory as ``pdlsim train`` wants it
@@ -21,13 +27,19 @@ from typing import Any
 
 from microbench.errors import UserError
 from microbench.fileio import check_folder_exists, check_writable
+from microbench.nn.sliced import check_splittable
+from microbench.threads import available_cores
+from microbench.workload import CPU_MODEL_KINDS, load_workload
 from pdlsim.validate.plan import RunSpec, check_unseen, draw_heldout
 
 __all__ = [
     "MAX_REPEATS",
+    "MAX_SEED",
     "check_before_work",
     "check_counts",
+    "check_fits",
     "check_memory",
+    "check_models",
     "check_names",
     "check_out",
     "check_profile",
@@ -36,6 +48,10 @@ __all__ = [
 # Launches per configuration: each round launches every configuration once (80 or so, minutes
 # per round), so 1,000 rounds are weeks; the bound keeps a typo from planning forever.
 MAX_REPEATS = 1_000
+# The held-out workloads are named <kind>-s<seed>-<i> and their run folders after them: a seed
+# of numpy's legacy range keeps every name short (one of hundreds of digits was refused by the
+# name check at every draw, and the draw tried again forever).
+MAX_SEED = 2**32 - 1
 REPORT_FILES = ("validation.csv", "validation.json", "parity.png")
 FOLDERS = ("runs", "workloads", "calibration")  # what a validation writes under OUT
 PREVIOUS = ("runs", "workloads", "calibration", "speed")  # a non-empty one: a validation was here
@@ -45,6 +61,8 @@ def check_before_work(cfg: Any) -> None:
     """Every check of this module on ``cfg`` (a :class:`~pdlsim.validate.plan.ValidateConfig`),
     cheapest first."""
     check_counts(cfg)
+    check_models(cfg)
+    check_fits(cfg)
     check_out(cfg.out)
     drawn = draw_heldout(cfg)
     check_names(cfg, drawn)
@@ -55,12 +73,58 @@ def check_before_work(cfg: Any) -> None:
 
 def check_counts(cfg: Any) -> None:
     """``repeats`` between 1 and :data:`MAX_REPEATS`, ``steps`` at least 2 (a warm-up and a
-    timed step)."""
+    timed step), ``seed`` between 0 and :data:`MAX_SEED`."""
     if not 1 <= cfg.repeats <= MAX_REPEATS:
         raise UserError(f"--repeats must be between 1 and {MAX_REPEATS:,}, got {cfg.repeats:,}")
     if cfg.steps < 2:
         raise UserError(f"--steps must be at least 2 (a warm-up step and a timed one), got "
                         f"{cfg.steps}")  # fmt: skip
+    if not 0 <= cfg.seed <= MAX_SEED:
+        raise UserError(f"--seed must be between 0 and {MAX_SEED:,}, got {cfg.seed:,}; give a "
+                        "smaller one (each seed draws its own held-out set)")  # fmt: skip
+
+
+def check_models(cfg: Any) -> None:
+    """Every ``--models`` workload loads and trains on CPU ranks; with "model" in
+    ``cfg.parallel``, each splits over every rank count of ``cfg.model_procs`` by the rule
+    ``pdlsim train --parallel model`` applies (:func:`microbench.nn.sliced.check_splittable`:
+    a chain of the kinds it splits, a dense layer of at least one neuron per rank), so that a
+    workload the first model-parallel launch would refuse is one line before the calibration."""
+    for model in cfg.models:
+        try:
+            workload = load_workload(model)
+        except UserError as exc:  # which flag named it: the workload's own line is after
+            raise UserError(f"--models: {exc}") from None
+        workload.require(CPU_MODEL_KINDS, "pdlsim validate")
+        if "model" not in cfg.parallel:
+            continue
+        if not workload.is_chain:
+            raise UserError(
+                f"--models {model}: a graph is not split layer-wise (--parallel model takes "
+                "chains); give --parallel data"
+            )
+        for procs in cfg.model_procs:
+            try:
+                check_splittable(workload, procs)
+            except UserError as exc:  # its fix names train's flags: say validate's
+                reason = str(exc).rsplit("; ", 1)[0]
+                raise UserError(
+                    f"--models {model} is not split layer-wise over {procs} ranks ({reason}); "
+                    "give --parallel data"
+                ) from None
+
+
+def check_fits(cfg: Any) -> None:
+    """With "data" in ``cfg.parallel``, at least one of ``cfg.modes`` fits the cores (P x T at
+    most the cores): the others are not run, and with none the validation had no data-parallel
+    row to measure (it calibrated, launched nothing and failed at its report)."""
+    cores = available_cores()
+    if "data" in cfg.parallel and all(p * t > cores for p, t in cfg.modes):
+        listed = ",".join(f"{p}x{t}" for p, t in cfg.modes)
+        raise UserError(
+            f"--modes {listed}: no mode fits this machine's {cores} core(s) (P x T at most "
+            f"{cores}), so none would run; list at least one that fits, like 1x1"
+        )
 
 
 def check_out(out: Path) -> None:
@@ -115,8 +179,6 @@ def check_memory(cfg: Any, drawn: list[tuple[Any, tuple[int, ...]]]) -> None:
     workload's largest launch would not fit memory by ``pdlsim train``'s own rule
     (:func:`pdlsim.train.data.synthetic_overflow`), as that launch would, minutes in. Only
     the launches that run count: modes that fit the cores."""
-    from microbench.threads import available_cores
-    from microbench.workload import load_workload
     from pdlsim.train.data import synthetic_overflow
     from pdlsim.validate.measure import launch_samples
 

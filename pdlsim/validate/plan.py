@@ -212,14 +212,22 @@ def heldout_matrix(cfg: ValidateConfig, cores: int) -> tuple[list[RunSpec], list
 def draw_heldout(cfg: ValidateConfig) -> list[tuple[Any, tuple[int, ...]]]:
     """The held-out workloads drawn from ``cfg.seed`` (:func:`microbench.randomnets.
     random_workloads`), each with its ``cfg.heldout_batches`` batches drawn from
-    :data:`HELDOUT_BATCHES` less the calibration's; nothing written, so that the draw can be
-    checked (names, memory, the profile) before any work."""
+    :data:`HELDOUT_BATCHES` less the calibration's (a UserError where ``--batches`` leaves too
+    few); nothing written, so that the draw can be checked (names, memory, the profile) before
+    any work."""
     import numpy as np
 
     from microbench.randomnets import random_workloads
 
-    rng = np.random.default_rng(cfg.seed + 1)
     batches = [b for b in HELDOUT_BATCHES if b not in cfg.batches]
+    if len(batches) < cfg.heldout_batches:  # numpy's choice would fail with a traceback
+        left = ", ".join(map(str, batches)) or "none"
+        raise UserError(
+            f"--batches {','.join(map(str, cfg.batches))} leaves {left} of the held-out batches "
+            f"({', '.join(map(str, HELDOUT_BATCHES))}), and each held-out workload draws "
+            f"{cfg.heldout_batches} the calibration never ran; list fewer of them in --batches"
+        )
+    rng = np.random.default_rng(cfg.seed + 1)
     drawn = random_workloads(cfg.seed, cfg.heldout_workloads, HELDOUT_KINDS)
     return [
         (w, tuple(sorted(int(b) for b in rng.choice(batches, cfg.heldout_batches, replace=False))))

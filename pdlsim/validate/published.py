@@ -15,18 +15,104 @@ The issue's targets are stated beside the figures: median error at most 10% and 
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any
 
 from microbench.errors import UserError
 from microbench.fileio import read_json
+from pdlsim.prediction.checks import MAX_NODES
 
 __all__ = ["PUBLISHED", "format_published", "score_published"]
 
 PUBLISHED = Path(__file__).with_name("published.json")
 GROUPS = ("held-out", "set an assumption", "seen while building")
 TARGET = {"median_pct": 10.0, "worst_pct": 25.0, "rows": 20, "systems": 3, "max_nodes": 32}
+
+
+def _whole(least: int, most: int | None = None) -> Any:
+    """A field's check: an integer (not a bool) of at least ``least`` (and at most ``most``)."""
+
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be a whole number, got {value!r}"
+        if value < least:
+            return f"must be at least {least}, got {value}"
+        return None if most is None or value <= most else f"must be at most {most:,}, got {value:,}"
+
+    return check
+
+
+def _figure(value: Any) -> str | None:
+    """A measured figure: a finite number above 0 (a rate: an error against 0 or a negative
+    one is no score)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be a number, got {value!r}"
+    return None if math.isfinite(value) and value > 0 else f"must be above 0, got {value!r}"
+
+
+def _text(value: Any) -> str | None:
+    """A name or a note: text with something in it (an id, a preset, a model)."""
+    return None if isinstance(value, str) and value.strip() else f"must be text, got {value!r}"
+
+
+def _kind_of(want: type | tuple[type, ...], what: str) -> Any:
+    """A field's check: a value of type ``want``, described as ``what`` when it is not."""
+    return lambda value: None if isinstance(value, want) else f"must be {what}, got {value!r}"
+
+
+# Every field a row may have, its check, and the kinds that require it ("" for none: optional).
+_COMMON = {
+    "id": (_text, "all"), "kind": (_text, "all"), "node": (_text, "all"),
+    "nodes": (_whole(1, MAX_NODES), "all"), "gpus_per_node": (_whole(1), "all"),
+    "published": (_figure, "all"), "source": (_kind_of(dict, "an object"), "all"),
+    "used_for": (_kind_of(list, "a list of names"), ""),
+    "seen": (_kind_of((str, bool), "text or true/false"), ""),
+    "note": (_text, ""), "label": (_text, ""),
+}  # fmt: skip
+_FIELDS = {
+    "allreduce_busbw": {**_COMMON, "size_bytes": (_whole(1), "all"), "algorithm": (_text, "")},
+    "training_throughput": {
+        **_COMMON, "model": (_text, "all"), "batch": (_whole(1), "all"),
+        "precision": (_text, "all"), "optimizer": (_text, "all"),
+        "single_gpu_samples_per_s": (_figure, "all"), "grad_accum": (_whole(1), ""),
+        "single_gpu_grad_accum": (_whole(1), ""), "tokens": (_whole(1), ""), "gpu": (_text, ""),
+    },
+}  # fmt: skip
+
+
+def _check_row(row: Any, where: Path, ids: set[str], number: int) -> None:
+    """A row shaped as the table's rows are, every field known and of its kind, figures finite
+    and above 0, its ``id`` not used before: a bad one is one line naming the row and the field,
+    before any row is predicted (a zero figure was a ZeroDivisionError, a negative one an error
+    of thousands of percent, a mistyped field silently ignored). ``number`` counts from 1."""
+    if not isinstance(row, dict):
+        raise UserError(f"{where}: row #{number} is {type(row).__name__}, not an object; give "
+                        "each row as {...}")  # fmt: skip
+    name = row.get("id") if isinstance(row.get("id"), str) else "?"
+    kind = row.get("kind")
+    if kind not in _FIELDS:
+        raise UserError(f"{where}: row {name}: unknown kind {kind!r}; known: "
+                        f"{', '.join(_FIELDS)}")  # fmt: skip
+    fields = _FIELDS[kind]
+    unknown = sorted(set(row) - set(fields))
+    if unknown:
+        raise UserError(f"{where}: row {name}: unknown field(s) {', '.join(unknown)} for kind "
+                        f"{kind}; known: {', '.join(fields)}")  # fmt: skip
+    for field, (check, needed) in fields.items():
+        if field not in row:
+            if needed:
+                raise UserError(f"{where}: row {name}: missing field '{field}'; give it as the "
+                                f"table's other {kind} rows do")  # fmt: skip
+            continue
+        problem = check(row[field])
+        if problem:
+            raise UserError(f"{where}: row {name}: missing or malformed field '{field}': it "
+                            f"{problem}")  # fmt: skip
+    if row["id"] in ids:
+        raise UserError(f"{where}: row {name}: the id is used twice; give each row its own")
+    ids.add(row["id"])
 
 
 def _group(row: dict[str, Any]) -> str:
@@ -36,12 +122,7 @@ def _group(row: dict[str, Any]) -> str:
 
 
 def _predicted(row: dict[str, Any], hardware: Any) -> dict[str, Any]:
-    kinds = {"allreduce_busbw": _busbw, "training_throughput": _throughput}
-    if row.get("kind") not in kinds:
-        raise UserError(
-            f"published row {row.get('id')}: unknown kind {row.get('kind')!r}; known: "
-            f"{', '.join(kinds)}"
-        )
+    kinds = {"allreduce_busbw": _busbw, "training_throughput": _throughput}  # _check_row's
     node = hardware.node(row["node"])
     predicted, low, high, algorithm = kinds[row["kind"]](row, node, hardware)
     published = float(row["published"])
@@ -87,7 +168,8 @@ def _throughput(row: dict[str, Any], node: Any, hardware: Any) -> tuple[float, f
     from pdlsim.costmodel.presets import NODE_PRESETS
 
     if row["node"] not in NODE_PRESETS:
-        raise UserError(f"published row {row['id']}: a training row takes a packaged node")
+        raise UserError(f"a training row takes a packaged node, not {row['node']!r}; give one "
+                        f"of {', '.join(NODE_PRESETS)}")  # fmt: skip
     accumulation = int(row.get("grad_accum", 1))
     measured_at = int(row.get("single_gpu_grad_accum", accumulation))
     gpus = row["nodes"] * row["gpus_per_node"]
@@ -136,13 +218,19 @@ def score_published(path: str | Path | None = None) -> dict[str, Any]:
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
         raise UserError(f"{where}: expected an object with a 'rows' list")
     hardware = load_hardware().overlaid({"nodes": doc.get("nodes", {})}, str(where))
+    ids: set[str] = set()
+    for number, row in enumerate(doc["rows"], 1):
+        _check_row(row, where, ids, number)
+    if not doc["rows"]:
+        raise UserError(f"{where}: the 'rows' list is empty; give at least one row")
     rows = []
     for row in doc["rows"]:
         try:
             rows.append(_predicted(row, hardware))
-        except (KeyError, TypeError, ValueError) as exc:  # a row not shaped as the others
-            name = row.get("id", "?") if isinstance(row, dict) else repr(row)
-            raise UserError(f"{where}: row {name}: missing or malformed field {exc}") from None
+        except UserError as exc:  # a setting the model refuses: an unknown preset, a layout
+            raise UserError(f"{where}: row {row['id']}: {exc}") from None
+        except (KeyError, TypeError, ValueError) as exc:  # shaped right, yet not usable
+            raise UserError(f"{where}: row {row['id']}: malformed field {exc}") from None
     summaries = {g: _summary([r for r in rows if r["group"] == g]) for g in GROUPS}
     held = summaries["held-out"]
     met = bool(held["rows"]) and (

@@ -186,6 +186,11 @@ def run_validation(cfg: ValidateConfig, log: Any = print) -> dict[str, Any]:
         spec for spec in planned if not spec.oversubscribed(cores)
     ])  # fmt: skip
     refused += _refused_rows(planned, cores, cfg.modes)  # in the open, with the held-out ones
+    if not specs:  # checks.check_fits refuses the flags that lead here; nothing to measure
+        raise UserError(
+            f"no configuration fits this machine's {cores} core(s): {'; '.join(refused)}; "
+            "list --modes that fit"
+        )
     check_unseen(cfg.profile, [s for s in specs if s.heldout])
     for line in refused:
         log(f"pdlsim: not run: {line}")
