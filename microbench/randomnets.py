@@ -128,6 +128,12 @@ def random_rescnn(rng: np.random.Generator, name: str) -> dict[str, Any]:
     return {"name": name, "input_shape": input_shape, "layers": layers}
 
 
+# Draws in a row that may fail (a network over its FLOPs bound, or one the workload checks
+# refuse) before :func:`random_workloads` gives up: a few in a hundred fail by chance, all of
+# them only when no draw can pass.
+MAX_DRAWS = 1_000
+
+
 def random_workloads(
     seed: int | np.random.Generator,
     count: int,
@@ -139,13 +145,21 @@ def random_workloads(
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     out: list[Workload] = []
     makers = {"mlp": random_mlp, "cnn": random_cnn, "res": random_rescnn}
+    misses, why = 0, "over the FLOPs bound"
     while len(out) < count:
         kind = kinds[len(out) % len(kinds)]
         name = f"{prefix}-{kind}-{len(out)}" if prefix else f"{kind}-s{seed}-{len(out)}"
         try:
             workload = Workload.from_dict(makers[kind](rng, name), f"random network {name}")
-        except WorkloadError:
-            continue
-        if workload.forward_flops_per_sample <= MAX_FORWARD_FLOPS_PER_SAMPLE[kind]:
+        except WorkloadError as exc:
+            workload, why = None, str(exc)
+        if workload is not None and (
+            workload.forward_flops_per_sample <= MAX_FORWARD_FLOPS_PER_SAMPLE[kind]
+        ):
             out.append(workload)
+            misses = 0
+            continue
+        misses += 1
+        if misses >= MAX_DRAWS:  # a draw that can never pass (a name no check takes) ends
+            raise WorkloadError(f"no {kind} network drawn in {MAX_DRAWS:,} tries; the last: {why}")
     return out

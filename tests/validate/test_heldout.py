@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from microbench import randomnets
 from microbench.errors import UserError
 from microbench.randomnets import MAX_FORWARD_FLOPS_PER_SAMPLE, random_workloads
-from microbench.workload import load_workload
+from microbench.workload import WorkloadError, load_workload
 from pdlsim.costmodel.corrections import CORRECTIONS, parse_corrections
 from pdlsim.validate.report import HELDOUT, IN_SAMPLE, ablation, summarize
 from pdlsim.validate.run import (
@@ -49,6 +51,14 @@ def test_random_residual_cnns_are_graphs_with_skips_bounded_and_drawn_from_the_s
         assert w.forward_flops_per_sample <= MAX_FORWARD_FLOPS_PER_SAMPLE["res"]
     kinds = {i.kind for w in drawn for i in w.layers}
     assert {"maxpool2d", "avgpool2d", "global_avgpool", "flatten"} <= kinds
+
+
+def test_a_draw_that_can_never_pass_ends_in_one_line(monkeypatch):
+    """Every draw refused (here a name no workload may have): a WorkloadError naming why after
+    MAX_DRAWS tries, not a loop that never ends."""
+    monkeypatch.setattr(randomnets, "MAX_DRAWS", 20)
+    with pytest.raises(WorkloadError, match=r"no mlp network drawn in 20 tries; the last: .*/"):
+        random_workloads(np.random.default_rng(0), 1, prefix="bad/name")
 
 
 def test_the_heldout_matrix_never_uses_a_calibrated_batch(tmp_path: Path):
