@@ -4,9 +4,9 @@
 numpy's BLAS, numba loops, a few numpy copies); :func:`step_calls` lists that sequence without
 running anything, by the same rules the network follows (:mod:`microbench.kernels.fusion`: a
 dense or conv2d layer absorbs the relu and max-pool after it; :mod:`microbench.kernels.policy`:
-which loops run in parallel, how col2im is chunked). A compute model that knows what each kernel
-costs at its shape then prices any workload of the supported layer kinds, including one it
-never saw; the tests hold this list to a trace of the real network's calls.
+which loops run in parallel, how a convolution is chunked). A compute model that knows what
+each kernel costs at its shape then prices any workload of the supported layer kinds,
+including one it never saw; the tests hold this list to a trace of the real network's calls.
 
 Each :class:`~microbench.kernels.callspec.KernelCall` names its kernel and the dimensions that
 kernel's cost depends on, the workload layer it is charged to (the lead layer of a fused group;
@@ -35,7 +35,7 @@ from microbench.kernels.fusion import (
     group_readers,
     group_sources,
 )
-from microbench.kernels.policy import col2im_chunk_samples, runs_parallel
+from microbench.kernels.policy import conv_chunk_samples, runs_parallel
 from microbench.kernels.shapes import conv_output_hw, matrix_rows, pool_output_hw
 from microbench.workload import BYTES_PER_VALUE, CPU_MODEL_KINDS, LayerInfo, Workload
 
@@ -152,10 +152,14 @@ class _Step:
             h, w, c = _hwc(info.input_shape)
             k, s, p, f = (info.layer.get(key) for key in ("kernel", "stride", "padding", "filters"))
             oh, ow = conv_output_hw(h, w, k, s, p)
-            cols = (f"cols{i}", batch * oh * ow * k * k * c * _F)
-            self.loop("im2col", (batch, h, w, c, k, s, p), i, "forward", ((x, x_bytes),), (cols,))
             z = f"z{i}" if g.pool is not None else f"y{i}"
-            self.gemm("nn", batch * oh * ow, f, k * k * c, i, "forward", cols[0], f"W{i}", z)
+            step = conv_chunk_samples(oh * ow, k * k * c, self.threads, _F)
+            for first in range(0, batch, step):
+                n = min(batch, first + step) - first
+                part = (x, n * info.input_bytes_per_sample)
+                cols = (f"cols{i}", n * oh * ow * k * k * c * _F)
+                self.loop("im2col", (n, h, w, c, k, s, p), i, "forward", (part,), (cols,))
+                self.gemm("nn", n * oh * ow, f, k * k * c, i, "forward", cols[0], f"W{i}", z)
             rows, y = batch * oh * ow, z
             if g.pool is not None:
                 size, stride = g.pool.layer.get("size"), g.pool.layer.get("stride")
@@ -347,7 +351,7 @@ class _Step:
             self._bias_grad(info, out_rows, f, dy)
         if not info.needs_input_grad:
             return None
-        step = col2im_chunk_samples(oh * ow, width, _F)
+        step = conv_chunk_samples(oh * ow, width, self.threads, _F)
         for first in range(0, batch, step):
             n = min(batch, first + step) - first
             self.gemm("nt", n * oh * ow, width, f, i, "backward", dz, f"W{i}", f"dcols{i}")

@@ -20,7 +20,7 @@ import numpy as np
 from microbench.kernels import loops
 from microbench.kernels.callspec import call_features
 from microbench.kernels.loops_tokens import attention_scale
-from microbench.kernels.policy import col2im_chunk_samples, runs_parallel
+from microbench.kernels.policy import conv_chunk_samples, runs_parallel
 from microbench.kernels.shapes import conv_output_hw, pool_output_hw
 from microbench.threads import prepare_numba_threads
 
@@ -96,11 +96,20 @@ class NumbaKernels:
 
     @staticmethod
     def conv2d_forward(x, w, b, stride: int, padding: int, cols, out) -> None:
+        """im2col and one GEMM a chunk of samples (:func:`~microbench.kernels.policy.
+        conv_chunk_samples`), so that the GEMM reads the columns from cache; ``cols`` keeps
+        every chunk's columns for the weight gradient."""
         n, h, wd, c = x.shape
         k, f = w.shape[0], w.shape[3]
         out_h, out_w = conv_output_hw(h, wd, k, stride, padding)
-        _loop("im2col", n * out_h * out_w * k * k * c)(x, k, stride, padding, out_h, out_w, cols)
-        np.matmul(cols, _matrix(w, k * k * c, f), out=_rows(out))
+        rows, width = out_h * out_w, k * k * c  # per sample
+        w2d, out2d = _matrix(w, width, f), _rows(out)
+        step = conv_chunk_samples(rows, width, numba.get_num_threads(), cols.itemsize)
+        for first in range(0, n, step):
+            last = min(n, first + step)
+            part = cols[first * rows : last * rows]
+            _loop("im2col", part.size)(x[first:last], k, stride, padding, out_h, out_w, part)
+            np.matmul(part, w2d, out=out2d[first * rows : last * rows])
         if b is not None:
             NumbaKernels.bias_activation(out, b, False, out)
 
@@ -116,7 +125,7 @@ class NumbaKernels:
             return
         w_t = _matrix(w, k * k * c, f).T
         rows = out_h * out_w  # per sample
-        step = col2im_chunk_samples(rows, k * k * c, dcols.itemsize)
+        step = conv_chunk_samples(rows, k * k * c, numba.get_num_threads(), dcols.itemsize)
         for first in range(0, n, step):
             last = min(n, first + step)
             chunk = dcols[: (last - first) * rows]

@@ -1,4 +1,4 @@
-"""How the CPU kernels run a call, as plain numbers: which loops go parallel, how col2im is
+"""How the CPU kernels run a call, as plain numbers: which loops go parallel, how a convolution is
 chunked. Kept free of numba so that the simulator can enumerate a step's kernel calls
 (:mod:`microbench.kernels.calls`) by the very rules :mod:`microbench.kernels.cpu` follows."""
 
@@ -16,10 +16,13 @@ from __future__ import annotations
 # update of the MLP preset's gradients at 2 threads ran 4-5x its time alone, 1.7x the parallel
 # one.
 PARALLEL_MIN_ELEMENTS = 1 << 17
-# The input gradient of a convolution goes through dcols in chunks of samples this many bytes
-# at most, so that col2im reads what the GEMM just wrote from cache (one core's L2 holds it),
-# not from memory: 1.5-2x faster than one whole-batch GEMM and col2im.
-COL2IM_CHUNK_BYTES = 5 << 18
+# A convolution runs over the batch in chunks of samples whose im2col columns are this many
+# bytes a thread at most, so that each GEMM reads the columns its im2col (forward) just wrote,
+# and each col2im the columns its GEMM (input gradient) just wrote, from cache (each core's L2
+# holds its share), not from memory: with few channels the GEMM is skinny and memory-bound,
+# and a chunk runs up to 2x faster than one whole-batch im2col and GEMM. Per thread, so that
+# at many threads each core's share of a chunk's GEMM stays a GEMM worth splitting.
+CONV_CHUNK_BYTES = 5 << 18
 
 
 def runs_parallel(elements: int, threads: int) -> bool:
@@ -27,6 +30,8 @@ def runs_parallel(elements: int, threads: int) -> bool:
     return elements >= PARALLEL_MIN_ELEMENTS and threads > 1
 
 
-def col2im_chunk_samples(rows_per_sample: int, width: int, itemsize: int = 4) -> int:
-    """Samples per chunk of a convolution's input-gradient GEMM and col2im."""
-    return max(1, COL2IM_CHUNK_BYTES // (rows_per_sample * width * itemsize))
+def conv_chunk_samples(rows_per_sample: int, width: int, threads: int, itemsize: int = 4) -> int:
+    """Samples per chunk of a convolution's im2col and GEMM (forward), and of its
+    input-gradient GEMM and col2im, at ``threads`` threads: ``rows_per_sample`` output pixels
+    a sample, each a column row of ``width`` values."""
+    return max(1, CONV_CHUNK_BYTES * max(1, threads) // (rows_per_sample * width * itemsize))
