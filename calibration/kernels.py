@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -102,6 +103,10 @@ def _first(rows: pd.DataFrame, column: str) -> str | None:
 
 
 _LOOP_POINT = ["params.variant", "params.dims"]  # what names a loop point of a sweep
+# The tables' price of the calibration's own training steps off by more than this (median
+# relative error) is said at calibration: a calibration's steps are typically within 15%, and
+# tables from a sweep cut short priced a residual CNN's step 99% low.
+_STEPS_OFF = 0.5
 
 
 def _without_retimed_firsts(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -349,6 +354,14 @@ class KernelModel:
         if not rows:
             return
         frame = pd.DataFrame(rows, columns=["workload", "batch", "threads", "t", "p"])
+        off = float(((frame["p"] - frame["t"]).abs() / frame["t"]).median())
+        if off > _STEPS_OFF:
+            warnings.warn(
+                f"the kernel tables price this calibration's own training steps {off:.0%} off "
+                f"(median of {len(frame)}), as a sweep cut short or a machine that changed "
+                "speed mid-sweep would: time the kernel sweep again before trusting the profile",
+                stacklevel=2,
+            )
         self.quality_["steps"] = {
             by: {
                 str(key): fit_quality(g["t"], g["p"], g["p"]).to_dict()

@@ -23,7 +23,12 @@ from calibration.jitter import JitterModel
 from calibration.kernels import KernelModel
 from calibration.overlap import OverlapModel
 from calibration.profile import Profile, read_sources
-from calibration.record_checks import MACHINE_IDENTITY, check_measurements, check_one_machine
+from calibration.record_checks import (
+    MACHINE_IDENTITY,
+    check_measurements,
+    check_one_machine,
+    check_sweeps_ended,
+)
 from calibration.storage import StorageModel
 from calibration.transfer import TransferModel
 from microbench.errors import UserError
@@ -61,6 +66,7 @@ def load_measurements(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
         raise UserError(f"{path} holds no measurement records; run 'pdlsim bench' first")
     check_measurements(frame, str(path))
     check_one_machine(frame, str(path))
+    check_sweeps_ended(kernel_sweep_files([path]), path)
     return frame
 
 

@@ -11,6 +11,8 @@ string ``"type"`` ("measurement", "train_step", ...) and whatever fields it has,
 included. A "measurement" record, as :meth:`microbench.measurement.Measurement.to_record` writes
 it, holds ``benchmark``, ``name``, ``params``, ``unit``, ``samples`` (every raw value),
 ``warmup_discarded``, ``stop_reason`` and a ``summary``; the writer forces no shape on other types.
+A benchmark that times a planned grid (the kernel sweep) brackets it with a ``sweep_start``
+and a ``sweep_end`` record, so that a sweep stopped part-way is refused, not fitted.
 
 Decisions:
 
@@ -47,6 +49,8 @@ from .machine import utc_now
 from .records_read import (
     SCHEMA,
     SCHEMA_VERSION,
+    SWEEP_END,
+    SWEEP_START,
     RecordsError,
     TruncatedRecordWarning,
     decoded_line,
@@ -60,6 +64,8 @@ from .records_read import (
 __all__ = [
     "SCHEMA",
     "SCHEMA_VERSION",
+    "SWEEP_END",
+    "SWEEP_START",
     "RecordWriter",
     "RecordsAppendError",
     "RecordsError",

@@ -21,10 +21,17 @@ if TYPE_CHECKING:
 
 SCHEMA = "pdlsim.records"
 SCHEMA_VERSION = 1
+# A benchmark that times a planned grid writes a record of this type before its first point
+# and one of the other after its last, so that a sweep stopped part-way (interrupted, killed)
+# is known for one and not fitted as if its grid were whole.
+SWEEP_START = "sweep_start"
+SWEEP_END = "sweep_end"
 
 __all__ = [
     "SCHEMA",
     "SCHEMA_VERSION",
+    "SWEEP_END",
+    "SWEEP_START",
     "RecordsError",
     "TruncatedRecordWarning",
     "decoded_line",

@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 import json
 import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -344,6 +345,28 @@ def test_calibration_steps_score_the_model_by_workload_batch_and_threads(sweep):
             assert q["leave_out_rel_error"] == q["median_rel_error"]
     assert checked.to_dict()["gemm"] == alone.to_dict()["gemm"]
     assert checked.steps_ == alone.steps_
+
+
+@pytest.mark.parametrize(("slower", "said"), [(1.1, False), (3.0, True)])
+def test_tables_far_off_the_calibrations_own_steps_are_said(sweep, slower, said):
+    """Steps measured 3x what the tables price (a sweep cut short prices them low): a warning
+    that says to time the sweep again; 10% off, none."""
+    out, _ = sweep
+    kernels = load_dataframe(out, type="measurement")
+    alone = KernelModel().fit(kernels)
+    speed = [
+        {"type": "measurement", "benchmark": "speed", "name": "step_compute",
+         "params.model": name, "params.batch": 5, "params.threads": 1, "params.device": "cpu",
+         "samples": [slower * alone.step_s(load_workload(name), 5, 1)]}
+        for name in ("mlp", "cnn")
+    ]  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        KernelModel().fit(pd.concat([kernels, pd.DataFrame(speed)], ignore_index=True))
+    notes = [str(w.message) for w in caught if "own training steps" in str(w.message)]
+    assert bool(notes) == said
+    if said:
+        assert "67% off (median of 2)" in notes[0] and "time the kernel sweep again" in notes[0]
 
 
 def test_compute_table_charges_every_call_once(sweep):

@@ -225,6 +225,30 @@ def test_kernel_sweeps_from_elsewhere_are_one_line_errors_before_any_profile(
         assert not out.exists()
 
 
+def test_a_kernel_sweep_stopped_part_way_is_refused_not_fitted(quick_bench_run, tmp_path):
+    """The sweep brackets its points with a start and an end record; one whose end is missing
+    (killed part-way) is refused by --from and by --kernels-from, naming how far it got."""
+    run_dir, _ = quick_bench_run
+    lines = (run_dir / "ranks1" / "kernels.jsonl").read_text().splitlines()
+    kinds = [json.loads(line)["type"] for line in lines[1:]]
+    assert kinds[0] == "sweep_start" and kinds[-1] == "sweep_end"
+    assert kinds.count("sweep_start") == kinds.count("sweep_end") == 1
+    stopped = tmp_path / "stopped"
+    shutil.copytree(run_dir, stopped, ignore=shutil.ignore_patterns("profile*", "plots"))
+    kept = lines[: len(lines) // 3]
+    (stopped / "ranks1" / "kernels.jsonl").write_text("\n".join(kept) + "\n")
+    reached = sum(json.loads(line)["type"] == "measurement" for line in kept[1:])
+    out = tmp_path / "profile.json"
+    for flags in (("--from", str(stopped)), ("--from", str(run_dir), "--kernels-from",
+                                               str(stopped))):  # fmt: skip
+        done = pdlsim_here("calibrate", *flags, "--out", str(out), "--bootstrap", "5")
+        assert done.returncode == 2, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+        assert f"ranks1/kernels.jsonl: its sweep stopped after {reached:,} points" in done.stderr
+        assert "time the sweep again" in done.stderr
+        assert not out.exists()
+
+
 def test_kernel_sweeps_of_another_node_of_the_same_kind_are_pooled(monkeypatch):
     """Sweeps pool by the kind of machine (CPU model, cores, architecture), as --from's own
     records do: the host name differs between the nodes of one partition."""
