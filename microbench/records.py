@@ -238,6 +238,16 @@ class RecordWriter:
         """Append one record (a mapping with a string ``"type"``) and flush it to the OS."""
         self.write_many((record,))
 
+    def write_mark(self, kind: str, **fields: Any) -> None:
+        """Append a mark (:data:`SWEEP_START` or :data:`SWEEP_END`, with ``fields``): not a
+        measurement, so a file this writer made that holds the header and marks alone is still
+        removed by ``close(failed=True)``, and a retry into the directory needs no append."""
+        if kind not in (SWEEP_START, SWEEP_END):
+            raise ValueError(f"unknown mark {kind!r}")
+        bare = self._bare
+        self.write({"type": kind, **fields})
+        self._bare = bare
+
     def write_many(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Append several records with one write and one flush (each checked as :meth:`write`
         checks it, all before any is written): for a loop that must not pay a system call

@@ -132,13 +132,13 @@ def run(args: argparse.Namespace) -> int:
     run_info = {"command": "microbench kernels", "argv": sys.argv[1:], "settings": settings}
     with RecordWriter(out / RECORDS_FILE, machine_metadata(), run_info, append=args.append) as w:
         print(f"kernels: threads {','.join(map(str, plan.threads))}; records: {w.path}", flush=True)
-        w.write({"type": SWEEP_START})  # a sweep stopped part-way has no end after it
+        w.write_mark(SWEEP_START)  # a sweep stopped part-way has no end after it
         results = run_kernels(
             plan,
             w,
             None if args.quiet else sys.stdout,
             status=lambda line: print(line, flush=True),
         )
-        w.write({"type": SWEEP_END, "points": len(results)})
+        w.write_mark(SWEEP_END, points=len(results))
     print(f"kernels: {len(results)} points measured", flush=True)
     return 0

@@ -14,6 +14,7 @@ from microbench.cli import out_dir_problem
 from microbench.errors import UserError
 from microbench.records import (
     SCHEMA,
+    SWEEP_START,
     RecordsError,
     RecordWriter,
     TruncatedRecordWarning,
@@ -313,3 +314,22 @@ def test_appending_to_another_commands_records_is_refused_before_any_work(tmp_pa
     with RecordWriter(tmp_path / "other.jsonl", {"hostname": "h"}):
         pass
     assert out_dir_problem(tmp_path, "other.jsonl", True, "microbench nodefill") is None
+
+
+def test_marks_keep_a_file_that_holds_no_measurement_bare(tmp_path):
+    """A sweep's start mark alone is no record: a writer that fails before its first point
+    removes its file (a retry needs no append); after a point the file stays, start and all."""
+    bare = tmp_path / "bare.jsonl"
+    with pytest.raises(RuntimeError), RecordWriter(bare, {"hostname": "h"}) as writer:
+        writer.write_mark(SWEEP_START)
+        raise RuntimeError("stopped before the first point")
+    assert not bare.exists()
+    kept = tmp_path / "kept.jsonl"
+    with pytest.raises(RuntimeError), RecordWriter(kept, {"hostname": "h"}) as writer:
+        writer.write_mark(SWEEP_START)
+        writer.write({"type": "measurement", "x": 1})
+        raise RuntimeError("stopped after a point")
+    assert [r["type"] for r in read_records(kept)[1]] == [SWEEP_START, "measurement"]
+    with RecordWriter(tmp_path / "x.jsonl", {"hostname": "h"}) as writer:
+        with pytest.raises(ValueError, match="unknown mark"):
+            writer.write_mark("measurement")
