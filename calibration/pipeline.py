@@ -66,7 +66,8 @@ def load_measurements(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
         raise UserError(f"{path} holds no measurement records; run 'pdlsim bench' first")
     check_measurements(frame, str(path))
     check_one_machine(frame, str(path))
-    check_sweeps_ended(kernel_sweep_files([path]), path)
+    root = path if path.is_dir() else path.parent  # sources are relative to it
+    check_sweeps_ended([root / source for source in frame["source"].unique()], root)
     return frame
 
 

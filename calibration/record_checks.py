@@ -10,9 +10,9 @@ one line naming the file, the record and what to fix. So is a value no measureme
 a count of ranks or threads of 0 or past any machine (a traceback deep in numpy, or a fit that
 allocates petabytes), a time of more than a day, a timed operation whose median is 0 s (every
 fitter divides by it: an infinite peak rate failed the profile's write with a traceback, or a
-fit failed without naming the record), or a collective no cost formula knows. And a kernel
-sweep stopped part-way (:func:`check_sweeps_ended`): its tables hold the points it reached, and
-the kernel model read them as the whole grid (a third of a quick sweep priced a residual CNN's
+fit failed without naming the record), or a collective no cost formula knows. And a
+benchmark run stopped part-way (:func:`check_sweeps_ended`): its fits hold the points it
+reached as if they were the whole grid (a third of a quick kernel sweep priced a residual CNN's
 step at 0.6 ms against 115 ms from the whole).
 """
 
@@ -30,7 +30,7 @@ import pandas as pd
 
 from calibration.formulas import ALGORITHMS
 from microbench.errors import UserError
-from microbench.records import SWEEP_END, SWEEP_START, read_records
+from microbench.records import stopped_sweep_points
 
 __all__ = ["MACHINE_IDENTITY", "check_measurements", "check_one_machine", "check_sweeps_ended"]
 
@@ -288,18 +288,16 @@ def check_one_machine(frame: pd.DataFrame, where: str) -> None:
 
 
 def check_sweeps_ended(files: Sequence[Path], root: Path) -> None:
-    """Every sweep that marked its start in one of ``files`` (records files under ``root``)
-    marked its end after it; a one-line :class:`UserError` naming the file and how many points
-    the stopped sweep reached. Files without marks (older sweeps) are not checked."""
+    """Every benchmark run that marked its start in one of ``files`` (records files under
+    ``root``) marked its end after it (:func:`microbench.records.stopped_sweep_points`); a
+    one-line :class:`UserError` naming the file and how many points the stopped run reached.
+    Files without marks (training runs, records from before the marks) are not checked."""
     for path in files:
-        _, records = read_records(path)
-        kinds = [record["type"] for record in records]
-        starts = [i for i, kind in enumerate(kinds) if kind == SWEEP_START]
-        if starts and SWEEP_END not in kinds[starts[-1] :]:
-            reached = sum(kind == "measurement" for kind in kinds[starts[-1] :])
+        reached = stopped_sweep_points(path)
+        if reached is not None:
             raise UserError(
-                f"{root}/{path.relative_to(root).as_posix()}: its sweep stopped after "
-                f"{reached:,} points, before its end, and a part of the grid would price what "
-                "it did not reach; time the sweep again into a new directory (pdlsim bench, or "
-                "python -m microbench kernels)"
+                f"{root}/{path.relative_to(root).as_posix()}: its benchmark run stopped after "
+                f"{reached:,} points, before its end, and what it did not reach would be "
+                "priced from what it did; run that benchmark again into a new directory "
+                "(pdlsim bench, or python -m microbench)"
             )

@@ -11,8 +11,9 @@ string ``"type"`` ("measurement", "train_step", ...) and whatever fields it has,
 included. A "measurement" record, as :meth:`microbench.measurement.Measurement.to_record` writes
 it, holds ``benchmark``, ``name``, ``params``, ``unit``, ``samples`` (every raw value),
 ``warmup_discarded``, ``stop_reason`` and a ``summary``; the writer forces no shape on other types.
-A benchmark that times a planned grid (the kernel sweep) brackets it with a ``sweep_start``
-and a ``sweep_end`` record, so that a sweep stopped part-way is refused, not fitted.
+A benchmark's run (``RecordWriter(..., sweep=True)``) brackets its records with a
+``sweep_start`` and a ``sweep_end`` record, so that a run stopped part-way is refused, not
+fitted.
 
 Decisions:
 
@@ -59,6 +60,7 @@ from .records_read import (
     parse_header,
     read_numbered,
     read_records,
+    stopped_sweep_points,
 )
 
 __all__ = [
@@ -75,6 +77,7 @@ __all__ = [
     "is_records_file",
     "load_dataframe",
     "read_records",
+    "stopped_sweep_points",
 ]
 
 
@@ -160,7 +163,9 @@ class RecordWriter:
     existing header and keeps it (then ``machine`` and ``run`` are not written). A cut-off last
     line left by a killed writer is removed before appending. A line the disk refuses (full) is
     cut off again, so the file holds whole records only, and a new file whose header cannot be
-    written is removed. Safe to share between threads.
+    written is removed. With ``sweep=True`` (a benchmark's run) the writer marks the start of
+    its records and, closing without an error, their end, so that a run stopped part-way is
+    known for one (:data:`SWEEP_START`, :data:`SWEEP_END`). Safe to share between threads.
     """
 
     def __init__(
@@ -171,6 +176,7 @@ class RecordWriter:
         *,
         append: bool = False,
         nonfinite: Literal["raise", "null"] = "raise",
+        sweep: bool = False,
     ) -> None:
         if nonfinite not in ("raise", "null"):
             raise ValueError(f"nonfinite must be 'raise' or 'null', got {nonfinite!r}")
@@ -178,6 +184,7 @@ class RecordWriter:
         self.nonfinite = nonfinite
         self._lock = threading.Lock()
         self._bare = False
+        self._sweep = sweep
         header = {
             "type": "header",
             "schema": SCHEMA,
@@ -190,6 +197,7 @@ class RecordWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if append and self.path.exists() and self.path.stat().st_size > 0:
             self.header = self._open_for_append(machine)
+            self._start()
             return
         try:
             self._file = open(self.path, "wb" if append else "xb", buffering=0)
@@ -206,6 +214,11 @@ class RecordWriter:
             self.path.unlink(missing_ok=True)
             raise
         self._bare = True  # this writer made the file, and it holds the header alone
+        self._start()
+
+    def _start(self) -> None:
+        if self._sweep:
+            self.write_mark(SWEEP_START)
 
     def _open_for_append(self, machine: Mapping[str, Any]) -> dict[str, Any]:
         header = _append_header(self.path)
@@ -262,6 +275,8 @@ class RecordWriter:
         on an error before its first record, so a file this writer made holds a header alone:
         it is removed, and the retry into the same directory needs no ``--append`` (a file that
         holds records, or was appended to, always stays)."""
+        if self._sweep and not failed and not self._file.closed:
+            self.write_mark(SWEEP_END)
         with self._lock:
             if self._file.closed:
                 return

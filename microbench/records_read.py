@@ -26,6 +26,7 @@ SCHEMA_VERSION = 1
 # is known for one and not fitted as if its grid were whole.
 SWEEP_START = "sweep_start"
 SWEEP_END = "sweep_end"
+MARKS = (SWEEP_START, SWEEP_END)
 
 __all__ = [
     "SCHEMA",
@@ -40,6 +41,7 @@ __all__ = [
     "parse_header",
     "read_numbered",
     "read_records",
+    "stopped_sweep_points",
 ]
 
 
@@ -82,14 +84,15 @@ def parse_header(path: Path, text: str) -> dict[str, Any]:
 
 
 def read_records(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Read one records file: ``(header, records)``, records in file order.
+    """Read one records file: ``(header, records)``, records in file order, without the marks
+    that bracket a benchmark's run (framing, like the header: :func:`read_numbered` keeps them).
 
-    A last line that is not valid JSON (a writer killed mid-line) is skipped with a
-    :class:`TruncatedRecordWarning`; any other bad line, a missing or foreign header and an
-    unknown schema version raise :class:`RecordsError`. Blank lines are ignored.
+        A last line that is not valid JSON (a writer killed mid-line) is skipped with a
+        :class:`TruncatedRecordWarning`; any other bad line, a missing or foreign header and an
+        unknown schema version raise :class:`RecordsError`. Blank lines are ignored.
     """
     header, numbered = read_numbered(Path(path))
-    return header, [record for _, record in numbered]
+    return header, [record for _, record in numbered if record["type"] not in MARKS]
 
 
 def read_numbered(path: Path) -> tuple[dict[str, Any], list[tuple[int, dict[str, Any]]]]:
@@ -217,6 +220,7 @@ def load_dataframe(path_or_dir: str | os.PathLike[str], type: str | None = None)
     frames = []
     for file in files:
         header, numbered = read_numbered(file)
+        numbered = [(n, r) for n, r in numbered if r["type"] not in MARKS]
         if type is not None:
             numbered = [(n, r) for n, r in numbered if r["type"] == type]
         if not numbered:
@@ -232,3 +236,35 @@ def load_dataframe(path_or_dir: str | os.PathLike[str], type: str | None = None)
     if not frames:
         return pd.DataFrame(columns=["type", "source"])
     return pd.concat(frames, ignore_index=True, sort=False)
+
+
+def stopped_sweep_points(path: str | os.PathLike[str]) -> int | None:
+    """The measurements of a sweep in ``path`` that stopped part-way: its records begin with a
+    :data:`SWEEP_START` mark and the last start has no :data:`SWEEP_END` after it. None for a
+    file whose last sweep ended, or that has no marks. Reads the file's first record and last
+    line only, unless the sweep stopped."""
+    with open(path, "rb") as f:
+        f.readline()  # the header
+        first = f.readline()
+        if SWEEP_START.encode() not in first:
+            return None
+        f.seek(0, os.SEEK_END)
+        end = f.tell()
+        f.seek(max(0, end - (1 << 20)))
+        tail = f.read().rstrip().rsplit(b"\n", 1)[-1]
+    if SWEEP_END.encode() in tail and _type(tail) == SWEEP_END:
+        return None
+    if _type(first) != SWEEP_START:
+        return None
+    _, numbered = read_numbered(Path(path))
+    kinds = [record["type"] for _, record in numbered]
+    last = len(kinds) - 1 - kinds[::-1].index(SWEEP_START)
+    return sum(kind == "measurement" for kind in kinds[last:])
+
+
+def _type(raw: bytes) -> str | None:
+    try:
+        record = json.loads(raw)
+    except ValueError:  # a line cut off: no mark
+        return None
+    return record.get("type") if isinstance(record, dict) else None

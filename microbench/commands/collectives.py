@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     run_info = {"command": "microbench collectives", "argv": sys.argv[1:], "settings": settings}
     writer = None
     if root:
-        writer = RecordWriter(out / RECORDS_FILE, machine, run_info, append=args.append)
+        writer = RecordWriter(out / RECORDS_FILE, machine, run_info, append=args.append, sweep=True)
         per_node = machine["mpi"]["ranks_per_node"] if machine.get("mpi") else None
         print(
             f"collectives: {comm.Get_size()} ranks ({per_node} per node), "

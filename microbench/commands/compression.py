@@ -105,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
         "quick": args.quick,
     }
     run_info = {"command": "microbench compression", "argv": sys.argv[1:], "settings": settings}
-    with RecordWriter(out / RECORDS_FILE, machine_metadata(), run_info, append=args.append) as w:
+    with RecordWriter(
+        out / RECORDS_FILE, machine_metadata(), run_info, append=args.append, sweep=True
+    ) as w:
         print(
             f"compression: {', '.join(args.methods)} at {len(sizes)} sizes "
             f"{format_bytes(sizes[0])}..{format_bytes(sizes[-1])}, target "

@@ -195,7 +195,9 @@ def run(args: argparse.Namespace) -> int:
     extra = {"gpu": gpu.metadata} if gpu is not None else None
     machine = machine_metadata(extra=extra)
     run_info = {"command": "microbench compute", "argv": sys.argv[1:], "settings": settings}
-    with RecordWriter(out / RECORDS_FILE, machine, run_info, append=args.append) as writer:
+    with RecordWriter(
+        out / RECORDS_FILE, machine, run_info, append=args.append, sweep=True
+    ) as writer:
         print(
             f"compute: {', '.join(settings['models'])} on {' and '.join(settings['devices'])}, "
             f"threads {_csv(threads)}, target {policy.target_rel_ci:g}, time cap "

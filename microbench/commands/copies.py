@@ -76,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
     }
     machine = machine_metadata(extra={"gpu": gpu.metadata})
     run_info = {"command": "microbench copies", "argv": sys.argv[1:], "settings": settings}
-    with RecordWriter(out / RECORDS_FILE, machine, run_info, append=args.append) as writer:
+    with RecordWriter(
+        out / RECORDS_FILE, machine, run_info, append=args.append, sweep=True
+    ) as writer:
         print(
             f"copies: GPU {gpu.index} ({gpu.name}), {len(sizes)} sizes "
             f"{format_bytes(sizes[0])}..{format_bytes(sizes[-1])}, target "

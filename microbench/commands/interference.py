@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
             "argv": sys.argv[1:],
             "settings": settings,
         }
-        writer = RecordWriter(out / RECORDS_FILE, machine, run_info, append=args.append)
+        writer = RecordWriter(out / RECORDS_FILE, machine, run_info, append=args.append, sweep=True)
         print(
             f"interference: {ranks} rank(s) ({per_node} per node), {', '.join(args.methods)}; "
             f"sizes {', '.join(format_bytes(n) for n in args.bytes)}; compute "

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     writer = None
     if root:
         run_info = {"command": "microbench jitter", "argv": sys.argv[1:], "settings": settings}
-        writer = RecordWriter(out / RECORDS_FILE, machine, run_info, append=args.append)
+        writer = RecordWriter(out / RECORDS_FILE, machine, run_info, append=args.append, sweep=True)
         print(
             f"jitter: {workload.name} batch {args.batch}, {ranks} rank(s) ({per_node} per node) "
             f"x {args.threads} thread(s), {warmup} warm-up + {samples} samples; "

@@ -33,7 +33,6 @@ from ..kernelbench import (
     KernelPlan,
     gemm_shapes,
 )
-from ..records_read import SWEEP_END, SWEEP_START
 from ..threads import available_cores
 
 RECORDS_FILE = "kernels.jsonl"
@@ -130,15 +129,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"kernels: {variants} loop variants compiled over {cores} processes, "
               f"{seconds:.0f} s of CPU", flush=True)  # fmt: skip
     run_info = {"command": "microbench kernels", "argv": sys.argv[1:], "settings": settings}
-    with RecordWriter(out / RECORDS_FILE, machine_metadata(), run_info, append=args.append) as w:
+    records = RecordWriter(
+        out / RECORDS_FILE, machine_metadata(), run_info, append=args.append, sweep=True
+    )
+    with records as w:
         print(f"kernels: threads {','.join(map(str, plan.threads))}; records: {w.path}", flush=True)
-        w.write_mark(SWEEP_START)  # a sweep stopped part-way has no end after it
         results = run_kernels(
             plan,
             w,
             None if args.quiet else sys.stdout,
             status=lambda line: print(line, flush=True),
         )
-        w.write_mark(SWEEP_END, points=len(results))
     print(f"kernels: {len(results)} points measured", flush=True)
     return 0

@@ -81,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
                 "last_level_cache_bytes": cache, "warmup_calls": WARMUP_CALLS,
                 "clock": "perf_counter"}  # fmt: skip
     run_info = {"command": "microbench nodefill", "argv": sys.argv[1:], "settings": settings}
-    with RecordWriter(out / RECORDS_FILE, machine_metadata(), run_info, append=args.append) as w:
+    with RecordWriter(
+        out / RECORDS_FILE, machine_metadata(), run_info, append=args.append, sweep=True
+    ) as w:
         print(f"nodefill: {', '.join(map(str, procs))} processes x {launches} launches, "
               f"{timed_s:g} s per kernel; records: {w.path}", flush=True)  # fmt: skip
         base: dict[str, float] = {}

@@ -134,7 +134,9 @@ def _measure(args: argparse.Namespace, meter: EnergyMeter) -> int:
         "quick": args.quick,
     }
     run_info = {"command": "microbench power", "argv": sys.argv[1:], "settings": settings}
-    with RecordWriter(out / RECORDS_FILE, machine, run_info, append=args.append) as writer:
+    with RecordWriter(
+        out / RECORDS_FILE, machine, run_info, append=args.append, sweep=True
+    ) as writer:
         print(
             f"power: {meter.explain()}; idle {idle_s:g} s, then {args.model.name} batch "
             f"{args.batch} x {args.threads} thread(s) for {busy_s:g} s; records: {writer.path}",

@@ -156,7 +156,9 @@ def run(args: argparse.Namespace) -> int:
     # (device, threads, batches): the CPU at every thread count, then the GPU on one thread
     runs = [("cpu", t, args.batch) for t in args.threads]
     runs += [("gpu", 1, args.gpu_batch)] if gpu is not None else []
-    with RecordWriter(out / RECORDS_FILE, machine, run_info, append=args.append) as writer:
+    with RecordWriter(
+        out / RECORDS_FILE, machine, run_info, append=args.append, sweep=True
+    ) as writer:
         for device, threads, batches in runs:
             set_threads(threads)
             for workload in args.model:

@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
         "quick": args.quick,
     }
     run_info = {"command": "microbench storage", "argv": sys.argv[1:], "settings": settings}
-    with RecordWriter(out / RECORDS_FILE, machine_metadata(), run_info, append=args.append) as w:
+    with RecordWriter(
+        out / RECORDS_FILE, machine_metadata(), run_info, append=args.append, sweep=True
+    ) as w:
         directory = args.dir or out  # the run directory exists now
         print(
             f"storage: atomic writes at {len(sizes)} sizes {format_bytes(sizes[0])}.."

@@ -233,6 +233,9 @@ def test_a_kernel_sweep_stopped_part_way_is_refused_not_fitted(quick_bench_run, 
     kinds = [json.loads(line)["type"] for line in lines[1:]]
     assert kinds[0] == "sweep_start" and kinds[-1] == "sweep_end"
     assert kinds.count("sweep_start") == kinds.count("sweep_end") == 1
+    for other in ("ranks2/collectives.jsonl", "ranks1/compute.jsonl"):  # every benchmark's run
+        types = [json.loads(line)["type"] for line in (run_dir / other).read_text().splitlines()]
+        assert types[1] == "sweep_start" and types[-1] == "sweep_end", other
     stopped = tmp_path / "stopped"
     shutil.copytree(run_dir, stopped, ignore=shutil.ignore_patterns("profile*", "plots"))
     kept = lines[: len(lines) // 3]
@@ -244,8 +247,9 @@ def test_a_kernel_sweep_stopped_part_way_is_refused_not_fitted(quick_bench_run, 
         done = pdlsim_here("calibrate", *flags, "--out", str(out), "--bootstrap", "5")
         assert done.returncode == 2, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
-        assert f"ranks1/kernels.jsonl: its sweep stopped after {reached:,} points" in done.stderr
-        assert "time the sweep again" in done.stderr
+        stopped_at = f"ranks1/kernels.jsonl: its benchmark run stopped after {reached:,} points"
+        assert stopped_at in done.stderr
+        assert "run that benchmark again" in done.stderr
         assert not out.exists()
 
 

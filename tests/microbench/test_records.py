@@ -20,7 +20,9 @@ from microbench.records import (
     TruncatedRecordWarning,
     load_dataframe,
     read_records,
+    stopped_sweep_points,
 )
+from microbench.records_read import read_numbered
 from tests.conftest import run_microbench
 
 MACHINE = {"hostname": "node01", "cpu_model": "Test CPU", "logical_cores": 8, "gpus": []}
@@ -329,7 +331,31 @@ def test_marks_keep_a_file_that_holds_no_measurement_bare(tmp_path):
         writer.write_mark(SWEEP_START)
         writer.write({"type": "measurement", "x": 1})
         raise RuntimeError("stopped after a point")
-    assert [r["type"] for r in read_records(kept)[1]] == [SWEEP_START, "measurement"]
+    assert [r["type"] for _, r in read_numbered(kept)[1]] == [SWEEP_START, "measurement"]
     with RecordWriter(tmp_path / "x.jsonl", {"hostname": "h"}) as writer:
         with pytest.raises(ValueError, match="unknown mark"):
             writer.write_mark("measurement")
+
+
+def test_a_sweep_writer_marks_its_start_and_a_clean_end_only(tmp_path):
+    """A benchmark's writer brackets its records; one that stops on an error leaves its start
+    without an end, which stopped_sweep_points counts; an appended run brackets its own."""
+    path = tmp_path / "bench.jsonl"
+    with RecordWriter(path, MACHINE, RUN, sweep=True) as writer:
+        writer.write(measurement())
+    assert [r["type"] for _, r in read_numbered(path)[1]] == ["sweep_start", "measurement",
+                                                              "sweep_end"]  # fmt: skip
+    assert [r["type"] for r in read_records(path)[1]] == ["measurement"]  # framing hidden
+    assert stopped_sweep_points(path) is None
+    with pytest.raises(RuntimeError), RecordWriter(path, MACHINE, RUN, append=True,
+                                                   sweep=True) as writer:  # fmt: skip
+        writer.write(measurement())
+        writer.write(measurement(nbytes=2048))
+        raise RuntimeError("killed part-way")
+    assert stopped_sweep_points(path) == 2
+    with RecordWriter(path, MACHINE, RUN, append=True, sweep=True) as writer:
+        writer.write(measurement())
+    assert stopped_sweep_points(path) is None  # the last run ended
+    plain = tmp_path / "train.jsonl"
+    write_file(plain, [measurement()])
+    assert stopped_sweep_points(plain) is None  # no marks: not a benchmark's run
