@@ -46,6 +46,22 @@ def special_kind(path: str | Path) -> str | None:
     return next((kind for test, kind in _KINDS if test(mode)), None)
 
 
+BROKEN_LINK = (
+    "is a link to nowhere (or a loop of links), not a file to replace; remove the link, or give "
+    "another name"
+)
+
+
+def broken_link(path: Path) -> bool:
+    """Whether ``path`` is a link that leads to no file: to a name that does not exist, or
+    round a loop. Written over, it would be replaced by a plain file and the link lost, with
+    nothing where it pointed; a shell's ``>`` onto a loop fails, so a write here does too."""
+    try:
+        return path.is_symlink() and not path.exists()
+    except (OSError, ValueError):  # a name too long, a NUL: the write reports it
+        return False
+
+
 def written_path(path: str | Path) -> Path:
     """Where writing ``path`` puts the data: the file a link leads to when ``path`` is a link
     to a regular file (as ``>`` and an editor write through it; a rename onto the link would
@@ -67,6 +83,8 @@ def _staged(path: Path, data: bytes) -> str:
         raise UserError(
             f"{path} is {kind}, not a regular file; move it aside, or give another name"
         )
+    if broken_link(path):
+        raise UserError(f"{path} {BROKEN_LINK}")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     umask = os.umask(0)
@@ -309,6 +327,8 @@ def write_problem(path: str | Path, kind: str = "dir") -> str | None:
     special = special_kind(path) if kind == "file" else None
     if special is not None:
         return f"{shown} is {special}, not a regular file; give a new file name"
+    if kind == "file" and broken_link(path):
+        return f"{shown} {BROKEN_LINK}"
     for place in (path, *path.parents) if kind == "dir" else path.parents:
         if place.is_symlink() and not place.exists():  # mkdir there: EEXIST, or ELOOP
             return f"{shown}: {place} is a link to nowhere (or a loop), not a directory"

@@ -50,6 +50,8 @@ def available_cores() -> int:
 
 
 NUMBA_THREADING_LAYERS = ("default", "safe", "forksafe", "threadsafe", "tbb", "omp", "workqueue")
+# What OpenMP runtimes accept for OMP_WAIT_POLICY (any case, blanks around it allowed).
+OMP_WAIT_POLICIES = ("active", "passive")
 
 
 def thread_environment_problem() -> str | None:
@@ -57,8 +59,10 @@ def thread_environment_problem() -> str | None:
 
     The libraries read them when they load, deep inside a run: numba refuses a count of 0 or
     an unknown threading layer with a traceback there, and OpenMP runtimes print a warning and
-    go on with their default. A count (OpenMP's may list one per nesting level, "4,2") must be
-    positive integers; an empty value counts as unset."""
+    go on with their default: for an unknown ``OMP_WAIT_POLICY`` that is threads that spin
+    between loops, the slowdown :func:`prepare_numba_threads` avoids, in a run that looks
+    normal but for GNU OpenMP's two-line complaint. A count (OpenMP's may list one per nesting
+    level, "4,2") must be positive integers; an empty value counts as unset."""
     for name in THREAD_ENV_VARS:
         value = os.environ.get(name, "").strip()
         levels = value.split(",") if name == "OMP_NUM_THREADS" else [value]
@@ -68,6 +72,12 @@ def thread_environment_problem() -> str | None:
     if layer and layer not in NUMBA_THREADING_LAYERS:
         known = ", ".join(NUMBA_THREADING_LAYERS)
         return f"NUMBA_THREADING_LAYER={layer!r} is unknown to numba ({known}); unset it"
+    policy = os.environ.get("OMP_WAIT_POLICY", "").strip()
+    if policy and policy.lower() not in OMP_WAIT_POLICIES:
+        return (
+            f"OMP_WAIT_POLICY={policy!r} is neither ACTIVE nor PASSIVE (OpenMP would ignore it "
+            "and let idle threads spin); set PASSIVE, or unset it"
+        )
     return None
 
 
@@ -77,7 +87,7 @@ def unset_empty_thread_settings() -> None:
     (:func:`thread_environment_problem`), but GNU OpenMP prints "Invalid value for environment
     variable OMP_NUM_THREADS" when it loads and numba warns that it cannot parse one, in this
     process and in every child that inherits it."""
-    for name in (*THREAD_ENV_VARS, "NUMBA_THREADING_LAYER"):
+    for name in (*THREAD_ENV_VARS, "NUMBA_THREADING_LAYER", "OMP_WAIT_POLICY"):
         if name in os.environ and not os.environ[name].strip():
             del os.environ[name]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from microbench.cli import path_argument, under_launcher
-from microbench.errors import UserError
+from microbench.errors import UserError, shown_names
 from microbench.fileio import check_folder_exists, check_writable, new_run_dir
 from microbench.options import given
 from microbench.threads import oversubscription, set_threads, size_numba_pool, too_many_threads
@@ -17,7 +17,7 @@ from pdlsim.cli.args import non_negative_float, positive_int, seed
 from pdlsim.cli.train_summary import check_run_outputs, finish_run
 from pdlsim.prediction.epoch import DATASET_SAMPLES, OTHER_DATASET_SAMPLES
 from pdlsim.train.config import DEVICES, PARALLEL_MODES, TrainConfig
-from pdlsim.train.launch import SUPERVISED_ENV, Stopped, launch_ranks
+from pdlsim.train.launch import SUPERVISED_ENV, Stopped, launch_ranks, mpi_settings_in_env
 
 if TYPE_CHECKING:
     from pdlsim.train.loop import TrainResult
@@ -334,12 +334,24 @@ def run_train_command(args: argparse.Namespace) -> int:
     if status != 0:
         print(
             f"pdlsim: error: training stopped: mpiexec exited with status {status} (a rank "
-            f"failed or was killed); the records written so far are in {run_dir}"
-            + _resume_hint(config),
+            f"failed or was killed){_mpi_settings_hint()}; the records written so far are in "
+            f"{run_dir}" + _resume_hint(config),
             file=sys.stderr,
         )
         return 1
     return 0
+
+
+def _mpi_settings_hint() -> str:
+    """What to check when mpiexec failed with MPI settings in the environment: their names."""
+    names = mpi_settings_in_env()
+    if not names:
+        return ""
+    them = "it" if len(names) == 1 else "them"
+    return (
+        f"; the environment sets {shown_names(names)} for MPI: check {them} against mpiexec's "
+        f"message above, or unset {them}"
+    )
 
 
 def _resume_hint(config: TrainConfig) -> str:
