@@ -11,7 +11,7 @@ import time
 import pytest
 
 from microbench.collectives import OPS, QUICK_POLICY, QUICK_SIZES, format_summary, summarize
-from microbench.records import load_dataframe, read_records
+from microbench.records import load_dataframe, read_records, stopped_sweep_points
 from microbench.sampling import STOP_REASONS
 from microbench.sizes import SizeError, format_bytes, parse_sizes
 from tests.conftest import REPO, mpiexec, run_microbench, run_mpi_python
@@ -279,7 +279,7 @@ def test_an_interrupted_run_keeps_every_finished_point(tmp_path):
     path = tmp_path / "collectives.jsonl"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and process.poll() is None:
-        if path.exists() and len(path.read_bytes().splitlines()) >= 4:
+        if path.exists() and len(path.read_bytes().splitlines()) >= 5:  # header, start, 3
             break
         time.sleep(0.05)
     process.send_signal(2)  # SIGINT, as Ctrl-C; mpiexec forwards it to the ranks
@@ -293,6 +293,7 @@ def test_an_interrupted_run_keeps_every_finished_point(tmp_path):
     _, records = read_records(path)  # no truncated or corrupt line
     assert len(records) >= 3
     assert [r["params"]["bytes"] for r in records] == [8 << k for k in range(len(records))]
+    assert stopped_sweep_points(path) == len(records)  # its start, and no end: refused later
 
 
 def test_microbench_runs_without_pdlsim_calibration_scipy_or_pandas(tmp_path):
