@@ -161,7 +161,6 @@ def _fit_and_write(run_dir: Path, profile_path: Path, args: argparse.Namespace) 
         except UserError:  # the notes may say why (a records file skipped): before the error
             _print_notes(caught)
             raise
-        profile.save(profile_path)
         frame = load_measurements(run_dir)
         lines = export_extrap(frame[frame["benchmark"] == "collectives"], extrap)
     print(format_report(profile.to_dict()))
@@ -171,6 +170,7 @@ def _fit_and_write(run_dir: Path, profile_path: Path, args: argparse.Namespace) 
     from pdlsim.plots import plot_calibration
 
     plots = plot_calibration(models, frame, profile_path.parent / "plots")
+    profile.save(profile_path)  # last: a write that fails before it (a full disk) keeps the old
     print(f"profile: {profile_path}")
     print(f"fit plots: {', '.join(str(p) for p in plots)}")
     print(f"Extra-P input ({lines} samples): {extrap}")

@@ -147,6 +147,25 @@ def test_a_failed_fit_leaves_an_existing_profile_untouched(quick_bench_run, tmp_
     assert profile_path.read_text() == "the old profile"
 
 
+def test_a_write_that_fails_after_the_fit_keeps_the_old_profile(
+    quick_bench_run, tmp_path, monkeypatch
+):
+    """The plots and the Extra-P file are written before the profile, so a full disk on the
+    way leaves the profile that was there, not a new one beside a failed run."""
+    run_dir, _ = quick_bench_run
+    profile_path = tmp_path / "profile.json"
+    profile_path.write_text("the old profile")
+
+    def full(*args, **kwargs):
+        raise UserError(f"{tmp_path}/plots/jitter.png: the disk is full; free space")
+
+    monkeypatch.setattr("pdlsim.plots.plot_calibration", full)
+    done = pdlsim_here("calibrate", "--from", str(run_dir), "--out", str(profile_path),
+                       "--bootstrap", "5")  # fmt: skip
+    assert done.returncode == 2 and "the disk is full" in done.stderr
+    assert profile_path.read_text() == "the old profile"
+
+
 def _a_records_file(tmp: Path) -> Path:
     (tmp / "compute.jsonl").write_text("{}\n")
     return tmp / "compute.jsonl"
