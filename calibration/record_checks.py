@@ -30,7 +30,7 @@ import pandas as pd
 
 from calibration.formulas import ALGORITHMS
 from microbench.errors import UserError
-from microbench.records import stopped_sweep_points
+from microbench.records import read_records, stopped_sweep_points
 
 __all__ = ["MACHINE_IDENTITY", "check_measurements", "check_one_machine", "check_sweeps_ended"]
 
@@ -295,9 +295,10 @@ def check_sweeps_ended(files: Sequence[Path], root: Path) -> None:
     for path in files:
         reached = stopped_sweep_points(path)
         if reached is not None:
+            command = read_records(path)[0].get("run", {}).get("command") or "benchmark"
             raise UserError(
                 f"{root}/{path.relative_to(root).as_posix()}: its benchmark run stopped after "
                 f"{reached:,} points, before its end, and what it did not reach would be "
-                "priced from what it did; run that benchmark again into a new directory "
-                "(pdlsim bench, or python -m microbench)"
+                f"priced from what it did; run {command} again into that folder with "
+                "--append, or pdlsim bench into a new directory"
             )

@@ -268,7 +268,7 @@ def test_a_kernel_sweep_stopped_part_way_is_refused_not_fitted(quick_bench_run, 
         assert len(done.stderr.strip().splitlines()) == 1
         stopped_at = f"ranks1/kernels.jsonl: its benchmark run stopped after {reached:,} points"
         assert stopped_at in done.stderr
-        assert "run that benchmark again" in done.stderr
+        assert "run microbench kernels again into that folder with --append" in done.stderr
         assert not out.exists()
 
 
