@@ -12,8 +12,10 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from calibration.profile import load_profile, packaged_profile_names
@@ -366,9 +368,15 @@ def test_calibrate_on_a_full_disk_keeps_the_old_profile(tmp_path, monkeypatch, c
     profile = load_profile(PROFILE)
 
     def fitted(run_dir, n_boot, seed, kernel_runs=()):
-        return profile, {}
+        return profile, {"compute": SimpleNamespace(table_=None)}
 
     monkeypatch.setattr(pipeline, "fit_profile", fitted)
+    # the fit, its Extra-P file and plots stand in: the profile, written last, meets the disk
+    monkeypatch.setattr(pipeline, "load_measurements", lambda run_dir: pd.DataFrame(
+        {"benchmark": []}))  # fmt: skip
+    monkeypatch.setattr("calibration.extrap.export_extrap", lambda frame, path: 0)
+    monkeypatch.setattr("pdlsim.plots.plot_calibration", lambda models, frame, out: [])
+    monkeypatch.setattr("calibration.optable.inconsistent_steps", lambda table: [])
     target = tmp_path / "profile.json"
     target.write_bytes(PROFILE.read_bytes()[:100])
     old = target.read_bytes()
