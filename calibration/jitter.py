@@ -77,7 +77,7 @@ def config_runs(rows: pd.DataFrame, keys: Sequence[str]) -> dict[tuple[str, ...]
     if not present or rows.empty:
         return {}
     labels = [rows[k].astype(object).where(rows[k].notna(), "none").astype(str) for k in present]
-    return {tuple(key): group for key, group in rows.groupby(labels, dropna=False)}
+    return {tuple(key): group for key, group in rows.groupby(labels)}
 
 
 def frozen_family(family: str, params: dict[str, float]) -> Family:

@@ -113,10 +113,14 @@ def fit_profile(
     n_boot: int = 200,
     seed: int = 0,
     kernel_runs: Sequence[str | os.PathLike[str]] = (),
+    frame: pd.DataFrame | None = None,
 ) -> tuple[Profile, dict[str, Any]]:
-    """The profile fitted to the records under ``run_dir`` (and the kernel sweeps of
-    ``kernel_runs``: :func:`with_kernel_sweeps`), and the fitted model objects."""
-    frame = with_kernel_sweeps(load_measurements(run_dir), kernel_runs)
+    """The profile fitted to the records under ``run_dir`` (``frame``: those records, as
+    :func:`load_measurements` read them, when the caller has them already), and the kernel
+    sweeps of ``kernel_runs`` (:func:`with_kernel_sweeps`), and the fitted model objects."""
+    if frame is None:
+        frame = load_measurements(run_dir)
+    frame = with_kernel_sweeps(frame, kernel_runs)
     models: dict[str, Any] = {}
     for section, (benchmark, make, required) in _SECTIONS.items():
         names = benchmark.split("+")

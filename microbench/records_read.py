@@ -27,6 +27,7 @@ SCHEMA_VERSION = 1
 SWEEP_START = "sweep_start"
 SWEEP_END = "sweep_end"
 MARKS = (SWEEP_START, SWEEP_END)
+_TAIL_BYTES = 4096  # read from a file's end to find its last line when that is a mark
 
 __all__ = [
     "SCHEMA",
@@ -246,15 +247,12 @@ def stopped_sweep_points(path: str | os.PathLike[str]) -> int | None:
     with open(path, "rb") as f:
         f.readline()  # the header
         first = f.readline()
-        if SWEEP_START.encode() not in first:
+        if SWEEP_START.encode() not in first or _type(first) != SWEEP_START:
             return None
-        f.seek(0, os.SEEK_END)
-        end = f.tell()
-        f.seek(max(0, end - (1 << 20)))
+        end = f.seek(0, os.SEEK_END)
+        f.seek(max(0, end - _TAIL_BYTES))  # an end mark is a short last line
         tail = f.read().rstrip().rsplit(b"\n", 1)[-1]
-    if SWEEP_END.encode() in tail and _type(tail) == SWEEP_END:
-        return None
-    if _type(first) != SWEEP_START:
+    if _type(tail) == SWEEP_END:
         return None
     _, numbered = read_numbered(Path(path))
     kinds = [record["type"] for _, record in numbered]

@@ -44,6 +44,18 @@ def pdlsim_here(*args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["pdlsim", *args], status, out.getvalue(), err.getvalue())
 
 
+def refused_here(*args: str) -> str:
+    """The one line of a refused ``pdlsim ARGS`` (:func:`pdlsim_here`): exit status 2, no
+    traceback, one ``pdlsim: error:`` line."""
+    result = pdlsim_here(*args)
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("pdlsim: error: "), lines[0]
+    return lines[0]
+
+
 def mpiexec() -> str:
     beside = Path(sys.executable).parent / "mpiexec"
     return str(beside) if beside.exists() else "mpiexec"

@@ -35,22 +35,7 @@ from pdlsim.validate import checks
 from pdlsim.validate.plan import ValidateConfig
 from pdlsim.validate.published import PUBLISHED, score_published
 from tests.profiles import STEP_TABLES
-
-SMALL = ["--profile", str(STEP_TABLES), "--models", "mlp", "--batches", "16", "--modes", "1x1",
-         "--parallel", "data", "--gpu", "off", "--repeats", "1", "--steps", "2"]  # fmt: skip
-
-
-def _refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """``pdlsim validate argv``: exit status 2 and one ``pdlsim: error:`` line, returned."""
-    try:
-        status = main(["validate", *argv])
-    except SystemExit as exc:  # argparse's usage errors
-        status = exc.code
-    assert status == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and err.startswith("pdlsim: error: "), err
-    assert "Traceback" not in err
-    return err
+from tests.validate.refusals import SMALL, refused, snapshot
 
 
 def _with(flags: list[str], **changed: str) -> list[str]:
@@ -59,13 +44,6 @@ def _with(flags: list[str], **changed: str) -> list[str]:
     for name, value in changed.items():
         out[out.index(f"--{name}") + 1] = value
     return out
-
-
-def _snapshot(folder: Path) -> dict[str, bytes | None]:
-    return {
-        str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None)
-        for p in sorted(folder.rglob("*"))
-    }
 
 
 @pytest.fixture
@@ -97,11 +75,11 @@ def test_modes_of_which_none_fits_the_cores_are_refused_before_any_work(
     modes, out, capsys, monkeypatch
 ):
     monkeypatch.setattr(checks, "available_cores", lambda: 2)
-    before = _snapshot(out)
-    err = _refused(capsys, *_with(SMALL, modes=modes), "--out", str(out))
+    before = snapshot(out)
+    err = refused(capsys, *_with(SMALL, modes=modes), "--out", str(out))
     assert f"--modes {modes}: no mode fits this machine's 2 core(s)" in err
     assert "like 1x1" in err
-    assert _snapshot(out) == before
+    assert snapshot(out) == before
 
 
 def test_modes_of_which_one_fits_pass_the_check(monkeypatch):
@@ -126,7 +104,7 @@ def test_an_empty_matrix_is_one_line_before_any_launch(tmp_path, monkeypatch):
 
 
 def test_a_mode_past_what_the_machine_runs_names_validates_flag(out, capsys):
-    err = _refused(capsys, *_with(SMALL, modes="999x999"), "--out", str(out))
+    err = refused(capsys, *_with(SMALL, modes="999x999"), "--out", str(out))
     assert "list smaller --modes" in err and "--procs" not in err
 
 
@@ -145,12 +123,12 @@ def test_a_workload_model_parallel_training_cannot_split_is_refused_first(
     path = tmp_path / "net.json"
     tail = [{"kind": "dense", "units": 4}, {"kind": "softmax_cross_entropy"}]
     path.write_text(json.dumps({"name": "net", "input_shape": [8], "layers": layers + tail}))
-    before = _snapshot(out)
+    before = snapshot(out)
     flags = _with(SMALL, models=str(path), parallel="data,model")
-    err = _refused(capsys, *flags, "--out", str(out))
+    err = refused(capsys, *flags, "--out", str(out))
     assert f"--models {path} is not split layer-wise over 2 ranks" in err and why in err
     assert err.rstrip().endswith("give --parallel data")
-    assert _snapshot(out) == before
+    assert snapshot(out) == before
     # data-parallel alone trains it: the check passes
     checks.check_models(ValidateConfig(out=out, models=(str(path),), parallel=("data",)))
 
@@ -162,15 +140,15 @@ def test_a_workload_model_parallel_training_cannot_split_is_refused_first(
 def test_batches_that_leave_too_few_held_out_ones_are_refused(batches, left, out, capsys):
     """Was numpy's ValueError from the draw (a cannot be empty; a larger sample than the
     population)."""
-    before = _snapshot(out)
-    err = _refused(capsys, *_with(SMALL, batches=batches), "--out", str(out))
+    before = snapshot(out)
+    err = refused(capsys, *_with(SMALL, batches=batches), "--out", str(out))
     assert f"--batches {batches} {left} of the held-out batches" in err
     assert "list fewer of them in --batches" in err
-    assert _snapshot(out) == before
+    assert snapshot(out) == before
 
 
 def test_a_workload_that_does_not_load_names_the_flag(out, capsys):
-    err = _refused(capsys, *_with(SMALL, models="no-such-net"), "--out", str(out))
+    err = refused(capsys, *_with(SMALL, models="no-such-net"), "--out", str(out))
     assert err.startswith("pdlsim: error: --models: no workload preset or file named")
 
 
@@ -178,10 +156,10 @@ def test_a_workload_that_does_not_load_names_the_flag(out, capsys):
 @pytest.mark.parametrize("seed", [str(checks.MAX_SEED + 1), "9" * 300])
 def test_a_seed_past_the_bound_is_refused_before_the_draw(seed, out, capsys):
     """A seed of 300 digits made every drawn name too long; the draw retried forever."""
-    before = _snapshot(out)
-    err = _refused(capsys, *SMALL, "--seed", seed, "--out", str(out))
+    before = snapshot(out)
+    err = refused(capsys, *SMALL, "--seed", seed, "--out", str(out))
     assert f"--seed must be between 0 and {checks.MAX_SEED:,}" in err
-    assert _snapshot(out) == before
+    assert snapshot(out) == before
 
 
 @pytest.mark.parametrize(
@@ -190,14 +168,14 @@ def test_a_seed_past_the_bound_is_refused_before_the_draw(seed, out, capsys):
      ("gpu", "'gpu' is not one of data, model"), (",", "none empty")],
 )  # fmt: skip
 def test_a_parallel_list_is_checked_as_every_list_flag(parallel, said, out, capsys):
-    before = _snapshot(out)
-    err = _refused(capsys, *_with(SMALL, parallel=parallel), "--out", str(out))
+    before = snapshot(out)
+    err = refused(capsys, *_with(SMALL, parallel=parallel), "--out", str(out))
     assert "argument --parallel" in err and said in err
-    assert _snapshot(out) == before
+    assert snapshot(out) == before
 
 
 def test_a_bad_correction_list_names_the_flag(out, capsys):
-    err = _refused(capsys, *SMALL, "--corrections", "glue,magic", "--out", str(out))
+    err = refused(capsys, *SMALL, "--corrections", "glue,magic", "--out", str(out))
     assert err.startswith("pdlsim: error: --corrections: unknown correction(s) magic")
 
 
@@ -236,7 +214,7 @@ def test_an_interrupt_before_any_launch_says_to_use_a_new_out(tmp_path, capsys, 
     assert "validate again into a new --out" in err
     assert f"--profile {out / 'calibration' / 'profile.json'} skips the calibration" in err
     monkeypatch.undo()
-    assert "already holds a validation" in _refused(capsys, *SMALL, "--out", str(out))
+    assert "already holds a validation" in refused(capsys, *SMALL, "--out", str(out))
 
 
 # ---------------------------------------------------------------- a published table of one's own

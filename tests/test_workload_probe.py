@@ -10,7 +10,7 @@ import json
 import pytest
 
 from microbench.workload import Workload, WorkloadError
-from tests.conftest import pdlsim_here
+from tests.conftest import pdlsim_here, refused_here
 
 LOSS = {"kind": "softmax_cross_entropy"}
 MLP = {"input_shape": [8], "layers": [{"kind": "dense", "units": 10}, LOSS]}
@@ -38,17 +38,6 @@ HUGE_OUTPUT = {
         LOSS,
     ],
 }
-
-
-def _refused(*args: str) -> str:
-    """The one line of a refused ``pdlsim ARGS``."""
-    result = pdlsim_here(*args)
-    assert result.returncode == 2, result
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("pdlsim: error: "), lines[0]
-    return lines[0]
 
 
 def _write(tmp_path, doc, name: str = "w.json") -> str:
@@ -108,7 +97,7 @@ def test_a_bad_workload_is_one_line_in_every_command_that_reads_it(tmp_path, doc
         ["sweep", "--model", path, "--nodes", "1,2", "--out", str(out), *FAST],
         ["train", "--model", path, "--max-steps", "1", "--samples", "8", "--out", str(out)],
     ):
-        line = _refused(*args)
+        line = refused_here(*args)
         for word in words:
             assert word in line, (args, line)
     assert not out.exists()
@@ -168,7 +157,7 @@ def test_a_bad_workload_is_one_line_in_every_command_that_reads_it(tmp_path, doc
     ],
 )
 def test_shape_errors_say_how_to_fix_them(tmp_path, doc, words):
-    line = _refused("workload", "show", _write(tmp_path, doc))
+    line = refused_here("workload", "show", _write(tmp_path, doc))
     for word in words:
         assert word in line, line
 
@@ -196,7 +185,7 @@ def test_a_file_without_a_name_is_named_after_the_file(tmp_path, monkeypatch):
 )
 def test_a_file_name_that_cannot_name_the_workload_asks_for_a_name(tmp_path, file_name, problem):
     path = _write(tmp_path, MLP, file_name)
-    line = _refused("workload", "show", path)
+    line = refused_here("workload", "show", path)
     assert "the workload has no 'name', and its file's name cannot stand in for one" in line
     assert problem in line and line.endswith("give the workload a 'name'"), line
     assert "\x1b" not in line

@@ -129,10 +129,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"kernels: {variants} loop variants compiled over {cores} processes, "
               f"{seconds:.0f} s of CPU", flush=True)  # fmt: skip
     run_info = {"command": "microbench kernels", "argv": sys.argv[1:], "settings": settings}
-    records = RecordWriter(
+    with RecordWriter(
         out / RECORDS_FILE, machine_metadata(), run_info, append=args.append, sweep=True
-    )
-    with records as w:
+    ) as w:
         print(f"kernels: threads {','.join(map(str, plan.threads))}; records: {w.path}", flush=True)
         results = run_kernels(
             plan,

@@ -34,4 +34,4 @@ def conv_chunk_samples(rows_per_sample: int, width: int, threads: int, itemsize:
     """Samples per chunk of a convolution's im2col and GEMM (forward), and of its
     input-gradient GEMM and col2im, at ``threads`` threads: ``rows_per_sample`` output pixels
     a sample, each a column row of ``width`` values."""
-    return max(1, CONV_CHUNK_BYTES * max(1, threads) // (rows_per_sample * width * itemsize))
+    return max(1, CONV_CHUNK_BYTES * threads // (rows_per_sample * width * itemsize))

@@ -155,13 +155,13 @@ def _fit_and_write(run_dir: Path, profile_path: Path, args: argparse.Namespace) 
     with warnings.catch_warnings(record=True) as caught:  # shown as notes, not tracebacks
         warnings.simplefilter("always")
         try:
+            frame = load_measurements(run_dir)  # read once: the fit, Extra-P and the plots
             profile, models = fit_profile(
-                run_dir, n_boot=n_boot, seed=args.seed, kernel_runs=args.kernels_from
+                run_dir, n_boot=n_boot, seed=args.seed, kernel_runs=args.kernels_from, frame=frame
             )
         except UserError:  # the notes may say why (a records file skipped): before the error
             _print_notes(caught)
             raise
-        frame = load_measurements(run_dir)
         lines = export_extrap(frame[frame["benchmark"] == "collectives"], extrap)
     print(format_report(profile.to_dict()))
     _print_notes(caught)

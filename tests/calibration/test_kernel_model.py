@@ -323,20 +323,28 @@ def test_a_profile_from_before_the_step_terms_reads_its_glue(sweep):
     assert one_sigma == pytest.approx(plain.step_s(mlp, 8, 1) * np.exp(sigma))
 
 
-def test_calibration_steps_score_the_model_by_workload_batch_and_threads(sweep):
-    """Whole steps measured 10% slower than the model prices them: every workload, batch and
-    thread count reports that error, and, the model having fitted none of them, a leave-out
-    error equal to it; the steps move no fitted number."""
+def _with_steps(sweep, slower: float, batches) -> tuple[KernelModel, pd.DataFrame]:
+    """The sweep's model alone, and its records with the mlp and cnn presets' whole steps at
+    ``batches`` and one thread measured ``slower`` x what that model prices them."""
     out, _ = sweep
     kernels = load_dataframe(out, type="measurement")
     alone = KernelModel().fit(kernels)
     speed = [
         {"type": "measurement", "benchmark": "speed", "name": "step_compute",
          "params.model": name, "params.batch": batch, "params.threads": 1,
-         "params.device": "cpu", "samples": [1.1 * alone.step_s(load_workload(name), batch, 1)]}
-        for name in ("mlp", "cnn") for batch in (5, 9)
+         "params.device": "cpu",
+         "samples": [slower * alone.step_s(load_workload(name), batch, 1)]}
+        for name in ("mlp", "cnn") for batch in batches
     ]  # fmt: skip
-    checked = KernelModel().fit(pd.concat([kernels, pd.DataFrame(speed)], ignore_index=True))
+    return alone, pd.concat([kernels, pd.DataFrame(speed)], ignore_index=True)
+
+
+def test_calibration_steps_score_the_model_by_workload_batch_and_threads(sweep):
+    """Whole steps measured 10% slower than the model prices them: every workload, batch and
+    thread count reports that error, and, the model having fitted none of them, a leave-out
+    error equal to it; the steps move no fitted number."""
+    alone, with_steps = _with_steps(sweep, 1.1, (5, 9))
+    checked = KernelModel().fit(with_steps)
     steps = checked.quality_dict()["steps"]
     assert set(steps["workload"]) == {"mlp", "cnn"} and set(steps["batch"]) == {"b5", "b9"}
     for group in steps.values():
@@ -351,18 +359,10 @@ def test_calibration_steps_score_the_model_by_workload_batch_and_threads(sweep):
 def test_tables_far_off_the_calibrations_own_steps_are_said(sweep, slower, said):
     """Steps measured 3x what the tables price (a sweep cut short prices them low): a warning
     that says to time the sweep again; 10% off, none."""
-    out, _ = sweep
-    kernels = load_dataframe(out, type="measurement")
-    alone = KernelModel().fit(kernels)
-    speed = [
-        {"type": "measurement", "benchmark": "speed", "name": "step_compute",
-         "params.model": name, "params.batch": 5, "params.threads": 1, "params.device": "cpu",
-         "samples": [slower * alone.step_s(load_workload(name), 5, 1)]}
-        for name in ("mlp", "cnn")
-    ]  # fmt: skip
+    _, with_steps = _with_steps(sweep, slower, (5,))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        KernelModel().fit(pd.concat([kernels, pd.DataFrame(speed)], ignore_index=True))
+        KernelModel().fit(with_steps)
     notes = [str(w.message) for w in caught if "own training steps" in str(w.message)]
     assert bool(notes) == said
     if said:

@@ -20,22 +20,11 @@ from pdlsim.prediction import build as build_module
 from pdlsim.prediction import core
 from pdlsim.prediction.checks import check_power
 from pdlsim.prediction.config import PredictConfig
-from tests.conftest import pdlsim_here
+from tests.conftest import pdlsim_here, refused_here
 
 FAST = ["--iterations", "2", "--samples", "2"]
 GPU = ["predict", "--nodes", "2", "--gpus", "8", *FAST]
 CPU = ["predict", "--nodes", "2", *FAST]
-
-
-def _refused(*args: str) -> str:
-    """The one line of a refused ``pdlsim ARGS``."""
-    result = pdlsim_here(*args)
-    assert result.returncode == 2, result
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("pdlsim: error: "), lines[0]
-    return lines[0]
 
 
 def _write(tmp_path, name: str, doc) -> str:
@@ -61,7 +50,7 @@ def test_a_usage_error_starts_like_every_other_refusal(args, help_of):
     """argparse's errors began "pdlsim predict: error:", every other refusal "pdlsim: error:";
     a script telling refusals by their prefix missed the first kind. The subcommand's help
     is still named."""
-    assert f"(see '{help_of} --help')" in _refused(*args)
+    assert f"(see '{help_of} --help')" in refused_here(*args)
 
 
 # ------------------------------------------------------------ figures too small to be real
@@ -70,10 +59,12 @@ def test_a_gpu_file_with_a_board_power_no_part_draws_is_refused(tmp_path, watts)
     """board_power_w of 1e-300 was taken: 0 (not given) and 1 W up are a part's figures."""
     _, fields = HARDWARE.entry("h100-sxm")
     path = _write(tmp_path, "gpu.json", {**fields, "board_power_w": watts})
-    line = _refused(*GPU, "--gpu-preset", path)
+    line = refused_here(*GPU, "--gpu-preset", path)
     assert "board_power_w must be 0 (none) or 1 to 100000" in line and path in line
     gpus = {"h100-sxm": {**fields, "board_power_w": watts}}
-    line = _refused("hardware", "list", "--hardware", _write(tmp_path, "hw.json", {"gpus": gpus}))
+    line = refused_here(
+        "hardware", "list", "--hardware", _write(tmp_path, "hw.json", {"gpus": gpus})
+    )
     assert "gpus.h100-sxm: GPU 'h100-sxm': board_power_w" in line
 
 
@@ -86,13 +77,13 @@ def test_a_board_power_of_zero_still_means_not_given(tmp_path):
 def test_an_assumed_efficiency_drawn_down_to_nothing_is_refused(tmp_path):
     """A low of 1e-300 let the band draw a NIC at 1e-300 of its line rate."""
     path = _write(tmp_path, "hw.json", {"assumptions": {"network_efficiency": {"low": 1e-300}}})
-    line = _refused("hardware", "list", "--hardware", path)
+    line = refused_here("hardware", "list", "--hardware", path)
     assert "assumptions.network_efficiency" in line and "need 0.001 <= low" in line
 
 
 def test_a_hardware_file_whose_about_is_no_text_is_refused(tmp_path):
     path = _write(tmp_path, "hw.json", {"about": 5})
-    assert "about: expected a string (a note), got 5" in _refused("hardware", "list",
+    assert "about: expected a string (a note), got 5" in refused_here("hardware", "list",
                                                                    "--hardware", path)  # fmt: skip
 
 
@@ -106,7 +97,7 @@ def test_a_hardware_file_whose_about_is_no_text_is_refused(tmp_path):
     ],
 )
 def test_a_flag_too_small_to_be_real_is_refused(args, message):
-    line = _refused("predict", "--nodes", "2", *FAST, *args)
+    line = refused_here("predict", "--nodes", "2", *FAST, *args)
     assert message in line and args[-2] in line
 
 
@@ -130,7 +121,9 @@ def test_a_varied_value_too_small_to_be_real_leaves_the_tables(tmp_path, vary, m
     out.mkdir()
     for name in ("knobs.csv", "knob_ranking.csv"):
         (out / name).write_text("kept\n")
-    assert message in _refused("sweep", "--nodes", "2", *FAST, "--vary", vary, "--out", str(out))
+    assert message in refused_here(
+        "sweep", "--nodes", "2", *FAST, "--vary", vary, "--out", str(out)
+    )
     assert all((out / n).read_text() == "kept\n" for n in ("knobs.csv", "knob_ranking.csv"))
 
 
@@ -141,7 +134,7 @@ def test_a_varied_value_too_small_to_be_real_leaves_the_tables(tmp_path, vary, m
 )  # fmt: skip
 def test_an_algorithm_gpu_ranks_lack_is_named_for_what_it_is(algorithm, said):
     """Any name NCCL lacks was called "one of MPICH's", a typo included."""
-    line = _refused(*GPU, "--algorithm", algorithm)
+    line = refused_here(*GPU, "--algorithm", algorithm)
     assert f"--algorithm {algorithm} {said}; GPU ranks run NCCL's: ring, tree" in line
 
 
@@ -177,14 +170,14 @@ def _profile(tmp_path, change) -> str:
 def test_a_profile_with_no_compute_device_is_refused_on_loading(tmp_path):
     """An empty devices table was a KeyError traceback at the first prediction."""
     path = _profile(tmp_path, lambda d: d["models"]["compute"].update(devices={}))
-    line = _refused(*CPU, "--model", "mlp", "--profile", path)
+    line = refused_here(*CPU, "--model", "mlp", "--profile", path)
     assert f"{path}: models.compute.devices: is empty" in line
 
 
 def test_a_profile_of_gpu_layers_alone_says_it_prices_no_cpu_ranks(tmp_path):
     """Without a cpu device, CPU ranks were a KeyError traceback."""
     path = _profile(tmp_path, lambda d: d["models"]["compute"]["devices"].pop("cpu"))
-    line = _refused(*CPU, "--model", "mlp", "--profile", path)
+    line = refused_here(*CPU, "--model", "mlp", "--profile", path)
     assert "the profile measured compute on gpu, not on CPU ranks" in line
 
 
@@ -197,7 +190,7 @@ def test_a_profile_machine_count_that_is_no_count_is_refused(tmp_path, key, valu
     """-1 cores was printed in a warning; 1e-300 bytes of memory refused every layout with
     "0.0 GB"."""
     path = _profile(tmp_path, lambda d: d["machine"].update({key: value}))
-    line = _refused(*CPU, "--model", "mlp", "--profile", path)
+    line = refused_here(*CPU, "--model", "mlp", "--profile", path)
     assert f"machine.{key}: must be a whole number >= 1 or null, got {got}" in line
 
 
@@ -214,7 +207,7 @@ def test_a_profile_machine_count_that_is_no_count_is_refused(tmp_path, key, valu
 def test_a_name_with_a_newline_or_escape_stays_on_the_one_line(args):
     """A name echoed in the error ("unknown network preset 'a<newline>b'") broke the line in
     two, and a terminal escape reached the terminal."""
-    line = _refused(*args)
+    line = refused_here(*args)
     assert "\x1b" not in line and ("\\n" in line or "\\x1b" in line), line
 
 
@@ -232,14 +225,14 @@ def test_a_preset_file_whose_text_would_break_a_report_line_is_refused(tmp_path,
     """A GPU named 'a<newline>b' was taken and printed across two lines of the report."""
     _, fields = HARDWARE.entry("h100-sxm")
     path = _write(tmp_path, "gpu.json", {**fields, **change})
-    assert message in _refused(*GPU, "--gpu-preset", path)
+    assert message in refused_here(*GPU, "--gpu-preset", path)
 
 
 def test_a_hardware_file_with_an_empty_preset_name_is_refused(tmp_path):
     _, fields = HARDWARE.entry("ib-hdr")
     fields.pop("name")
     path = _write(tmp_path, "hw.json", {"networks": {"": fields}})
-    assert "networks..name: a preset's name is empty" in _refused("hardware", "list",
+    assert "networks..name: a preset's name is empty" in refused_here("hardware", "list",
                                                                   "--hardware", path)  # fmt: skip
 
 
@@ -253,7 +246,7 @@ def test_layer_times_of_a_layer_the_workload_lacks_are_refused(tmp_path):
     doc = {"workload": "cnn", "batch": 32, "precision": "fp32", "optimizer": "sgd",
            "device": "cuda:0", "layers": rows, "step_s": 0.04, "update_s": 0.004}  # fmt: skip
     path = _write(tmp_path, "layer_times.json", doc)
-    line = _refused(*GPU, "--layer-times", path)
+    line = refused_here(*GPU, "--layer-times", path)
     assert f"--layer-times {path} times layer(s) conv9 that workload cnn lacks" in line
 
 
@@ -270,14 +263,14 @@ def test_layer_times_of_a_layer_the_workload_lacks_are_refused(tmp_path):
 def test_a_refused_prediction_prints_no_warning_before_its_error(args):
     """A warning about a flag ("--network changes nothing on one node") was printed before the
     checks ran, so that a refusal was two lines on stderr."""
-    _refused(*args, *FAST)
+    refused_here(*args, *FAST)
 
 
 def test_a_refused_sweep_prints_no_warning_before_its_error(tmp_path):
     out = tmp_path / "sweep"
-    _refused("sweep", "--nodes", "1", "--network", "ib-hdr", "--model", "nonexistent",
+    refused_here("sweep", "--nodes", "1", "--network", "ib-hdr", "--model", "nonexistent",
              "--out", str(out), *FAST)  # fmt: skip
-    _refused("sweep", "--nodes", "1", "--vary", "network-scale=1,2", "--model", "nonexistent",
+    refused_here("sweep", "--nodes", "1", "--vary", "network-scale=1,2", "--model", "nonexistent",
              "--out", str(out), *FAST)  # fmt: skip
     assert not out.exists() or not any(out.iterdir())
 
@@ -296,7 +289,7 @@ def test_a_sweep_row_whose_layout_fails_is_refused_before_any_is_simulated(monke
     simulated = []
     monkeypatch.setattr(sweep_module, "run_prediction", lambda cfg: simulated.append(cfg))
     out = tmp_path / "sweep"
-    line = _refused("sweep", "--nodes", "4,5", "--gpus", "8", "--parallel", "pipeline",
+    line = refused_here("sweep", "--nodes", "4,5", "--gpus", "8", "--parallel", "pipeline",
                     "--stages", "32", "--microbatches", "4", "--model", "resnet50",
                     "--out", str(out), *FAST)  # fmt: skip
     assert "--stages 32 must divide the 40 ranks" in line
@@ -317,7 +310,7 @@ def test_a_varied_value_whose_layout_fails_is_refused_before_any_prediction():
 def test_a_profile_whose_creation_time_is_no_time_is_refused(tmp_path):
     """Every prediction prints the profile's date from it: "x" was printed as the date."""
     path = _profile(tmp_path, lambda d: d.update(created_utc="yesterday"))
-    line = _refused(*CPU, "--model", "mlp", "--profile", path)
+    line = refused_here(*CPU, "--model", "mlp", "--profile", path)
     assert 'created_utc: expected an ISO 8601 time like 2026-01-31T12:00:00Z, got "yes' in line
 
 
@@ -327,7 +320,7 @@ def test_a_preset_file_missing_a_field_names_its_flag(tmp_path, flag, name):
     _, fields = HARDWARE.entry(name)
     fields.pop("source")
     path = _write(tmp_path, "preset.json", fields)
-    assert f"{flag} {path}: missing field(s) source" in _refused(*GPU, flag, path)
+    assert f"{flag} {path}: missing field(s) source" in refused_here(*GPU, flag, path)
 
 
 # ------------------------------------------------------------ checkpoint flags, at once
@@ -344,7 +337,7 @@ def test_a_checkpoint_flag_typo_is_refused_before_any_simulating(monkeypatch, fl
     """The checkpoint flags were read after the simulation (a prediction's seconds, a sweep's
     first row), and a steps count of 1e30 was taken."""
     monkeypatch.setattr(core, "band_step_times", lambda *a, **k: pytest.fail("simulated"))
-    assert message in _refused(*CPU, "--model", "mlp", *flags)
+    assert message in refused_here(*CPU, "--model", "mlp", *flags)
     with pytest.raises(UserError, match=message.split(":")[0]):
         build_module.check_config(PredictConfig(nodes=2, **_api(flags)))
 
@@ -357,7 +350,7 @@ def _api(flags: list[str]) -> dict[str, str]:
 def test_an_unknown_power_preset_is_refused_before_any_simulating(monkeypatch):
     """The power preset was looked up for the energy line, after the simulation."""
     monkeypatch.setattr(core, "band_step_times", lambda *a, **k: pytest.fail("simulated"))
-    line = _refused(*CPU, "--model", "mlp", "--power-preset", "H100-SXM")
+    line = refused_here(*CPU, "--model", "mlp", "--power-preset", "H100-SXM")
     assert "unknown power preset 'H100-SXM'; known: cpu-2s, h100-sxm" in line
 
 
@@ -366,16 +359,16 @@ def test_an_unknown_power_preset_is_refused_before_any_simulating(monkeypatch):
 def test_a_time_flag_of_1e_300_seconds_is_refused(flag):
     """0 s means none; 1e-300 s was taken as a latency, a typo for no machine's figure."""
     extra = ["--mtbf", "5000h"] if flag == "--restart-time" else ["--checkpoint-every", "10"]
-    line = _refused(*CPU, "--model", "mlp", *extra, flag, "1e-300s")
+    line = refused_here(*CPU, "--model", "mlp", *extra, flag, "1e-300s")
     assert f"{flag}: time '1e-300s' is out of range: give 0 or at least 1e-12 s" in line
 
 
 def test_a_network_file_or_an_assumption_of_1e_300_seconds_is_refused(tmp_path):
     _, fields = HARDWARE.entry("ib-hdr")
     path = _write(tmp_path, "net.json", {**fields, "latency_s": 1e-300})
-    assert "latency_s must be 0 (none) or 1e-12 to" in _refused(*GPU, "--network", path)
+    assert "latency_s must be 0 (none) or 1e-12 to" in refused_here(*GPU, "--network", path)
     doc = {"assumptions": {"copy_latency_s": {"low": 1e-300}}}
-    line = _refused("hardware", "list", "--hardware", _write(tmp_path, "hw.json", doc))
+    line = refused_here("hardware", "list", "--hardware", _write(tmp_path, "hw.json", doc))
     assert "'copy_latency_s' is in seconds: each figure 0 or at least 1e-12 s" in line
 
 
@@ -385,7 +378,7 @@ def test_layer_times_of_1e_300_seconds_are_refused(tmp_path):
     rows[0]["forward_s"] = 1e-300
     doc = {"workload": "cnn", "batch": 32, "precision": "fp32", "optimizer": "sgd",
            "device": "cuda:0", "layers": rows, "step_s": 0.04, "update_s": 0.004}  # fmt: skip
-    line = _refused(*GPU, "--layer-times", _write(tmp_path, "lt.json", doc))
+    line = refused_here(*GPU, "--layer-times", _write(tmp_path, "lt.json", doc))
     assert "layers[0].forward_s is 1e-300, expected 0 or at least 1e-12 seconds" in line
 
 
@@ -401,15 +394,15 @@ def test_layer_times_of_1e_300_seconds_are_refused(tmp_path):
 def test_a_what_if_that_scales_a_link_past_any_is_refused_naming_its_flag(args, message):
     """GPU ranks' network was refused mid-prediction as "network 'given': bandwidth ... must
     be 1 to 1e+15", naming a network nobody gave; CPU ranks priced a 1e21 B/s link."""
-    assert message in _refused(*GPU, *args)
-    assert message in _refused(*CPU, "--model", "mlp", *args)
+    assert message in refused_here(*GPU, *args)
+    assert message in refused_here(*CPU, "--model", "mlp", *args)
 
 
 def test_a_profile_whose_text_would_break_the_report_is_refused(tmp_path):
     """The CPU's name is printed in every prediction's sources: a newline or a terminal escape
     in it reached the report."""
     path = _profile(tmp_path, lambda d: d["machine"].update(cpu_model="Xeon\n\x1b[2J"))
-    line = _refused(*CPU, "--model", "mlp", "--profile", path)
+    line = refused_here(*CPU, "--model", "mlp", "--profile", path)
     assert "machine.cpu_model: 'Xeon\\n\\x1b[2J' holds the unprintable character '\\n'" in line
 
 
@@ -421,7 +414,7 @@ def test_a_profile_whose_text_would_break_the_report_is_refused(tmp_path):
     ],
 )
 def test_a_profile_whose_metadata_is_of_the_wrong_kind_is_refused(tmp_path, change, message):
-    assert message in _refused(*CPU, "--model", "mlp", "--profile", _profile(tmp_path, change))
+    assert message in refused_here(*CPU, "--model", "mlp", "--profile", _profile(tmp_path, change))
 
 
 def test_a_low_board_power_prices_its_energy(tmp_path):

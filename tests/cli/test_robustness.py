@@ -367,7 +367,7 @@ def test_calibrate_on_a_full_disk_keeps_the_old_profile(tmp_path, monkeypatch, c
 
     profile = load_profile(PROFILE)
 
-    def fitted(run_dir, n_boot, seed, kernel_runs=()):
+    def fitted(run_dir, n_boot, seed, kernel_runs=(), frame=None):
         return profile, {"compute": SimpleNamespace(table_=None)}
 
     monkeypatch.setattr(pipeline, "fit_profile", fitted)

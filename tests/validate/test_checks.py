@@ -17,30 +17,7 @@ from pdlsim.validate import checks
 from pdlsim.validate.plan import RunSpec, ValidateConfig, draw_heldout, heldout_matrix
 from pdlsim.validate.run import _refused_rows, predict_spec
 from tests.profiles import STEP_TABLES
-
-PROFILE = str(STEP_TABLES)
-SMALL = ["--profile", PROFILE, "--models", "mlp", "--batches", "16", "--modes", "1x1",
-         "--parallel", "data", "--gpu", "off", "--repeats", "1", "--steps", "2"]  # fmt: skip
-
-
-def _refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """Run ``pdlsim validate argv``: exit status 2 and one line on stderr, which is returned."""
-    try:
-        status = main(["validate", *argv])
-    except SystemExit as exc:  # argparse's usage errors
-        status = exc.code
-    assert status == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and err.startswith("pdlsim"), err
-    assert "Traceback" not in err
-    return err
-
-
-def _snapshot(folder: Path) -> dict[str, bytes | None]:
-    return {
-        str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None)
-        for p in sorted(folder.rglob("*"))
-    }
+from tests.validate.refusals import PROFILE, SMALL, refused, snapshot
 
 
 @pytest.mark.parametrize("name", ["workloads", "runs", "calibration"])
@@ -52,10 +29,10 @@ def test_a_file_where_out_needs_a_folder_is_refused_before_any_work(
     out = tmp_path / "out"
     out.mkdir()
     (out / name).write_text("mine\n")
-    before = _snapshot(out)
-    err = _refused(capsys, *SMALL, "--out", str(out))
+    before = snapshot(out)
+    err = refused(capsys, *SMALL, "--out", str(out))
     assert f"{out / name} is a file" in err and "--out" in err
-    assert _snapshot(out) == before
+    assert snapshot(out) == before
 
 
 @pytest.mark.parametrize("previous", ["validation.json", "workloads/mlp-s0-0.json"])
@@ -65,16 +42,16 @@ def test_a_previous_validation_in_out_is_refused_and_kept(
     out = tmp_path / "out"
     (out / previous).parent.mkdir(parents=True)
     (out / previous).write_text('{"mine": true}\n')
-    before = _snapshot(out)
-    err = _refused(capsys, *SMALL, "--out", str(out))
+    before = snapshot(out)
+    err = refused(capsys, *SMALL, "--out", str(out))
     assert "already holds a validation" in err and previous.split("/")[0] in err
-    assert _snapshot(out) == before
+    assert snapshot(out) == before
 
 
 def test_a_folder_where_a_plot_goes_is_refused(tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
     (out / "speedup-mlp.png").mkdir(parents=True)
-    err = _refused(capsys, *SMALL, "--out", str(out))
+    err = refused(capsys, *SMALL, "--out", str(out))
     assert "speedup-mlp.png is a directory" in err
 
 
@@ -85,7 +62,7 @@ def test_a_folder_where_a_plot_goes_is_refused(tmp_path: Path, capsys) -> None:
 )  # fmt: skip
 def test_counts_out_of_bounds_are_refused(flag, value, said, tmp_path: Path, capsys) -> None:
     argv = [*SMALL[:-4], flag, value]
-    err = _refused(capsys, *argv, "--out", str(tmp_path / "o"))
+    err = refused(capsys, *argv, "--out", str(tmp_path / "o"))
     assert said in err
     assert not (tmp_path / "o").exists()
 
@@ -97,7 +74,7 @@ def test_steps_whose_launch_would_not_fit_memory_are_refused_up_front(
     the calibration. 1 GiB available: 100,000 steps of an MLP at batch 16 do not fit."""
     monkeypatch.setattr("pdlsim.train.data.available_memory_bytes", lambda: 2**30)
     argv = [*SMALL[:-2], "--steps", "100000", "--out", str(tmp_path / "o")]
-    err = _refused(capsys, *argv)
+    err = refused(capsys, *argv)
     assert "--steps 100000" in err and "memory" in err and "fewer --steps" in err
     assert not (tmp_path / "o").exists()
     checks.check_memory(ValidateConfig(out=tmp_path, steps=40), [])  # the default fits
@@ -114,14 +91,14 @@ def test_two_workloads_of_one_name_are_refused(tmp_path: Path, capsys) -> None:
     twin.write_text(json.dumps({"name": "other", "input_shape": [8], "layers": [
         {"kind": "dense", "units": 4}, {"kind": "softmax_cross_entropy"}]}))  # fmt: skip
     argv = [a if a != "mlp" else f"mlp,{twin}" for a in SMALL]
-    err = _refused(capsys, *argv, "--out", str(tmp_path / "o"))
+    err = refused(capsys, *argv, "--out", str(tmp_path / "o"))
     assert "both named 'mlp'" in err
     drawn = draw_heldout(ValidateConfig(out=tmp_path, seed=0))[0][0]
     (tmp_path / "a").mkdir()
     copy = tmp_path / "a" / f"{drawn.name}.json"
     copy.write_text(json.dumps(drawn.to_dict()))
     argv = [a if a != "mlp" else str(copy) for a in SMALL]
-    err = _refused(capsys, *argv, "--out", str(tmp_path / "o"))
+    err = refused(capsys, *argv, "--out", str(tmp_path / "o"))
     assert f"held-out workload '{drawn.name}'" in err and "--seed" in err
     assert not (tmp_path / "o").exists()
 
@@ -136,7 +113,7 @@ def test_a_profile_section_that_cannot_be_built_is_refused_before_any_file(
     bad = tmp_path / "profile.json"
     bad.write_text(json.dumps(doc))
     argv = [a if a != PROFILE else str(bad) for a in SMALL]
-    err = _refused(capsys, *argv, "--out", str(tmp_path / "o"))
+    err = refused(capsys, *argv, "--out", str(tmp_path / "o"))
     assert err.startswith(f"pdlsim: error: --profile: {bad}: models.compute.devices")
     assert not (tmp_path / "o").exists()
 
