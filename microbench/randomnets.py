@@ -16,6 +16,12 @@ calibration never times a held-out network:
   then 1 or 2 residual blocks (two 3x3 convolutions, the block's input added back, a relu),
   then a max- or average pool (2 or 3 wide, stride 2) while the image is 8 pixels or more; a
   global average pool (or now and then a flatten) and the classifier.
+* :func:`random_transformer`: a graph on token ids: 8..64 tokens of a 64..4096-token vocabulary
+  embedded 16..192 wide (with learned positions, now and then without), 1 to 3 blocks of
+  1..8-head self-attention (causal now and then) and a GELU MLP 2 or 4 times as wide, each in a
+  residual with layernorm before (or after) it; then either a mean or first-token pool and the
+  classifier, or a language-model head over the vocabulary (now and then tied to the embedding)
+  and a token-level cross-entropy.
 
 Networks are kept to a size a small machine trains in milliseconds per step (FLOPs per sample
 under :data:`MAX_FORWARD_FLOPS_PER_SAMPLE`), redrawn otherwise. Every draw is a plain workload
@@ -31,13 +37,14 @@ from typing import Any
 import numpy as np
 
 from microbench.workload import Workload, WorkloadError
+from microbench.workload.zoo import NetWriter, transformer_block
 
 __all__ = [
     "MAX_FORWARD_FLOPS_PER_SAMPLE", "random_cnn", "random_mlp", "random_rescnn",
-    "random_workloads",
+    "random_transformer", "random_workloads",
 ]  # fmt: skip
 
-MAX_FORWARD_FLOPS_PER_SAMPLE = {"mlp": 6e6, "cnn": 3e7, "res": 3e7}
+MAX_FORWARD_FLOPS_PER_SAMPLE = {"mlp": 6e6, "cnn": 3e7, "res": 3e7, "tfm": 1.5e7}
 
 
 def _log_uniform_int(rng: np.random.Generator, low: int, high: int) -> int:
@@ -128,6 +135,33 @@ def random_rescnn(rng: np.random.Generator, name: str) -> dict[str, Any]:
     return {"name": name, "input_shape": input_shape, "layers": layers}
 
 
+def random_transformer(rng: np.random.Generator, name: str) -> dict[str, Any]:
+    """A transformer on token ids (module docstring), written as the zoo writes BERT and GPT-2
+    (:func:`microbench.workload.zoo.transformer_block`), without dropout."""
+    tokens = int(rng.choice([8, 12, 16, 24, 32, 48, 64]))
+    vocab = _log_uniform_int(rng, 64, 4096)
+    heads = int(rng.choice([1, 2, 4, 4, 8]))
+    width = heads * int(rng.choice([8, 12, 16, 24]))
+    pre_norm, causal = bool(rng.random() < 0.6), bool(rng.random() < 0.3)
+    net = NetWriter(name, [tokens], "a random transformer (microbench.randomnets)")
+    positions = {"positions": tokens} if rng.random() < 0.8 else {}
+    x = net.add("embedding", "embed", vocab=vocab, dim=width, **positions)
+    for block in range(int(rng.integers(1, 4))):
+        x = transformer_block(net, f"b{block}", x, width, heads, pre_norm, causal, dropout=0.0,
+                              mlp_ratio=int(rng.choice([2, 4])))  # fmt: skip
+    if pre_norm:
+        net.add("layernorm", "ln")
+    if rng.random() < 0.7:
+        net.add("token_pool", "pool", mode=str(rng.choice(["mean", "first"])))
+        net.add("dense", "head", units=int(rng.choice([10, 10, 100])))
+        net.add("softmax_cross_entropy", "loss")
+    else:
+        tied = {"tied_to": "embed"} if rng.random() < 0.5 else {}
+        net.add("dense", "lm_head", units=vocab, **tied)
+        net.add("token_cross_entropy", "loss")
+    return net.doc
+
+
 # Draws in a row that may fail (a network over its FLOPs bound, or one the workload checks
 # refuse) before :func:`random_workloads` gives up: a few in a hundred fail by chance, all of
 # them only when no draw can pass.
@@ -144,7 +178,8 @@ def random_workloads(
     (``<prefix>-<kind>-<i>`` when ``seed`` is a generator: give ``prefix`` then)."""
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     out: list[Workload] = []
-    makers = {"mlp": random_mlp, "cnn": random_cnn, "res": random_rescnn}
+    makers = {"mlp": random_mlp, "cnn": random_cnn, "res": random_rescnn,
+              "tfm": random_transformer}  # fmt: skip
     misses, why = 0, "over the FLOPs bound"
     while len(out) < count:
         kind = kinds[len(out) % len(kinds)]

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PRESETS", "ZOO"]
+__all__ = ["PRESETS", "ZOO", "NetWriter", "transformer_block"]
 
 PRESETS: dict[str, dict[str, Any]] = {
     "mlp": {
@@ -66,7 +66,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-class _Net:
+class NetWriter:
     """A description being written: each :meth:`add` appends a layer reading the last one
     (or ``inputs``) and returns its name."""
 
@@ -92,7 +92,9 @@ class _Net:
 
 
 def _resnet(name: str, blocks: list[int], bottleneck: bool, params: str) -> dict[str, Any]:
-    net = _Net(name, [3, 224, 224], f"{name} (torchvision; He et al. 2016): {params} parameters")
+    net = NetWriter(
+        name, [3, 224, 224], f"{name} (torchvision; He et al. 2016): {params} parameters"
+    )
     net.conv_bn("stem", 64, 7, stride=2)
     x = net.add("maxpool2d", "stem.pool", size=3, stride=2, padding=1)
     channels, expansion = 64, 4 if bottleneck else 1
@@ -131,7 +133,7 @@ def resnet50() -> dict[str, Any]:
 
 def vgg16() -> dict[str, Any]:
     about = "VGG-16 (torchvision; Simonyan and Zisserman 2015): 138,357,544 parameters"
-    net = _Net("vgg16", [3, 224, 224], about)
+    net = NetWriter("vgg16", [3, 224, 224], about)
     plan = [[64, 64], [128, 128], [256, 256, 256], [512, 512, 512], [512, 512, 512]]
     for block, widths in enumerate(plan):
         for i, width in enumerate(widths):
@@ -148,10 +150,11 @@ def vgg16() -> dict[str, Any]:
     return net.doc
 
 
-def _block(net: _Net, name: str, x: str, d: int, heads: int, pre_norm: bool, causal: bool,
-           dropout: float) -> str:  # fmt: skip
-    """One transformer block on ``x`` (its name): attention then a 4x MLP, each in a residual,
-    with layernorm before each (``pre_norm``, GPT-2, ViT) or after each add (BERT)."""
+def transformer_block(net: NetWriter, name: str, x: str, d: int, heads: int, pre_norm: bool,
+                      causal: bool, dropout: float, mlp_ratio: int = 4) -> str:  # fmt: skip
+    """One transformer block on ``x`` (its name): attention then an MLP ``mlp_ratio`` times
+    as wide as the block, each in a residual, with layernorm before each (``pre_norm``,
+    GPT-2, ViT) or after each add (BERT)."""
 
     def residual(tag: str, body: Callable[[str], str], x: str) -> str:
         h = net.add("layernorm", f"{name}.{tag}.ln", [x]) if pre_norm else x
@@ -165,7 +168,7 @@ def _block(net: _Net, name: str, x: str, d: int, heads: int, pre_norm: bool, cau
         return net.add("attention", f"{name}.attn", [h], heads=heads, causal=causal)
 
     def mlp(h: str) -> str:
-        net.add("dense", f"{name}.fc1", [h], units=4 * d)
+        net.add("dense", f"{name}.fc1", [h], units=mlp_ratio * d)
         net.add("gelu", f"{name}.gelu")
         return net.add("dense", f"{name}.fc2", units=d)
 
@@ -176,14 +179,16 @@ def _bert(name: str, layers: int, d: int, heads: int, params: str) -> dict[str, 
     """BERT (Devlin et al. 2019) as Hugging Face's ``BertForMaskedLM``: post-layernorm blocks,
     512 tokens, the masked-language-model head's output layer tied to the token embedding."""
     title = "BERT-" + name.removeprefix("bert-")
-    net = _Net(name, [512],
+    net = NetWriter(name, [512],
                f"{title} (Devlin et al. 2019) as Hugging Face's BertForMaskedLM of "
                f"{name}-uncased, 512 tokens: {params} parameters")  # fmt: skip
     net.add("embedding", "embed", vocab=30522, dim=d, positions=512, token_types=2)
     net.add("layernorm", "embed.ln")
     x = net.add("dropout", "embed.dropout", rate=0.1)
     for i in range(layers):
-        x = _block(net, f"layer{i}", x, d, heads, pre_norm=False, causal=False, dropout=0.1)
+        x = transformer_block(
+            net, f"layer{i}", x, d, heads, pre_norm=False, causal=False, dropout=0.1
+        )
     net.add("dense", "mlm.transform", units=d)
     net.add("gelu", "mlm.gelu")
     net.add("layernorm", "mlm.ln")
@@ -201,13 +206,13 @@ def bert_large() -> dict[str, Any]:
 
 
 def gpt2() -> dict[str, Any]:
-    net = _Net("gpt2", [1024],
+    net = NetWriter("gpt2", [1024],
                "GPT-2 small (Radford et al. 2019), 1024 tokens, output layer tied to the "
                "token embedding: 124,439,808 parameters")  # fmt: skip
     net.add("embedding", "wte", vocab=50257, dim=768, positions=1024)
     x = net.add("dropout", "embed.dropout", rate=0.1)
     for i in range(12):
-        x = _block(net, f"h{i}", x, 768, 12, pre_norm=True, causal=True, dropout=0.1)
+        x = transformer_block(net, f"h{i}", x, 768, 12, pre_norm=True, causal=True, dropout=0.1)
     net.add("layernorm", "ln_f")
     net.add("dense", "lm_head", units=50257, bias=False, tied_to="wte")
     net.add("token_cross_entropy", "loss")
@@ -216,11 +221,13 @@ def gpt2() -> dict[str, Any]:
 
 def vit_b16() -> dict[str, Any]:
     about = "ViT-B/16 (torchvision; Dosovitskiy et al. 2021): 86,567,656 parameters"
-    net = _Net("vit-b16", [3, 224, 224], about)
+    net = NetWriter("vit-b16", [3, 224, 224], about)
     net.add("conv2d", "patch", filters=768, kernel=16, stride=16)
     x = net.add("to_tokens", "tokens", cls_token=True, positions=True)
     for i in range(12):
-        x = _block(net, f"encoder{i}", x, 768, 12, pre_norm=True, causal=False, dropout=0.0)
+        x = transformer_block(
+            net, f"encoder{i}", x, 768, 12, pre_norm=True, causal=False, dropout=0.0
+        )
     net.add("layernorm", "ln")
     net.add("token_pool", "cls", mode="first")
     net.add("dense", "head", units=1000)
@@ -232,7 +239,7 @@ def rescnn() -> dict[str, Any]:
     about = ("a small residual CNN for 32 x 32 images that pdlsim trains: two residual blocks "
              "of 3x3 convolutions, max- and average-pooling, global average pooling; no "
              "batchnorm, so that every execution mode computes the same steps")  # fmt: skip
-    net = _Net("rescnn", [3, 32, 32], about)
+    net = NetWriter("rescnn", [3, 32, 32], about)
     x = "input"
     for stage, (width, pool) in enumerate(((16, "maxpool2d"), (32, "avgpool2d"))):
         name = f"stage{stage + 1}"
@@ -254,10 +261,10 @@ def transformer() -> dict[str, Any]:
     about = ("a small transformer encoder that pdlsim trains: 32 tokens of a 512-token "
              "vocabulary, two pre-layernorm blocks of width 64 with 4 heads, mean-pooled to "
              "10 classes")  # fmt: skip
-    net = _Net("transformer", [32], about)
+    net = NetWriter("transformer", [32], about)
     x = net.add("embedding", "embed", vocab=512, dim=64, positions=32)
     for i in range(2):
-        x = _block(net, f"block{i}", x, 64, 4, pre_norm=True, causal=False, dropout=0.0)
+        x = transformer_block(net, f"block{i}", x, 64, 4, pre_norm=True, causal=False, dropout=0.0)
     net.add("layernorm", "ln")
     net.add("token_pool", "pool", mode="mean")
     net.add("dense", "head", units=10)

@@ -111,7 +111,7 @@ class ValidateConfig:
     model_procs: tuple[int, ...] = (2,)  # ranks of the model-parallel configurations
     gpu: str = "auto"  # GPU configurations: auto (where a GPU and a GPU model are), on, off
     seed: int = 0  # draws the held-out workloads and batches
-    heldout_workloads: int = 9  # random workloads: MLPs, CNNs and residual CNNs in turn
+    heldout_workloads: int = 9  # random workloads: MLPs, CNNs, residual CNNs, transformers in turn
     heldout_batches: int = 2  # batches per held-out workload
     corrections: str = "all"  # the named corrections of the headline (pdlsim.costmodel.corrections)
 
@@ -164,9 +164,9 @@ def plan_matrix(cfg: ValidateConfig, gpu: bool = False) -> list[RunSpec]:
 
 
 HELDOUT_BATCHES = (8, 12, 24, 48, 96, 128, 256)  # between and up to 4x beyond 16, 32, 64
-# The held-out networks: chains and graphs (residual CNNs), none of which the step benchmark's
-# random networks (chains, from a stream of their own) ever are.
-HELDOUT_KINDS = ("mlp", "cnn", "res")
+# The held-out networks: chains and graphs (residual CNNs, transformers on tokens), drawn from the
+# validation's seed, a stream the step benchmark's random networks never draw from.
+HELDOUT_KINDS = ("mlp", "cnn", "res", "tfm")
 
 
 def heldout_matrix(cfg: ValidateConfig, cores: int) -> tuple[list[RunSpec], list[str]]:

@@ -53,6 +53,26 @@ def test_random_residual_cnns_are_graphs_with_skips_bounded_and_drawn_from_the_s
     assert {"maxpool2d", "avgpool2d", "global_avgpool", "flatten"} <= kinds
 
 
+def test_random_transformers_are_attention_graphs_bounded_and_drawn_from_the_seed():
+    """Random transformers vary what the step model prices: heads, causal masks, pre- and
+    post-layernorm, MLP width, pooled and language-model heads, tied embeddings."""
+    drawn = random_workloads(5, 24, kinds=("tfm",))
+    assert [w.to_dict() for w in drawn] == [w.to_dict() for w in random_workloads(5, 24, ("tfm",))]
+    for w in drawn:
+        assert not w.is_chain and w.layers[0].kind == "embedding"
+        assert any(i.kind == "attention" for i in w.layers)
+        assert w.forward_flops_per_sample <= MAX_FORWARD_FLOPS_PER_SAMPLE["tfm"]
+    layers = [x for w in drawn for x in w.to_dict()["layers"]]
+    assert {x["kind"] for x in layers} >= {
+        "layernorm", "gelu", "add", "token_pool", "softmax_cross_entropy", "token_cross_entropy"
+    }  # fmt: skip
+    assert {bool(x.get("causal")) for x in layers if x["kind"] == "attention"} == {True, False}
+    assert {x.get("heads") for x in layers if x["kind"] == "attention"} >= {1, 2, 4, 8}
+    assert any("tied_to" in x for x in layers) and any(
+        x["kind"] == "dense" and x["name"] == "lm_head" and "tied_to" not in x for x in layers
+    )
+
+
 def test_a_draw_that_can_never_pass_ends_in_one_line(monkeypatch):
     """Every draw refused (here a name no workload may have): a WorkloadError naming why after
     MAX_DRAWS tries, not a loop that never ends."""
@@ -65,7 +85,8 @@ def test_the_heldout_matrix_never_uses_a_calibrated_batch(tmp_path: Path):
     cfg = ValidateConfig(out=tmp_path, heldout_workloads=4, heldout_batches=2, seed=3)
     specs, refused = heldout_matrix(cfg, cores=2)
     assert specs and all(s.heldout for s in specs)
-    assert any(Path(s.model).stem.startswith("res-") for s in specs)  # graphs among them
+    stems = {Path(s.model).stem.split("-")[0] for s in specs}
+    assert stems == {"mlp", "cnn", "res", "tfm"}  # chains, residual graphs and attention
     assert not {s.batch for s in specs} & set(cfg.batches)
     assert max(s.batch for s in specs) <= 4 * max(cfg.batches)
     assert all(s.procs * s.threads <= 2 for s in specs)
