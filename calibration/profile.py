@@ -366,7 +366,10 @@ def packaged_profile_names() -> list[str]:
 
 
 def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
-    """A profile by path, or by the name of a packaged reference profile."""
+    """A profile by path, or by the name of a packaged reference profile: that name is the
+    packaged profile whatever the working directory holds (a folder named ``xeon-2core`` there
+    must not stand in for the default), as a workload preset's name is the preset; a file so
+    named is read by a path (``./xeon-2core``)."""
     key = check_text("profile", name_or_path, "'xeon-2core' or a profile file's path")
     if not key:
         names = ", ".join(packaged_profile_names()) or "none are installed"
@@ -374,9 +377,10 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
             "", "", f"the profile name is empty; give a packaged profile ({names}) or a path"
         )
     path = Path(key)
-    if not path.exists() and os.sep not in key and not key.endswith(".json"):
-        if key in packaged_profile_names():
-            return _load_file(_profiles_dir() / f"{key}.json", f"profile '{key}'")
+    bare = os.sep not in key and not key.endswith(".json")  # a name, not a path
+    if bare and key in packaged_profile_names():
+        return _load_file(_profiles_dir() / f"{key}.json", f"profile '{key}'")
+    if not path.exists() and bare:
         names = ", ".join(packaged_profile_names()) or "none are installed"
         raise ProfileError(key, "", f"no such profile file or packaged profile (packaged: {names})")
     if path.is_file() and key.endswith(os.sep):  # Path drops a slash the system keeps

@@ -12,13 +12,16 @@ from collections.abc import Iterable
 
 class UserError(Exception):
     """Bad input from the user: printed as one line, exit status 2. A number in the line
-    longer than :data:`SHOWN_MOST` characters is cut short (:func:`clip_long_numbers`)."""
+    longer than :data:`SHOWN_MOST` characters is cut short (:func:`clip_long_numbers`), and
+    an unprintable character a quoted value brought in (a name holding a newline) is spelled
+    as its escape (:func:`printable`): a script reading the message of the Python API gets
+    the one line the command line prints."""
 
     exit_status = 2
 
     def __init__(self, *args: object) -> None:
         if len(args) == 1 and isinstance(args[0], str):
-            args = (clip_long_numbers(args[0]),)
+            args = (printable(clip_long_numbers(args[0])),)
         super().__init__(*args)
 
 

@@ -283,7 +283,14 @@ class Hardware:
         """The ``kind`` (``gpu``, ``node`` or ``network``) preset named ``text``, or read from
         the file at ``text`` (a path, or a name ending in ``.json``): one entry's fields, as
         ``pdlsim hardware show NAME`` prints them; ``name`` optional (default: the file's
-        stem). A node's GPU and network must be presets of this catalogue."""
+        stem). A node's GPU and network must be presets of this catalogue.
+
+        A preset's name is the preset, whatever the working directory holds: a folder or file
+        called ``dgx-h100`` there must not stand in for the node (a default included), so a
+        file named like a preset is read only as a path (``./dgx-h100``)."""
+        section = {"gpu": self.gpus, "node": self.nodes, "network": self.networks}[kind]
+        if text in section and "/" not in text and not text.endswith(".json"):
+            return section[text]
         if Path(text).is_dir():
             raise UserError(f"--{_FLAGS[kind]} {text}: a directory; give a {kind} preset's name "
                             f"or a JSON file of one {kind}")  # fmt: skip
@@ -333,6 +340,7 @@ class Hardware:
         networks = {**self.networks, **_section(doc, "networks", source, NetworkPreset)}
         gpus = {**self.gpus, **_section(doc, "gpus", source, GpuPreset)}
         nodes = {**self.nodes, **_section(doc, "nodes", source, NodePreset)}
+        _one_kind_each(source, {"gpus": gpus, "nodes": nodes, "networks": networks})
         for node in nodes.values():
             if node.gpu not in gpus or node.network not in networks:
                 raise UserError(
@@ -374,10 +382,32 @@ def _entries(doc: Mapping[str, Any], key: str, source: str) -> list[tuple[str, d
 
 
 def _section(doc: Mapping[str, Any], key: str, source: str, kind: type) -> dict[str, Any]:
-    return {
-        name: _made(kind, {"name": name, **entry}, f"{source}: {key}.{name}")
-        for name, entry in _entries(doc, key, source)
-    }
+    """The entries of ``doc[key]`` made ``kind``, each named by its key: a ``name`` field that
+    says otherwise (a pasted ``pdlsim hardware show`` of another preset) is refused, as the
+    catalogue would file under one name a preset that messages and reports call by another."""
+    made = {}
+    for name, entry in _entries(doc, key, source):
+        if "name" in entry and entry["name"] != name:
+            raise UserError(
+                f"{source}: {key}.{shown_text(name)}.name is {shown_value(entry['name'])}: an "
+                "entry is named by its key; drop name, or make it the key"
+            )
+        made[name] = _made(kind, {"name": name, **entry}, f"{source}: {key}.{name}")
+    return made
+
+
+def _one_kind_each(source: str, sections: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse a name that two kinds share (a GPU called ``dgx-h100``): ``pdlsim hardware show
+    NAME`` and the one-line errors name a preset by its name alone, so it must say which."""
+    seen: dict[str, str] = {}
+    for key, section in sections.items():
+        for name in section:
+            if name in seen:
+                raise UserError(
+                    f"{source}: '{shown_text(name)}' names one of the {seen[name]} and one of "
+                    f"the {key}; give each preset a name no other kind has"
+                )
+            seen[name] = key
 
 
 def _made(kind: type, values: dict[str, Any], where: str) -> Any:

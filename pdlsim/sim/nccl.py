@@ -216,12 +216,17 @@ def estimate(
     protocol: str | None = None,
 ) -> Estimate:
     """The fastest algorithm and protocol for ``op`` of ``nbytes`` on ``fabric``, or the
-    forced ones (ValueError naming what the fabric allows when they cannot run there).
+    forced ones (ValueError saying a name is none of NCCL's, or naming what the fabric allows
+    when they cannot run there).
     ``efficiencies``: a value for each name of :data:`EFFICIENCIES`."""
     if op not in NCCL_OPS:
         raise ValueError(f"unknown collective '{op}'; known: {', '.join(NCCL_OPS)}")
     if nbytes < 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    if algorithm is not None and algorithm not in ALGORITHMS:  # a typo, not this fabric's lack
+        raise ValueError(f"unknown algorithm '{algorithm}'; NCCL's: {', '.join(ALGORITHMS)}")
+    if protocol is not None and protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol '{protocol}'; NCCL's: {', '.join(PROTOCOLS)}")
     allowed = _candidates(op, fabric)
     if algorithm is not None and algorithm not in allowed:
         raise ValueError(

@@ -20,7 +20,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from microbench.errors import UserError
+from microbench.errors import UserError, shown_names, shown_text, unprintable
 from microbench.fileio import read_json
 from pdlsim.prediction.checks import MAX_NODES
 
@@ -29,6 +29,10 @@ __all__ = ["PUBLISHED", "format_published", "score_published"]
 PUBLISHED = Path(__file__).with_name("published.json")
 GROUPS = ("held-out", "set an assumption", "seen while building")
 TARGET = {"median_pct": 10.0, "worst_pct": 25.0, "rows": 20, "systems": 3, "max_nodes": 32}
+# A figure (GB/s of bus bandwidth, samples per second) from a thousandth to a billion: past
+# either end it is a typo or another unit, and its error against a prediction no finite number.
+FIGURE_RANGE = (1e-3, 1e9)
+TOP_KEYS = ("about", "nodes", "rows")
 
 
 def _whole(least: int, most: int | None = None) -> Any:
@@ -45,16 +49,23 @@ def _whole(least: int, most: int | None = None) -> Any:
 
 
 def _figure(value: Any) -> str | None:
-    """A measured figure: a finite number above 0 (a rate: an error against 0 or a negative
-    one is no score)."""
+    """A measured figure: a finite number in :data:`FIGURE_RANGE` (a rate: an error against 0
+    or a negative one is no score, and one of 1e308 overflows to an infinite error)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"must be a number, got {value!r}"
-    return None if math.isfinite(value) and value > 0 else f"must be above 0, got {value!r}"
+    if not (math.isfinite(value) and value > 0):
+        return f"must be above 0, got {value!r}"
+    low, high = FIGURE_RANGE
+    return None if low <= value <= high else f"must be {low:g} to {high:g}, got {value!r}"
 
 
 def _text(value: Any) -> str | None:
-    """A name or a note: text with something in it (an id, a preset, a model)."""
-    return None if isinstance(value, str) and value.strip() else f"must be text, got {value!r}"
+    """A name or a note: text with something in it (an id, a preset, a model), and printable:
+    a newline or a terminal escape would break the table's lines."""
+    if not (isinstance(value, str) and value.strip()):
+        return f"must be text, got {value!r}"
+    problem = unprintable(value)
+    return None if problem is None else f"must be printable text: {problem}"
 
 
 def _kind_of(want: type | tuple[type, ...], what: str) -> Any:
@@ -151,8 +162,11 @@ def _busbw(row: dict[str, Any], node: Any, hardware: Any) -> tuple[float, float,
     from pdlsim.costmodel.gpu_fabric import collective_band, fabric_of
 
     fabric = fabric_of(node, hardware.network(node.network), row["nodes"], row["gpus_per_node"])
-    band = collective_band("allreduce", row["size_bytes"], fabric, hardware.assumptions,
-                           row.get("algorithm"))  # fmt: skip
+    try:
+        band = collective_band("allreduce", row["size_bytes"], fabric, hardware.assumptions,
+                               row.get("algorithm"))  # fmt: skip
+    except ValueError as exc:  # an algorithm none of NCCL's, or one the fabric cannot run
+        raise UserError(f"algorithm: {exc}") from None
     return (band.central.busbw_bytes_per_s / 1e9, band.slowest.busbw_bytes_per_s / 1e9,
             band.fastest.busbw_bytes_per_s / 1e9, band.central.algorithm)  # fmt: skip
 
@@ -217,7 +231,17 @@ def score_published(path: str | Path | None = None) -> dict[str, Any]:
     doc = read_json(where, str(where))
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
         raise UserError(f"{where}: expected an object with a 'rows' list")
-    hardware = load_hardware().overlaid({"nodes": doc.get("nodes", {})}, str(where))
+    unknown = set(doc) - set(TOP_KEYS)
+    if unknown:  # a misspelt "nodes" would leave the rows' nodes unknown, and say so later
+        raise UserError(f"{where}: unknown key(s) {shown_names(unknown)}; allowed: "
+                        f"{', '.join(TOP_KEYS)}")  # fmt: skip
+    packaged = load_hardware()
+    nodes = doc.get("nodes", {})
+    shadowed = sorted(set(nodes) & set(packaged.nodes)) if isinstance(nodes, dict) else []
+    if shadowed:  # the allreduce rows would take the table's, the training rows the preset
+        raise UserError(f"{where}: nodes.{shown_text(shadowed[0])} is a packaged node preset; "
+                        "give the table's node another name")  # fmt: skip
+    hardware = packaged.overlaid({"nodes": nodes}, str(where))
     ids: set[str] = set()
     for number, row in enumerate(doc["rows"], 1):
         _check_row(row, where, ids, number)
