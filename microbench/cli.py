@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from .argtypes import MAX_BATCH
 from .boundary import describe_failure, print_message
-from .errors import UserError, digits_past_int
+from .errors import UserError, digits_past_int, unprintable
 from .fileio import new_run_dir, special_kind, write_problem
 from .options import register_once_actions, usage_hint
 from .threads import MAX_THREADS_PER_CORE, available_cores, too_many_threads
@@ -110,6 +110,16 @@ class Parser(argparse.ArgumentParser):
     def _print_message(self, message: str, file: Any = None) -> None:
         if launcher_rank() == 0:
             print_message("python -m microbench", message, file)
+
+
+def label_argument(text: str) -> str:
+    """argparse type: a label stored in the records and printed in every line that reports
+    them, so one line of printable text (a newline would split a report's line, a terminal
+    escape would reach the screen)."""
+    problem = unprintable(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{problem}; give one line of printable text")
+    return text
 
 
 def path_argument(text: str) -> Path:

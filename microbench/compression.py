@@ -45,6 +45,7 @@ __all__ = [
     "QUICK_SIZES",
     "Codec",
     "CompressionSummary",
+    "buffer_bytes",
     "format_summary",
     "run_compression",
     "summarize",
@@ -52,6 +53,10 @@ __all__ = [
 
 METHODS = ("fp16", "topk")
 PHASES = {"fp16": ("compress", "decompress"), "topk": ("compress", "decompress", "scatter")}
+# Bytes a point holds at its peak per byte of its gradient (:class:`Codec`): the gradient and
+# the dense result, and the float16 copy (fp16) or the magnitudes and argpartition's int64
+# indices, twice the float32 bytes (top-k).
+BUFFERS_PER_BYTE = {"fp16": 2.5, "topk": 5.0}
 DEFAULT_DENSITY = 0.01
 DEFAULT_SIZES = tuple(size_range(64 << 10, 64 << 20, 2))
 QUICK_SIZES = tuple(size_range(64 << 10, 64 << 20, 4))
@@ -60,6 +65,13 @@ QUICK_POLICY = SamplingPolicy(warmup=1, min_samples=5, max_samples=30, time_cap_
 LARGE_BYTES = 16 << 20  # from here on, policy.fewer(LARGE_FACTOR)
 LARGE_FACTOR = 5
 ELEMENT_BYTES = 4  # float32 gradients
+
+
+def buffer_bytes(nbytes: int, methods: Iterable[str]) -> int:
+    """The memory one point of the hungriest of ``methods`` holds at a gradient of ``nbytes``
+    (:data:`BUFFERS_PER_BYTE`): what must be free before the sweep starts, or its last sizes
+    fail as an allocation after the smaller ones were recorded."""
+    return int(max(BUFFERS_PER_BYTE[method] for method in methods) * nbytes)
 
 
 class Codec:

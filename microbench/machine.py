@@ -246,16 +246,36 @@ def _mpi(comm: Any) -> dict[str, Any]:
     return info
 
 
+# The fields of the machine metadata that must agree for records to describe one machine:
+# calibration refuses records that differ in one, and an append onto another machine's file is
+# refused. Not the host name: the ranks of a cluster run land on other nodes of one partition
+# from one srun to the next; not the cores available, which a launcher's binding narrows.
+IDENTITY_KEYS = ("cpu_model", "logical_cores", "arch")
+
+
 def machine_identity() -> dict[str, Any]:
-    """CPU model, available cores and architecture as :func:`machine_metadata` has them,
-    cheaply: no BLAS, MPI or GPU probes. Machines that differ in these do not time the same code
-    alike."""
+    """CPU model, cores (all, and those available) and architecture as
+    :func:`machine_metadata` has them, cheaply: no BLAS, MPI or GPU probes. Machines that
+    differ in these do not time the same code alike."""
     uname = _safe(platform.uname)
     return {
         "cpu_model": _safe(_cpu_model),
+        "logical_cores": _safe(os.cpu_count),
         "cores_available": _safe(_cores_available),
         "arch": uname.machine if uname else None,
     }
+
+
+def identity_difference(there: Mapping[str, Any], here: Mapping[str, Any]) -> str | None:
+    """How the machine metadata ``there`` differs from ``here`` in :data:`IDENTITY_KEYS`
+    (``"cpu_model 'Xeon' there, 'EPYC' here"``), or None where they agree or a side does not
+    say."""
+    diffs = [
+        f"{key} {there[key]!r} there, {here[key]!r} here"
+        for key in IDENTITY_KEYS
+        if there.get(key) is not None and here.get(key) is not None and there[key] != here[key]
+    ]
+    return "; ".join(diffs) or None
 
 
 def machine_metadata(

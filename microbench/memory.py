@@ -11,11 +11,12 @@ message that could never fit is refused with it, whatever else runs at the momen
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "activations_problem",
     "available_memory_bytes",
     "cgroup_memory_limit_bytes",
     "memory_total_bytes",
@@ -80,3 +81,32 @@ def usable_memory_bytes(machine: Mapping[str, Any] | None = None) -> int | None:
     known = [machine.get(k) for k in ("memory_limit_bytes", "memory_total_bytes")]
     known = [int(v) for v in known if isinstance(v, (int, float)) and v > 0]
     return min(known) if known else None
+
+
+def activations_problem(flag: str, batches: Iterable[int], workloads: Iterable[Any]) -> str | None:
+    """Why a training step of one of ``workloads`` (objects with ``name`` and
+    ``activation_bytes_per_sample``, as :class:`microbench.workload.Workload` has them) at the
+    largest of ``batches``, given by ``flag``, can never run here: its activations alone take
+    more than :func:`usable_memory_bytes`. None where every one fits or the memory is unknown.
+    Asked before a benchmark records anything, so that a batch with extra zeros is named as
+    the culprit at once rather than failing as an allocation once the points before it are
+    written."""
+    memory = usable_memory_bytes()
+    batch = max(batches, default=0)
+    if memory is None or batch < 1:
+        return None
+    for workload in workloads:
+        per_sample = workload.activation_bytes_per_sample
+        if per_sample > memory:  # no batch helps: the workload is the culprit
+            return (
+                f"{workload.name}'s activations alone take {per_sample / 2**30:,.1f} GiB per "
+                f"sample, more than this machine's {memory / 2**30:,.1f} GiB at any {flag}; "
+                "give a smaller workload"
+            )
+        if batch * per_sample > memory:
+            return (
+                f"{flag} {batch:,}: {workload.name}'s activations alone take "
+                f"{batch * per_sample / 2**30:,.1f} GiB, more than this machine's "
+                f"{memory / 2**30:,.1f} GiB; give a smaller {flag}"
+            )
+    return None

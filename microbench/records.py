@@ -46,7 +46,7 @@ import numpy as np
 
 from .errors import UserError
 from .fileio import encode_text, loads
-from .machine import utc_now
+from .machine import identity_difference, machine_identity, utc_now
 from .records_read import (
     SCHEMA,
     SCHEMA_VERSION,
@@ -298,14 +298,22 @@ class RecordWriter:
         self.close(failed=exc_type is not None)
 
 
+# Record types a training run writes (pdlsim.train): a benchmark's measurements appended
+# among them would be read as the training run's, and the benchmark's never found.
+_TRAINING_TYPES = ("train_step", "train_epoch", "checkpoint")
+
+
 def append_problem(path: str | os.PathLike[str], command: str | None = None) -> str | None:
     """Why records cannot be appended to the existing file ``path`` (its first line is no
-    header of this schema and version, it cannot be read, or its header says another
-    ``command`` wrote it), or None when they can: asked before a benchmark runs, so that its
-    records are not lost at the end, and one line for the user (a :class:`RecordsError`
-    escaped as a traceback)."""
+    header of this schema and version, it cannot be read, its header says another ``command``
+    wrote it or holds a training run's records, or it describes another machine than this
+    one), or None when they can: asked before a benchmark runs, so that its records are not
+    lost at the end, and one line for the user (a :class:`RecordsError` escaped as a
+    traceback). An empty file is no problem: the writer starts it afresh."""
     try:
-        header = _append_header(Path(path))
+        if Path(path).stat().st_size == 0:
+            return None
+        header, kinds = _appendable(Path(path))
     except RecordsAppendError as exc:
         return str(exc)
     except OSError as exc:
@@ -315,24 +323,41 @@ def append_problem(path: str | os.PathLike[str], command: str | None = None) -> 
     if command is not None and isinstance(wrote, str) and wrote != command:
         return (f"{path} holds the records of '{wrote}', not of '{command}'; give another "
                 "--out, or append to that command's own file")  # fmt: skip
+    training = next((kind for kind in _TRAINING_TYPES if kind in kinds), None)
+    if command is not None and training is not None:
+        return (f"{path} holds a training run's records ({training}), not those of "
+                f"'{command}'; give another --out")  # fmt: skip
+    other = identity_difference(header["machine"], machine_identity())
+    if other is not None:
+        return (
+            f"{path} holds the records of another machine ({other}), and records of two "
+            "machines cannot be calibrated together; give another --out"
+        )
     return None
 
 
 def _append_header(path: Path) -> dict[str, Any]:
-    """The header of the existing records file ``path``, which records are to be appended to;
-    :class:`RecordsAppendError` when its first line is no header of this schema and version
-    (read up to 1 MiB: a header is a few KiB), or a line after it is damaged: records appended
-    to it would be refused by every reader with it, and the run lost (:func:`_repair_tail`
-    removes a bad last line)."""
+    """The header of the existing records file ``path``, which records are to be appended to
+    (:func:`_appendable`)."""
+    return _appendable(path)[0]
+
+
+def _appendable(path: Path) -> tuple[dict[str, Any], set[str]]:
+    """The header of the existing records file ``path``, which records are to be appended to,
+    and the types of its records; :class:`RecordsAppendError` when its first line is no header
+    of this schema and version (read up to 1 MiB: a header is a few KiB), or a line after it is
+    damaged: records appended to it would be refused by every reader with it, and the run lost
+    (:func:`_repair_tail` removes a bad last line)."""
     with open(path, "rb") as f:
         first = f.readline(1 << 20)
     try:
         parse_header(path, decoded_line(path, 1, first))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TruncatedRecordWarning)
-            return read_numbered(path)[0]
+            header, numbered = read_numbered(path)
     except RecordsError as exc:
         raise RecordsAppendError(exc.path, exc.line, exc.problem) from None
+    return header, {record.get("type") for _, record in numbered}
 
 
 def _repair_tail(path: Path) -> None:

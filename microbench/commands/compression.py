@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from ..cli import (
+    UsageError,
     add_output_arguments,
     add_sampling_arguments,
     checked_out_dir,
@@ -19,7 +20,9 @@ from ..compression import (
     METHODS,
     QUICK_POLICY,
     QUICK_SIZES,
+    buffer_bytes,
 )
+from ..memory import available_memory_bytes
 from ..sizes import SizeError, format_bytes, parse_sizes
 
 RECORDS_FILE = "compression.jsonl"
@@ -88,6 +91,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+def check_memory(sizes: tuple[int, ...], methods: tuple[str, ...], available: int | None) -> None:
+    """UsageError, before anything is measured, where the largest size's buffers
+    (:func:`microbench.compression.buffer_bytes`) outgrow the memory available: it failed only
+    when reached, after the smaller sizes were recorded, naming no flag."""
+    need = buffer_bytes(max(sizes), methods)
+    if available is not None and need > available:
+        raise UsageError(
+            f"--sizes {format_bytes(max(sizes))}: compressing a gradient that large holds "
+            f"{need / 2**30:.1f} GiB of buffers, more than the {available / 2**30:.1f} GiB of "
+            "memory available; give smaller --sizes"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from ..compression import format_summary, run_compression, summarize
     from ..machine import machine_metadata
@@ -95,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
     policy = policy_from_args(args, FULL_POLICY, QUICK_POLICY)
     sizes = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    check_memory(sizes, args.methods, available_memory_bytes())
     out = checked_out_dir(args, RECORDS_FILE)
     settings = {
         "sizes_bytes": list(sizes),

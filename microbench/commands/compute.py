@@ -31,7 +31,7 @@ from ..compute import (
     format_summary,
     run_compute,
 )
-from ..memory import available_memory_bytes
+from ..memory import activations_problem, available_memory_bytes
 from ..threads import available_cores
 
 RECORDS_FILE = "compute.jsonl"
@@ -140,8 +140,13 @@ def run(args: argparse.Namespace) -> int:
     from ..records import RecordWriter
 
     policy = policy_from_args(args, FULL_POLICY, QUICK_POLICY)
-    if args.device != "gpu" and args.gemm_sizes:
-        check_gemm_memory(tuple(args.gemm_sizes), available_memory_bytes())
+    batches = args.batch or (QUICK_BATCHES if args.quick else DEFAULT_BATCHES)
+    if args.device != "gpu":
+        if args.gemm_sizes:
+            check_gemm_memory(tuple(args.gemm_sizes), available_memory_bytes())
+        problem = activations_problem("--batch", batches, args.model)
+        if problem is not None:
+            raise UsageError(problem)
     threads = args.threads or _default_threads()
     out = checked_out_dir(args, RECORDS_FILE)
     gpu = None
@@ -167,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     plan = ComputePlan(
         workloads=args.model,
         threads=threads,
-        batches=args.batch or (QUICK_BATCHES if args.quick else DEFAULT_BATCHES),
+        batches=batches,
         gpu_batches=args.gpu_batch,
         gemm_sizes=args.gemm_sizes or (QUICK_GEMM_SIZES if args.quick else GEMM_SIZES),
         gpu_gemm_sizes=QUICK_GPU_GEMM_SIZES if args.quick else GPU_GEMM_SIZES,

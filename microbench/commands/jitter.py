@@ -13,7 +13,9 @@ from ..cli import (
     add_output_arguments,
     add_step_arguments,
     add_step_count_arguments,
+    agree_on_usage,
     checked_out_dir,
+    label_argument,
     start_mpi,
     step_counts,
     thread_level_name,
@@ -32,6 +34,7 @@ from ..jitter import (
     sample_interleaved,
     sample_steps,
 )
+from ..memory import activations_problem
 from ..workload import Workload
 
 RECORDS_FILE = "jitter.jsonl"
@@ -55,6 +58,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument(
         "--moment",
+        type=label_argument,
         default=None,
         metavar="LABEL",
         help="label of this run in the records, when one step is timed at several moments, "
@@ -76,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     ranks, root = comm.Get_size(), comm.Get_rank() == 0
     workload: Workload = args.model  # argparse converts the default too
     samples, warmup = step_counts(args, (FULL_SAMPLES, FULL_WARMUP), (QUICK_SAMPLES, QUICK_WARMUP))
+    too_big = activations_problem("--batch", (args.batch,), (workload,)) if root else None
+    agree_on_usage(comm, too_big)  # rank 0 decides, every rank leaves alike
     out = checked_out_dir(args, RECORDS_FILE, comm)
 
     set_threads(args.threads)

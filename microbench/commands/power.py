@@ -34,6 +34,7 @@ from ..cli import (
     path_argument,
     seconds,
 )
+from ..memory import activations_problem
 from ..power import EnergyReading
 
 if TYPE_CHECKING:
@@ -117,6 +118,9 @@ def _measure(args: argparse.Namespace, meter: EnergyMeter) -> int:
 
     idle_s, busy_s = _setting(args, "idle_seconds"), _setting(args, "busy_seconds")
     interval_s = _setting(args, "interval")
+    problem = activations_problem("--batch", (args.batch,), (args.model,))
+    if problem is not None:
+        raise UsageError(problem)
     out = checked_out_dir(args, RECORDS_FILE)
     set_threads(args.threads)
     counters = {"domains": meter.methods, "problems": meter.problems}

@@ -51,8 +51,10 @@ from ..cli import (
     add_workloads_arguments,
     checked_out_dir,
     int_at_least,
+    label_argument,
     positive_int_list,
 )
+from ..memory import activations_problem
 
 if TYPE_CHECKING:
     import numpy as np
@@ -110,6 +112,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument(
         "--moment",
+        type=label_argument,
         default="speed",
         metavar="LABEL",
         help="label of this moment in the records, e.g. 'check 2 of 4' (default 'speed')",
@@ -134,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
         gpu, why = find_gpu()
         if gpu is None:
             raise UsageError(f"--gpu-batch: no GPU ({why}); leave --gpu-batch out")
+    problem = activations_problem("--batch", args.batch, args.model)
+    if problem is not None:
+        raise UsageError(problem)
     out = checked_out_dir(args, RECORDS_FILE)
     warning = oversubscription(1, max(args.threads))
     if warning is not None:

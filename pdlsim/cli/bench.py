@@ -103,20 +103,15 @@ def check_bench_batches(args: argparse.Namespace) -> None:
     """Refuse a --batch whose activations alone outgrow this machine's memory on the CPU (a
     typo with extra zeros), before any folder or stage: the kernel sweep would run first and
     the compute stage fail minutes later. GPU devices report their own out-of-memory."""
-    from microbench.memory import usable_memory_bytes
+    from microbench.memory import activations_problem
     from microbench.workload import load_workload
 
-    memory = usable_memory_bytes()
-    if memory is None or (args.layer_times and args.device != "cpu"):
+    if args.layer_times and args.device != "cpu":
         return
-    batch = max(args.batch)
-    for model in args.model.split(","):
-        need = batch * load_workload(model).activation_bytes_per_sample
-        if need > memory:
-            raise UserError(
-                f"--batch {batch:,}: {model}'s activations alone take {need / 2**30:,.1f} GiB, "
-                f"more than this machine's {memory / 2**30:,.1f} GiB; give a smaller --batch"
-            )
+    workloads = [load_workload(model) for model in args.model.split(",")]
+    problem = activations_problem("--batch", args.batch, workloads)
+    if problem is not None:
+        raise UserError(problem)
 
 
 def run_bench_command(args: argparse.Namespace) -> int:

@@ -317,15 +317,13 @@ def run_train_command(args: argparse.Namespace) -> int:
         status = launch_ranks(child_args, config.procs, config.threads)
     except KeyboardInterrupt:
         print(
-            f"pdlsim: interrupted; all ranks stopped; records so far are in {run_dir}"
-            + _resume_hint(config),
+            f"pdlsim: interrupted; all ranks stopped{_left_behind(run_dir)}",
             file=sys.stderr,
         )
         return 130
     except Stopped as stopped:
         print(
-            f"pdlsim: stopped by {stopped}; all ranks stopped; records so far are in {run_dir}"
-            + _resume_hint(config),
+            f"pdlsim: stopped by {stopped}; all ranks stopped{_left_behind(run_dir)}",
             file=sys.stderr,
         )
         return 128 + stopped.signum
@@ -334,8 +332,7 @@ def run_train_command(args: argparse.Namespace) -> int:
     if status != 0:
         print(
             f"pdlsim: error: training stopped: mpiexec exited with status {status} (a rank "
-            f"failed or was killed){_mpi_settings_hint()}; the records written so far are in "
-            f"{run_dir}" + _resume_hint(config),
+            f"failed or was killed){_mpi_settings_hint()}{_left_behind(run_dir)}",
             file=sys.stderr,
         )
         return 1
@@ -354,8 +351,16 @@ def _mpi_settings_hint() -> str:
     )
 
 
-def _resume_hint(config: TrainConfig) -> str:
-    return "; continue from its last checkpoint with --resume" if config.checkpoint_every else ""
+def _left_behind(run_dir: Path | None) -> str:
+    """The end of a stopped run's one line: where its records are and, where it wrote a
+    checkpoint, how to continue it; or that it wrote none (stopped while it drew its data),
+    rather than pointing at a folder that holds nothing, or at a --resume that would refuse."""
+    from pdlsim.train.checkpoint import list_checkpoints
+
+    if run_dir is None or not any(Path(run_dir).glob("*.jsonl")):
+        return "; it had written no records yet"
+    resume = "; continue from its last checkpoint with --resume"
+    return f"; records so far are in {run_dir}" + resume * bool(list_checkpoints(run_dir))
 
 
 def _validate(config: TrainConfig) -> None:
@@ -410,13 +415,13 @@ def _run_local(config: TrainConfig, run_dir: Path, resume: Path | None) -> int:
         result = _train(config, LocalComm(), device, run_dir, resume=resume)
     except KeyboardInterrupt:
         print(
-            f"pdlsim: interrupted; records so far are in {run_dir}" + _resume_hint(config),
+            f"pdlsim: interrupted{_left_behind(run_dir)}",
             file=sys.stderr,
         )
         return 130
     except Stopped as stopped:  # SIGTERM or SIGHUP (pdlsim.cli.main)
         print(
-            f"pdlsim: stopped by {stopped}; records so far are in {run_dir}" + _resume_hint(config),
+            f"pdlsim: stopped by {stopped}{_left_behind(run_dir)}",
             file=sys.stderr,
         )
         return 128 + stopped.signum
@@ -430,6 +435,7 @@ def _run_as_rank(args: argparse.Namespace) -> int:
     from pdlsim.train.device import cpu_device, gpu_device
 
     comm = MPIComm()
+    run_dir: Path | None = None
     try:
         if args.procs is not None and args.procs != comm.size:
             raise UserError(
@@ -437,7 +443,7 @@ def _run_as_rank(args: argparse.Namespace) -> int:
                 "drop --procs or make them agree"
             )
         config = config_from_args(args, procs=comm.size)
-        run_dir = resume = None
+        resume = None
         if comm.rank == 0:
             run_dir = args.out or default_run_dir(config)
             resume = resume_checkpoint(args.out, config) if args.resume else None
@@ -457,7 +463,7 @@ def _run_as_rank(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:  # the launcher that started this rank says so itself
         if comm.rank == 0 and not os.environ.get(SUPERVISED_ENV):
-            print(f"pdlsim: interrupted; records so far are in {args.out}", file=sys.stderr)
+            print(f"pdlsim: interrupted{_left_behind(run_dir)}", file=sys.stderr)
         return 130
     if comm.rank == 0:
         finish_run(result)

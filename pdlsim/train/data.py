@@ -312,7 +312,8 @@ def load_dataset(
     """
     vocabulary = workload.vocabulary
     per_token = workload.layers[-1].kind == "token_cross_entropy"
-    count = synthetic_count(spec, workload, n_samples)  # checked as the launcher checks it
+    flag = samples_flag(train)
+    count = synthetic_count(spec, workload, n_samples, flag)  # as the launcher checks it
     if count is not None:
         if per_token:
             (tokens,) = workload.input_shape
@@ -322,7 +323,7 @@ def load_dataset(
             return synthetic_tokens(tokens, vocabulary, workload.num_classes, count, seed,
                                     train=train)  # fmt: skip
         return synthetic(workload.input_shape, workload.num_classes, count, seed, train=train)
-    _check_asked(n_samples)
+    _check_asked(n_samples, flag)
     _check_per_token(workload)
     kind, _, where = spec.partition(":")
     kind = kind.strip().lower()
@@ -342,8 +343,8 @@ def load_dataset(
     data = loader(where.strip(), train=train, limit=n_samples)
     if n_samples is not None and len(data) < n_samples:
         raise DataError(
-            f"asked for {n_samples} samples but {data.name} has only {len(data)}; "
-            f"ask for at most {len(data)}"
+            f"asked for {n_samples} samples but {data.name} has only {len(data)} "
+            f"{'training' if train else 'test'} samples; give {flag} {len(data)} or fewer"
         )
     if data.num_classes > workload.num_classes:
         raise DataError(
@@ -353,26 +354,51 @@ def load_dataset(
     return _fit_shape(data, workload)
 
 
-def synthetic_count(spec: str, workload: Workload, n_samples: int | None = None) -> int | None:
+def samples_flag(train: bool) -> str:
+    """The ``pdlsim train`` flag that sets the training set's size, or the test set's: the
+    one an error about that set names."""
+    return "--samples" if train else "--test-samples"
+
+
+def synthetic_count(
+    spec: str, workload: Workload, n_samples: int | None = None, flag: str = "--samples"
+) -> int | None:
     """The samples of the synthetic set ``spec`` names for ``workload`` (None where ``spec``
     names no synthetic set), with every error drawing them would raise, raised without drawing
-    them: what the launching process checks before any rank draws its own."""
+    them: what the launching process checks before any rank draws its own. ``flag`` sets
+    ``n_samples`` (:func:`samples_flag`), and the errors name it."""
     kind, sep, _ = spec.partition(":")
     if kind.strip().lower() != "synthetic" or sep:
         return None
-    _check_asked(n_samples)
+    _check_asked(n_samples, flag)
     count = DEFAULT_SYNTHETIC_SAMPLES if n_samples is None else n_samples
     _check_per_token(workload)
     if workload.vocabulary is not None:
         check_tokens(workload.input_shape[0], workload.vocabulary)
     check_counts(workload.num_classes, count)
-    _check_fits_memory(workload, count)
+    _check_fits_memory(workload, count, flag)
     return count
 
 
-def _check_asked(n_samples: int | None) -> None:
+def check_sets_fit_memory(workload: Workload, n_train: int, n_test: int, ranks: int) -> None:
+    """A DataError where the synthetic training and test sets that each of ``ranks`` ranks on
+    this machine draws (every rank draws both whole) would not fit together, by the rule
+    :func:`synthetic_overflow` holds one set to: each alone may fit and all of them not."""
+    overflow = synthetic_overflow(workload, n_train + n_test, ranks)
+    if overflow is not None:
+        need, available = overflow
+        each = f"{ranks} ranks each draw" if ranks > 1 else "the run draws"
+        raise DataError(
+            f"{each} {n_train} training and {n_test} test samples of {workload.name}'s input "
+            f"{list(workload.input_shape)}: {need / 2**30:.1f} GiB, more than half the "
+            f"{available / 2**30:.1f} GiB of memory available; give fewer --samples or "
+            f"--test-samples{' or --procs' if ranks > 1 else ''}"
+        )
+
+
+def _check_asked(n_samples: int | None, flag: str) -> None:
     if n_samples is not None and n_samples < 1:
-        raise DataError(f"the number of samples must be at least 1, got {n_samples}")
+        raise DataError(f"{flag} must be at least 1, got {n_samples}")
 
 
 def _check_per_token(workload: Workload) -> None:
@@ -388,21 +414,24 @@ def _check_per_token(workload: Workload) -> None:
         )
 
 
-def synthetic_overflow(workload: Workload, n_samples: int) -> tuple[int, int] | None:
+def synthetic_overflow(
+    workload: Workload, n_samples: int, ranks: int = 1
+) -> tuple[int, int] | None:
     """``(bytes needed, bytes available)`` where ``n_samples`` synthetic samples of
-    ``workload`` would take more than :data:`_DATA_MEMORY_SHARE` of the memory this process may
-    still use (a large network's images would otherwise push the machine into swap); None
-    where they fit, or the memory is not known. ``pdlsim validate`` asks it of every launch
-    before the first."""
+    ``workload`` on each of ``ranks`` ranks would take more than :data:`_DATA_MEMORY_SHARE` of
+    the memory this process may still use (a large network's images would otherwise push the
+    machine into swap); None where they fit, or the memory is not known. ``pdlsim validate``
+    asks it of every launch before the first."""
     available = available_memory_bytes()
-    need = n_samples * math.prod(workload.input_shape) * 4
+    need = ranks * n_samples * math.prod(workload.input_shape) * 4
     if available is not None and need > _DATA_MEMORY_SHARE * available:
         return need, available
     return None
 
 
-def _check_fits_memory(workload: Workload, n_samples: int) -> None:
-    """A DataError, before any allocation, where :func:`synthetic_overflow` says so."""
+def _check_fits_memory(workload: Workload, n_samples: int, flag: str) -> None:
+    """A DataError naming ``flag``, before any allocation, where :func:`synthetic_overflow`
+    says so."""
     overflow = synthetic_overflow(workload, n_samples)
     if overflow is not None:
         need, available = overflow
@@ -410,7 +439,7 @@ def _check_fits_memory(workload: Workload, n_samples: int) -> None:
         raise DataError(
             f"{n_samples} synthetic samples of {workload.name}'s input "
             f"{list(workload.input_shape)} take {need / 2**30:.1f} GiB, more than half the "
-            f"{available / 2**30:.1f} GiB of memory available; give --samples {fit} or fewer"
+            f"{available / 2**30:.1f} GiB of memory available; give {flag} {fit} or fewer"
         )
 
 

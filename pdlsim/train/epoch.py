@@ -8,7 +8,13 @@ from microbench.errors import UserError
 from microbench.workload import Workload
 from pdlsim.prediction.epoch import dataset_samples
 from pdlsim.train.config import TrainConfig
-from pdlsim.train.data import Dataset, load_dataset, synthetic_count
+from pdlsim.train.data import (
+    Dataset,
+    check_sets_fit_memory,
+    load_dataset,
+    samples_flag,
+    synthetic_count,
+)
 
 __all__ = ["checked_train_samples", "model_steps_per_epoch", "prepare_data", "steps_per_epoch"]
 
@@ -34,13 +40,16 @@ def prepare_data(config: TrainConfig, workload: Workload) -> tuple[Dataset, Data
 
 def checked_train_samples(config: TrainConfig, workload: Workload) -> int:
     """The training samples of ``config``'s data, every error loading it would raise raised:
-    files are read, synthetic sets only checked, since every rank draws its own."""
+    files are read, synthetic sets only checked, since every rank draws its own (so the
+    training and test sets of all ``config.procs`` ranks must fit memory together)."""
     n_train = _train_count(config, workload)
     count = synthetic_count(config.data, workload, n_train)
     if count is None:
         train, _ = prepare_data(config, workload)
         return len(train)
-    synthetic_count(config.data, workload, config.test_samples)
+    test = synthetic_count(config.data, workload, config.test_samples, samples_flag(False))
+    assert test is not None  # the same data spec as the training set's
+    check_sets_fit_memory(workload, count, test, config.procs)
     return count
 
 

@@ -180,7 +180,7 @@ def check_memory(cfg: Any, drawn: list[tuple[Any, tuple[int, ...]]]) -> None:
     (:func:`pdlsim.train.data.synthetic_overflow`), as that launch would, minutes in. Only
     the launches that run count: modes that fit the cores."""
     from pdlsim.train.data import synthetic_overflow
-    from pdlsim.validate.measure import launch_samples
+    from pdlsim.validate.measure import TEST_SAMPLES, launch_samples
 
     cores = available_cores()
     fits = [p for p, t in cfg.modes if p * t <= cores] if "data" in cfg.parallel else []
@@ -190,13 +190,16 @@ def check_memory(cfg: Any, drawn: list[tuple[Any, tuple[int, ...]]]) -> None:
     largest += [(w, max(batches) * ranks) for w, batches in drawn]
     for workload, global_batch in largest:
         samples = launch_samples(cfg.steps, global_batch)
-        overflow = synthetic_overflow(workload, samples)
+        # every rank draws the training and the test set whole
+        overflow = synthetic_overflow(workload, samples + TEST_SAMPLES, ranks)
         if overflow is not None:
             need, available = overflow
-            fewer = synthetic_overflow(workload, launch_samples(1, global_batch)) is None
+            one_step = launch_samples(1, global_batch) + TEST_SAMPLES
+            fewer = synthetic_overflow(workload, one_step, ranks) is None
             raise UserError(
                 f"--steps {cfg.steps}: a launch of {workload.name} at a global batch of "
-                f"{global_batch} trains {samples:,} synthetic samples, {need / 2**30:.1f} GiB, "
+                f"{global_batch} draws {samples:,} synthetic samples on each of its {ranks} "
+                f"rank(s), {need / 2**30:.1f} GiB with the test sets, "
                 f"more than half the {available / 2**30:.1f} GiB of memory available; give "
                 + (
                     "fewer --steps"
