@@ -39,6 +39,7 @@ import pandas as pd
 from microbench.errors import UserError
 
 from .optable import NON_OP_PHASES, OpTime, op_class, read_op_table
+from .profile_checks import FieldError
 from .roofline import SCALARS, Roofline, fit_roofline
 from .scaling import ALL, ScalingFit, phase_scaling
 from .stats import Interval, bootstrap_params, fit_quality, leave_one_out, percentile_intervals
@@ -268,7 +269,7 @@ class ComputeModel:
         model.scaling_ = {}
         for device, slot in doc["devices"].items():
             for threads, entry in slot["threads"].items():
-                key = (device, int(threads))
+                key = (device, _thread_count(f"devices.{device}.threads.{threads}", threads))
                 model.curves_[key] = Roofline.from_dict(entry)
                 classes = {
                     name: c.get("intervals", {}) for name, c in entry.get("classes", {}).items()
@@ -277,7 +278,19 @@ class ComputeModel:
                 model.quality_[key] = entry.get("quality", {})
                 model.references_[key] = entry.get("references", {})
             if slot.get("scaling"):
-                model.scaling_[device] = {
-                    phase: ScalingFit.from_dict(fit) for phase, fit in slot["scaling"].items()
-                }
+                model.scaling_[device] = {}
+                for phase, fit in slot["scaling"].items():
+                    try:
+                        model.scaling_[device][phase] = ScalingFit.from_dict(fit)
+                    except FieldError as exc:
+                        raise exc.within(f"devices.{device}.scaling.{phase}") from None
         return model
+
+
+def _thread_count(field: str, key: Any) -> int:
+    """A ``threads`` key of the profile's compute section as the count it names: text of a
+    whole number >= 1 ("2"); a hand edit to "0" would be priced as a measured thread count,
+    and "x" names no count at all."""
+    if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) >= 1):
+        raise FieldError(field, f"a thread count must be a whole number >= 1, got {key!r}")
+    return int(key)

@@ -72,6 +72,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from microbench.errors import UserError
 from microbench.jitter import FORWARD_NAME
 from microbench.op_records import INFERENCE_WITH_GATHER, STEP_WITH_GATHER
 
@@ -125,7 +126,9 @@ class DriftModel:
             alone = statistic == "alone"
             if not alone and not (statistic == "per_rank" and r.get("params.ranks") == 1):
                 continue
-            where = f"jitter {'alone at ' + str(int(r['params.ranks'])) if alone else 'at 1'}"
+            ranks = r.get("params.ranks")  # an "alone" record without its count: unnamed
+            count = "" if pd.isna(ranks) else f" at {int(ranks)}"
+            where = f"jitter alone{count}" if alone else "jitter at 1"
             moment = r.get("params.moment")
             where += f" ({moment})" if isinstance(moment, str) else ""
             _add(self.medians_, _key(r), where, float(np.median(r["samples"])))
@@ -288,6 +291,17 @@ def _device(row: pd.Series) -> str:
 
 
 def _key(row: pd.Series) -> str:
+    """The step key of a record (:func:`_step_key`); a one-line UserError naming the record
+    when it lacks a field the key is made of (edited, or another tool's records): without a
+    batch or thread count there is no key, and without a model the step would be one of its
+    own."""
+    for field in ("model", "batch", "threads"):
+        if pd.isna(row.get(f"params.{field}")):
+            where = f"{row.get('source', 'records')}:{row.get('source_line', '?')}"
+            raise UserError(
+                f"{where}: the {row.get('benchmark')} record {row.get('name')!r} lacks "
+                f"params.{field}, which keys its step; re-run the benchmark"
+            )  # fmt: skip
     return _step_key(row["params.model"], row["params.batch"], row["params.threads"], _device(row))
 
 

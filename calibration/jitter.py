@@ -50,6 +50,7 @@ from scipy import stats
 
 from microbench.errors import UserError
 
+from .profile_checks import FieldError
 from .splice import Spliced
 from .stats import Interval, fit_quality
 
@@ -121,9 +122,17 @@ class Family:
         return self.dist.rvs(*self.shape, **self._at(), size=size, random_state=random_state)
 
 
-def _mle(family: str, x: np.ndarray) -> dict[str, float]:
+def _mle(family: str, x: np.ndarray) -> dict[str, float] | None:
+    """The maximum-likelihood parameters of ``family`` for ``x``, or None where scipy finds
+    none (a gamma fit of samples nearly all one value fails in its root finder)."""
     dist, fixed, names = FAMILIES[family]
-    fitted = dist.fit(x, **fixed)
+    try:
+        with np.errstate(all="ignore"):
+            fitted = dist.fit(x, **fixed)
+    except (ValueError, RuntimeError, FloatingPointError):
+        return None
+    if not all(math.isfinite(float(v)) for v in fitted):
+        return None
     if family == "normal":
         return {"loc": float(fitted[0]), "scale": float(fitted[1])}
     return {names[0]: float(fitted[0]), "scale": float(fitted[2])}
@@ -166,7 +175,8 @@ class JitterModel:
         # configuration (key columns as text, so that missing values group too).
         runs = config_runs(per_rank, CONFIG_KEYS)
         for key, group in config_runs(maxima, CONFIG_KEYS).items():
-            ranks = int(group.iloc[0].get("params.ranks", 1))
+            ranks = group.iloc[0].get("params.ranks")  # none given: one rank, as _add_runs reads it
+            ranks = 1 if pd.isna(ranks) else int(ranks)
             if ranks < 2 or key not in runs:
                 continue
             median = float(np.median(np.concatenate(list(runs[key]["samples"]))))
@@ -182,6 +192,12 @@ class JitterModel:
         x = np.sort(np.concatenate(relative))
         if x.size < 8 or not np.all(np.isfinite(x)) or x[0] <= 0:
             raise UserError(f"need at least 8 positive finite jitter samples, got {x.size}")
+        if x[0] == x[-1]:  # no distribution to fit, and scipy's gamma fit fails on it
+            raise UserError(
+                f"the {x.size} jitter samples are all exactly their rank's median step: no "
+                "spread to fit (records edited, or a timer too coarse for the step); re-run "
+                "the jitter bench"
+            )  # fmt: skip
         self.median_s_ = float(np.median(np.concatenate([np.asarray(s, float) for s in per_rank])))
         self.n_samples_ = int(x.size)
         idx = np.round(np.linspace(0, x.size - 1, min(x.size, MAX_ATOMS))).astype(int)
@@ -190,6 +206,8 @@ class JitterModel:
         self.candidates_ = {}
         for family in self.families:
             params = _mle(family, x)
+            if params is None:  # left out of the choice: the others still describe x
+                continue
             frozen = frozen_family(family, params)
             loglik = float(np.sum(frozen.logpdf(x)))
             ks = stats.kstest(x, frozen.cdf)
@@ -201,6 +219,11 @@ class JitterModel:
             }
         score = "aic" if self.criterion == "aic" else "ks_statistic"
         scored = {f: c[score] for f, c in self.candidates_.items() if c[score] is not None}
+        if not scored:
+            raise UserError(
+                f"none of the families {', '.join(self.families)} fits the {x.size} jitter "
+                "samples; re-run the jitter bench"
+            )
         self.family_ = min(scored, key=scored.get)
         self.params_ = dict(self.candidates_[self.family_]["params"])
         self.intervals_ = self._bootstrap(x)
@@ -262,7 +285,7 @@ class JitterModel:
             return {}
         result = stats.bootstrap(
             (x,),
-            lambda s: np.array([_mle(self.family_, s)[k] for k in names]),
+            lambda s: np.array([self._resample_params(s)[k] for k in names]),
             n_resamples=self.n_boot,
             confidence_level=self.confidence,
             method="percentile",
@@ -274,6 +297,12 @@ class JitterModel:
             k: Interval(float(lo), float(hi), self.confidence).including(self.params_[k])
             for k, lo, hi in zip(names, low, high, strict=True)
         }
+
+    def _resample_params(self, sample: np.ndarray) -> dict[str, float]:
+        """The chosen family's parameters for one bootstrap resample; the full sample's for a
+        resample it cannot be fitted to (one drawing a single value over and over), so that a
+        rare degenerate draw narrows the interval a little instead of failing the fit."""
+        return _mle(self.family_, sample) or self.params_
 
     def _check(self, ranks: int, measured_factor: float) -> dict[str, float]:
         predicted = float(self.expected_max_factor(ranks))
@@ -386,6 +415,7 @@ class JitterModel:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> JitterModel:
+        _check_section(doc)
         model = cls(
             families=tuple(doc["candidates"]) or (doc["family"],), criterion=doc["criterion"]
         )
@@ -408,3 +438,34 @@ class JitterModel:
         quality.pop("max_over_ranks_rel_error", None)
         model.quality_ = quality
         return model
+
+
+def _check_section(doc: dict[str, Any]) -> None:
+    """The fields of a profile's jitter section that the distribution is drawn from, as a fit
+    writes them, else a :class:`FieldError` naming the field: a family scipy has, its
+    parameters each a number and its shape and scale above 0 (a sigma of -1 makes every draw
+    NaN), atoms sorted ascending, a scale from 0 to :data:`MAX_SCALE`."""
+    family, criterion = doc["family"], doc["criterion"]
+    if family not in FAMILIES:
+        raise FieldError("family", f"unknown family {family!r}; one of {', '.join(FAMILIES)}")
+    if criterion not in ("aic", "ks"):
+        raise FieldError("criterion", f"must be 'aic' or 'ks', got {criterion!r}")
+    unknown = [name for name in doc["candidates"] if name not in FAMILIES]
+    if unknown:
+        raise FieldError(
+            f"candidates.{unknown[0]}", f"unknown family; one of {', '.join(FAMILIES)}"
+        )
+    for name in FAMILIES[family][2]:
+        value = doc["params"][name]
+        positive = name != "loc"  # a normal's mean may be anything; every other is a width
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or (
+            positive and not value > 0):  # fmt: skip
+            raise FieldError(f"params.{name}", f"must be a number{' > 0' if positive else ''}, "
+                             f"got {value!r}")  # fmt: skip
+    atoms = doc["quantiles"]
+    if any(b < a for a, b in zip(atoms, atoms[1:], strict=False)) or not atoms[0] > 0:
+        raise FieldError("quantiles", "must be step times over the median, above 0 and sorted "
+                         "ascending")  # fmt: skip
+    scale = doc.get("scale", 1.0)
+    if not 0 <= scale <= MAX_SCALE:
+        raise FieldError("scale", f"must be from 0 to {MAX_SCALE:g}, got {scale!r}")

@@ -23,9 +23,11 @@ from calibration.jitter import JitterModel
 from calibration.kernels import KernelModel
 from calibration.overlap import OverlapModel
 from calibration.profile import Profile, read_sources
+from calibration.profile_checks import NULLABLE_MODELS, REQUIRED_MODEL_KEYS
 from calibration.record_checks import (
     MACHINE_IDENTITY,
     check_measurements,
+    check_no_copies,
     check_one_machine,
     check_sweeps_ended,
 )
@@ -35,18 +37,20 @@ from microbench.errors import UserError
 from microbench.records import RecordsError, load_dataframe
 
 # profile section -> (benchmark whose records it needs, "a+b" for several: the section is fitted
-# where the first one's records are; modeler factory, required)
-_SECTIONS: dict[str, tuple[str, Callable[[int, int], Any], bool]] = {
-    "collectives": ("collectives", lambda n, s: CollectiveModels(n_boot=n, seed=s), True),
-    "compute": ("compute", lambda n, s: ComputeModel(n_boot=n, seed=s), True),
-    "transfer": ("copies", lambda n, s: TransferModel(n_boot=n, seed=s), False),
-    "jitter": ("jitter", lambda n, s: JitterModel(n_boot=n, seed=s), True),
-    "overlap": ("interference", lambda n, s: OverlapModel(n_boot=n, seed=s), False),
-    "colocation": ("jitter+nodefill", lambda n, s: ColocationModel(n_boot=n, seed=s), False),
-    "drift": ("compute+jitter+speed", lambda n, s: DriftModel(), False),
-    "compression": ("compression", lambda n, s: CompressionModel(n_boot=n, seed=s), False),
-    "storage": ("storage", lambda n, s: StorageModel(n_boot=n, seed=s), False),
-    "kernels": ("kernels+speed", lambda n, s: KernelModel(), False),
+# where the first one's records are; modeler factory). A section the profile cannot be without
+# (the loader's REQUIRED_MODEL_KEYS, less the nullable) is an error when its records are missing,
+# named by benchmark; any other is left out (null).
+_SECTIONS: dict[str, tuple[str, Callable[[int, int], Any]]] = {
+    "collectives": ("collectives", lambda n, s: CollectiveModels(n_boot=n, seed=s)),
+    "compute": ("compute", lambda n, s: ComputeModel(n_boot=n, seed=s)),
+    "transfer": ("copies", lambda n, s: TransferModel(n_boot=n, seed=s)),
+    "jitter": ("jitter", lambda n, s: JitterModel(n_boot=n, seed=s)),
+    "overlap": ("interference", lambda n, s: OverlapModel(n_boot=n, seed=s)),
+    "colocation": ("jitter+nodefill", lambda n, s: ColocationModel(n_boot=n, seed=s)),
+    "drift": ("compute+jitter+speed", lambda n, s: DriftModel()),
+    "compression": ("compression", lambda n, s: CompressionModel(n_boot=n, seed=s)),
+    "storage": ("storage", lambda n, s: StorageModel(n_boot=n, seed=s)),
+    "kernels": ("kernels+speed", lambda n, s: KernelModel()),
 }
 
 
@@ -67,7 +71,9 @@ def load_measurements(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     check_measurements(frame, str(path))
     check_one_machine(frame, str(path))
     root = path if path.is_dir() else path.parent  # sources are relative to it
-    check_sweeps_ended([root / source for source in frame["source"].unique()], root)
+    files = [root / source for source in frame["source"].unique()]
+    check_sweeps_ended(files, root)
+    check_no_copies(files, root)
     return frame
 
 
@@ -121,12 +127,14 @@ def fit_profile(
     if frame is None:
         frame = load_measurements(run_dir)
     frame = with_kernel_sweeps(frame, kernel_runs)
+    # the headers read (and checked) before the fits, so that a damaged one is named at once
+    machine, sources = read_sources([run_dir, *kernel_sweep_files(kernel_runs)])
     models: dict[str, Any] = {}
-    for section, (benchmark, make, required) in _SECTIONS.items():
+    for section, (benchmark, make) in _SECTIONS.items():
         names = benchmark.split("+")
         rows = frame[frame["benchmark"].isin(names)]
         if not (rows["benchmark"] == names[0]).any():
-            if required:
+            if section in REQUIRED_MODEL_KEYS and section not in NULLABLE_MODELS:
                 raise UserError(
                     f"{run_dir} has no {benchmark} records, which the {section} model needs; "
                     f"run 'pdlsim bench' (or 'python -m microbench {benchmark}') into it"
@@ -137,5 +145,13 @@ def fit_profile(
             models[section] = make(n_boot, seed).fit(rows)
         except UserError as exc:
             raise UserError(f"fitting the {section} model: {exc}") from None
-    machine, sources = read_sources([run_dir, *kernel_sweep_files(kernel_runs)])
+        except KeyError as exc:  # a column the fitter reads that no record of it has
+            field = exc.args[0] if exc.args else None
+            if not (isinstance(field, str) and field.startswith("params.") and field not in rows):
+                raise
+            raise UserError(
+                f"fitting the {section} model: no {benchmark} record holds '{field}', which "
+                f"it reads (records edited, or written by another tool); re-run 'python -m "
+                f"microbench {names[0]}'"
+            ) from None
     return Profile.from_models(models, machine, sources), models

@@ -137,7 +137,9 @@ def read_sources(
     """``(machine, sources)`` of records files (or directories of ``*.jsonl``).
 
     ``machine`` is the first file's header metadata (rank 0's, in natural order); ``benchmark``
-    names the benchmarks a file holds, comma-separated when it holds several.
+    names the benchmarks a file holds, comma-separated when it holds several. Each header's
+    machine counts are checked as a profile's are (:func:`check_machine`), naming the file: a
+    core count edited to 0 there would else be named only as the new profile's.
     """
     files: list[Path] = []
     for item in paths:
@@ -151,6 +153,7 @@ def read_sources(
             header, records = read_records(path)
         except (OSError, RecordsError) as exc:
             raise ProfileError(str(path), "", f"cannot read records ({exc})") from None
+        check_machine(str(path), header["machine"])
         machine = machine or dict(header["machine"])
         names = sorted({str(r.get("benchmark")) for r in records if r.get("benchmark")})
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -173,6 +176,9 @@ class Profile:
     # each section's model object, built once: a kernel model's tables take about a second
     # to build, and a prediction (or a validation's hundreds) asks for them many times
     _built: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
+    # whether the document passed _check_document: from_dict's profiles did; one made directly
+    # from sections (a script's Profile(machine, models)) has not, until checked()
+    _checked: bool = field(default=False, init=False, compare=False, repr=False)
 
     @classmethod
     def from_models(
@@ -234,7 +240,7 @@ class Profile:
         ``by_example=False`` skips the check against the packaged profiles' fields, which a
         packaged profile passes by construction (the examples are the packaged profiles)."""
         _check_document(source, doc, by_example)
-        return cls(
+        profile = cls(
             machine=doc["machine"],
             models=doc["models"],
             fit_quality=doc.get("fit_quality") or {},
@@ -244,6 +250,17 @@ class Profile:
             schema_version=doc["schema_version"],
             source=source,
         )
+        object.__setattr__(profile, "_checked", True)  # frozen: set once, here
+        return profile
+
+    def checked(self) -> Profile:
+        """This profile, after the checks a loaded one passes (:class:`ProfileError` naming the
+        field): what a prediction is given must not reach the simulator unchecked, and one
+        built directly from its sections has not been."""
+        if not self._checked:
+            _check_document(self.source, self._document())
+            object.__setattr__(self, "_checked", True)
+        return self
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically as indented JSON (checked first, so nothing invalid is written)."""
@@ -296,9 +313,10 @@ def _check_document(source: str, doc: Any, by_example: bool = True) -> None:
         if not isinstance(doc[key], kind):
             raise ProfileError(source, key, f"has the wrong type {type(doc[key]).__name__}")
     _check_created(source, doc["created_utc"])
-    sources = doc.get("sources") or []
+    sources = doc.get("sources")
+    sources = [] if sources is None else sources  # not `or`: {} or "" is no list either
     if not isinstance(sources, list):
-        raise ProfileError(source, "sources", "must be a list")
+        raise ProfileError(source, "sources", f"must be a list, got {shown(sources)}")
     for i, item in enumerate(sources):
         keys = ("path", "benchmark", "records", "sha256")
         if not isinstance(item, Mapping) or any(k not in item for k in keys):
@@ -320,9 +338,16 @@ def _check_document(source: str, doc: Any, by_example: bool = True) -> None:
             source, f"models.{unknown[0]}", f"unknown model section; this pdlsim reads "
             f"{', '.join(MODELERS)} (is it misspelt?)"
         )  # fmt: skip
-    quality = doc.get("fit_quality") or {}
+    empty = [m for m, section in doc["models"].items() if section == {}]
+    if empty:  # no fitted model writes one, and the cost model reads it as a model not measured
+        raise ProfileError(
+            source, f"models.{empty[0]}", "is an empty object; a model not measured is null: "
+            "give null, or calibrate again (pdlsim calibrate)"
+        )  # fmt: skip
+    quality = doc.get("fit_quality")
+    quality = {} if quality is None else quality  # not `or`: [] or 0 is no object either
     if not isinstance(quality, Mapping):
-        raise ProfileError(source, "fit_quality", "must be an object")
+        raise ProfileError(source, "fit_quality", f"must be an object, got {shown(quality)}")
     check_tree(source, quality, "fit_quality")
 
 

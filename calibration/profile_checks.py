@@ -13,7 +13,8 @@ by any modeler is covered without this module importing it:
 * an interval must contain its value, in each of the shapes the modelers write: a sibling
   ``"<name>_interval"`` or ``"<stem>_ci"`` (``alpha_ci`` belongs to ``alpha_s``), an
   ``"intervals": {"<name>": ...}`` mapping next to the values, or one ``{"value", "low",
-  "high"}`` object; an interval is ``{"low", "high", ...}`` or ``[low, high]``;
+  "high"}`` object; an interval is ``{"low", "high", ...}`` or ``[low, high]``, its
+  ``confidence`` (where given) a fraction strictly between 0 and 1;
 * each model section has the keys its consumer reads (:data:`REQUIRED_MODEL_KEYS`), none of
   them empty (a compute model of no device was a KeyError traceback at the first prediction);
 * the machine's counts (:data:`MACHINE_COUNTS`: cores, memory) are whole numbers >= 1 or null,
@@ -43,6 +44,7 @@ __all__ = [
     "ProfileError",
     "TEXT",
     "MACHINE_COUNTS",
+    "NULLABLE_MODELS",
     "check_machine",
     "check_models",
     "check_tree",
@@ -151,6 +153,12 @@ def _interval_bounds(source: str, field: str, interval: Any) -> tuple[float, flo
         raise ProfileError(source, field, "interval bounds must be numbers")
     if low > high:
         raise ProfileError(source, field, f"interval low {low!r} is above high {high!r}")
+    level = interval.get("confidence") if isinstance(interval, Mapping) else None
+    if level is not None and not (is_number(level) and 0 < level < 1):  # printed as a percent
+        raise ProfileError(
+            source, _join(field, "confidence"), f"a confidence level is a fraction between 0 "
+            f"and 1 (0.95), got {json.dumps(level) if is_number(level) else shown(level)}"
+        )  # fmt: skip
     return float(low), float(high)
 
 

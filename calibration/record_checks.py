@@ -10,7 +10,8 @@ one line naming the file, the record and what to fix. So is a value no measureme
 a count of ranks or threads of 0 or past any machine (a traceback deep in numpy, or a fit that
 allocates petabytes), a time of more than a day, a timed operation whose median is 0 s (every
 fitter divides by it: an infinite peak rate failed the profile's write with a traceback, or a
-fit failed without naming the record), or a collective no cost formula knows. And a
+fit failed without naming the record), a collective no cost formula knows, or samples in a unit
+other than the seconds the fitters read them as (:data:`_UNITS_OF`). And a
 benchmark run stopped part-way (:func:`check_sweeps_ended`): its fits hold the points it
 reached as if they were the whole grid (a third of a quick kernel sweep priced a residual CNN's
 step at 0.6 ms against 115 ms from the whole).
@@ -18,6 +19,7 @@ step at 0.6 ms against 115 ms from the whole).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import numbers
@@ -30,13 +32,20 @@ import pandas as pd
 
 from calibration.formulas import ALGORITHMS
 from microbench.errors import UserError
+from microbench.machine import IDENTITY_KEYS
 from microbench.records import read_records, stopped_sweep_points
 
-__all__ = ["MACHINE_IDENTITY", "check_measurements", "check_one_machine", "check_sweeps_ended"]
+__all__ = [
+    "MACHINE_IDENTITY",
+    "check_measurements",
+    "check_no_copies",
+    "check_one_machine",
+    "check_sweeps_ended",
+]
 
-# What must agree for records to describe one machine. Not the host name: the ranks of a
-# cluster run land on other nodes of one partition from one srun to the next.
-MACHINE_IDENTITY = ("machine.cpu_model", "machine.logical_cores", "machine.arch")
+# What must agree for records to describe one machine (microbench.machine.IDENTITY_KEYS, which
+# an append onto another machine's records file is refused by), as columns of the frame.
+MACHINE_IDENTITY = tuple(f"machine.{key}" for key in IDENTITY_KEYS)
 
 _TEXT_FIELDS = ("benchmark", "name")
 
@@ -71,6 +80,11 @@ MAX_SAMPLE_S = 86_400.0
 # call reads as no time. Every other timed operation takes some: a median of 0 s is no
 # measurement.
 _ZERO_TIME_ALLOWED = ("timer",)
+# The unit a record's samples are in: seconds, but for the watts and joules the power benchmark
+# writes. The fitters read every other record's samples as seconds, so a unit of "ms" or "us"
+# would be fitted a thousandfold off, and one no time check applies to.
+_UNITS = ("s",)
+_UNITS_OF: dict[str, tuple[str, ...]] = {"power": ("s", "W", "J")}
 # Values a text field of a benchmark must take, where a fitter looks each one up.
 _VOCABULARY: dict[tuple[str, str], tuple[str, ...]] = {
     ("collectives", "op"): tuple(ALGORITHMS),
@@ -151,6 +165,7 @@ def check_measurements(frame: pd.DataFrame, where: str) -> None:
             raise UserError(f"{_record(frame, row, where)}: 'params' must be an object; re-run it")
     _check_params(frame, where)
     _check_vocabulary(frame, where)
+    _check_units(frame, where)
     samples, limits = frame["samples"], _limits(frame)
     if not _all_times(samples, limits):
         for row, (value, limit) in enumerate(zip(samples, limits, strict=True)):
@@ -240,6 +255,22 @@ def _check_vocabulary(frame: pd.DataFrame, where: str) -> None:
             )
 
 
+def _check_units(frame: pd.DataFrame, where: str) -> None:
+    """Each record's ``unit``, where it has one, is its benchmark's (:data:`_UNITS_OF`, else
+    :data:`_UNITS`): a one-line :class:`UserError` for the first that is not."""
+    if "unit" not in frame:
+        return
+    known = frame["benchmark"].map(lambda b: _UNITS_OF.get(b, _UNITS))
+    wrong = [not _absent(u) and u not in k for u, k in zip(frame["unit"], known, strict=True)]
+    if any(wrong):
+        row = wrong.index(True)
+        units = " or ".join(map(repr, known.iloc[row]))
+        raise UserError(
+            f"{_record(frame, row, where)}: 'unit' must be {units} (samples in seconds), got "
+            f"{frame['unit'].iloc[row]!r}; re-run the benchmark"
+        )
+
+
 def _check_params(frame: pd.DataFrame, where: str) -> None:
     """Each ``params`` field of :data:`_KINDS` that a record holds is of its kind; a one-line
     :class:`UserError` for the first record whose field is not."""
@@ -302,3 +333,20 @@ def check_sweeps_ended(files: Sequence[Path], root: Path) -> None:
                 f"priced from what it did; run {command} again into that folder with "
                 "--append, or pdlsim bench into a new directory"
             )
+
+
+def check_no_copies(files: Sequence[Path], root: Path) -> None:
+    """No two of one run's records ``files`` hold the same bytes: a copy left beside its
+    original ("compute (copy).jsonl") would count each of its samples twice, and the fits'
+    intervals be narrower than the measurements allow. Each header carries its own creation
+    time, so no two benchmark runs write the same file."""
+    seen: dict[str, Path] = {}
+    for path in files:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest in seen:
+            raise UserError(
+                f"{root}: {path.relative_to(root)} holds the same records as "
+                f"{seen[digest].relative_to(root)} (a copy?), which would count each of their "
+                "samples twice; move one of them out of the run"
+            )  # fmt: skip
+        seen[digest] = path

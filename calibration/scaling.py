@@ -20,6 +20,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from .optable import NON_OP_PHASES
+from .profile_checks import FieldError
 from .stats import (
     Interval,
     bootstrap_params,
@@ -112,6 +113,11 @@ class ScalingFit:
             intervals[law] = {k: Interval.from_dict(v) for k, v in entry["intervals"].items()}
             rel[law] = float(entry["rel_error"])
             leave[law] = entry.get("leave_out_rel_error")
+        if doc["chosen"] not in params:  # read when threads go past the measured ones
+            raise FieldError(
+                "chosen", f"names no fitted law ({', '.join(params) or 'none is fitted'}), got "
+                f"{doc['chosen']!r}"
+            )  # fmt: skip
         return cls(
             int(doc["base_threads"]),
             tuple(int(t) for t in doc["threads"]),

@@ -9,6 +9,7 @@ established empirical modeller.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -56,16 +57,24 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
         metavar="PROFILE",
         help="profile path (default: RUN_DIR/profile.json)",
     )
-    p.add_argument("--procs", type=int_list, default=(1, 2), metavar="P,...", help="for bench")
-    p.add_argument("--threads", type=int_list, default=None, metavar="T,...", help="for bench")
-    p.add_argument("--model", type=name_list, default="mlp,cnn", metavar="NAME|PATH,...",
-                   help="for bench")  # fmt: skip
-    p.add_argument(
-        "--batch", type=int_list, default=(16, 32, 64), metavar="B,...", help="for bench"
-    )
+    # the benchmarks' own settings: None when not given, so that --from, which runs no
+    # benchmark, refuses them instead of ignoring them (BENCH_DEFAULTS fills them in)
+    p.add_argument("--procs", type=int_list, default=None, metavar="P,...",
+                   help="for bench (1,2); not with --from")  # fmt: skip
+    p.add_argument("--threads", type=int_list, default=None, metavar="T,...",
+                   help="for bench (1 up to the cores); not with --from")  # fmt: skip
+    p.add_argument("--model", type=name_list, default=None, metavar="NAME|PATH,...",
+                   help="for bench (mlp,cnn); not with --from")  # fmt: skip
+    p.add_argument("--batch", type=int_list, default=None, metavar="B,...",
+                   help="for bench (16,32,64); not with --from")  # fmt: skip
     p.add_argument("--bootstrap", type=positive_int, default=None, help="bootstrap rounds")
     p.add_argument("--seed", type=seed, default=0, help="bootstrap seed")
     p.set_defaults(handler=run_calibrate_command)
+
+
+# The benchmarks' settings calibrate hands to 'pdlsim bench' when it runs one, and their values
+# when not given (--threads: None, every count up to the cores).
+BENCH_DEFAULTS = {"procs": (1, 2), "threads": None, "model": "mlp,cnn", "batch": (16, 32, 64)}
 
 
 def _run_dirs(text: str) -> tuple[Path, ...]:
@@ -78,6 +87,17 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
         _check_records_dir(extra, "--kernels-from")
     if args.from_dir is not None:
         _check_records_dir(args.from_dir, "--from")
+        given = [name for name in BENCH_DEFAULTS if getattr(args, name) is not None]
+        if given:  # the records were measured as they were: the setting would change nothing
+            raise UserError(
+                f"--{given[0]} sets the benchmarks calibrate runs, and --from {args.from_dir} "
+                f"runs none (it fits the records there as they were measured): drop --{given[0]}"
+            )  # fmt: skip
+    else:
+        for name, default in BENCH_DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+    _check_runs_distinct(args.kernels_from, args.from_dir)
     # The profile, and the Extra-P file and plots folder beside it, probed before the
     # benchmarks and the fits (so that their work is not lost at the end, and the profile is
     # not replaced when what goes beside it cannot be written); --from's default,
@@ -119,6 +139,20 @@ def _check_records_dir(path: Path, flag: str) -> None:
             f"holds it ({path.parent})"
         )
     raise UserError(f"{flag} {path}: no such directory of records")
+
+
+def _check_runs_distinct(kernels_from: tuple[Path, ...], from_dir: Path | None) -> None:
+    """Each --kernels-from run named once and none of them the --from run (each an existing
+    directory by now): a sweep pooled twice would count each of its samples twice."""
+    named: list[tuple[Path, str]] = [(from_dir, "--from")] if from_dir is not None else []
+    for extra in kernels_from:
+        for other, flag in named:
+            if os.path.samefile(extra, other):
+                raise UserError(
+                    f"--kernels-from {extra} is the run {flag} names already ({other}): its "
+                    "sweep would count twice; name each run once"
+                )  # fmt: skip
+        named.append((extra, "--kernels-from"))
 
 
 def _check_not_records(path: Path, flag: str, given: Path) -> None:

@@ -251,7 +251,10 @@ def resolve_profile(name: str | os.PathLike[str] | Profile | None) -> tuple[Prof
     from calibration.profile import Profile, ProfileError, load_profile, packaged_profile_names
 
     if isinstance(name, Profile):
-        return name, f"given (created {name.created_utc})"
+        try:
+            return name.checked(), f"given (created {name.created_utc})"
+        except ProfileError as exc:
+            raise UserError(f"--profile: {exc}") from None
     if name is None:
         names = packaged_profile_names()
         if not names:

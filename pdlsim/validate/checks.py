@@ -16,8 +16,9 @@ line before the calibration (ten minutes) or the first launch, never found at th
   share a run folder (the second launch found the first one's records and failed mid-run).
 * :func:`check_memory`: every launch's synthetic data fits memory as ``pdlsim train`` wants it
   (a large ``--steps`` was refused by the first launch, after the calibration).
-* :func:`check_profile`: a given profile's every model section builds, and the held-out draw
-  is unseen by it, before the held-out workloads are written.
+* :func:`check_profile`: a given profile's every model section builds, it measured CPU ranks
+  (which every validation trains), and the held-out draw is unseen by it, before the held-out
+  workloads are written.
 """
 
 from __future__ import annotations
@@ -223,6 +224,13 @@ def check_profile(cfg: Any, drawn: list[tuple[Any, tuple[int, ...]]]) -> None:
             continue
         except UserError as exc:
             raise UserError(f"--profile: {exc}") from None
+    devices = profile.model("compute").devices  # every validation trains CPU ranks
+    if "cpu" not in devices:
+        raise UserError(
+            f"--profile {cfg.profile}: the profile measured compute on {', '.join(devices)}, "
+            "not on CPU ranks, and validate trains CPU ranks; give a profile calibrated on "
+            "CPUs, or drop --profile to calibrate here"
+        )  # fmt: skip
     check_unseen(
         cfg.profile,
         [RunSpec(f"{w.name}.json", 1, 1, b, heldout=True) for w, bs in drawn for b in bs],
