@@ -50,7 +50,12 @@ are the same by construction.
      "loops": {"<variant>": {"<threads>": LoopTable.to_dict()}},
      "step_terms": {"<threads>": StepTerms.to_dict()},
      "beyond_sigma_per_log": {"gemm": float, "loops": float},
-     "thread_law": {"sigma_per_log": float, "points": int, "source": "scored" | "assumed"}}
+     "thread_law": {"sigma_per_log": float, "points": int, "source": "scored" | "assumed"},
+     "attention_run": "block"}
+
+``attention_run`` names the run the attention tables are laid out over: "block", a (sample,
+head) block's pairs times the head width (:func:`~microbench.kernels.callspec.call_features`);
+a profile without it has tables over the head width, and prices attention by that.
 
 ``quality_dict()`` (the profile's ``fit_quality.kernels``)::
 
@@ -169,6 +174,14 @@ def _at_counts(
     return lambda threads: tables[(key, threads)].time_s(*coordinates)
 
 
+def _head_width_features(dims: Sequence[int]) -> tuple[int, int]:
+    """An attention call's (elements, run) as a profile without ``attention_run`` laid its
+    tables out: the run is the head width."""
+    n, t, d, heads, causal = dims
+    pairs = t * (t + 1) // 2 if causal else t * t
+    return n * pairs * d, d // heads
+
+
 def _nearest_threads(have: Sequence[int], threads: int) -> int:
     below = [t for t in have if t <= threads]
     return max(below) if below else min(have)
@@ -199,6 +212,7 @@ class KernelModel:
             self.gemm_[(str(layout), int(threads))] = table
         loops = _without_retimed_firsts(rows[rows["name"] == "loop"], _LOOP_POINT)
         self.loops_: dict[tuple[str, int], LoopTable] = {}
+        self.attention_run_ = "block"  # the features call_features counts
         for (variant, threads), part in loops.groupby(["params.variant", "params.threads"]):
             # features from the dimensions, as the model prices a call (not as recorded: a
             # record keeps what the sweep counted when it ran)
@@ -295,7 +309,10 @@ class KernelModel:
         if call.kernel.startswith("gemm_"):
             return self.gemm_, call.kernel[5:], tuple(call.dims), threads
         used = threads if call.parallel else 1
-        return self.loops_, call.variant, call_features(call.kernel, call.dims), used
+        features = call_features(call.kernel, call.dims)
+        if call.kernel.startswith("attention") and self.attention_run_ != "block":
+            features = _head_width_features(call.dims)
+        return self.loops_, call.variant, features, used
 
     def beyond_sigma(self, call: KernelCall, threads: int) -> float:
         """The log error ``call`` carries for being priced beyond what was measured: its
@@ -415,6 +432,7 @@ class KernelModel:
             "step_terms": {str(t): terms.to_dict() for t, terms in sorted(self.steps_.items())},
             "beyond_sigma_per_log": dict(self.beyond_sigma_),
             "thread_law": dict(self.thread_law_),
+            "attention_run": self.attention_run_,
         }
 
     @classmethod
@@ -425,6 +443,9 @@ class KernelModel:
             for layout, by_threads in doc["gemm"].items()
             for t, table in by_threads.items()
         }
+        model.attention_run_ = doc.get("attention_run", "head_width")
+        if model.attention_run_ not in ("block", "head_width"):
+            raise FieldError("attention_run", f"must be 'block', got {model.attention_run_!r}")
         model.loops_ = {}
         for variant, by_threads in doc["loops"].items():
             for t, table in by_threads.items():

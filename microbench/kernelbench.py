@@ -164,14 +164,16 @@ CHANNEL_KERNELS = frozenset(
      "batchnorm_backward"}
 )  # fmt: skip
 # Other kernels whose speed depends on a run, and the runs timed: classes, row bytes, widths
-# (layernorm, embedding), head widths (attention), channels (batchnorm: fewer than the
+# (layernorm, embedding), block sizes (attention: sequences of 2 to 128 tokens of a 16-wide
+# head), channels (batchnorm: fewer than the
 # channel-like loops, whose runs set their vector remainders; batchnorm's channels are its
 # vector axis too, but it runs after few of the layers).
 _RUNS = {
     "softmax_xent": (2, 10, 100, 1000), "gather": (16, 256, 4096, 65536),
     **{k: (16, 64, 256, 768) for k in ("layernorm", "layernorm_backward", "embedding",
                                       "embedding_backward")},
-    **{k: (8, 16, 32, 64) for k in ("attention", "attention_backward")},
+    **{k: (64, 256, 1024, 4096, 16384, 65536, 262144) for k in ("attention",
+                                                               "attention_backward")},
     **{k: (1, 3, 8, 16, 32, 64, 128, 512)
        for k in ("batchnorm", "batchnorm_eval", "batchnorm_backward")},
 }  # fmt: skip

@@ -22,10 +22,10 @@ from microbench.kernels.shapes import conv_output_hw
 __all__ = ["FRESH_DATA", "MAX_ELEMENTS", "fresh_views", "im2col_dims", "loop_dims", "loop_fn"]
 
 MAX_ELEMENTS = 2**24  # per operand: 64 MiB of float32
-# Attention's sweep calls: this many heads, sequences up to this long (longer ones are more
-# samples of the same per-pair work).
+# Attention's sweep calls: this many heads of this width; a block's size (the run) sets the
+# tokens, and the elements the samples.
 ATTENTION_HEADS = 2
-ATTENTION_MAX_TOKENS = 128
+ATTENTION_HEAD_WIDTH = 16
 # Embedding's sweep calls: sequences of this many tokens, ids drawn from a vocabulary of this
 # many rows (a table of some MiB: the rows a step gathers come from the caches or beyond).
 EMBEDDING_TOKENS = 16
@@ -42,9 +42,9 @@ def loop_dims(
         return (elements,)
     if kernel in ROW_KERNELS:
         return (max(1, elements // run), run)
-    if kernel.startswith("attention"):  # run: the head width; two heads, square-ish blocks
-        d = ATTENTION_HEADS * run
-        t = min(ATTENTION_MAX_TOKENS, max(2, math.isqrt(max(1, elements // d))))
+    if kernel.startswith("attention"):  # run: a (sample, head) block's pairs x head width
+        t = max(2, math.isqrt(max(1, run // ATTENTION_HEAD_WIDTH)))
+        d = ATTENTION_HEADS * ATTENTION_HEAD_WIDTH
         return (max(1, elements // (t * t * d)), t, d, ATTENTION_HEADS, 0)
     if kernel.startswith("embedding"):  # run: the width
         return (max(1, elements // (EMBEDDING_TOKENS * run)), EMBEDDING_TOKENS, run)

@@ -104,18 +104,21 @@ def call_features(kernel: str, dims: Sequence[int]) -> tuple[int, int]:
     """``(elements, run)`` of a loop, gather or copy call: the elements it works through (a
     max-pool: its window taps; a GEMM: its multiply-adds) and the mean length of its innermost
     contiguous runs (the values one inner loop copies or reduces before it jumps; 1 where a
-    kernel has no such axis). Attention counts the (query, key) pairs each token sees times
-    the width, its run is the head width. A kernel's cost tables are laid out over these two
-    (:mod:`microbench.kernelbench`)."""
+    kernel has no such axis). Attention counts every (query, key) pair times the width (a
+    causal core computes the whole square of scores with BLAS and masks it after, so it costs
+    a full one); its run is one (sample, head) block's share of that, pairs times the head
+    width: the core works block by block, each paying a fixed cost (its head's copies and BLAS
+    calls) beside its pairs, so that its time per element is a law of the block (at one head
+    width, short sequences cost several times more per element than long ones). A kernel's
+    cost tables are laid out over these two (:mod:`microbench.kernelbench`)."""
     if kernel.startswith("gemm_"):
         m, n, k = dims
         return m * n * k, 1
     if kernel in ROW_KERNELS:
         return dims[0] * dims[1], dims[1]
-    if kernel.startswith("attention"):  # every (query, key) pair a token sees, times d
-        n, t, d, heads, causal = dims
-        pairs = t * (t + 1) // 2 if causal else t * t
-        return n * pairs * d, d // heads
+    if kernel.startswith("attention"):  # every (query, key) pair, times d
+        n, t, d, heads, _ = dims
+        return n * t * t * d, t * t * (d // heads)
     if kernel.startswith("embedding"):
         return math.prod(dims), dims[2]
     if kernel == "gather":

@@ -18,11 +18,13 @@ import pandas as pd
 import pytest
 
 from calibration.kernels import KernelModel
+from calibration.loop_table import LoopTable
+from calibration.profile_checks import FieldError
 from calibration.step_terms import StepTerms, fit_step_terms
 from microbench.kernelbench import run_kernels
-from microbench.kernels.calls import KernelCall, op_calls, step_calls
+from microbench.kernels.calls import KernelCall, call_features, op_calls, step_calls
 from microbench.kernels.steps import glue_workloads, paired_rounds
-from microbench.loopcalls import FRESH_DATA, fresh_views
+from microbench.loopcalls import FRESH_DATA, fresh_views, loop_dims
 from microbench.machine import machine_metadata
 from microbench.randomnets import random_workloads
 from microbench.records import RecordWriter, load_dataframe
@@ -321,6 +323,56 @@ def test_a_profile_from_before_the_step_terms_reads_its_glue(sweep):
     plain = KernelCompute(old, frozenset())
     one_sigma = KernelCompute(old, frozenset(), 1.0).step_s(mlp, 8, 1)
     assert one_sigma == pytest.approx(plain.step_s(mlp, 8, 1) * np.exp(sigma))
+
+
+def _block_law(dims) -> float:
+    """A synthetic attention core: 5 us per (sample, head) block beside 0.4 ns per element."""
+    n, heads = dims[0], dims[3]
+    return n * heads * 5e-6 + call_features("attention", dims)[0] * 0.4e-9
+
+
+def test_attention_tables_recover_a_per_block_cost_on_shapes_never_swept():
+    """Laid out over (elements, block), a table of the sweep's calls (2 heads of 16, square
+    blocks) prices calls of other heads, head widths, sequences and masks by the synthetic
+    law to within 10% (log-linear between the swept blocks); over the head width, as a
+    profile without ``attention_run`` lays it out, the same calls would be several times
+    off."""
+    sweep_dims = [loop_dims("attention", e, r) for e in (2**12, 2**15, 2**18, 2**21, 2**24)
+                  for r in (64, 256, 1024, 4096, 16384, 65536, 262144) if r <= e]  # fmt: skip
+    model = KernelModel()
+    model.attention_run_ = "block"
+    model.loops_ = {("attention_serial", 1): LoopTable.from_points(
+        (*call_features("attention", d), _block_law(d)) for d in sweep_dims)}  # fmt: skip
+    for dims in [(96, 24, 48, 4, 1), (384, 12, 48, 4, 0), (8, 100, 64, 1, 1), (40, 6, 24, 8, 0)]:
+        call = KernelCall("attention", dims, 0, "forward")
+        assert model.call_s(call, 1) == pytest.approx(_block_law(dims), rel=0.1), dims
+    # the same law laid out by head width: each head width's curve holds the sweep's blocks
+    by_width = LoopTable.from_points(
+        (*call_features("attention", d), _block_law(d))
+        for d in [
+            (max(1, e // (128 * 128 * 2 * w)), 128, 2 * w, 2, 0)
+            for e in (2**18, 2**21, 2**24)
+            for w in (8, 16, 32, 64)
+        ]  # fmt: skip
+    )
+    small = (384, 12, 48, 4, 0)
+    legacy = by_width.time_s(call_features("attention", small)[0], 12)
+    assert _block_law(small) > 3 * legacy
+
+
+def test_a_profile_without_attention_run_prices_attention_by_head_width(sweep):
+    _, model = sweep
+    doc = model.to_dict()
+    assert doc["attention_run"] == "block"
+    del doc["attention_run"]
+    old = KernelModel.from_dict(doc)
+    call = KernelCall("attention", (4, 24, 48, 4, 1), 0, "forward")
+    table = old.loops_[(call.variant, 1)]
+    assert old.call_s(call, 1) == table.time_s(4 * 300 * 48, 12)
+    assert model.call_s(call, 1) == pytest.approx(table.time_s(4 * 576 * 48, 576 * 12), 1e-4)
+    doc["attention_run"] = "heads"
+    with pytest.raises(FieldError, match="attention_run"):
+        KernelModel.from_dict(doc)
 
 
 def _with_steps(sweep, slower: float, batches) -> tuple[KernelModel, pd.DataFrame]:

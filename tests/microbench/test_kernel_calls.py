@@ -12,6 +12,7 @@ from microbench.kernels import loops
 from microbench.kernels.calls import KernelCall, call_features, op_calls, step_calls
 from microbench.kernels.callspec import ROW_KERNELS, _im2col_run
 from microbench.kernels.policy import PARALLEL_MIN_ELEMENTS
+from microbench.loopcalls import loop_dims
 from microbench.nn import Network, make_optimizer, random_batch
 from microbench.randomnets import random_workloads
 from microbench.threads import available_cores, set_threads
@@ -419,6 +420,21 @@ def test_features_count_taps_and_runs():
     # k*c per kernel row), 6 overhanging (k runs of c per kernel row)
     assert _im2col_run(16, 3, 7, 1, 3) == round(16 * 49 * 3 / (10 * 7 + 6 * 49))
     assert _im2col_run(16, 4, 3, 1, 0) == 12  # no padding: every run is k * c
+
+
+def test_attentions_run_is_a_blocks_pairs_times_its_head_width():
+    """Attention's run is one (sample, head) block's work, so that its table sees what a block
+    costs apart from its pairs; the sweep's calls land on the runs it asks for."""
+    assert call_features("attention", (3, 24, 48, 4, 0)) == (3 * 576 * 48, 576 * 12)
+    # causal: the whole square of scores is computed, then masked
+    assert call_features("attention_backward", (3, 24, 48, 4, 1)) == (3 * 576 * 48, 576 * 12)
+    for run in (64, 256, 1024, 4096, 16384, 65536, 262144):
+        for elements in (run, 2**15, 2**21, 2**24):
+            if elements < run:
+                continue
+            got, got_run = call_features("attention", loop_dims("attention", elements, run))
+            assert got_run == run  # 16-wide heads of square blocks: every sweep run exact
+            assert elements / 2 <= got <= max(elements, 2 * run)  # a sample of 2 heads at least
 
 
 def test_bad_calls_are_refused():
