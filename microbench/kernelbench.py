@@ -79,6 +79,7 @@ from microbench.threads import let_blas_threads_sleep, set_threads
 from microbench.workload import Workload
 
 __all__ = [
+    "ATTENTION_MAX_BLOCKS",
     "FULL_POLICY",
     "GEMM_MAX_FLOPS",
     "QUICK_GEMM_MAX_FLOPS",
@@ -193,8 +194,18 @@ POOL_WINDOWS = {"maxpool": ((2, 2), (3, 2)), "maxpool_backward": ((3, 2),),
 ELEMENTS_PER_RUN = 2**19
 
 
+# An attention point holds at most this many (sample, head) blocks (a batch of 256 with 16
+# heads): past it a call is more of the same blocks, which the table's law in elements prices,
+# and a sweep of tiny blocks at the largest sizes (262,144 blocks of 2 tokens) took seconds.
+ATTENTION_MAX_BLOCKS = 4096
+
+
 def _within_cap(elements: int, channels: int) -> bool:
     return elements <= max(2**21, ELEMENTS_PER_RUN * channels)
+
+
+def _blocks_within_cap(kernel: str, elements: int, run: int) -> bool:
+    return not kernel.startswith("attention") or elements <= ATTENTION_MAX_BLOCKS * run
 
 
 # Loops with a parallel driver (numba prange).
@@ -302,7 +313,11 @@ def loop_points(plan: KernelPlan, threads: int) -> list[tuple[str, str, tuple[in
         for window in POOL_WINDOWS.get(kernel, ((2, 2),)):
             for elements in plan.loop_elements:
                 for run in runs:
-                    if run <= elements and (not channels or _within_cap(elements, run)):
+                    if (
+                        run <= elements
+                        and (not channels or _within_cap(elements, run))
+                        and _blocks_within_cap(kernel, elements, run)
+                    ):
                         out.append((kernel, variant, loop_dims(kernel, elements, run, window)))
     return out
 

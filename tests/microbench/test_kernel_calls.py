@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from microbench.kernelbench import ATTENTION_MAX_BLOCKS, KernelPlan, loop_points
 from microbench.kernels import cpu as kernels_cpu
 from microbench.kernels import loops
 from microbench.kernels.calls import KernelCall, call_features, op_calls, step_calls
@@ -435,6 +436,10 @@ def test_attentions_run_is_a_blocks_pairs_times_its_head_width():
             got, got_run = call_features("attention", loop_dims("attention", elements, run))
             assert got_run == run  # 16-wide heads of square blocks: every sweep run exact
             assert elements / 2 <= got <= max(elements, 2 * run)  # a sample of 2 heads at least
+    swept = [call_features(k, d) for k, _, d in loop_points(KernelPlan(threads=(1,)), 1)
+             if k == "attention"]  # fmt: skip
+    assert {run for _, run in swept} == {64, 256, 1024, 4096, 16384, 65536, 262144}
+    assert max(e / run for e, run in swept) == ATTENTION_MAX_BLOCKS  # more is the same blocks
 
 
 def test_bad_calls_are_refused():
