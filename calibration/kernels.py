@@ -190,6 +190,10 @@ def _nearest_threads(have: Sequence[int], threads: int) -> int:
 class KernelModel:
     """Kernel tables and the step terms (module docstring)."""
 
+    # the run its attention tables are laid out over (module docstring): a fit's, unless a
+    # profile says otherwise
+    attention_run_ = "block"
+
     def fit(self, df: pd.DataFrame) -> KernelModel:
         """Fit to ``df``'s "kernels" records; its "speed" records, if any, are the steps the
         model is checked on (module docstring), never fitted."""
@@ -212,7 +216,6 @@ class KernelModel:
             self.gemm_[(str(layout), int(threads))] = table
         loops = _without_retimed_firsts(rows[rows["name"] == "loop"], _LOOP_POINT)
         self.loops_: dict[tuple[str, int], LoopTable] = {}
-        self.attention_run_ = "block"  # the features call_features counts
         for (variant, threads), part in loops.groupby(["params.variant", "params.threads"]):
             # features from the dimensions, as the model prices a call (not as recorded: a
             # record keeps what the sweep counted when it ran)

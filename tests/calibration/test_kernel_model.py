@@ -339,8 +339,7 @@ def test_attention_tables_recover_a_per_block_cost_on_shapes_never_swept():
     off."""
     sweep_dims = [loop_dims("attention", e, r) for e in (2**12, 2**15, 2**18, 2**21, 2**24)
                   for r in (64, 256, 1024, 4096, 16384, 65536, 262144) if r <= e]  # fmt: skip
-    model = KernelModel()
-    model.attention_run_ = "block"
+    model = KernelModel()  # a fit's: tables over the block
     model.loops_ = {("attention_serial", 1): LoopTable.from_points(
         (*call_features("attention", d), _block_law(d)) for d in sweep_dims)}  # fmt: skip
     for dims in [(96, 24, 48, 4, 1), (384, 12, 48, 4, 0), (8, 100, 64, 1, 1), (40, 6, 24, 8, 0)]:
