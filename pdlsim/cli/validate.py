@@ -79,9 +79,10 @@ def add_validate_parser(commands: argparse._SubParsersAction) -> None:
         "report also scores none, all and this set without each of its terms",
     )
     p.add_argument("--breakdown", action="store_true", help="print measured vs predicted phases")
-    p.add_argument("--published", action="store_true",
+    p.add_argument("--published", nargs="?", const=True, default=None, metavar="FILE",
                    help="score the GPU cluster model against the shipped table of published "
-                   "measurements instead (no training runs)")  # fmt: skip
+                   "measurements instead (no training runs), or against FILE, a table shaped "
+                   "as pdlsim/validate/published.json")  # fmt: skip
     p.add_argument("--json", action="store_true", help="with --published: print it as JSON")
     p.add_argument(
         "--out", type=path_argument, default=None, metavar="DIR", help="report directory"
@@ -119,7 +120,7 @@ def _run_published(args: argparse.Namespace) -> int:
         if flag:
             raise UserError(f"{flag} is for training runs; --published only predicts the "
                             f"published table: drop {flag} or --published")  # fmt: skip
-    doc = score_published()
+    doc = score_published(None if args.published is True else args.published)
     print(json.dumps(doc, indent=1) if args.json else format_published(doc))
     return 0
 
@@ -146,7 +147,7 @@ def _kept(out: Path, given: bool) -> str:
 def run_validate_command(args: argparse.Namespace) -> int:
     from pdlsim.validate.report import format_breakdown, format_report
 
-    if args.published:
+    if args.published is not None:
         return _run_published(args)
     if args.json:
         raise UserError("--json is for --published; a training validation writes its report "

@@ -46,7 +46,7 @@ def test_the_command_prints_the_table_and_the_verdict(scored, capsys, monkeypatc
     """The command prints the scored table (the module's scoring, once for all its tests)."""
     import pdlsim.validate.published as published
 
-    monkeypatch.setattr(published, "score_published", lambda: scored)
+    monkeypatch.setattr(published, "score_published", lambda path=None: scored)
     assert main(["validate", "--published"]) == 0
     out = capsys.readouterr().out
     assert "held-out:" in out and "target (held-out)" in out and "h200x8" in out
@@ -66,6 +66,21 @@ def test_flags_that_do_not_mix_are_refused(capsys, argv, message):
     assert main(["validate", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_a_users_own_table_is_scored_and_a_missing_one_is_one_line(tmp_path, capsys):
+    """--published FILE scores a table of one's own measurements as the shipped one is."""
+    row = next(r for r in json.loads(PUBLISHED.read_text())["rows"] if r["id"] == "h200x8")
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"rows": [{**row, "id": "ours", "published": 400.0}]}))
+    assert main(["validate", "--published", str(path), "--json"]) == 0
+    (ours,) = json.loads(capsys.readouterr().out)["rows"]
+    shipped = next(r for r in score_published()["rows"] if r["id"] == "h200x8")
+    assert ours["id"] == "ours" and ours["predicted"] == pytest.approx(shipped["predicted"])
+    assert ours["error_pct"] == pytest.approx(100 * (ours["predicted"] - 400) / 400)
+    assert main(["validate", "--published", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert "none.json" in err and err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_a_bad_table_is_one_line(tmp_path):
