@@ -221,7 +221,7 @@ class RecordWriter:
             self.write_mark(SWEEP_START)
 
     def _open_for_append(self, machine: Mapping[str, Any]) -> dict[str, Any]:
-        header = _append_header(self.path)
+        header, _ = _appendable(self.path)
         _repair_tail(self.path)
         old_host, new_host = header["machine"].get("hostname"), machine.get("hostname")
         if old_host and new_host and old_host != new_host:
@@ -334,12 +334,6 @@ def append_problem(path: str | os.PathLike[str], command: str | None = None) -> 
             "machines cannot be calibrated together; give another --out"
         )
     return None
-
-
-def _append_header(path: Path) -> dict[str, Any]:
-    """The header of the existing records file ``path``, which records are to be appended to
-    (:func:`_appendable`)."""
-    return _appendable(path)[0]
 
 
 def _appendable(path: Path) -> tuple[dict[str, Any], set[str]]:

@@ -88,9 +88,9 @@ def read_records(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dic
     """Read one records file: ``(header, records)``, records in file order, without the marks
     that bracket a benchmark's run (framing, like the header: :func:`read_numbered` keeps them).
 
-        A last line that is not valid JSON (a writer killed mid-line) is skipped with a
-        :class:`TruncatedRecordWarning`; any other bad line, a missing or foreign header and an
-        unknown schema version raise :class:`RecordsError`. Blank lines are ignored.
+    A last line that is not valid JSON (a writer killed mid-line) is skipped with a
+    :class:`TruncatedRecordWarning`; any other bad line, a missing or foreign header and an
+    unknown schema version raise :class:`RecordsError`. Blank lines are ignored.
     """
     header, numbered = read_numbered(Path(path))
     return header, [record for _, record in numbered if record["type"] not in MARKS]
@@ -247,7 +247,7 @@ def stopped_sweep_points(path: str | os.PathLike[str]) -> int | None:
     with open(path, "rb") as f:
         f.readline()  # the header
         first = f.readline()
-        if SWEEP_START.encode() not in first or _type(first) != SWEEP_START:
+        if _type(first) != SWEEP_START:
             return None
         end = f.seek(0, os.SEEK_END)
         f.seek(max(0, end - _TAIL_BYTES))  # an end mark is a short last line
